@@ -1,0 +1,71 @@
+#include "sampler/distributed_sampler.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/randperm.h>
+
+#include "common/error.h"
+
+namespace ddp::sampler {
+namespace {
+
+// Python: ceil((N - R) / R) when drop_last and N % R != 0, else ceil(N / R).
+// For N % R != 0 the first equals floor(N / R), also when N < R (ceil of a
+// value in (-1, 0) is 0); integers avoid float rounding for huge N.
+int64_t computeNumSamples(int64_t n, int64_t replicas, bool dropLast) {
+  if (dropLast && n % replicas != 0) {
+    return n / replicas;
+  }
+  return (n + replicas - 1) / replicas;
+}
+
+}  // namespace
+
+DistributedSampler::DistributedSampler(int64_t datasetSize, DistributedSamplerOptions options)
+    : datasetSize_(datasetSize), options_(options) {
+  if (datasetSize < 0) {
+    DDP_THROW(ConfigError, "DistributedSampler: dataset size must be >= 0, got ", datasetSize);
+  }
+  if (options_.numReplicas < 1) {
+    DDP_THROW(ConfigError, "DistributedSampler: numReplicas (world size) must be >= 1, got ",
+              options_.numReplicas);
+  }
+  if (options_.rank < 0 || options_.rank >= options_.numReplicas) {
+    DDP_THROW(ConfigError, "DistributedSampler: invalid rank ", options_.rank,
+              ", rank should be in the interval [0, ", options_.numReplicas - 1,
+              "] for numReplicas ", options_.numReplicas);
+  }
+  numSamples_ = computeNumSamples(datasetSize_, options_.numReplicas, options_.dropLast);
+}
+
+std::vector<int64_t> DistributedSampler::indices() const {
+  const int64_t n = datasetSize_;
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  if (options_.shuffle) {
+    // Same as Python's g.manual_seed(seed + epoch); a negative sum wraps to the
+    // same uint64 seed Python uses. A fresh CPUGeneratorImpl(seed) has the same
+    // state as torch.Generator() after manual_seed(seed).
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(
+        options_.seed + static_cast<uint64_t>(epoch_));
+    const at::Tensor perm = at::randperm(n, gen);  // int64, as in Python
+    const int64_t* p = perm.data_ptr<int64_t>();
+    order.assign(p, p + n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      order[static_cast<size_t>(i)] = i;
+    }
+  }
+
+  // Python pads with indices[:padding] or, when padding > N, with whole copies
+  // of the list; either way position p of the padded list holds order[p % N].
+  // With drop_last the list is cut to totalSize <= N, where p % N == p.
+  std::vector<int64_t> mine;
+  mine.reserve(static_cast<size_t>(numSamples_));
+  for (int64_t i = 0; i < numSamples_; ++i) {
+    const int64_t p = options_.rank + i * options_.numReplicas;
+    mine.push_back(order[static_cast<size_t>(p % n)]);
+  }
+  return mine;
+}
+
+}  // namespace ddp::sampler

@@ -1,0 +1,49 @@
+// DistributedSampler: which dataset indices each rank visits in an epoch.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace ddp::sampler {
+
+/// Mirrors the arguments of torch.utils.data.distributed.DistributedSampler.
+struct DistributedSamplerOptions {
+  int64_t numReplicas = 1;  // world size; must be >= 1
+  int64_t rank = 0;         // in [0, numReplicas)
+  bool shuffle = true;      // reshuffle every epoch with seed + epoch
+  uint64_t seed = 0;        // must be equal on every rank
+  bool dropLast = false;    // false: pad by repeating the head; true: drop the tail
+};
+
+/// Bit-identical to PyTorch's DistributedSampler (torch/utils/data/distributed.py):
+/// for the same (datasetSize, options, epoch) every rank gets the same index list as
+/// Python, so a C++ and a Python rank can share one job and checkpoints resume alike.
+class DistributedSampler {
+ public:
+  /// Throws ddp::ConfigError when datasetSize < 0, numReplicas < 1 or rank is
+  /// outside [0, numReplicas). A dataset of size 0 gives empty epochs, as in Python.
+  DistributedSampler(int64_t datasetSize, DistributedSamplerOptions options);
+
+  /// Selects the epoch whose shuffle indices() returns; call before every epoch
+  /// or every epoch sees the same order (as with Python's set_epoch).
+  void setEpoch(int64_t epoch) { epoch_ = epoch; }
+  int64_t epoch() const { return epoch_; }
+
+  /// This rank's dataset indices for the current epoch, numSamples() of them.
+  std::vector<int64_t> indices() const;
+
+  /// Indices per rank per epoch (Python's len(sampler)).
+  int64_t numSamples() const { return numSamples_; }
+  /// numSamples() * numReplicas: the padded or truncated epoch length.
+  int64_t totalSize() const { return numSamples_ * options_.numReplicas; }
+  int64_t datasetSize() const { return datasetSize_; }
+  const DistributedSamplerOptions& options() const { return options_; }
+
+ private:
+  int64_t datasetSize_;
+  DistributedSamplerOptions options_;
+  int64_t numSamples_;
+  int64_t epoch_ = 0;
+};
+
+}  // namespace ddp::sampler

@@ -1,0 +1,170 @@
+// Unit tests of DistributedSampler: sizes from the formulas in PyTorch's
+// distributed.py, and the coverage/disjointness properties they imply.
+#include "sampler/distributed_sampler.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <string>
+
+#include "common/error.h"
+
+namespace ddp::sampler {
+namespace {
+
+const int64_t kSizes[] = {0, 1, 3, 7, 10, 17, 100, 1001};
+const int64_t kWorlds[] = {1, 2, 3, 4, 8};
+
+DistributedSampler make(int64_t n, int64_t world, int64_t rank, bool shuffle, bool dropLast,
+                        uint64_t seed = 0) {
+  DistributedSamplerOptions options;
+  options.numReplicas = world;
+  options.rank = rank;
+  options.shuffle = shuffle;
+  options.seed = seed;
+  options.dropLast = dropLast;
+  return DistributedSampler(n, options);
+}
+
+// Every rank's list for one epoch, concatenated in rank order.
+std::vector<int64_t> allRanks(int64_t n, int64_t world, bool shuffle, bool dropLast,
+                              int64_t epoch) {
+  std::vector<int64_t> all;
+  for (int64_t r = 0; r < world; ++r) {
+    auto s = make(n, world, r, shuffle, dropLast, 7);
+    s.setEpoch(epoch);
+    const auto mine = s.indices();
+    EXPECT_EQ(static_cast<int64_t>(mine.size()), s.numSamples());
+    all.insert(all.end(), mine.begin(), mine.end());
+  }
+  return all;
+}
+
+TEST(DistributedSampler, SizesFollowPythonFormula) {
+  for (int64_t n : kSizes) {
+    for (int64_t world : kWorlds) {
+      for (bool dropLast : {false, true}) {
+        // Literal transcription of Python's float arithmetic.
+        const double expected =
+            (dropLast && n % world != 0)
+                ? std::ceil(static_cast<double>(n - world) / static_cast<double>(world))
+                : std::ceil(static_cast<double>(n) / static_cast<double>(world));
+        const auto s = make(n, world, world - 1, true, dropLast);
+        EXPECT_EQ(s.numSamples(), static_cast<int64_t>(expected))
+            << "n=" << n << " world=" << world << " dropLast=" << dropLast;
+        EXPECT_EQ(s.totalSize(), s.numSamples() * world);
+        EXPECT_EQ(static_cast<int64_t>(s.indices().size()), s.numSamples());
+      }
+    }
+  }
+}
+
+TEST(DistributedSampler, PaddedEpochCoversDataset) {
+  for (int64_t n : kSizes) {
+    for (int64_t world : kWorlds) {
+      for (bool shuffle : {false, true}) {
+        const auto all = allRanks(n, world, shuffle, /*dropLast=*/false, 3);
+        const std::set<int64_t> seen(all.begin(), all.end());
+        EXPECT_EQ(static_cast<int64_t>(seen.size()), n) << "n=" << n << " world=" << world;
+        if (n > 0) {
+          EXPECT_EQ(*seen.begin(), 0);
+          EXPECT_EQ(*seen.rbegin(), n - 1);
+        }
+        // Padding adds at most world - 1 repeats when n >= world.
+        if (n >= world) {
+          EXPECT_LT(static_cast<int64_t>(all.size()) - n, world);
+        }
+      }
+    }
+  }
+}
+
+TEST(DistributedSampler, RanksAreDisjointWhenDivisibleOrDropLast) {
+  for (int64_t n : kSizes) {
+    for (int64_t world : kWorlds) {
+      for (bool shuffle : {false, true}) {
+        for (bool dropLast : {false, true}) {
+          if (n % world != 0 && !dropLast) {
+            continue;
+          }
+          const auto all = allRanks(n, world, shuffle, dropLast, 1);
+          const std::set<int64_t> seen(all.begin(), all.end());
+          EXPECT_EQ(seen.size(), all.size()) << "n=" << n << " world=" << world;
+          EXPECT_EQ(static_cast<int64_t>(all.size()), (n / world) * world);
+          for (int64_t i : all) {
+            EXPECT_GE(i, 0);
+            EXPECT_LT(i, n);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(DistributedSampler, UnshuffledIsStridedRange) {
+  const auto s = make(10, 3, 1, /*shuffle=*/false, /*dropLast=*/false);
+  // Padded list 0..9,0,1 (total 12); rank 1 takes positions 1,4,7,10.
+  EXPECT_EQ(s.indices(), (std::vector<int64_t>{1, 4, 7, 0}));
+  const auto d = make(10, 3, 1, /*shuffle=*/false, /*dropLast=*/true);
+  EXPECT_EQ(d.indices(), (std::vector<int64_t>{1, 4, 7}));
+}
+
+TEST(DistributedSampler, PadsByRepeatingWholeListWhenWorldExceedsDataset) {
+  // n=3, world=8: padded list is 0,1,2,0,1,2,0,1.
+  const std::vector<int64_t> padded = {0, 1, 2, 0, 1, 2, 0, 1};
+  for (int64_t r = 0; r < 8; ++r) {
+    const auto s = make(3, 8, r, /*shuffle=*/false, /*dropLast=*/false);
+    EXPECT_EQ(s.indices(), (std::vector<int64_t>{padded[static_cast<size_t>(r)]}));
+    // drop_last with n < world leaves nothing.
+    EXPECT_TRUE(make(3, 8, r, false, true).indices().empty());
+  }
+}
+
+TEST(DistributedSampler, ShuffleDependsOnSeedAndEpochOnly) {
+  auto a = make(100, 1, 0, true, false, 42);
+  auto b = make(100, 1, 0, true, false, 42);
+  EXPECT_EQ(a.indices(), b.indices());
+  EXPECT_EQ(a.indices(), a.indices());
+  const auto epoch0 = a.indices();
+  a.setEpoch(1);
+  EXPECT_EQ(a.epoch(), 1);
+  EXPECT_NE(a.indices(), epoch0);
+  // seed + epoch is what matters, as in Python.
+  auto c = make(100, 1, 0, true, false, 43);
+  EXPECT_EQ(c.indices(), a.indices());
+  auto sorted = epoch0;
+  std::sort(sorted.begin(), sorted.end());
+  for (int64_t i = 0; i < 100; ++i) {
+    EXPECT_EQ(sorted[static_cast<size_t>(i)], i);
+  }
+}
+
+TEST(DistributedSampler, EmptyDatasetGivesEmptyEpochs) {
+  for (bool dropLast : {false, true}) {
+    const auto s = make(0, 4, 2, true, dropLast);
+    EXPECT_EQ(s.numSamples(), 0);
+    EXPECT_EQ(s.totalSize(), 0);
+    EXPECT_TRUE(s.indices().empty());
+  }
+}
+
+void expectConfigError(int64_t n, int64_t world, int64_t rank, const std::string& fragment) {
+  try {
+    make(n, world, rank, true, false);
+    ADD_FAILURE() << "no error for n=" << n << " world=" << world << " rank=" << rank;
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+  }
+}
+
+TEST(DistributedSampler, RejectsInvalidOptions) {
+  expectConfigError(10, 4, 4, "invalid rank 4, rank should be in the interval [0, 3]");
+  expectConfigError(10, 4, -1, "invalid rank -1");
+  expectConfigError(10, 0, 0, "numReplicas (world size) must be >= 1, got 0");
+  expectConfigError(-1, 1, 0, "dataset size must be >= 0, got -1");
+}
+
+}  // namespace
+}  // namespace ddp::sampler
