@@ -1,0 +1,42 @@
+// The collectives the trainer needs, behind one small interface so that the
+// c10d API (which moved between LibTorch 1.13 and 2.x) is touched in one file.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+namespace ddp::comm {
+
+/// A group of `size()` ranks; every collective must be called by all ranks
+/// in the same order, or they mismatch and hang until the timeout.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backendName() const = 0;
+
+  /// In place: every rank ends with the element-wise sum over ranks.
+  virtual void allReduceSum(at::Tensor& tensor) = 0;
+  /// In place: every rank ends with `root`'s tensor.
+  virtual void broadcast(at::Tensor& tensor, int root) = 0;
+  /// Returns once every rank has entered.
+  virtual void barrier() = 0;
+};
+
+/// World size 1: every collective is the identity, no network needed.
+class LocalCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string backendName() const override { return "local"; }
+  void allReduceSum(at::Tensor&) override {}
+  void broadcast(at::Tensor&, int) override {}
+  void barrier() override {}
+};
+
+}  // namespace ddp::comm

@@ -1,0 +1,75 @@
+#include "comm/rendezvous.h"
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <thread>
+#include <vector>
+
+#include "common/error.h"
+
+namespace ddp::comm {
+namespace {
+
+std::string joinedKey(int rank) { return "ddp/rendezvous/rank/" + std::to_string(rank); }
+constexpr const char* kCountKey = "ddp/rendezvous/count";
+
+double seconds(std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Store> rendezvous(const RendezvousOptions& options) {
+  DDP_ENFORCE(options.worldSize >= 1 && options.rank >= 0 && options.rank < options.worldSize,
+              "rank ", options.rank, " world size ", options.worldSize);
+  const std::string where = options.masterAddr + ":" + std::to_string(options.masterPort);
+
+  c10d::TCPStoreOptions storeOptions;
+  storeOptions.port = options.masterPort;
+  storeOptions.isServer = options.rank == 0;
+  storeOptions.numWorkers = options.worldSize;
+  // We count joins ourselves so a timeout can name the missing ranks.
+  storeOptions.waitWorkers = false;
+  storeOptions.timeout = options.timeout;
+
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(options.masterAddr, storeOptions);
+  } catch (const std::exception& e) {
+    std::string reason = e.what();
+    reason = reason.substr(0, reason.find('\n'));
+    if (options.rank == 0) {
+      DDP_THROW(CommError, "rendezvous: rank 0 could not listen on ", where, " (", reason,
+                "); is another job using MASTER_PORT? Pick a free --master_port or let "
+                "ddp-launch choose one");
+    }
+    DDP_THROW(TimeoutError, "rendezvous: rank ", options.rank, " could not reach rank 0 at ", where,
+              " within ", seconds(options.timeout), " s (", reason,
+              "); is rank 0 running and MASTER_ADDR reachable?");
+  }
+
+  store->set(joinedKey(options.rank), std::vector<uint8_t>{1});
+  store->add(kCountKey, 1);
+  const auto deadline = std::chrono::steady_clock::now() + options.timeout;
+  auto pause = std::chrono::milliseconds(1);
+  while (true) {
+    const int64_t joined = store->add(kCountKey, 0);
+    if (joined >= options.worldSize) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      std::string missing;
+      int missingCount = 0;
+      for (int r = 0; r < options.worldSize; ++r) {
+        if (!store->check({joinedKey(r)})) {
+          missing += (missingCount++ ? ", " : "") + std::to_string(r);
+        }
+      }
+      DDP_THROW(TimeoutError, "rendezvous timed out after ", seconds(options.timeout), " s: ",
+                options.worldSize - missingCount, "/", options.worldSize,
+                " ranks joined (missing: ", missing, "). Did every rank start with WORLD_SIZE=",
+                options.worldSize, " and MASTER_ADDR/MASTER_PORT=", where, "?");
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(50));
+  }
+  return store;
+}
+
+}  // namespace ddp::comm

@@ -1,0 +1,26 @@
+// TCP rendezvous: rank 0 hosts a c10d TCPStore at MASTER_ADDR:MASTER_PORT,
+// every rank connects and announces itself, and all wait until the world is complete.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+namespace ddp::comm {
+
+struct RendezvousOptions {
+  std::string masterAddr = "127.0.0.1";
+  std::uint16_t masterPort = 29500;
+  int rank = 0;
+  int worldSize = 1;
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // like c10d's default
+};
+
+/// Returns a store shared by all ranks once every rank has joined; throws
+/// TimeoutError naming the missing ranks, or CommError when the address is unusable.
+c10::intrusive_ptr<c10d::Store> rendezvous(const RendezvousOptions& options);
+
+}  // namespace ddp::comm

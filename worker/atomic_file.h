@@ -1,0 +1,16 @@
+// Files that are either absent, the old version, or complete: never half-written.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace ddp::worker {
+
+/// Writes `bytes` to `path` via a temporary file in the same directory,
+/// fsync, rename, and fsync of the directory. Throws CheckpointError.
+void writeFileAtomic(const std::string& path, std::string_view bytes);
+
+/// Creates `dir` and its parents; throws ConfigError naming the path on failure.
+void makeDirectories(const std::string& dir);
+
+}  // namespace ddp::worker

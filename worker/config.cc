@@ -1,0 +1,271 @@
+#include "worker/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "common/error.h"
+
+namespace ddp::worker {
+namespace {
+
+/// One accepted key: how to read it from YAML and write it back.
+struct Field {
+  std::string key;
+  std::string type;  // for error messages
+  std::function<void(const YAML::Node&)> set;
+  std::function<YAML::Node()> get;
+};
+
+template <typename T>
+Field bindField(const std::string& key, const std::string& type, T& ref) {
+  return Field{key, type, [&ref](const YAML::Node& n) { ref = n.as<T>(); },
+               [&ref] { return YAML::Node(ref); }};
+}
+
+Field bindMode(const std::string& key, Mode& ref) {
+  return Field{key, "one of ddp | dp | single",
+               [&ref, key](const YAML::Node& n) {
+                 const auto v = n.as<std::string>();
+                 if (v == "ddp") ref = Mode::kDdp;
+                 else if (v == "dp") ref = Mode::kDp;
+                 else if (v == "single") ref = Mode::kSingle;
+                 else DDP_THROW(ConfigError, "config: '", key, "' is '", v, "'; use one of ddp | dp | single");
+               },
+               [&ref] { return YAML::Node(modeName(ref)); }};
+}
+
+std::vector<Field> fieldsOf(WorkerConfig& c) {
+  return {
+      bindMode("mode", c.mode),
+      bindField("backend", "string", c.backend),
+      bindField("device", "string", c.device),
+      bindField("seed", "non-negative integer", c.seed),
+      bindField("threads", "integer", c.threads),
+      bindField("model.name", "string", c.model.name),
+      bindField("model.hidden", "list of integers", c.model.hidden),
+      bindField("data.name", "string", c.data.name),
+      bindField("data.root", "string", c.data.root),
+      bindField("data.train_limit", "integer", c.data.trainLimit),
+      bindField("data.synthetic_train", "integer", c.data.syntheticTrain),
+      bindField("data.synthetic_test", "integer", c.data.syntheticTest),
+      bindField("data.synthetic_classes", "integer", c.data.syntheticClasses),
+      bindField("train.epochs", "integer", c.train.epochs),
+      bindField("train.batch_size", "integer", c.train.batchSize),
+      bindField("train.lr", "number", c.train.lr),
+      bindField("train.momentum", "number", c.train.momentum),
+      bindField("train.weight_decay", "number", c.train.weightDecay),
+      bindField("train.max_steps", "integer", c.train.maxSteps),
+      bindField("train.shuffle", "boolean", c.train.shuffle),
+      bindField("train.drop_last", "boolean", c.train.dropLast),
+      bindField("train.log_every", "integer", c.train.logEvery),
+      bindField("eval.enabled", "boolean", c.eval.enabled),
+      bindField("eval.batch_size", "integer", c.eval.batchSize),
+      bindField("output.dir", "string", c.output.dir),
+      bindField("output.export", "string", c.output.exportName),
+      bindField("output.dump_rank_params", "boolean", c.output.dumpRankParams),
+      bindField("comm.timeout_s", "number", c.comm.timeoutS),
+  };
+}
+
+std::size_t editDistance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+[[noreturn]] void unknownKey(const std::string& key, const std::vector<Field>& fields,
+                             const std::string& origin) {
+  std::string best;
+  std::size_t bestDistance = std::max<std::size_t>(2, key.size() / 3) + 1;
+  for (const auto& f : fields) {
+    const std::size_t d = editDistance(key, f.key);
+    if (d < bestDistance) {
+      bestDistance = d;
+      best = f.key;
+    }
+  }
+  std::string hint = best.empty() ? " (see README: configuration reference)"
+                                  : " (did you mean '" + best + "'?)";
+  DDP_THROW(ConfigError, "config: unknown key '", key, "'", origin, hint);
+}
+
+void setField(const Field& field, const YAML::Node& value, const std::string& origin) {
+  try {
+    field.set(value);
+  } catch (const YAML::Exception&) {
+    std::string shown = value.IsScalar() ? "'" + value.Scalar() + "'" : "a " + std::string(value.IsSequence() ? "list" : value.IsMap() ? "map" : "null");
+    DDP_THROW(ConfigError, "config: '", field.key, "'", origin, " must be a ", field.type,
+              ", got ", shown);
+  }
+}
+
+// Walks maps only: a list or a scalar is one key's value.
+void flatten(const YAML::Node& node, const std::string& prefix,
+             std::vector<std::pair<std::string, YAML::Node>>& out) {
+  if (node.IsMap()) {
+    for (const auto& kv : node) {
+      const std::string key = kv.first.as<std::string>();
+      flatten(kv.second, prefix.empty() ? key : prefix + "." + key, out);
+    }
+    return;
+  }
+  out.emplace_back(prefix, node);
+}
+
+const Field* findField(const std::vector<Field>& fields, const std::string& key) {
+  auto it = std::find_if(fields.begin(), fields.end(), [&](const Field& f) { return f.key == key; });
+  return it == fields.end() ? nullptr : &*it;
+}
+
+void validate(const WorkerConfig& c) {
+  auto require = [](bool ok, const std::string& key, const std::string& rule) {
+    if (!ok) DDP_THROW(ConfigError, "config: '", key, "' ", rule);
+  };
+  require(c.model.name == "mlp" || c.model.name == "cnn", "model.name",
+          "is '" + c.model.name + "'; use mlp or cnn");
+  require(!c.model.hidden.empty(), "model.hidden", "must list at least one layer width");
+  for (auto h : c.model.hidden) require(h > 0, "model.hidden", "widths must be positive");
+  require(c.data.name == "fashion-mnist" || c.data.name == "synthetic", "data.name",
+          "is '" + c.data.name + "'; use fashion-mnist or synthetic");
+  require(c.data.trainLimit >= 0, "data.train_limit", "must be >= 0 (0 = all)");
+  require(c.data.syntheticTrain > 0, "data.synthetic_train", "must be > 0");
+  require(c.data.syntheticTest > 0, "data.synthetic_test", "must be > 0");
+  require(c.data.syntheticClasses >= 2, "data.synthetic_classes", "must be >= 2");
+  require(c.backend == "auto" || c.backend == "gloo" || c.backend == "nccl", "backend",
+          "is '" + c.backend + "'; use auto, gloo or nccl");
+  require(c.device == "auto" || c.device == "cpu" || c.device == "cuda", "device",
+          "is '" + c.device + "'; use auto, cpu or cuda");
+  require(c.threads >= 0, "threads", "must be >= 0 (0 = default)");
+  require(c.train.epochs >= 1, "train.epochs", "must be >= 1");
+  require(c.train.batchSize >= 1, "train.batch_size", "must be >= 1");
+  require(c.train.lr > 0, "train.lr", "must be > 0");
+  require(c.train.momentum >= 0 && c.train.momentum < 1, "train.momentum", "must be in [0, 1)");
+  require(c.train.weightDecay >= 0, "train.weight_decay", "must be >= 0");
+  require(c.train.maxSteps >= 0, "train.max_steps", "must be >= 0 (0 = no limit)");
+  require(c.train.logEvery >= 1, "train.log_every", "must be >= 1");
+  require(c.eval.batchSize >= 1, "eval.batch_size", "must be >= 1");
+  require(!c.output.dir.empty(), "output.dir", "must not be empty");
+  require(!c.output.exportName.empty() && c.output.exportName.find('/') == std::string::npos,
+          "output.export", "must be a file name inside output.dir");
+  require(c.comm.timeoutS > 0, "comm.timeout_s", "must be > 0");
+}
+
+WorkerConfig build(const YAML::Node& root, const std::vector<std::string>& overrides,
+                   const std::string& origin) {
+  WorkerConfig config;
+  auto fields = fieldsOf(config);
+  if (root && !root.IsNull()) {
+    if (!root.IsMap()) DDP_THROW(ConfigError, "config", origin, ": the top level must be a map of keys");
+    std::vector<std::pair<std::string, YAML::Node>> flat;
+    flatten(root, "", flat);
+    for (const auto& [key, value] : flat) {
+      const Field* f = findField(fields, key);
+      if (f == nullptr) unknownKey(key, fields, origin);
+      setField(*f, value, origin);
+    }
+  }
+  for (const auto& o : overrides) {
+    const auto eq = o.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      DDP_THROW(ConfigError, "config: override '", o, "' must look like dotted.key=value, e.g. train.lr=0.1");
+    }
+    const std::string key = o.substr(0, eq);
+    const Field* f = findField(fields, key);
+    if (f == nullptr) unknownKey(key, fields, " (command-line override)");
+    YAML::Node value;
+    try {
+      value = YAML::Load(o.substr(eq + 1));
+    } catch (const YAML::Exception& e) {
+      DDP_THROW(ConfigError, "config: override '", o, "' has a malformed value: ", e.msg);
+    }
+    setField(*f, value, " (command-line override)");
+  }
+  validate(config);
+  return config;
+}
+
+}  // namespace
+
+std::string modeName(Mode mode) {
+  switch (mode) {
+    case Mode::kDdp: return "ddp";
+    case Mode::kDp: return "dp";
+    case Mode::kSingle: return "single";
+  }
+  return "?";
+}
+
+WorkerConfig parseConfig(const std::string& yamlText, const std::vector<std::string>& overrides) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yamlText);
+  } catch (const YAML::Exception& e) {
+    DDP_THROW(ConfigError, "config: YAML syntax error at line ", e.mark.line + 1, ": ", e.msg);
+  }
+  return build(root, overrides, "");
+}
+
+WorkerConfig loadConfig(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) DDP_THROW(ConfigError, "config: cannot read '", path, "'; pass the path of a YAML config such as configs/fmnist_cnn_ddp.yaml");
+  std::stringstream text;
+  text << in.rdbuf();
+  YAML::Node root;
+  try {
+    root = YAML::Load(text.str());
+  } catch (const YAML::Exception& e) {
+    DDP_THROW(ConfigError, "config: ", path, ":", e.mark.line + 1, ": YAML syntax error: ", e.msg);
+  }
+  return build(root, overrides, " in " + path);
+}
+
+std::string dumpConfig(const WorkerConfig& config) {
+  WorkerConfig copy = config;
+  YAML::Node root;
+  for (const auto& f : fieldsOf(copy)) {
+    YAML::Node node = root;
+    std::string key = f.key;
+    std::vector<std::string> parts;
+    for (std::size_t start = 0, dot; start <= key.size(); start = dot + 1) {
+      dot = key.find('.', start);
+      if (dot == std::string::npos) dot = key.size();
+      parts.push_back(key.substr(start, dot - start));
+    }
+    // yaml-cpp nodes are handles: walk with fresh handles per level.
+    std::function<void(YAML::Node, std::size_t)> put = [&](YAML::Node n, std::size_t i) {
+      if (i + 1 == parts.size()) {
+        n[parts[i]] = f.get();
+        return;
+      }
+      YAML::Node child = n[parts[i]];
+      put(child, i + 1);
+    };
+    put(root, 0);
+  }
+  YAML::Emitter out;
+  out << root;
+  return std::string(out.c_str()) + "\n";
+}
+
+std::vector<std::string> configKeys() {
+  WorkerConfig c;
+  std::vector<std::string> keys;
+  for (const auto& f : fieldsOf(c)) keys.push_back(f.key);
+  return keys;
+}
+
+}  // namespace ddp::worker

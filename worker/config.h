@@ -1,0 +1,83 @@
+// The worker's configuration: plain structs with their defaults. Only
+// config.cc knows YAML; the rest of the worker sees these structs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ddp::worker {
+
+enum class Mode { kDdp, kDp, kSingle };
+
+struct ModelConfig {
+  std::string name = "cnn";               // mlp | cnn (Fashion-MNIST CNN: conv32-pool-conv64-pool-fc128-fc10)
+  std::vector<int64_t> hidden = {512, 256};  // mlp hidden layer widths
+};
+
+struct DataConfig {
+  std::string name = "fashion-mnist";                    // fashion-mnist | synthetic
+  std::string root = "/usr/share/datasets/fashion-mnist";  // Debian's dataset-fashion-mnist
+  int64_t trainLimit = 0;      // use only the first N training samples (0 = all)
+  int64_t syntheticTrain = 8192;  // synthetic: training samples
+  int64_t syntheticTest = 1024;   // synthetic: test samples
+  int64_t syntheticClasses = 10;
+};
+
+struct TrainConfig {
+  int64_t epochs = 1;
+  int64_t batchSize = 64;  // per rank, like DDP; the global batch is batch_size × world size
+  double lr = 0.05;
+  double momentum = 0.9;
+  double weightDecay = 0.0;
+  int64_t maxSteps = 0;    // stop after this many optimizer steps (0 = no limit)
+  bool shuffle = true;     // DistributedSampler shuffle, reseeded with seed + epoch
+  bool dropLast = false;   // DistributedSampler drop_last
+  int64_t logEvery = 20;   // steps between metrics.jsonl records
+};
+
+struct EvalConfig {
+  bool enabled = true;      // test accuracy over the whole test set at the end
+  int64_t batchSize = 1000;
+};
+
+struct OutputConfig {
+  std::string dir = "out";             // metrics.jsonl, summary.json, the export
+  std::string exportName = "model.pt"; // state_dict with plain keys, loads in Python's torch.load
+  bool dumpRankParams = false;         // every rank writes rank<R>_params.pt (for tests)
+};
+
+struct CommConfig {
+  double timeoutS = 300;  // rendezvous and every collective
+};
+
+struct WorkerConfig {
+  Mode mode = Mode::kDdp;
+  std::string backend = "auto";  // auto | gloo | nccl
+  std::string device = "auto";   // auto (cuda:LOCAL_RANK if a GPU is present) | cpu | cuda
+  uint64_t seed = 0;
+  int64_t threads = 0;           // intra-op threads per process (0 = OMP_NUM_THREADS or LibTorch's default)
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  EvalConfig eval;
+  OutputConfig output;
+  CommConfig comm;
+};
+
+std::string modeName(Mode mode);
+
+/// Reads a YAML file and applies `dotted.key=value` overrides. Unknown keys,
+/// wrong types and out-of-range values throw ConfigError naming the key.
+WorkerConfig loadConfig(const std::string& path, const std::vector<std::string>& overrides = {});
+
+/// The same from YAML text (tests, and the resolved-config round trip).
+WorkerConfig parseConfig(const std::string& yamlText, const std::vector<std::string>& overrides = {});
+
+/// The resolved configuration as YAML, every key present.
+std::string dumpConfig(const WorkerConfig& config);
+
+/// Every key the config accepts, dotted.
+std::vector<std::string> configKeys();
+
+}  // namespace ddp::worker

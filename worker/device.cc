@@ -1,0 +1,29 @@
+#include "worker/device.h"
+
+#include <torch/cuda.h>
+
+#include <cstdlib>
+
+#include "common/error.h"
+
+namespace ddp::worker {
+
+c10::Device selectDevice(const std::string& requested, int localRank) {
+  if (requested == "cpu") return c10::Device(c10::kCPU);
+  const bool haveCuda = torch::cuda::is_available();
+  if (requested == "auto" && !haveCuda) return c10::Device(c10::kCPU);
+  if (!haveCuda) {
+    DDP_THROW(ConfigError, "config: device 'cuda' but no GPU is visible to this process (or LibTorch "
+              "was built without CUDA); use device: cpu or auto");
+  }
+  const auto count = static_cast<int>(torch::cuda::device_count());
+  if (localRank >= count) {
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    DDP_THROW(ConfigError, "LOCAL_RANK ", localRank, " needs GPU ", localRank, " but only ", count,
+              " GPU(s) are visible (CUDA_VISIBLE_DEVICES=", visible ? visible : "<unset>",
+              "); start at most ", count, " workers per node with --nproc_per_node");
+  }
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(localRank));
+}
+
+}  // namespace ddp::worker

@@ -1,0 +1,108 @@
+#include "worker/env.h"
+
+#include <cstdlib>
+
+#include "common/error.h"
+
+namespace ddp::worker {
+namespace {
+
+int parseInt(const std::string& name, const std::string& value, int minimum) {
+  std::size_t used = 0;
+  long parsed = 0;
+  try {
+    parsed = std::stol(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != value.size() || value.empty() || parsed < minimum || parsed > 1 << 30) {
+    DDP_THROW(ConfigError, "environment: ", name, "='", value, "' is not an integer >= ", minimum);
+  }
+  return static_cast<int>(parsed);
+}
+
+std::optional<int> intVar(const EnvLookup& env, const std::string& name, int minimum) {
+  auto v = env(name);
+  if (!v) return std::nullopt;
+  return parseInt(name, *v, minimum);
+}
+
+}  // namespace
+
+EnvLookup processEnv() {
+  return [](const std::string& name) -> std::optional<std::string> {
+    const char* v = std::getenv(name.c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  };
+}
+
+DistEnv readDistEnv(const EnvLookup& env, std::optional<int> legacyLocalRank) {
+  DistEnv out;
+  if (env("RANK")) {
+    out.source = "torchrun";
+    out.rank = *intVar(env, "RANK", 0);
+    out.worldSize = intVar(env, "WORLD_SIZE", 1).value_or(1);
+    out.localRank = intVar(env, "LOCAL_RANK", 0).value_or(legacyLocalRank.value_or(out.rank));
+    out.localWorldSize = intVar(env, "LOCAL_WORLD_SIZE", 1).value_or(out.worldSize);
+    out.groupRank = intVar(env, "GROUP_RANK", 0).value_or(0);
+  } else if (env("SLURM_PROCID") && env("SLURM_NTASKS")) {
+    out.source = "slurm";
+    out.rank = *intVar(env, "SLURM_PROCID", 0);
+    out.worldSize = *intVar(env, "SLURM_NTASKS", 1);
+    out.localRank = intVar(env, "SLURM_LOCALID", 0).value_or(0);
+    out.localWorldSize = intVar(env, "SLURM_NTASKS_PER_NODE", 1).value_or(out.worldSize);
+    out.groupRank = intVar(env, "SLURM_NODEID", 0).value_or(0);
+  } else if (env("OMPI_COMM_WORLD_RANK")) {
+    out.source = "openmpi";
+    out.rank = *intVar(env, "OMPI_COMM_WORLD_RANK", 0);
+    out.worldSize = intVar(env, "OMPI_COMM_WORLD_SIZE", 1).value_or(1);
+    out.localRank = intVar(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0).value_or(0);
+    out.localWorldSize = intVar(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1).value_or(out.worldSize);
+    out.groupRank = intVar(env, "OMPI_COMM_WORLD_NODE_RANK", 0).value_or(0);
+  } else if (legacyLocalRank) {
+    out.source = "torchrun";
+    out.localRank = *legacyLocalRank;
+  }
+  if (legacyLocalRank && *legacyLocalRank != out.localRank) {
+    DDP_THROW(ConfigError, "environment: --local_rank=", *legacyLocalRank,
+              " disagrees with LOCAL_RANK=", out.localRank);
+  }
+  if (auto addr = env("MASTER_ADDR"); addr && !addr->empty()) out.masterAddr = *addr;
+  if (auto port = intVar(env, "MASTER_PORT", 1)) {
+    if (*port > 65535) DDP_THROW(ConfigError, "environment: MASTER_PORT=", *port, " is not a TCP port");
+    out.masterPort = *port;
+  }
+  out.restartCount = intVar(env, "TORCHELASTIC_RESTART_COUNT", 0).value_or(0);
+
+  if (out.rank >= out.worldSize) {
+    DDP_THROW(ConfigError, "environment: rank ", out.rank, " (from ", out.source,
+              ") is not below the world size ", out.worldSize);
+  }
+  if (out.localRank >= out.localWorldSize && out.localWorldSize > 0 && out.source != "default") {
+    DDP_THROW(ConfigError, "environment: LOCAL_RANK ", out.localRank,
+              " is not below LOCAL_WORLD_SIZE ", out.localWorldSize);
+  }
+  return out;
+}
+
+std::optional<int> takeLegacyLocalRank(std::vector<std::string>& args) {
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    for (const std::string flag : {"--local_rank", "--local-rank"}) {
+      if (a.rfind(flag + "=", 0) == 0) {
+        int v = parseInt(flag, a.substr(flag.size() + 1), 0);
+        args.erase(args.begin() + static_cast<long>(i));
+        return v;
+      }
+      if (a == flag && i + 1 < args.size()) {
+        int v = parseInt(flag, args[i + 1], 0);
+        args.erase(args.begin() + static_cast<long>(i), args.begin() + static_cast<long>(i) + 2);
+        return v;
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace ddp::worker

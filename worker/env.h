@@ -1,0 +1,37 @@
+// The distributed environment a worker is started with: torchrun's env
+// contract, or Slurm's / Open MPI's when RANK is absent.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddp::worker {
+
+struct DistEnv {
+  int rank = 0;
+  int localRank = 0;
+  int worldSize = 1;
+  int localWorldSize = 1;
+  int groupRank = 0;  // node rank
+  std::string masterAddr = "127.0.0.1";
+  int masterPort = 29500;
+  int restartCount = 0;
+  std::string source = "default";  // torchrun | slurm | openmpi | default
+};
+
+using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
+
+/// The process environment.
+EnvLookup processEnv();
+
+/// Reads RANK/LOCAL_RANK/WORLD_SIZE/... (or SLURM_*, OMPI_COMM_WORLD_*);
+/// `legacyLocalRank` is the old `--local_rank=N` argument if one was given.
+/// Throws ConfigError for a malformed or inconsistent value, naming the variable.
+DistEnv readDistEnv(const EnvLookup& env, std::optional<int> legacyLocalRank = std::nullopt);
+
+/// Removes a leading `--local_rank=N` / `--local-rank N` from argv and returns N.
+std::optional<int> takeLegacyLocalRank(std::vector<std::string>& args);
+
+}  // namespace ddp::worker

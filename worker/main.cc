@@ -1,0 +1,149 @@
+// worker: one rank of a data-parallel job. Started by ddp-launch (or torchrun,
+// Slurm, mpirun) with the env contract; `worker config.yaml [key=value ...]`.
+#include <spdlog/spdlog.h>
+#include <torch/utils.h>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+
+#include "comm/backend.h"
+#include "comm/process_group.h"
+#include "comm/rendezvous.h"
+#include "common/error.h"
+#include "worker/atomic_file.h"
+#include "worker/config.h"
+#include "worker/device.h"
+#include "worker/env.h"
+#include "worker/metrics.h"
+#include "worker/trainer.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: worker CONFIG.yaml [dotted.key=value ...]\n"
+    "  Trains one rank of a data-parallel job; start it with\n"
+    "  ddp-launch --nproc_per_node=N worker CONFIG.yaml [overrides]\n"
+    "  e.g. worker configs/fmnist_cnn_ddp.yaml train.max_steps=50 output.dir=out/try\n";
+
+int runWorker(std::vector<std::string> args) {
+  using namespace ddp;
+  using namespace ddp::worker;
+
+  const auto legacyLocalRank = takeLegacyLocalRank(args);
+  if (args.empty() || args[0] == "-h" || args[0] == "--help") {
+    std::cout << kUsage;
+    return args.empty() ? 2 : 0;
+  }
+  const DistEnv env = readDistEnv(processEnv(), legacyLocalRank);
+
+  const bool prefixed = std::getenv("DDP_LAUNCH_PREFIXED") != nullptr;
+  spdlog::set_pattern(prefixed ? "%H:%M:%S.%e %^%l%$ %v"
+                               : "%H:%M:%S.%e [rank " + std::to_string(env.rank) + "] %^%l%$ %v");
+
+  const std::vector<std::string> overrides(args.begin() + 1, args.end());
+  WorkerConfig config = loadConfig(args[0], overrides);
+
+  if (config.mode == Mode::kDp) {
+    DDP_THROW(ConfigError, "config: mode 'dp' (DataParallel) is not available yet; use mode: ddp "
+              "(one process per device) or mode: single");
+  }
+  if (config.mode == Mode::kSingle && env.worldSize > 1) {
+    DDP_THROW(ConfigError, "config: mode 'single' runs one process, but WORLD_SIZE=", env.worldSize,
+              "; use mode: ddp, or start with --nproc_per_node=1");
+  }
+  const int worldSize = config.mode == Mode::kSingle ? 1 : env.worldSize;
+  const int rank = config.mode == Mode::kSingle ? 0 : env.rank;
+
+  if (config.threads > 0) torch::set_num_threads(static_cast<int>(config.threads));
+  const c10::Device device = selectDevice(config.device, env.localRank);
+  const comm::Backend backend =
+      comm::resolveBackend(comm::parseBackend(config.backend), device.is_cuda());
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(config.comm.timeoutS * 1000));
+
+  // Data first: a missing data set fails fast, before anyone waits in a rendezvous.
+  const Datasets data = loadDatasets(config.data, config.seed);
+
+  std::unique_ptr<comm::Communicator> comm;
+  if (worldSize == 1) {
+    comm = std::make_unique<comm::LocalCommunicator>();
+  } else {
+    comm::RendezvousOptions rdv;
+    rdv.masterAddr = env.masterAddr;
+    rdv.masterPort = static_cast<std::uint16_t>(env.masterPort);
+    rdv.rank = rank;
+    rdv.worldSize = worldSize;
+    rdv.timeout = timeout;
+    auto store = comm::rendezvous(rdv);
+    comm::ProcessGroupOptions pg;
+    pg.backend = backend;
+    pg.rank = rank;
+    pg.worldSize = worldSize;
+    pg.timeout = timeout;
+    pg.hostname = env.groupRank == 0 && env.localWorldSize == worldSize ? "127.0.0.1" : "";
+    if (pg.hostname.empty()) {
+      // Multi-node: bind where this host's name resolves (GLOO_SOCKET_IFNAME overrides).
+      pg.hostname = env.masterAddr == "127.0.0.1" || env.masterAddr == "localhost" ? "127.0.0.1" : "";
+    }
+    comm = comm::makeCommunicator(store, pg);
+  }
+  if (rank == 0) {
+    spdlog::info("mode {} world {} backend {} device {} model {} data {} ({} train / {} test)",
+                 modeName(config.mode), worldSize, comm->backendName(), device.str(),
+                 config.model.name, config.data.name, data.train.size(), data.test.size());
+    makeDirectories(config.output.dir);
+    writeFileAtomic(config.output.dir + "/config.resolved.yaml", dumpConfig(config));
+  }
+
+  Trainer trainer(config, *comm, device);
+  const TrainResult result = trainer.run(data);
+
+  if (rank == 0) {
+    nlohmann::json summary = {
+        {"world_size", worldSize},
+        {"mode", modeName(config.mode)},
+        {"backend", comm->backendName() == "local" ? "none" : comm->backendName()},
+        {"device", device.str()},
+        {"model", config.model.name},
+        {"data", config.data.name},
+        {"batch_size_per_rank", config.train.batchSize},
+        {"global_batch_size", config.train.batchSize * worldSize},
+        {"steps", result.steps},
+        {"samples", result.samples},
+        {"train_seconds", result.trainSeconds},
+        {"samples_per_s", result.samplesPerSecond},
+        {"final_loss", result.finalLoss},
+        {"test_correct", result.testCorrect},
+        {"test_total", result.testTotal},
+        {"test_accuracy", result.testAccuracy},
+        {"export_path", std::filesystem::absolute(result.exportPath).string()},
+    };
+    writeSummary(config.output.dir + "/summary.json", summary);
+    spdlog::info("done: {} steps, {:.0f} samples/s, final loss {:.4f}, test accuracy {:.2f}% ({}/{}), exported {}",
+                 result.steps, result.samplesPerSecond, result.finalLoss, 100 * result.testAccuracy,
+                 result.testCorrect, result.testTotal, result.exportPath);
+  }
+  // No rank leaves while another still needs the store that rank 0 hosts.
+  comm->barrier();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  try {
+    return runWorker(std::move(args));
+  } catch (const ddp::ConfigError& e) {
+    std::cerr << "worker: " << e.what() << std::endl;
+    return 2;
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    std::cerr << "worker: " << what.substr(0, what.find("\nException raised from")) << std::endl;
+    return 1;
+  }
+}

@@ -1,0 +1,26 @@
+// Rank 0's records: metrics.jsonl (one JSON object per logged step) and summary.json.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <string>
+
+namespace ddp::worker {
+
+/// Appends one JSON object per line; flushed per record so a crash keeps what was logged.
+class MetricsWriter {
+ public:
+  MetricsWriter() = default;  // disabled: on ranks other than 0
+  explicit MetricsWriter(const std::string& path);
+  void write(const nlohmann::json& record);
+  bool enabled() const { return out_.is_open(); }
+
+ private:
+  std::ofstream out_;
+};
+
+/// Writes `summary` pretty-printed, atomically.
+void writeSummary(const std::string& path, const nlohmann::json& summary);
+
+}  // namespace ddp::worker

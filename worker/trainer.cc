@@ -1,0 +1,189 @@
+#include "worker/trainer.h"
+
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/GradMode.h>
+#include <spdlog/spdlog.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include "comm/gradient_sync.h"
+#include "common/error.h"
+#include "sampler/batching.h"
+#include "sampler/distributed_sampler.h"
+#include "worker/atomic_file.h"
+#include "worker/data/fashion_mnist.h"
+#include "worker/data/gather_batch.h"
+#include "worker/data/synthetic.h"
+#include "worker/metrics.h"
+#include "worker/model_export.h"
+
+namespace ddp::worker {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double secondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::vector<at::Tensor> parametersOf(const torch::nn::Module& module) {
+  return module.parameters(/*recurse=*/true);
+}
+
+std::vector<at::Tensor> parametersAndBuffers(const torch::nn::Module& module) {
+  auto out = module.parameters(/*recurse=*/true);
+  for (auto& b : module.buffers(/*recurse=*/true)) out.push_back(b);
+  return out;
+}
+
+}  // namespace
+
+Datasets loadDatasets(const DataConfig& config, uint64_t seed) {
+  Datasets d;
+  if (config.name == "fashion-mnist") {
+    d.train = data::loadFashionMnist(config.root, data::Split::kTrain);
+    d.test = data::loadFashionMnist(config.root, data::Split::kTest);
+    d.input = InputSpec{1, 28, 28, 10};
+  } else {
+    data::SyntheticOptions opts;
+    opts.size = config.syntheticTrain + config.syntheticTest;
+    opts.numClasses = config.syntheticClasses;
+    opts.seed = seed;
+    auto all = data::makeSynthetic(opts);
+    d.train = data::TensorDataset{all.images.narrow(0, 0, config.syntheticTrain),
+                                  all.labels.narrow(0, 0, config.syntheticTrain)};
+    d.test = data::TensorDataset{all.images.narrow(0, config.syntheticTrain, config.syntheticTest),
+                                 all.labels.narrow(0, config.syntheticTrain, config.syntheticTest)};
+    d.input = InputSpec{opts.shape[0], opts.shape[1], opts.shape[2], config.syntheticClasses};
+  }
+  if (config.trainLimit > 0 && config.trainLimit < d.train.size()) {
+    d.train = data::TensorDataset{d.train.images.narrow(0, 0, config.trainLimit),
+                                  d.train.labels.narrow(0, 0, config.trainLimit)};
+  }
+  return d;
+}
+
+Trainer::Trainer(const WorkerConfig& config, comm::Communicator& comm, c10::Device device)
+    : config_(config), comm_(comm), device_(device) {}
+
+TrainResult Trainer::run(const Datasets& data) {
+  const int rank = comm_.rank();
+  const int world = comm_.size();
+  const auto& train = config_.train;
+  const std::string outDir = config_.output.dir;
+  if (rank == 0) makeDirectories(outDir);
+
+  // Same seed everywhere, then rank 0's values win: replicas start bit-identical.
+  torch::manual_seed(config_.seed);
+  auto model = makeModel(config_.model, data.input);
+  auto& module = *model.ptr();
+  module.to(device_);
+  comm::broadcastTensors(comm_, parametersAndBuffers(module), /*root=*/0);
+  const auto params = parametersOf(module);
+
+  torch::optim::SGD optimizer(params, torch::optim::SGDOptions(train.lr)
+                                          .momentum(train.momentum)
+                                          .weight_decay(train.weightDecay));
+
+  sampler::DistributedSamplerOptions samplerOptions;
+  samplerOptions.numReplicas = world;
+  samplerOptions.rank = rank;
+  samplerOptions.shuffle = train.shuffle;
+  samplerOptions.seed = config_.seed;
+  samplerOptions.dropLast = train.dropLast;
+  sampler::DistributedSampler sampler(data.train.size(), samplerOptions);
+
+  MetricsWriter metrics = rank == 0 ? MetricsWriter(outDir + "/metrics.jsonl") : MetricsWriter();
+  TrainResult result;
+  at::Tensor lossForLog = at::zeros({1}, at::TensorOptions().device(device_));
+  const auto start = Clock::now();
+  auto windowStart = start;
+  int64_t windowSamples = 0;
+  bool done = false;
+  for (int64_t epoch = 0; epoch < train.epochs && !done; ++epoch) {
+    sampler.setEpoch(epoch);
+    const auto batches = sampler::makeBatches(sampler.indices(), train.batchSize, /*dropLast=*/false);
+    module.train();
+    for (const auto& batch : batches) {
+      const at::Tensor x = data::gatherBatch(data.train.images, batch).to(device_);
+      const at::Tensor y = data::gatherBatch(data.train.labels, batch).to(device_);
+      optimizer.zero_grad();
+      const at::Tensor loss = torch::nn::functional::cross_entropy(model.forward(x), y);
+      loss.backward();
+      {
+        c10::NoGradGuard noGrad;
+        lossForLog.copy_(loss.detach().reshape({1}));
+      }
+      comm::allReduceGradients(comm_, params, lossForLog);
+      optimizer.step();
+
+      ++result.steps;
+      // Every rank's batch has the same size (the sampler pads), so this is exact.
+      const int64_t stepSamples = static_cast<int64_t>(batch.size()) * world;
+      result.samples += stepSamples;
+      windowSamples += stepSamples;
+      const bool last = train.maxSteps > 0 && result.steps >= train.maxSteps;
+      if (result.steps % train.logEvery == 0 || last || result.steps == 1) {
+        const double lossValue = lossForLog.item<double>();
+        const double window = secondsSince(windowStart);
+        const double rate = window > 0 ? windowSamples / window : 0.0;
+        metrics.write({{"step", result.steps}, {"epoch", epoch}, {"loss", lossValue},
+                       {"samples", result.samples}, {"samples_per_s", rate},
+                       {"elapsed_s", secondsSince(start)}});
+        if (rank == 0) {
+          spdlog::info("epoch {} step {} loss {:.4f} {:.0f} samples/s", epoch, result.steps,
+                       lossValue, rate);
+        }
+        windowStart = Clock::now();
+        windowSamples = 0;
+      }
+      if (last) {
+        done = true;
+        break;
+      }
+    }
+  }
+  result.trainSeconds = secondsSince(start);
+  result.samplesPerSecond = result.trainSeconds > 0 ? result.samples / result.trainSeconds : 0;
+  result.finalLoss = lossForLog.item<double>();
+
+  if (config_.eval.enabled) {
+    // Contiguous, non-overlapping slices: the whole test set is counted exactly once.
+    c10::NoGradGuard noGrad;
+    module.eval();
+    const int64_t n = data.test.size();
+    const int64_t begin = n * rank / world;
+    const int64_t end = n * (rank + 1) / world;
+    int64_t correct = 0;
+    for (int64_t i = begin; i < end; i += config_.eval.batchSize) {
+      const int64_t len = std::min(config_.eval.batchSize, end - i);
+      const at::Tensor x = data.test.images.narrow(0, i, len).to(device_);
+      const at::Tensor y = data.test.labels.narrow(0, i, len).to(device_);
+      correct += model.forward(x).argmax(1).eq(y).sum().item<int64_t>();
+    }
+    at::Tensor counts = at::tensor({correct, end - begin}, at::kLong).to(device_);
+    comm_.allReduceSum(counts);
+    counts = counts.cpu();
+    result.testCorrect = counts[0].item<int64_t>();
+    result.testTotal = counts[1].item<int64_t>();
+    result.testAccuracy =
+        result.testTotal > 0 ? static_cast<double>(result.testCorrect) / result.testTotal : 0.0;
+  }
+
+  if (config_.output.dumpRankParams) {
+    makeDirectories(outDir);
+    exportStateDict(stateDict(module), outDir + "/rank" + std::to_string(rank) + "_params.pt");
+  }
+  if (rank == 0) {
+    result.exportPath = (std::filesystem::path(outDir) / config_.output.exportName).string();
+    exportStateDict(stateDict(module), result.exportPath);
+  }
+  return result;
+}
+
+}  // namespace ddp::worker
