@@ -27,6 +27,18 @@ Field bindField(const std::string& key, const std::string& type, T& ref) {
                [&ref] { return YAML::Node(ref); }};
 }
 
+// Shortest faithful form: 0.05, not 0.050000000000000003.
+template <>
+Field bindField<double>(const std::string& key, const std::string& type, double& ref) {
+  return Field{key, type, [&ref](const YAML::Node& n) { ref = n.as<double>(); },
+               [&ref] {
+                 std::ostringstream text;
+                 text.precision(15);
+                 text << ref;
+                 return YAML::Node(text.str());
+               }};
+}
+
 Field bindMode(const std::string& key, Mode& ref) {
   return Field{key, "one of ddp | dp | single",
                [&ref, key](const YAML::Node& n) {
@@ -235,29 +247,28 @@ WorkerConfig loadConfig(const std::string& path, const std::vector<std::string>&
 
 std::string dumpConfig(const WorkerConfig& config) {
   WorkerConfig copy = config;
-  YAML::Node root;
-  for (const auto& f : fieldsOf(copy)) {
-    YAML::Node node = root;
-    std::string key = f.key;
-    std::vector<std::string> parts;
-    for (std::size_t start = 0, dot; start <= key.size(); start = dot + 1) {
-      dot = key.find('.', start);
-      if (dot == std::string::npos) dot = key.size();
-      parts.push_back(key.substr(start, dot - start));
-    }
-    // yaml-cpp nodes are handles: walk with fresh handles per level.
-    std::function<void(YAML::Node, std::size_t)> put = [&](YAML::Node n, std::size_t i) {
-      if (i + 1 == parts.size()) {
-        n[parts[i]] = f.get();
-        return;
-      }
-      YAML::Node child = n[parts[i]];
-      put(child, i + 1);
-    };
-    put(root, 0);
-  }
+  // Keys are "top" or "section.key"; sections keep their first-seen order.
   YAML::Emitter out;
-  out << root;
+  out << YAML::BeginMap;
+  std::string openSection;
+  for (const auto& f : fieldsOf(copy)) {
+    const auto dot = f.key.find('.');
+    const std::string section = dot == std::string::npos ? "" : f.key.substr(0, dot);
+    if (section != openSection) {
+      if (!openSection.empty()) out << YAML::EndMap;
+      if (!section.empty()) out << YAML::Key << section << YAML::Value << YAML::BeginMap;
+      openSection = section;
+    }
+    const YAML::Node value = f.get();
+    out << YAML::Key << (section.empty() ? f.key : f.key.substr(dot + 1));
+    if (value.IsSequence()) {
+      out << YAML::Value << YAML::Flow << value;
+    } else {
+      out << YAML::Value << value;
+    }
+  }
+  if (!openSection.empty()) out << YAML::EndMap;
+  out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }
 

@@ -1,0 +1,178 @@
+// Tier 2: ranks as threads in one process, real ProcessGroupGloo over a real
+// TCPStore on loopback. Expected values come from closed-form sums.
+#include <gtest/gtest.h>
+
+#include <ATen/ops/full.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/GradMode.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <functional>
+#include <thread>
+
+#include "comm/gradient_sync.h"
+#include "comm/process_group.h"
+#include "comm/rendezvous.h"
+#include "common/error.h"
+
+namespace ddp::comm {
+namespace {
+
+uint16_t freePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+/// Runs `body(comm)` on `world` threads, each a rank of a fresh Gloo group.
+void runRanks(int world, const std::function<void(Communicator&)>& body) {
+  const uint16_t port = freePort();
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(world);
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        RendezvousOptions rdv;
+        rdv.masterPort = port;
+        rdv.rank = r;
+        rdv.worldSize = world;
+        rdv.timeout = std::chrono::seconds(30);
+        auto store = rendezvous(rdv);
+        ProcessGroupOptions pg;
+        pg.rank = r;
+        pg.worldSize = world;
+        pg.timeout = std::chrono::seconds(30);
+        auto comm = makeCommunicator(store, pg);
+        body(*comm);
+        comm->barrier();
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+class CommWorld : public ::testing::TestWithParam<int> {};
+
+TEST_P(CommWorld, AllReduceSumsOverRanks) {
+  const int world = GetParam();
+  runRanks(world, [world](Communicator& comm) {
+    EXPECT_EQ(comm.size(), world);
+    at::Tensor t = at::full({1000}, static_cast<float>(comm.rank() + 1));
+    comm.allReduceSum(t);
+    // 1 + 2 + ... + world
+    const float expected = world * (world + 1) / 2.0f;
+    EXPECT_TRUE(t.eq(expected).all().item<bool>()) << t[0].item<float>();
+  });
+}
+
+TEST_P(CommWorld, BroadcastCopiesRootEverywhere) {
+  const int world = GetParam();
+  runRanks(world, [world](Communicator& comm) {
+    at::Tensor a = at::full({3, 5}, static_cast<float>(comm.rank()));
+    at::Tensor b = at::full({7}, static_cast<float>(10 * comm.rank()));
+    broadcastTensors(comm, {a, b}, /*root=*/world - 1);
+    EXPECT_TRUE(a.eq(static_cast<float>(world - 1)).all().item<bool>());
+    EXPECT_TRUE(b.eq(static_cast<float>(10 * (world - 1))).all().item<bool>());
+  });
+}
+
+TEST_P(CommWorld, GradientsAreAveragedAndMissingOnesCountAsZero) {
+  const int world = GetParam();
+  runRanks(world, [world](Communicator& comm) {
+    const int r = comm.rank();
+    at::Tensor w = at::zeros({4, 3}).requires_grad_(true);
+    at::Tensor bias = at::zeros({3}).requires_grad_(true);
+    at::Tensor unused = at::zeros({2}).requires_grad_(true);
+    w.mutable_grad() = at::full({4, 3}, static_cast<float>(r));
+    bias.mutable_grad() = at::full({3}, static_cast<float>(2 * r + 1));
+    at::Tensor loss = at::full({1}, static_cast<float>(r * r));
+    allReduceGradients(comm, {w, bias, unused}, loss);
+    const float meanR = (world - 1) / 2.0f;  // mean of 0..world-1
+    EXPECT_NEAR(w.grad().max().item<float>(), meanR, 1e-6);
+    EXPECT_NEAR(w.grad().min().item<float>(), meanR, 1e-6);
+    EXPECT_NEAR(bias.grad()[0].item<float>(), 2 * meanR + 1, 1e-6);
+    ASSERT_TRUE(unused.grad().defined());
+    EXPECT_EQ(unused.grad().abs().sum().item<float>(), 0.0f);
+    // mean of r^2 = (world-1)(2world-1)/6
+    EXPECT_NEAR(loss.item<float>(), (world - 1) * (2 * world - 1) / 6.0f, 1e-5);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Gloo, CommWorld, ::testing::Values(2, 3, 4));
+
+TEST(Rendezvous, TimeoutNamesTheMissingRanks) {
+  const uint16_t port = freePort();
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  // World of 3, only ranks 0 and 1 come.
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        RendezvousOptions rdv;
+        rdv.masterPort = port;
+        rdv.rank = r;
+        rdv.worldSize = 3;
+        rdv.timeout = std::chrono::seconds(2);
+        rendezvous(rdv);
+      } catch (const TimeoutError& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("2/3 ranks joined (missing: 2)"), std::string::npos) << e;
+  }
+}
+
+TEST(Rendezvous, UnreachableMasterIsATimeoutThatSaysWhere) {
+  const uint16_t port = freePort();  // nobody listens there
+  RendezvousOptions rdv;
+  rdv.masterPort = port;
+  rdv.rank = 1;
+  rdv.worldSize = 2;
+  rdv.timeout = std::chrono::seconds(1);
+  try {
+    rendezvous(rdv);
+    FAIL() << "no error";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(port)), std::string::npos) << e.what();
+  }
+}
+
+TEST(ProcessGroup, WorldOfOneNeedsNoNetwork) {
+  ProcessGroupOptions pg;
+  auto comm = makeCommunicator({}, pg);
+  EXPECT_EQ(comm->size(), 1);
+  at::Tensor t = at::ones({2});
+  comm->allReduceSum(t);
+  EXPECT_EQ(t.sum().item<float>(), 2.0f);
+}
+
+TEST(Backend, AutoAndExplicitChoices) {
+  EXPECT_EQ(resolveBackend(Backend::kAuto, /*deviceIsCuda=*/false), Backend::kGloo);
+  EXPECT_EQ(resolveBackend(Backend::kGloo, false), Backend::kGloo);
+  EXPECT_THROW(resolveBackend(Backend::kNccl, false), ConfigError);
+  EXPECT_THROW(parseBackend("mpi"), ConfigError);
+  if (ncclCompiled()) {
+    EXPECT_EQ(resolveBackend(Backend::kAuto, true), Backend::kNccl);
+  } else {
+    EXPECT_EQ(resolveBackend(Backend::kAuto, true), Backend::kGloo);
+  }
+}
+
+}  // namespace
+}  // namespace ddp::comm

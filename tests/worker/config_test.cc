@@ -1,0 +1,107 @@
+// Config parsing: defaults, overrides, and the errors users see for bad input.
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "worker/config.h"
+
+namespace ddp::worker {
+namespace {
+
+std::string errorOf(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  try {
+    parseConfig(yaml, overrides);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+TEST(Config, EmptyDocumentGivesDocumentedDefaults) {
+  const WorkerConfig c = parseConfig("");
+  EXPECT_EQ(c.mode, Mode::kDdp);
+  EXPECT_EQ(c.backend, "auto");
+  EXPECT_EQ(c.model.name, "cnn");
+  EXPECT_EQ(c.data.root, "/usr/share/datasets/fashion-mnist");
+  EXPECT_EQ(c.train.batchSize, 64);
+  EXPECT_DOUBLE_EQ(c.train.lr, 0.05);
+  EXPECT_EQ(c.train.maxSteps, 0);
+}
+
+TEST(Config, ReadsNestedKeysAndLists) {
+  const WorkerConfig c = parseConfig(R"(
+mode: single
+seed: 7
+model: {name: mlp, hidden: [32, 16, 8]}
+train: {batch_size: 5, lr: 0.25, momentum: 0.5, max_steps: 3, shuffle: false}
+output: {dir: /tmp/x, export: m.pt}
+)");
+  EXPECT_EQ(c.mode, Mode::kSingle);
+  EXPECT_EQ(c.seed, 7u);
+  EXPECT_EQ(c.model.hidden, (std::vector<int64_t>{32, 16, 8}));
+  EXPECT_EQ(c.train.batchSize, 5);
+  EXPECT_DOUBLE_EQ(c.train.lr, 0.25);
+  EXPECT_FALSE(c.train.shuffle);
+  EXPECT_EQ(c.output.exportName, "m.pt");
+}
+
+TEST(Config, OverridesWinOverTheFileAndParseAsYaml) {
+  const WorkerConfig c = parseConfig("train: {lr: 0.1, max_steps: 9}",
+                                     {"train.lr=0.5", "train.max_steps=50", "model.hidden=[4,2]",
+                                      "train.shuffle=false"});
+  EXPECT_DOUBLE_EQ(c.train.lr, 0.5);
+  EXPECT_EQ(c.train.maxSteps, 50);
+  EXPECT_EQ(c.model.hidden, (std::vector<int64_t>{4, 2}));
+  EXPECT_FALSE(c.train.shuffle);
+}
+
+TEST(Config, UnknownKeySuggestsTheNearestOne) {
+  const std::string e = errorOf("trian:\n  lr: 0.1\n");
+  EXPECT_NE(e.find("unknown key 'trian.lr'"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean 'train.lr'?"), std::string::npos) << e;
+  const std::string o = errorOf("", {"train.batchsize=3"});
+  EXPECT_NE(o.find("unknown key 'train.batchsize'"), std::string::npos) << o;
+  EXPECT_NE(o.find("'train.batch_size'"), std::string::npos) << o;
+}
+
+TEST(Config, WrongTypeNamesTheKeyAndTheValue) {
+  const std::string e = errorOf("train:\n  lr: fast\n");
+  EXPECT_NE(e.find("'train.lr'"), std::string::npos) << e;
+  EXPECT_NE(e.find("must be a number"), std::string::npos) << e;
+  EXPECT_NE(e.find("'fast'"), std::string::npos) << e;
+  EXPECT_NE(errorOf("train: {batch_size: [1, 2]}").find("'train.batch_size'"), std::string::npos);
+}
+
+TEST(Config, OutOfRangeAndBadEnumsAreRejected) {
+  EXPECT_NE(errorOf("train: {batch_size: 0}").find("'train.batch_size' must be >= 1"), std::string::npos);
+  EXPECT_NE(errorOf("mode: fsdp").find("ddp | dp | single"), std::string::npos);
+  EXPECT_NE(errorOf("backend: mpi").find("'backend'"), std::string::npos);
+  EXPECT_NE(errorOf("model: {name: resnet}").find("use mlp or cnn"), std::string::npos);
+  EXPECT_NE(errorOf("train: {momentum: 1.5}").find("'train.momentum'"), std::string::npos);
+  EXPECT_NE(errorOf("", {"train.lr"}).find("dotted.key=value"), std::string::npos);
+  EXPECT_NE(errorOf("train: [1, 2").find("YAML syntax error"), std::string::npos);
+}
+
+TEST(Config, DumpRoundTripsEveryKey) {
+  const WorkerConfig a = parseConfig("mode: single\nmodel: {name: mlp, hidden: [3]}\ntrain: {lr: 0.125}");
+  const WorkerConfig b = parseConfig(dumpConfig(a));
+  EXPECT_EQ(dumpConfig(a), dumpConfig(b));
+  EXPECT_EQ(b.mode, Mode::kSingle);
+  EXPECT_DOUBLE_EQ(b.train.lr, 0.125);
+  for (const auto& key : configKeys()) {
+    const auto dot = key.find('.');
+    const std::string top = key.substr(0, dot);
+    EXPECT_NE(dumpConfig(a).find(top + ":"), std::string::npos) << key;
+  }
+}
+
+TEST(Config, MissingFileSaysWhatToPass) {
+  try {
+    loadConfig("/nonexistent/x.yaml");
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/x.yaml"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace ddp::worker
