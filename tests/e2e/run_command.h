@@ -1,0 +1,76 @@
+// Runs a real program for an end-to-end test: output captured, a time limit,
+// and its whole process group killed and reaped if the test gives up on it.
+#pragma once
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ddp::test {
+
+struct CommandResult {
+  int exitCode = -1;  // 128 + signal when killed; -1 when it timed out
+  std::string output; // stdout and stderr interleaved
+  bool timedOut = false;
+};
+
+inline CommandResult runCommand(const std::vector<std::string>& argv, int timeoutSeconds,
+                                const std::vector<std::string>& extraEnv = {}) {
+  char tmpl[] = "/tmp/ddp_test_out_XXXXXX";
+  const int outFd = ::mkstemp(tmpl);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::dup2(outFd, 1);
+    ::dup2(outFd, 2);
+    for (const auto& kv : extraEnv) ::putenv(const_cast<char*>(kv.c_str()));
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    std::perror("execv");
+    ::_exit(127);
+  }
+  ::close(outFd);
+  CommandResult result;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeoutSeconds);
+  int status = 0;
+  while (true) {
+    const pid_t done = ::waitpid(pid, &status, WNOHANG);
+    if (done == pid) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      result.timedOut = true;
+      ::kill(-pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (!result.timedOut) {
+    result.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  std::ifstream in(tmpl);
+  std::stringstream text;
+  text << in.rdbuf();
+  result.output = text.str();
+  ::unlink(tmpl);
+  return result;
+}
+
+inline std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace ddp::test

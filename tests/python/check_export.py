@@ -1,0 +1,84 @@
+#!/usr/bin/python3
+"""Loads a ddp-launch export with plain PyTorch and measures its test accuracy.
+
+The modules below are the Python twins of worker/models.cc (same parameter
+names); load_state_dict(strict=True) fails on any missing, extra or
+"module."-prefixed key. Prints one JSON object.
+
+usage: check_export.py MODEL.pt {mlp|cnn} HIDDEN(comma list) FASHION_MNIST_ROOT
+"""
+import gzip
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+MEAN, STD = 0.2860, 0.3530  # worker/data/fashion_mnist.h
+
+
+class Mlp(nn.Module):
+    def __init__(self, hidden, inputs=784, classes=10):
+        super().__init__()
+        widths = [inputs] + hidden + [classes]
+        for i in range(len(widths) - 1):
+            setattr(self, f"fc{i + 1}", nn.Linear(widths[i], widths[i + 1]))
+        self.n = len(widths) - 1
+
+    def forward(self, x):
+        x = x.flatten(1)
+        for i in range(self.n):
+            x = getattr(self, f"fc{i + 1}")(x)
+            if i + 1 < self.n:
+                x = F.relu(x)
+        return x
+
+
+class Cnn(nn.Module):
+    def __init__(self, classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
+        self.fc1 = nn.Linear(64 * 7 * 7, 128)
+        self.fc2 = nn.Linear(128, classes)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+def read_idx(path):
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    magic, = struct.unpack(">I", data[:4])
+    ndim = magic & 0xFF
+    dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def main():
+    path, name, hidden, root = sys.argv[1:5]
+    state = torch.load(path, map_location="cpu")
+    assert isinstance(state, dict), type(state)
+    model = Mlp([int(h) for h in hidden.split(",")]) if name == "mlp" else Cnn()
+    model.load_state_dict(state, strict=True)
+    model.eval()
+    images = read_idx(os.path.join(root, "t10k-images-idx3-ubyte.gz"))
+    labels = read_idx(os.path.join(root, "t10k-labels-idx1-ubyte.gz"))
+    x = torch.from_numpy(images.copy()).float().div(255).sub(MEAN).div(STD).unsqueeze(1)
+    y = torch.from_numpy(labels.astype(np.int64))
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(y), 1000):
+            correct += (model(x[i:i + 1000]).argmax(1) == y[i:i + 1000]).sum().item()
+    print(json.dumps({"correct": correct, "total": len(y), "accuracy": correct / len(y),
+                      "keys": sorted(state.keys())}))
+
+
+if __name__ == "__main__":
+    main()
