@@ -1,0 +1,109 @@
+// The worker as users meet it through ddp-launch: bad input is one clear line
+// and a non-zero exit with nothing left behind; two jobs on one host coexist.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <future>
+
+#include "tests/e2e/run_command.h"
+
+namespace ddp {
+namespace {
+
+const std::string kConfig = std::string(DDP_SOURCE_DIR) + "/configs/synthetic_mlp.yaml";
+
+std::string tempDir() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "ddp_cli_XXXXXX").string();
+  return ::mkdtemp(tmpl.data());
+}
+
+test::CommandResult launch(int nproc, std::vector<std::string> workerArgs, int timeout = 120) {
+  std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nproc_per_node=" + std::to_string(nproc),
+                                   DDP_WORKER_BIN};
+  argv.insert(argv.end(), workerArgs.begin(), workerArgs.end());
+  return test::runCommand(argv, timeout);
+}
+
+TEST(WorkerCli, TwoJobsAtOnceOnOneHostBothSucceed) {
+  const std::string a = tempDir();
+  const std::string b = tempDir();
+  auto jobA = std::async(std::launch::async, [&] {
+    return launch(2, {kConfig, "output.dir=" + a, "train.epochs=2", "train.max_steps=40"});
+  });
+  auto jobB = std::async(std::launch::async, [&] {
+    return launch(2, {kConfig, "output.dir=" + b, "train.epochs=2", "train.max_steps=40"});
+  });
+  const auto ra = jobA.get();
+  const auto rb = jobB.get();
+  ASSERT_EQ(ra.exitCode, 0) << ra.output;
+  ASSERT_EQ(rb.exitCode, 0) << rb.output;
+  for (const auto& dir : {a, b}) {
+    const auto summary = nlohmann::json::parse(test::readFile(dir + "/summary.json"));
+    EXPECT_EQ(summary["world_size"], 2);
+    EXPECT_EQ(summary["steps"], 40);
+    EXPECT_EQ(summary["backend"], "gloo");
+    std::filesystem::remove_all(dir);
+  }
+}
+
+TEST(WorkerCli, MetricsAndSummaryAreWritten) {
+  const std::string dir = tempDir();
+  const auto r = launch(2, {kConfig, "output.dir=" + dir, "train.max_steps=25", "train.log_every=5"});
+  ASSERT_EQ(r.exitCode, 0) << r.output;
+  std::istringstream lines(test::readFile(dir + "/metrics.jsonl"));
+  std::vector<int64_t> steps;
+  for (std::string line; std::getline(lines, line);) {
+    const auto record = nlohmann::json::parse(line);
+    steps.push_back(record["step"].get<int64_t>());
+    EXPECT_GT(record["samples_per_s"].get<double>(), 0);
+    EXPECT_TRUE(std::isfinite(record["loss"].get<double>()));
+    // Global samples: steps × per-rank batch (32) × 2 ranks.
+    EXPECT_EQ(record["samples"].get<int64_t>(), steps.back() * 32 * 2);
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 5, 10, 15, 20, 25}));
+  const auto summary = nlohmann::json::parse(test::readFile(dir + "/summary.json"));
+  EXPECT_EQ(summary["samples"], 25 * 32 * 2);
+  EXPECT_EQ(summary["test_total"], 512);
+  EXPECT_TRUE(std::filesystem::exists(summary["export_path"].get<std::string>()));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/config.resolved.yaml"));
+  std::filesystem::remove_all(dir);
+}
+
+struct BadInput {
+  std::string name;
+  std::vector<std::string> args;
+  std::string expected;  // a piece of the one-line error
+};
+
+class WorkerBadInput : public ::testing::TestWithParam<BadInput> {};
+
+TEST_P(WorkerBadInput, OneClearLineNonZeroExitNoExport) {
+  const BadInput c = GetParam();
+  const std::string dir = tempDir();
+  std::vector<std::string> args = c.args;
+  args.push_back("output.dir=" + dir);
+  const auto r = launch(2, args, 60);
+  EXPECT_FALSE(r.timedOut) << r.output;
+  EXPECT_NE(r.exitCode, 0) << r.output;
+  EXPECT_NE(r.output.find(c.expected), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("Exception raised from"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/model.pt"));
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Errors, WorkerBadInput,
+    ::testing::Values(
+        BadInput{"UnknownKey", {kConfig, "trian.lr=0.1"}, "unknown key 'trian.lr' (command-line override) (did you mean 'train.lr'?)"},
+        BadInput{"WrongType", {kConfig, "train.batch_size=many"}, "'train.batch_size' (command-line override) must be a integer"},
+        BadInput{"MissingConfig", {"/nonexistent/config.yaml"}, "cannot read '/nonexistent/config.yaml'"},
+        BadInput{"MissingData", {kConfig, "data.name=fashion-mnist", "data.root=/nonexistent/fm"}, "/nonexistent/fm"},
+        BadInput{"DpNotYet", {kConfig, "mode=dp"}, "mode 'dp'"},
+        BadInput{"SingleWithManyRanks", {kConfig, "mode=single"}, "WORLD_SIZE=2"},
+        BadInput{"NcclWithoutGpu", {kConfig, "backend=nccl", "device=cpu"}, "backend 'nccl'"}),
+    [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace ddp
