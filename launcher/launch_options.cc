@@ -1,0 +1,281 @@
+#include "launcher/launch_options.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <set>
+
+#include <cxxopts.hpp>
+
+#include "common/error.h"
+
+#ifndef DDP_LAUNCH_VERSION
+#define DDP_LAUNCH_VERSION "unknown"
+#endif
+
+namespace ddp::launcher {
+namespace detail {
+namespace {
+
+constexpr const char* kProgram = "ddp-launch";
+
+// Values are taken as strings and converted here, so a bad value gets a message
+// that names the flag and the fix instead of cxxopts' generic one.
+cxxopts::Options makeOptions() {
+  cxxopts::Options options(kProgram,
+                           "Starts one worker process per device and watches them, like torchrun.\n"
+                           "Every option also accepts '-' instead of '_' (--nproc-per-node).");
+  options.custom_help("[options] WORKER [worker args...]");
+  options.set_width(100);
+  // clang-format off
+  options.add_options()
+    ("nproc_per_node", "Workers to start on this node", cxxopts::value<std::string>()->default_value("1"), "N")
+    ("nnodes", "Nodes in the job", cxxopts::value<std::string>()->default_value("1"), "N")
+    ("node_rank", "Rank of this node, 0 .. nnodes-1", cxxopts::value<std::string>()->default_value("0"), "R")
+    ("master_addr", "Address of the node that runs rank 0",
+        cxxopts::value<std::string>()->default_value("127.0.0.1"), "ADDR")
+    ("master_port", "Port rank 0 listens on (default: a free port when nnodes is 1, else 29500)",
+        cxxopts::value<std::string>(), "PORT")
+    ("standalone", "Single-node job on a free port (torchrun's --standalone)")
+    ("use_env", "Pass the local rank only in LOCAL_RANK; --use_env=false (or --no_use_env) also "
+        "passes --local_rank=N as the first worker argument",
+        cxxopts::value<std::string>()->default_value("true")->implicit_value("true"), "BOOL")
+    ("no_use_env", "Same as --use_env=false")
+    ("shutdown_grace_s", "Seconds between SIGTERM and SIGKILL when stopping workers",
+        cxxopts::value<std::string>()->default_value("5"), "SECONDS")
+    ("h,help", "Print this help and exit")
+    ("version", "Print the version and exit");
+  // clang-format on
+  return options;
+}
+
+struct OptionTable {
+  std::set<std::string> names;         // long and short names
+  std::set<std::string> takesValue;    // names whose value may be the next argument
+};
+
+OptionTable describe(const cxxopts::Options& options) {
+  OptionTable table;
+  for (const cxxopts::HelpOptionDetails& option : options.group_help("").options) {
+    std::vector<std::string> names = option.l;
+    if (!option.s.empty()) names.push_back(option.s);
+    // cxxopts' own rule: options with an implicit value never consume the next argument.
+    const bool takesValue = !option.is_boolean && !option.has_implicit;
+    for (const std::string& name : names) {
+      table.names.insert(name);
+      if (takesValue) table.takesValue.insert(name);
+    }
+  }
+  return table;
+}
+
+size_t editDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t substitute = diagonal + (a[i - 1] == b[j - 1] ? 0 : 1);
+      diagonal = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, substitute});
+    }
+  }
+  return row[b.size()];
+}
+
+std::string suggestion(const std::string& unknown, const std::set<std::string>& names) {
+  std::string best;
+  size_t bestDistance = std::max<size_t>(3, unknown.size() / 3) + 1;
+  for (const std::string& name : names) {
+    if (name.size() < 2) continue;
+    const size_t distance = editDistance(unknown, name);
+    if (distance < bestDistance) {
+      bestDistance = distance;
+      best = name;
+    }
+  }
+  return best.empty() ? "" : " (did you mean '--" + best + "'?)";
+}
+
+// "--nproc-per-node=4" -> name "nproc_per_node", value "4".
+struct OptionToken {
+  std::string name;
+  std::optional<std::string> value;
+  bool isLong = false;
+};
+
+OptionToken splitOption(const std::string& arg) {
+  OptionToken token;
+  token.isLong = arg.rfind("--", 0) == 0;
+  const std::string body = arg.substr(token.isLong ? 2 : 1);
+  const size_t equals = body.find('=');
+  token.name = body.substr(0, equals);
+  if (equals != std::string::npos) token.value = body.substr(equals + 1);
+  std::replace(token.name.begin(), token.name.end(), '-', '_');
+  return token;
+}
+
+int parseInt(const std::string& flag, const std::string& text, int min, int max, const std::string& hint) {
+  errno = 0;
+  char* end = nullptr;
+  const long value = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno == ERANGE || value < min || value > max) {
+    DDP_THROW(ConfigError, "--", flag, " must be a whole number from ", min, " to ", max, " (got '", text,
+              "'): ", hint);
+  }
+  return static_cast<int>(value);
+}
+
+bool parseBool(const std::string& flag, const std::string& text) {
+  std::string lower = text;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (lower == "true" || lower == "1" || lower == "yes" || lower == "on") return true;
+  if (lower == "false" || lower == "0" || lower == "no" || lower == "off") return false;
+  DDP_THROW(ConfigError, "--", flag, " must be true or false (got '", text, "'), e.g. --", flag, "=false");
+}
+
+// Splits argv at WORKER by hand: cxxopts would parse flags inside the worker's own arguments.
+struct SplitArgs {
+  std::vector<std::string> launcherArgs;  // normalised option tokens (and their values)
+  std::optional<std::string> worker;
+  std::vector<std::string> workerArgs;
+};
+
+SplitArgs splitAtWorker(const std::vector<std::string>& args, const OptionTable& table) {
+  SplitArgs split;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--") {
+      if (i + 1 < args.size()) {
+        split.worker = args[i + 1];
+        split.workerArgs.assign(args.begin() + static_cast<long>(i) + 2, args.end());
+      }
+      return split;
+    }
+    if (arg.size() < 2 || arg[0] != '-') {
+      split.worker = arg;
+      split.workerArgs.assign(args.begin() + static_cast<long>(i) + 1, args.end());
+      return split;
+    }
+    const OptionToken token = splitOption(arg);
+    if (table.names.count(token.name) == 0 || (token.isLong && token.name.size() == 1)) {
+      DDP_THROW(ConfigError, "unknown option '", arg, "'", suggestion(token.name, table.names),
+                "; run ddp-launch --help for the list (the worker's own options go after WORKER)");
+    }
+    std::string normalised = (token.isLong ? "--" : "-") + token.name;
+    if (token.value) normalised += "=" + *token.value;
+    split.launcherArgs.push_back(normalised);
+    if (!token.value && table.takesValue.count(token.name) != 0) {
+      if (i + 1 >= args.size()) {
+        DDP_THROW(ConfigError, "option '", arg, "' needs a value, e.g. --", token.name, "=VALUE");
+      }
+      split.launcherArgs.push_back(args[++i]);
+    }
+  }
+  return split;
+}
+
+}  // namespace
+}  // namespace detail
+
+std::string usageText() {
+  std::string text = detail::makeOptions().help();
+  text +=
+      "\nEach worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK,\n"
+      "ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and TORCHELASTIC_RESTART_COUNT, plus\n"
+      "OMP_NUM_THREADS=1 when it is unset and nproc_per_node > 1. Output lines are prefixed with\n"
+      "'[rank N] '. If a worker fails, the others get SIGTERM (SIGKILL after the grace period)\n"
+      "and ddp-launch exits with the failed worker's code (128+signal if it was killed).\n"
+      "\nExample:\n  ddp-launch --nproc_per_node=4 ./worker configs/mnist.yaml train.epochs=2\n";
+  return text;
+}
+
+CommandLine parseCommandLine(const std::vector<std::string>& args) {
+  using detail::parseInt;
+  cxxopts::Options options = detail::makeOptions();
+  const detail::SplitArgs split = detail::splitAtWorker(args, detail::describe(options));
+
+  std::vector<const char*> argv{detail::kProgram};
+  for (const std::string& arg : split.launcherArgs) argv.push_back(arg.c_str());
+  cxxopts::ParseResult parsed;
+  try {
+    parsed = options.parse(static_cast<int>(argv.size()), argv.data());
+  } catch (const cxxopts::exceptions::exception& error) {
+    DDP_THROW(ConfigError, "bad command line: ", error.what(), "; run ddp-launch --help");
+  }
+
+  CommandLine result;
+  if (parsed.count("help") != 0) {
+    result.action = CommandAction::kHelp;
+    result.text = usageText();
+    return result;
+  }
+  if (parsed.count("version") != 0) {
+    result.action = CommandAction::kVersion;
+    result.text = std::string(detail::kProgram) + " " + DDP_LAUNCH_VERSION + "\n";
+    return result;
+  }
+
+  LaunchOptions& launch = result.options;
+  launch.nprocPerNode = parseInt("nproc_per_node", parsed["nproc_per_node"].as<std::string>(), 1, 4096,
+                                 "the number of workers to start on this node, e.g. --nproc_per_node=4");
+  launch.nnodes = parseInt("nnodes", parsed["nnodes"].as<std::string>(), 1, 65536,
+                           "the number of nodes in the job, e.g. --nnodes=2");
+  launch.nodeRank = parseInt("node_rank", parsed["node_rank"].as<std::string>(), 0, 65535,
+                             "this node's rank, from 0 to nnodes-1");
+  if (launch.nodeRank >= launch.nnodes) {
+    DDP_THROW(ConfigError, "--node_rank ", launch.nodeRank, " is out of range for --nnodes ", launch.nnodes,
+              ": give each node a distinct rank from 0 to ", launch.nnodes - 1);
+  }
+  if (static_cast<long long>(launch.nnodes) * launch.nprocPerNode > INT_MAX) {
+    DDP_THROW(ConfigError, "--nnodes ", launch.nnodes, " x --nproc_per_node ", launch.nprocPerNode,
+              " workers is more than ddp-launch supports");
+  }
+  if (parsed["standalone"].as<bool>() && launch.nnodes != 1) {
+    DDP_THROW(ConfigError, "--standalone runs a single-node job but --nnodes is ", launch.nnodes,
+              "; drop one of them");
+  }
+
+  launch.masterAddr = parsed["master_addr"].as<std::string>();
+  if (launch.masterAddr.empty()) {
+    DDP_THROW(ConfigError, "--master_addr is empty: give the host of rank 0, e.g. --master_addr=10.0.0.1");
+  }
+  if (parsed.count("master_port") != 0) {
+    const int port = parseInt("master_port", parsed["master_port"].as<std::string>(), 0, 65535,
+                              "the TCP port rank 0 listens on, e.g. --master_port=29500");
+    if (port == 0 && launch.nnodes > 1) {
+      DDP_THROW(ConfigError, "--master_port=0 (pick a free port) only works with --nnodes=1: every node "
+                "must agree on the port, so give one, e.g. --master_port=", kDefaultMultiNodePort);
+    }
+    if (port != 0) launch.masterPort = port;
+  }
+
+  const bool useEnvGiven = parsed.count("use_env") != 0;
+  const bool useEnv = detail::parseBool("use_env", parsed["use_env"].as<std::string>());
+  const bool noUseEnv = parsed["no_use_env"].as<bool>();
+  if (useEnvGiven && noUseEnv && useEnv) {
+    DDP_THROW(ConfigError, "--use_env and --no_use_env contradict each other; keep one");
+  }
+  launch.useEnv = useEnv && !noUseEnv;
+
+  const std::string graceText = parsed["shutdown_grace_s"].as<std::string>();
+  char* end = nullptr;
+  launch.shutdownGraceS = std::strtod(graceText.c_str(), &end);
+  if (graceText.empty() || *end != '\0' || !std::isfinite(launch.shutdownGraceS) || launch.shutdownGraceS < 0) {
+    DDP_THROW(ConfigError, "--shutdown_grace_s must be a number of seconds >= 0 (got '", graceText,
+              "'), e.g. --shutdown_grace_s=5");
+  }
+
+  if (!split.worker || split.worker->empty()) {
+    DDP_THROW(ConfigError, "missing WORKER: give the program to run after the options, e.g. "
+              "ddp-launch --nproc_per_node=2 ./worker config.yaml (see --help)");
+  }
+  launch.worker = *split.worker;
+  launch.workerArgs = split.workerArgs;
+  return result;
+}
+
+}  // namespace ddp::launcher

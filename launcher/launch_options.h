@@ -1,0 +1,54 @@
+// The ddp-launch command line: torchrun's flags, filled into LaunchOptions.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddp::launcher {
+
+/// Port every node uses when a multi-node job names none (torchrun's default).
+constexpr int kDefaultMultiNodePort = 29500;
+
+/// Everything the command line decides. Parsing fills it; nothing else reads argv.
+struct LaunchOptions {
+  int nprocPerNode = 1;                  // --nproc_per_node: workers on this node
+  int nnodes = 1;                        // --nnodes: nodes in the job
+  int nodeRank = 0;                      // --node_rank: this node, 0 <= node_rank < nnodes
+  std::string masterAddr = "127.0.0.1";  // --master_addr: where rank 0 listens
+  // --master_port: unset (or 0) picks a free port when nnodes == 1, else kDefaultMultiNodePort.
+  std::optional<int> masterPort;
+  bool useEnv = true;                    // --use_env; off also passes --local_rank=N first
+  double shutdownGraceS = 5.0;           // --shutdown_grace_s: SIGTERM, then SIGKILL after this
+  std::string worker;                    // WORKER, as given (resolved later)
+  std::vector<std::string> workerArgs;   // everything after WORKER, untouched
+
+  int worldSize() const { return nnodes * nprocPerNode; }
+  /// Global rank of the worker with this local rank on this node.
+  int globalRank(int localRank) const { return nodeRank * nprocPerNode + localRank; }
+};
+
+/// What the command line asks for.
+enum class CommandAction {
+  kRun,      // start the workers
+  kHelp,     // print `text` (usage) and exit 0
+  kVersion,  // print `text` (version) and exit 0
+};
+
+/// The parsed command line.
+struct CommandLine {
+  CommandAction action = CommandAction::kRun;
+  LaunchOptions options;  // valid when action == kRun
+  std::string text;       // help or version text for the other actions
+};
+
+/// Parses the arguments after argv[0]. Option names may use '-' or '_'
+/// (`--nproc-per-node` == `--nproc_per_node`); the first non-option argument is
+/// WORKER and everything after it goes to the worker untouched.
+/// Throws ddp::ConfigError with a one-line message that says how to fix the input.
+CommandLine parseCommandLine(const std::vector<std::string>& args);
+
+/// The --help text.
+std::string usageText();
+
+}  // namespace ddp::launcher

@@ -1,0 +1,54 @@
+// ddp-launch: starts one worker per device with the torchrun environment contract.
+#include <csignal>
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include <spdlog/cfg/env.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "common/error.h"
+#include "launcher/launch_options.h"
+#include "launcher/launch_plan.h"
+#include "launcher/worker_env.h"
+#include "launcher/worker_supervisor.h"
+
+namespace {
+
+// Bad command line or environment; nothing was started.
+constexpr int kUsageExitCode = 2;
+// The launcher itself broke (not the user's input, not a worker).
+constexpr int kInternalErrorExitCode = 1;
+
+void setUpLogging() {
+  auto logger = spdlog::stderr_logger_mt("ddp-launch");
+  logger->set_pattern("ddp-launch: %v");
+  spdlog::set_default_logger(logger);
+  spdlog::cfg::load_env_levels();  // SPDLOG_LEVEL=debug shows each worker's pid and exit
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace ddp::launcher;
+  setUpLogging();
+  // A closed stdout must not kill the launcher and orphan the job; the relay sees EPIPE.
+  std::signal(SIGPIPE, SIG_IGN);
+  try {
+    const CommandLine command = parseCommandLine(std::vector<std::string>(argv + 1, argv + argc));
+    if (command.action != CommandAction::kRun) {
+      std::fputs(command.text.c_str(), stdout);
+      return 0;
+    }
+    const LaunchPlan plan = makeLaunchPlan(command.options, currentEnvironment());
+    return runWorkers(plan);
+  } catch (const ddp::ConfigError& error) {
+    spdlog::error("{}", error.what());
+    return kUsageExitCode;
+  } catch (const std::exception& error) {
+    spdlog::error("internal error: {}", error.what());
+    return kInternalErrorExitCode;
+  }
+}

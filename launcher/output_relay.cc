@@ -1,0 +1,134 @@
+#include "launcher/output_relay.h"
+
+#include <cerrno>
+#include <chrono>
+
+#include <fcntl.h>
+#include <poll.h>
+
+#include "common/error.h"
+
+namespace ddp::launcher {
+
+OutputRelay::OutputRelay(int stdoutFd, int stderrFd) : stdoutFd_(stdoutFd), stderrFd_(stderrFd) {
+  int fds[2];
+  DDP_ENFORCE(::pipe2(fds, O_CLOEXEC) == 0, "pipe2 failed, errno ", errno);
+  wakeRead_ = fds[0];
+  wakeWrite_ = fds[1];
+}
+
+OutputRelay::~OutputRelay() {
+  finish();
+  ::close(wakeRead_);
+  ::close(wakeWrite_);
+}
+
+void OutputRelay::add(int fd, int rank, bool toStderr) {
+  DDP_ENFORCE(!thread_.joinable(), "OutputRelay::add after start");
+  // Non-blocking so the final drain stops at "nothing more now" instead of waiting for EOF.
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  Source source;
+  source.fd = fd;
+  source.prefix = "[rank " + std::to_string(rank) + "] ";
+  source.toStderr = toStderr;
+  sources_.push_back(std::move(source));
+}
+
+void OutputRelay::start() { thread_ = std::thread([this] { loop(); }); }
+
+void OutputRelay::finish() {
+  if (thread_.joinable()) {
+    const char byte = 0;
+    while (::write(wakeWrite_, &byte, 1) < 0 && errno == EINTR) {
+    }
+    thread_.join();
+  }
+  for (Source& source : sources_) close(source);
+}
+
+void OutputRelay::loop() {
+  bool stopping = false;
+  while (!stopping) {
+    std::vector<pollfd> polled{{wakeRead_, POLLIN, 0}};
+    std::vector<Source*> open;
+    for (Source& source : sources_) {
+      if (source.fd < 0) continue;
+      polled.push_back({source.fd, POLLIN, 0});
+      open.push_back(&source);
+    }
+    if (::poll(polled.data(), polled.size(), -1) < 0) {
+      // Never give up: a relay that stops reading would block the workers on full pipes.
+      if (errno != EINTR) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    stopping = (polled[0].revents & POLLIN) != 0;
+    for (size_t i = 0; i < open.size(); ++i) {
+      if (polled[i + 1].revents == 0 && !stopping) continue;
+      if (!readAvailable(*open[i])) close(*open[i]);
+    }
+  }
+}
+
+bool OutputRelay::readAvailable(Source& source) {
+  char buffer[16 * 1024];
+  while (true) {
+    const ssize_t count = ::read(source.fd, buffer, sizeof(buffer));
+    if (count > 0) {
+      source.pending.append(buffer, static_cast<size_t>(count));
+      emitLines(source, false);
+      continue;
+    }
+    if (count < 0 && errno == EINTR) continue;
+    return count < 0 && errno == EAGAIN;
+  }
+}
+
+void OutputRelay::emitLines(Source& source, bool flushPartial) {
+  std::string out;
+  size_t begin = 0;
+  while (true) {
+    size_t newline = source.pending.find('\n', begin);
+    if (newline == std::string::npos && source.pending.size() - begin >= kMaxLineBytes) {
+      newline = begin + kMaxLineBytes;  // cut, keeping the relay's memory bounded
+      out.append(source.prefix).append(source.pending, begin, newline - begin).push_back('\n');
+      begin = newline;
+      continue;
+    }
+    if (newline == std::string::npos) break;
+    out.append(source.prefix).append(source.pending, begin, newline + 1 - begin);
+    begin = newline + 1;
+  }
+  if (flushPartial && begin < source.pending.size()) {
+    out.append(source.prefix).append(source.pending, begin, std::string::npos).push_back('\n');
+    begin = source.pending.size();
+  }
+  source.pending.erase(0, begin);
+  if (!out.empty()) writeAll(source.toStderr, out);
+}
+
+void OutputRelay::writeAll(bool toStderr, const std::string& text) {
+  bool& broken = broken_[toStderr ? 1 : 0];
+  const int target = toStderr ? stderrFd_ : stdoutFd_;
+  size_t written = 0;
+  while (!broken && written < text.size()) {
+    const ssize_t count = ::write(target, text.data() + written, text.size() - written);
+    if (count >= 0) {
+      written += static_cast<size_t>(count);
+    } else if (errno == EAGAIN) {
+      pollfd writable{target, POLLOUT, 0};  // the launcher's stdout may be non-blocking
+      ::poll(&writable, 1, -1);
+    } else if (errno != EINTR) {
+      // EPIPE and the like: keep draining the workers so they never block, drop the text.
+      broken = true;
+    }
+  }
+}
+
+void OutputRelay::close(Source& source) {
+  if (source.fd < 0) return;
+  emitLines(source, true);
+  ::close(source.fd);
+  source.fd = -1;
+}
+
+}  // namespace ddp::launcher

@@ -1,0 +1,50 @@
+#include "launcher/worker_env.h"
+
+#include <string>
+
+extern char** environ;  // NOLINT: POSIX
+
+namespace ddp::launcher {
+
+EnvMap currentEnvironment() {
+  EnvMap env;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    const std::string text = *entry;
+    const size_t equals = text.find('=');
+    if (equals == std::string::npos || equals == 0) continue;
+    env.emplace(text.substr(0, equals), text.substr(equals + 1));
+  }
+  return env;
+}
+
+bool shouldDefaultOmpThreads(const LaunchOptions& options, const EnvMap& inherited) {
+  return options.nprocPerNode > 1 && inherited.count("OMP_NUM_THREADS") == 0;
+}
+
+EnvMap workerEnvironment(const LaunchOptions& options, int localRank, int masterPort, const EnvMap& inherited) {
+  EnvMap env = inherited;
+  const std::string rank = std::to_string(options.globalRank(localRank));
+  const std::string worldSize = std::to_string(options.worldSize());
+  env["RANK"] = rank;
+  env["LOCAL_RANK"] = std::to_string(localRank);
+  env["WORLD_SIZE"] = worldSize;
+  env["LOCAL_WORLD_SIZE"] = std::to_string(options.nprocPerNode);
+  env["GROUP_RANK"] = std::to_string(options.nodeRank);
+  // One role ("default") spans the whole job, as in torchrun.
+  env["ROLE_RANK"] = rank;
+  env["ROLE_WORLD_SIZE"] = worldSize;
+  env["MASTER_ADDR"] = options.masterAddr;
+  env["MASTER_PORT"] = std::to_string(masterPort);
+  env["TORCHELASTIC_RESTART_COUNT"] = "0";
+  if (shouldDefaultOmpThreads(options, inherited)) env["OMP_NUM_THREADS"] = "1";
+  return env;
+}
+
+std::vector<std::string> workerArguments(const LaunchOptions& options, int localRank) {
+  std::vector<std::string> args;
+  if (!options.useEnv) args.push_back("--local_rank=" + std::to_string(localRank));
+  args.insert(args.end(), options.workerArgs.begin(), options.workerArgs.end());
+  return args;
+}
+
+}  // namespace ddp::launcher

@@ -1,0 +1,30 @@
+// The environment and arguments each worker starts with (the torchrun contract).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "launcher/launch_options.h"
+
+namespace ddp::launcher {
+
+/// Environment variables by name; ordered so tests and logs are deterministic.
+using EnvMap = std::map<std::string, std::string>;
+
+/// The launcher's own environment (environ), which workers inherit.
+EnvMap currentEnvironment();
+
+/// True when OMP_NUM_THREADS should default to 1: unset and several workers share the node.
+bool shouldDefaultOmpThreads(const LaunchOptions& options, const EnvMap& inherited);
+
+/// `inherited` plus RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK,
+/// ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT, and OMP_NUM_THREADS=1
+/// when shouldDefaultOmpThreads(). The contract's variables override inherited ones.
+EnvMap workerEnvironment(const LaunchOptions& options, int localRank, int masterPort, const EnvMap& inherited);
+
+/// The worker's argv after argv[0]: `--local_rank=N` first when !useEnv (torch.distributed.launch's
+/// legacy contract), then the user's worker arguments untouched.
+std::vector<std::string> workerArguments(const LaunchOptions& options, int localRank);
+
+}  // namespace ddp::launcher

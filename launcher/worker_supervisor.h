@@ -1,0 +1,16 @@
+// Starting this node's workers, watching them and stopping them all together.
+#pragma once
+
+#include "launcher/launch_plan.h"
+
+namespace ddp::launcher {
+
+/// Runs `plan` to the end and returns the launcher's exit code: 0 when every worker
+/// succeeds; the first failed worker's exit code (128 + signal if it was killed) after
+/// stopping the others; 128 + signal when the launcher itself got SIGINT/SIGTERM/SIGHUP/
+/// SIGQUIT, which it forwards to every worker. Stopping = the signal (SIGTERM for a failure)
+/// to each worker's process group, SIGKILL after plan.shutdownGraceS. Every worker is
+/// reaped on every path, exceptions included.
+int runWorkers(const LaunchPlan& plan);
+
+}  // namespace ddp::launcher

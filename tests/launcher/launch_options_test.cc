@@ -1,0 +1,171 @@
+// Unit tests of the ddp-launch command line (no processes started).
+#include "launcher/launch_options.h"
+
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+
+namespace ddp::launcher {
+namespace {
+
+LaunchOptions parse(const std::vector<std::string>& args) {
+  const CommandLine command = parseCommandLine(args);
+  EXPECT_EQ(command.action, CommandAction::kRun);
+  return command.options;
+}
+
+// The ConfigError's message, or "" when parsing succeeded.
+std::string errorOf(const std::vector<std::string>& args) {
+  try {
+    parseCommandLine(args);
+  } catch (const ConfigError& error) {
+    return error.what();
+  }
+  return "";
+}
+
+TEST(LaunchOptions, DefaultsMatchTorchrun) {
+  const LaunchOptions options = parse({"./worker"});
+  EXPECT_EQ(options.nprocPerNode, 1);
+  EXPECT_EQ(options.nnodes, 1);
+  EXPECT_EQ(options.nodeRank, 0);
+  EXPECT_EQ(options.masterAddr, "127.0.0.1");
+  EXPECT_FALSE(options.masterPort.has_value());
+  EXPECT_TRUE(options.useEnv);
+  EXPECT_DOUBLE_EQ(options.shutdownGraceS, 5.0);
+  EXPECT_EQ(options.worker, "./worker");
+  EXPECT_TRUE(options.workerArgs.empty());
+}
+
+TEST(LaunchOptions, AcceptsUnderscoreAndDashSpellingsWithSpaceOrEquals) {
+  for (const std::string name : {"--nproc_per_node", "--nproc-per-node"}) {
+    EXPECT_EQ(parse({name, "4", "w"}).nprocPerNode, 4) << name;
+    EXPECT_EQ(parse({name + "=4", "w"}).nprocPerNode, 4) << name;
+  }
+  for (const std::string name : {"--node_rank", "--node-rank"}) {
+    EXPECT_EQ(parse({"--nnodes", "3", name, "2", "w"}).nodeRank, 2) << name;
+  }
+  for (const std::string name : {"--master_addr", "--master-addr"}) {
+    EXPECT_EQ(parse({name + "=10.0.0.7", "w"}).masterAddr, "10.0.0.7") << name;
+  }
+  for (const std::string name : {"--master_port", "--master-port"}) {
+    EXPECT_EQ(parse({name, "29511", "w"}).masterPort, 29511) << name;
+  }
+  for (const std::string name : {"--shutdown_grace_s", "--shutdown-grace-s"}) {
+    EXPECT_DOUBLE_EQ(parse({name + "=0.25", "w"}).shutdownGraceS, 0.25) << name;
+  }
+  EXPECT_EQ(parse({"--nnodes=2", "--node-rank=1", "w"}).nnodes, 2);
+}
+
+TEST(LaunchOptions, EverythingAfterWorkerGoesToTheWorkerUntouched) {
+  const std::vector<std::string> workerArgs{"--nproc_per_node", "7", "--bogus", "-h", "--help", "--", "a b", ""};
+  std::vector<std::string> args{"--nproc_per_node=2", "./worker"};
+  args.insert(args.end(), workerArgs.begin(), workerArgs.end());
+  const LaunchOptions options = parse(args);
+  EXPECT_EQ(options.nprocPerNode, 2);
+  EXPECT_EQ(options.worker, "./worker");
+  EXPECT_EQ(options.workerArgs, workerArgs);
+}
+
+TEST(LaunchOptions, DoubleDashEndsTheLauncherOptions) {
+  const LaunchOptions options = parse({"--nnodes", "1", "--", "--odd-worker-name", "--x"});
+  EXPECT_EQ(options.worker, "--odd-worker-name");
+  EXPECT_EQ(options.workerArgs, std::vector<std::string>{"--x"});
+}
+
+TEST(LaunchOptions, ValueOfAnOptionIsNotMistakenForTheWorker) {
+  const LaunchOptions options = parse({"--master_addr", "node0", "--nproc_per_node", "3", "train"});
+  EXPECT_EQ(options.masterAddr, "node0");
+  EXPECT_EQ(options.worker, "train");
+}
+
+TEST(LaunchOptions, UseEnvSpellings) {
+  EXPECT_TRUE(parse({"--use_env", "w"}).useEnv);
+  EXPECT_TRUE(parse({"--use-env=true", "w"}).useEnv);
+  EXPECT_FALSE(parse({"--use_env=false", "w"}).useEnv);
+  EXPECT_FALSE(parse({"--use-env=0", "w"}).useEnv);
+  EXPECT_FALSE(parse({"--no_use_env", "w"}).useEnv);
+  EXPECT_FALSE(parse({"--no-use-env", "w"}).useEnv);
+  // A bare --use_env never swallows WORKER as its value.
+  EXPECT_EQ(parse({"--use_env", "false"}).worker, "false");
+  EXPECT_NE(errorOf({"--use_env=true", "--no_use_env", "w"}).find("contradict"), std::string::npos);
+  EXPECT_NE(errorOf({"--use_env=maybe", "w"}).find("--use_env must be true or false"), std::string::npos);
+}
+
+TEST(LaunchOptions, MasterPortZeroMeansPickAFreeOneOnSingleNodeOnly) {
+  EXPECT_FALSE(parse({"--master_port=0", "w"}).masterPort.has_value());
+  EXPECT_NE(errorOf({"--nnodes=2", "--master_port=0", "w"}).find("--master_port=0"), std::string::npos);
+  EXPECT_NE(errorOf({"--master_port=65536", "w"}).find("--master_port"), std::string::npos);
+}
+
+TEST(LaunchOptions, Standalone) {
+  EXPECT_EQ(parse({"--standalone", "--nproc_per_node=2", "w"}).nnodes, 1);
+  EXPECT_NE(errorOf({"--standalone", "--nnodes=2", "w"}).find("--standalone"), std::string::npos);
+}
+
+TEST(LaunchOptions, RanksFollowTheFormulas) {
+  const LaunchOptions options = parse({"--nnodes=3", "--node_rank=2", "--nproc_per_node=4", "w"});
+  EXPECT_EQ(options.worldSize(), 3 * 4);
+  for (int local = 0; local < 4; ++local) EXPECT_EQ(options.globalRank(local), 2 * 4 + local);
+}
+
+TEST(LaunchOptions, BadNumbersSayWhichFlagAndHowToFixIt) {
+  for (const std::string value : {"0", "-1", "abc", "", "2x", "99999999999"}) {
+    const std::string error = errorOf({"--nproc_per_node=" + value, "w"});
+    EXPECT_NE(error.find("--nproc_per_node must be a whole number from 1"), std::string::npos) << value << ": " << error;
+    EXPECT_NE(error.find("e.g. --nproc_per_node=4"), std::string::npos) << error;
+  }
+  EXPECT_NE(errorOf({"--nnodes=0", "w"}).find("--nnodes"), std::string::npos);
+  EXPECT_NE(errorOf({"--node_rank=-1", "w"}).find("--node_rank"), std::string::npos);
+  EXPECT_NE(errorOf({"--shutdown_grace_s=-1", "w"}).find("--shutdown_grace_s"), std::string::npos);
+  EXPECT_NE(errorOf({"--shutdown_grace_s=soon", "w"}).find("--shutdown_grace_s"), std::string::npos);
+  EXPECT_NE(errorOf({"--master_addr=", "w"}).find("--master_addr is empty"), std::string::npos);
+}
+
+TEST(LaunchOptions, NodeRankMustBeBelowNnodes) {
+  EXPECT_EQ(errorOf({"--nnodes=2", "--node_rank=2", "w"}),
+            "--node_rank 2 is out of range for --nnodes 2: give each node a distinct rank from 0 to 1");
+  EXPECT_NE(errorOf({"--node_rank=1", "w"}).find("out of range for --nnodes 1"), std::string::npos);
+}
+
+TEST(LaunchOptions, MissingWorker) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{}, {"--nproc_per_node=2"}, {"--nproc_per_node", "2", "--"}}) {
+    EXPECT_NE(errorOf(args).find("missing WORKER"), std::string::npos);
+  }
+}
+
+TEST(LaunchOptions, UnknownOptionSuggestsTheClosestOne) {
+  EXPECT_NE(errorOf({"--nprc_per_node=2", "w"}).find("unknown option '--nprc_per_node=2' (did you mean "
+                                                      "'--nproc_per_node'?)"),
+            std::string::npos);
+  EXPECT_NE(errorOf({"--master-adr", "x", "w"}).find("did you mean '--master_addr'?"), std::string::npos);
+  const std::string error = errorOf({"--frobnicate", "w"});
+  EXPECT_NE(error.find("unknown option '--frobnicate'"), std::string::npos);
+  EXPECT_EQ(error.find("did you mean"), std::string::npos) << error;
+  EXPECT_NE(errorOf({"-x", "w"}).find("unknown option '-x'"), std::string::npos);
+}
+
+TEST(LaunchOptions, MissingValue) {
+  EXPECT_NE(errorOf({"--nproc_per_node"}).find("'--nproc_per_node' needs a value"), std::string::npos);
+}
+
+TEST(LaunchOptions, HelpAndVersion) {
+  for (const std::string flag : {"-h", "--help"}) {
+    const CommandLine command = parseCommandLine({flag});
+    EXPECT_EQ(command.action, CommandAction::kHelp);
+    for (const char* name : {"--nproc_per_node", "--nnodes", "--node_rank", "--master_addr", "--master_port",
+                             "--use_env", "--shutdown_grace_s", "WORKER"}) {
+      EXPECT_NE(command.text.find(name), std::string::npos) << name;
+    }
+  }
+  // Help wins over a missing worker, and a worker's own --help is the worker's.
+  EXPECT_EQ(parseCommandLine({"--nproc_per_node=2", "--help"}).action, CommandAction::kHelp);
+  EXPECT_EQ(parseCommandLine({"w", "--help"}).action, CommandAction::kRun);
+  const CommandLine version = parseCommandLine({"--version"});
+  EXPECT_EQ(version.action, CommandAction::kVersion);
+  EXPECT_EQ(version.text.rfind("ddp-launch ", 0), 0u);
+}
+
+}  // namespace
+}  // namespace ddp::launcher

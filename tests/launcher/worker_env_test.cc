@@ -1,0 +1,76 @@
+// Unit tests of the environment and arguments each worker gets.
+#include "launcher/worker_env.h"
+
+#include <cstdlib>
+
+#include <gtest/gtest.h>
+
+namespace ddp::launcher {
+namespace {
+
+LaunchOptions options(int nnodes, int nodeRank, int nproc) {
+  LaunchOptions result;
+  result.nnodes = nnodes;
+  result.nodeRank = nodeRank;
+  result.nprocPerNode = nproc;
+  result.masterAddr = "10.0.0.1";
+  return result;
+}
+
+TEST(WorkerEnv, ContractFollowsTheTorchrunFormulas) {
+  for (const auto& [nnodes, nodeRank, nproc] : {std::tuple{1, 0, 1}, {1, 0, 3}, {2, 1, 4}, {3, 2, 2}}) {
+    const LaunchOptions launch = options(nnodes, nodeRank, nproc);
+    for (int local = 0; local < nproc; ++local) {
+      SCOPED_TRACE(testing::Message() << "nnodes " << nnodes << " node " << nodeRank << " local " << local);
+      const EnvMap env = workerEnvironment(launch, local, 29123, {});
+      const std::string rank = std::to_string(nodeRank * nproc + local);
+      const std::string world = std::to_string(nnodes * nproc);
+      EXPECT_EQ(env.at("RANK"), rank);
+      EXPECT_EQ(env.at("LOCAL_RANK"), std::to_string(local));
+      EXPECT_EQ(env.at("WORLD_SIZE"), world);
+      EXPECT_EQ(env.at("LOCAL_WORLD_SIZE"), std::to_string(nproc));
+      EXPECT_EQ(env.at("GROUP_RANK"), std::to_string(nodeRank));
+      EXPECT_EQ(env.at("ROLE_RANK"), rank);
+      EXPECT_EQ(env.at("ROLE_WORLD_SIZE"), world);
+      EXPECT_EQ(env.at("MASTER_ADDR"), "10.0.0.1");
+      EXPECT_EQ(env.at("MASTER_PORT"), "29123");
+      EXPECT_EQ(env.at("TORCHELASTIC_RESTART_COUNT"), "0");
+    }
+  }
+}
+
+TEST(WorkerEnv, KeepsTheInheritedEnvironmentButOverridesTheContract) {
+  const EnvMap inherited{{"PATH", "/opt/bin"}, {"RANK", "99"}, {"MASTER_PORT", "1"}, {"CUSTOM", "x=y"}};
+  const EnvMap env = workerEnvironment(options(1, 0, 2), 1, 4242, inherited);
+  EXPECT_EQ(env.at("PATH"), "/opt/bin");
+  EXPECT_EQ(env.at("CUSTOM"), "x=y");
+  EXPECT_EQ(env.at("RANK"), "1");
+  EXPECT_EQ(env.at("MASTER_PORT"), "4242");
+}
+
+TEST(WorkerEnv, OmpNumThreadsDefaultsToOneOnlyWhenUnsetAndSeveralWorkers) {
+  EXPECT_EQ(workerEnvironment(options(1, 0, 2), 0, 1, {}).at("OMP_NUM_THREADS"), "1");
+  EXPECT_EQ(workerEnvironment(options(1, 0, 2), 0, 1, {{"OMP_NUM_THREADS", "6"}}).at("OMP_NUM_THREADS"), "6");
+  EXPECT_EQ(workerEnvironment(options(1, 0, 1), 0, 1, {}).count("OMP_NUM_THREADS"), 0u);
+  EXPECT_TRUE(shouldDefaultOmpThreads(options(2, 0, 2), {}));
+  EXPECT_FALSE(shouldDefaultOmpThreads(options(2, 0, 2), {{"OMP_NUM_THREADS", ""}}));
+  EXPECT_FALSE(shouldDefaultOmpThreads(options(4, 0, 1), {}));
+}
+
+TEST(WorkerEnv, LegacyLocalRankArgumentOnlyWithoutUseEnv) {
+  LaunchOptions launch = options(1, 0, 2);
+  launch.workerArgs = {"config.yaml", "--local_rank=7"};
+  EXPECT_EQ(workerArguments(launch, 1), launch.workerArgs);
+  launch.useEnv = false;
+  EXPECT_EQ(workerArguments(launch, 1), (std::vector<std::string>{"--local_rank=1", "config.yaml", "--local_rank=7"}));
+}
+
+TEST(WorkerEnv, CurrentEnvironmentReadsEnviron) {
+  ::setenv("DDP_WORKER_ENV_TEST", "a=b", 1);
+  EXPECT_EQ(currentEnvironment().at("DDP_WORKER_ENV_TEST"), "a=b");
+  ::unsetenv("DDP_WORKER_ENV_TEST");
+  EXPECT_EQ(currentEnvironment().count("DDP_WORKER_ENV_TEST"), 0u);
+}
+
+}  // namespace
+}  // namespace ddp::launcher
