@@ -189,7 +189,7 @@ std::string usageText() {
       "OMP_NUM_THREADS=1 when it is unset and nproc_per_node > 1. Output lines are prefixed with\n"
       "'[rank N] '. If a worker fails, the others get SIGTERM (SIGKILL after the grace period)\n"
       "and ddp-launch exits with the failed worker's code (128+signal if it was killed).\n"
-      "\nExample:\n  ddp-launch --nproc_per_node=4 ./worker configs/mnist.yaml train.epochs=2\n";
+      "\nExample:\n  ddp-launch --nproc_per_node=4 build/worker configs/fmnist_cnn_ddp.yaml train.epochs=2\n";
   return text;
 }
 

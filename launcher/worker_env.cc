@@ -36,6 +36,8 @@ EnvMap workerEnvironment(const LaunchOptions& options, int localRank, int master
   env["MASTER_ADDR"] = options.masterAddr;
   env["MASTER_PORT"] = std::to_string(masterPort);
   env["TORCHELASTIC_RESTART_COUNT"] = "0";
+  // Our output relay already prefixes "[rank N] "; the worker leaves it out of its own logs.
+  env["DDP_LAUNCH_PREFIXED"] = "1";
   if (shouldDefaultOmpThreads(options, inherited)) env["OMP_NUM_THREADS"] = "1";
   return env;
 }

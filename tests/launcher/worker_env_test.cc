@@ -35,6 +35,7 @@ TEST(WorkerEnv, ContractFollowsTheTorchrunFormulas) {
       EXPECT_EQ(env.at("MASTER_ADDR"), "10.0.0.1");
       EXPECT_EQ(env.at("MASTER_PORT"), "29123");
       EXPECT_EQ(env.at("TORCHELASTIC_RESTART_COUNT"), "0");
+      EXPECT_EQ(env.at("DDP_LAUNCH_PREFIXED"), "1");
     }
   }
 }
