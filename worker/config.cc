@@ -60,6 +60,7 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("threads", "integer", c.threads),
       bindField("model.name", "string", c.model.name),
       bindField("model.hidden", "list of integers", c.model.hidden),
+      bindField("model.batch_norm", "boolean", c.model.batchNorm),
       bindField("data.name", "string", c.data.name),
       bindField("data.root", "string", c.data.root),
       bindField("data.train_limit", "integer", c.data.trainLimit),
@@ -75,12 +76,23 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("train.shuffle", "boolean", c.train.shuffle),
       bindField("train.drop_last", "boolean", c.train.dropLast),
       bindField("train.log_every", "integer", c.train.logEvery),
+      bindField("train.accumulate_steps", "integer", c.train.accumulateSteps),
       bindField("eval.enabled", "boolean", c.eval.enabled),
       bindField("eval.batch_size", "integer", c.eval.batchSize),
       bindField("output.dir", "string", c.output.dir),
       bindField("output.export", "string", c.output.exportName),
       bindField("output.dump_rank_params", "boolean", c.output.dumpRankParams),
       bindField("comm.timeout_s", "number", c.comm.timeoutS),
+      bindField("comm.reducer", "string", c.comm.reducer),
+      bindField("comm.bucket_cap_mb", "number", c.comm.bucketCapMb),
+      bindField("comm.first_bucket_mb", "number", c.comm.firstBucketMb),
+      bindField("comm.find_unused_parameters", "boolean", c.comm.findUnusedParameters),
+      bindField("comm.broadcast_buffers", "boolean", c.comm.broadcastBuffers),
+      bindField("comm.gradient_as_bucket_view", "boolean", c.comm.gradientAsBucketView),
+      bindField("comm.compression", "string", c.comm.compression),
+      bindField("dp.device_ids", "list of integers", c.dp.deviceIds),
+      bindField("dp.output_device", "integer", c.dp.outputDevice),
+      bindField("dp.replicas", "integer", c.dp.replicas),
   };
 }
 
@@ -174,6 +186,16 @@ void validate(const WorkerConfig& c) {
   require(!c.output.exportName.empty() && c.output.exportName.find('/') == std::string::npos,
           "output.export", "must be a file name inside output.dir");
   require(c.comm.timeoutS > 0, "comm.timeout_s", "must be > 0");
+  require(c.comm.reducer == "bucketed" || c.comm.reducer == "flat", "comm.reducer",
+          "is '" + c.comm.reducer + "'; use bucketed or flat");
+  require(c.comm.bucketCapMb > 0, "comm.bucket_cap_mb", "must be > 0");
+  require(c.comm.firstBucketMb > 0, "comm.first_bucket_mb", "must be > 0");
+  require(c.comm.compression == "none" || c.comm.compression == "fp16" || c.comm.compression == "bf16",
+          "comm.compression", "is '" + c.comm.compression + "'; use none, fp16 or bf16");
+  require(c.train.accumulateSteps >= 1, "train.accumulate_steps", "must be >= 1");
+  for (auto id : c.dp.deviceIds) require(id >= 0, "dp.device_ids", "ids must be >= 0");
+  require(c.dp.outputDevice >= -1, "dp.output_device", "must be a device id or -1 (= device_ids[0])");
+  require(c.dp.replicas >= 1, "dp.replicas", "must be >= 1");
 }
 
 WorkerConfig build(const YAML::Node& root, const std::vector<std::string>& overrides,

@@ -13,6 +13,7 @@ enum class Mode { kDdp, kDp, kSingle };
 struct ModelConfig {
   std::string name = "cnn";               // mlp | cnn (Fashion-MNIST CNN: conv32-pool-conv64-pool-fc128-fc10)
   std::vector<int64_t> hidden = {512, 256};  // mlp hidden layer widths
+  bool batchNorm = false;                    // cnn: BatchNorm2d after each conv (has buffers)
 };
 
 struct DataConfig {
@@ -34,6 +35,7 @@ struct TrainConfig {
   bool shuffle = true;     // DistributedSampler shuffle, reseeded with seed + epoch
   bool dropLast = false;   // DistributedSampler drop_last
   int64_t logEvery = 20;   // steps between metrics.jsonl records
+  int64_t accumulateSteps = 1;  // micro-batches per optimizer step; no communication until the last (no_sync)
 };
 
 struct EvalConfig {
@@ -48,7 +50,20 @@ struct OutputConfig {
 };
 
 struct CommConfig {
-  double timeoutS = 300;  // rendezvous and every collective
+  double timeoutS = 300;                 // rendezvous and every collective
+  std::string reducer = "bucketed";      // bucketed (DDP's Reducer: overlapped with backward) | flat
+  double bucketCapMb = 25;               // like DDP's bucket_cap_mb
+  double firstBucketMb = 1;              // DDP's smaller first bucket, so communication starts early
+  bool findUnusedParameters = false;     // like DDP's find_unused_parameters
+  bool broadcastBuffers = true;          // rank 0's buffers (e.g. BatchNorm stats) before each forward
+  bool gradientAsBucketView = false;     // grads alias the bucket buffers (no copy back)
+  std::string compression = "none";      // none | fp16 | bf16: gradient dtype on the wire
+};
+
+struct DpConfig {
+  std::vector<int64_t> deviceIds;  // CUDA: logical GPU ids (after CUDA_VISIBLE_DEVICES); empty = all visible
+  int64_t outputDevice = -1;       // CUDA: where outputs are gathered; -1 = device_ids[0]
+  int64_t replicas = 2;            // CPU: replicas, one thread each
 };
 
 struct WorkerConfig {
@@ -63,6 +78,7 @@ struct WorkerConfig {
   EvalConfig eval;
   OutputConfig output;
   CommConfig comm;
+  DpConfig dp;
 };
 
 std::string modeName(Mode mode);
