@@ -1,0 +1,55 @@
+#!/usr/bin/python3
+"""Writes torch.save files the way users produce them, plus a JSON manifest of
+what each holds (key, dtype, shape, and the values as float lists), for the C++
+reader tests. usage: make_torch_files.py OUT_DIR"""
+import json
+import os
+import sys
+
+import torch
+import torch.nn as nn
+
+
+def describe(state):
+    return {k: {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape),
+                "values": v.detach().double().flatten().tolist()} for k, v in state.items()}
+
+
+def main():
+    out = sys.argv[1]
+    torch.manual_seed(0)
+    manifest = {}
+
+    # nn.DataParallel-wrapped model: every key starts with "module.", BatchNorm buffers included.
+    net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 2))
+    net(torch.randn(5, 3))  # moves running stats off their initial values
+    dp = nn.DataParallel(net)
+    torch.save(dp.state_dict(), os.path.join(out, "dp_state_dict.pt"))
+    manifest["dp_state_dict.pt"] = describe(dp.state_dict())
+
+    # A training checkpoint dict with nested state_dict and scalars.
+    torch.save({"model": net.state_dict(), "epoch": 3, "lr": 0.125, "name": "run-1",
+                "steps": [1, 2, 3]}, os.path.join(out, "checkpoint.pt"))
+    manifest["checkpoint.pt"] = {"model": describe(net.state_dict()), "epoch": 3, "lr": 0.125}
+
+    # Dtypes, a view sharing storage, a non-contiguous tensor, an empty one.
+    base = torch.arange(12, dtype=torch.float32)
+    mixed = {"half": torch.tensor([1.5, -2.25], dtype=torch.float16),
+             "bf16": torch.tensor([3.0, 0.5], dtype=torch.bfloat16),
+             "long": torch.tensor([1, -7, 2 ** 40], dtype=torch.int64),
+             "int": torch.tensor([5, -6], dtype=torch.int32),
+             "bool": torch.tensor([True, False, True]),
+             "u8": torch.tensor([0, 255], dtype=torch.uint8),
+             "double": torch.tensor([[1.0, 2.0]], dtype=torch.float64),
+             "base": base, "view": base[2:8].view(2, 3), "transposed": base.view(3, 4).t(),
+             "empty": torch.zeros(0, 3)}
+    torch.save(mixed, os.path.join(out, "mixed.pt"))
+    manifest["mixed.pt"] = describe(mixed)
+
+    # The legacy (pre-1.6) serialization: must be refused with a clear message.
+    torch.save({"w": torch.ones(2)}, os.path.join(out, "legacy.pt"), _use_new_zipfile_serialization=False)
+    print(json.dumps(manifest))
+
+
+if __name__ == "__main__":
+    main()
