@@ -46,28 +46,37 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const RendezvousOptions& options) {
               "); is rank 0 running and MASTER_ADDR reachable?");
   }
 
-  store->set(joinedKey(options.rank), std::vector<uint8_t>{1});
-  store->add(kCountKey, 1);
-  const auto deadline = std::chrono::steady_clock::now() + options.timeout;
-  auto pause = std::chrono::milliseconds(1);
-  while (true) {
-    const int64_t joined = store->add(kCountKey, 0);
-    if (joined >= options.worldSize) break;
-    if (std::chrono::steady_clock::now() >= deadline) {
-      std::string missing;
-      int missingCount = 0;
-      for (int r = 0; r < options.worldSize; ++r) {
-        if (!store->check({joinedKey(r)})) {
-          missing += (missingCount++ ? ", " : "") + std::to_string(r);
+  try {
+    store->set(joinedKey(options.rank), std::vector<uint8_t>{1});
+    store->add(kCountKey, 1);
+    const auto deadline = std::chrono::steady_clock::now() + options.timeout;
+    auto pause = std::chrono::milliseconds(1);
+    while (true) {
+      const int64_t joined = store->add(kCountKey, 0);
+      if (joined >= options.worldSize) break;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        std::string missing;
+        int missingCount = 0;
+        for (int r = 0; r < options.worldSize; ++r) {
+          if (!store->check({joinedKey(r)})) {
+            missing += (missingCount++ ? ", " : "") + std::to_string(r);
+          }
         }
+        DDP_THROW(TimeoutError, "rendezvous timed out after ", seconds(options.timeout), " s: ",
+                  options.worldSize - missingCount, "/", options.worldSize,
+                  " ranks joined (missing: ", missing, "). Did every rank start with WORLD_SIZE=",
+                  options.worldSize, " and MASTER_ADDR/MASTER_PORT=", where, "?");
       }
-      DDP_THROW(TimeoutError, "rendezvous timed out after ", seconds(options.timeout), " s: ",
-                options.worldSize - missingCount, "/", options.worldSize,
-                " ranks joined (missing: ", missing, "). Did every rank start with WORLD_SIZE=",
-                options.worldSize, " and MASTER_ADDR/MASTER_PORT=", where, "?");
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::milliseconds(50));
     }
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::milliseconds(50));
+  } catch (const ddp::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    // Rank 0 hosts the store: when it gives up (or dies) the others lose the connection.
+    std::string reason = e.what();
+    DDP_THROW(CommError, "rendezvous: rank ", options.rank, " lost the connection to rank 0's store at ",
+              where, " (", reason.substr(0, reason.find('\n')), "); did rank 0 fail or time out?");
   }
   return store;
 }
