@@ -1,0 +1,32 @@
+// Loads a state_dict from anywhere into a module: keys with or without
+// "module." prefixes (DataParallel / DDP), tensors saved on GPU or CPU, from
+// Python's torch.save or from us. A mismatch is one error listing everything.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace torch::nn {
+class Module;
+}
+
+namespace ddp::checkpoint {
+
+/// "module.fc1.weight" → "fc1.weight" (any number of wrapper prefixes).
+std::string stripWrapperPrefix(std::string key);
+
+/// Copies `entries` into `module`'s parameters and buffers (converted to each
+/// one's device and dtype). Throws CheckpointError naming `source` and listing
+/// missing keys, unexpected keys and shape differences, before changing anything.
+void loadStateDictInto(torch::nn::Module& module,
+                       const std::vector<std::pair<std::string, at::Tensor>>& entries,
+                       const std::string& source);
+
+/// Reads a model file (a state_dict, or a checkpoint dict with a "model" /
+/// "state_dict" / "model_state_dict" entry) and loads it into `module`.
+void loadModelFile(torch::nn::Module& module, const std::string& path);
+
+}  // namespace ddp::checkpoint

@@ -1,0 +1,142 @@
+#include "worker/checkpoint/training_checkpoint.h"
+
+#include <ATen/core/Dict.h>
+#include <torch/serialize.h>
+#include <zlib.h>
+
+#include <cstdio>
+
+#include "common/error.h"
+#include "worker/atomic_file.h"
+#include "worker/checkpoint/torch_file.h"
+
+namespace ddp::checkpoint {
+namespace {
+
+class Crc {
+ public:
+  void add(const void* data, size_t n) {
+    const auto* p = static_cast<const Bytef*>(data);
+    while (n > 0) {
+      const auto chunk = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
+      crc_ = crc32(crc_, p, chunk);
+      p += chunk;
+      n -= chunk;
+    }
+  }
+  void add(const std::string& s) { add(s.data(), s.size() + 1); }  // with the terminator: "ab","c" ≠ "a","bc"
+  void add(int64_t v) { add(&v, sizeof v); }
+  void add(const at::Tensor& t) {
+    add(static_cast<int64_t>(t.scalar_type()));
+    add(static_cast<int64_t>(t.dim()));
+    for (auto s : t.sizes()) add(s);
+    const at::Tensor c = t.cpu().contiguous();
+    add(c.data_ptr(), c.nbytes());
+  }
+  void add(const NamedTensors& tensors) {
+    add(static_cast<int64_t>(tensors.size()));
+    for (const auto& [name, t] : tensors) {
+      add(name);
+      add(t);
+    }
+  }
+  uint32_t value() const { return static_cast<uint32_t>(crc_); }
+
+ private:
+  uLong crc_ = crc32(0L, Z_NULL, 0);
+};
+
+std::string hex(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%08x", v);
+  return buf;
+}
+
+c10::Dict<std::string, at::Tensor> toDict(const NamedTensors& tensors) {
+  c10::Dict<std::string, at::Tensor> d;
+  for (const auto& [k, t] : tensors) d.insert(k, t.detach().cpu().contiguous());
+  return d;
+}
+
+int64_t intField(const PyValue& dict, const char* key, const std::string& path) {
+  const PyValue* v = dict.get(key);
+  if (v == nullptr || v->kind != PyValue::Kind::kInt) {
+    DDP_THROW(CheckpointError, "'", path, "' is not a complete training checkpoint (no integer '", key, "')");
+  }
+  return v->integer;
+}
+
+}  // namespace
+
+uint32_t checksumOf(const TrainingState& s) {
+  Crc crc;
+  crc.add(s.model);
+  crc.add(s.optimizer);
+  for (int64_t v : {s.epoch, s.stepInEpoch, s.globalStep, s.samples, s.worldSize, s.seed}) crc.add(v);
+  crc.add(s.cpuRng.defined() ? s.cpuRng : at::Tensor());
+  crc.add(static_cast<int64_t>(s.cudaRng.size()));
+  for (const auto& t : s.cudaRng) crc.add(t);
+  crc.add(s.config);
+  return crc.value();
+}
+
+void saveTrainingCheckpoint(const TrainingState& s, const std::string& path) {
+  c10::impl::GenericDict root(c10::StringType::get(), c10::AnyType::get());
+  root.insert("format", std::string(kCheckpointFormat));
+  root.insert("model", toDict(s.model));
+  root.insert("optimizer", toDict(s.optimizer));
+  c10::Dict<std::string, int64_t> progress;
+  progress.insert("epoch", s.epoch);
+  progress.insert("step_in_epoch", s.stepInEpoch);
+  progress.insert("global_step", s.globalStep);
+  progress.insert("samples", s.samples);
+  progress.insert("world_size", s.worldSize);
+  progress.insert("seed", s.seed);
+  root.insert("progress", progress);
+  NamedTensors rng;
+  if (s.cpuRng.defined()) rng.emplace_back("cpu", s.cpuRng);
+  for (size_t i = 0; i < s.cudaRng.size(); ++i) rng.emplace_back("cuda" + std::to_string(i), s.cudaRng[i]);
+  root.insert("rng", toDict(rng));
+  root.insert("config", s.config);
+  root.insert("checksum", "crc32:" + hex(checksumOf(s)));
+  const std::vector<char> bytes = torch::pickle_save(c10::IValue(root));
+  ddp::worker::writeFileAtomic(path, std::string_view(bytes.data(), bytes.size()));
+}
+
+TrainingState loadTrainingCheckpoint(const std::string& path) {
+  const PyValuePtr root = readTorchFile(path);
+  const PyValue* format = root->get("format");
+  if (format == nullptr || format->text != kCheckpointFormat) {
+    DDP_THROW(CheckpointError, "'", path, "' is not a ddp-launch training checkpoint (no format '",
+              kCheckpointFormat, "'); to start from a model file use init.model_path instead of resume");
+  }
+  TrainingState s;
+  for (const char* section : {"model", "optimizer", "progress", "rng"}) {
+    if (root->get(section) == nullptr || root->get(section)->kind != PyValue::Kind::kDict) {
+      DDP_THROW(CheckpointError, "'", path, "' is corrupt: section '", section, "' is missing");
+    }
+  }
+  s.model = tensorEntries(*root->get("model"));
+  s.optimizer = tensorEntries(*root->get("optimizer"));
+  const PyValue& progress = *root->get("progress");
+  s.epoch = intField(progress, "epoch", path);
+  s.stepInEpoch = intField(progress, "step_in_epoch", path);
+  s.globalStep = intField(progress, "global_step", path);
+  s.samples = intField(progress, "samples", path);
+  s.worldSize = intField(progress, "world_size", path);
+  s.seed = intField(progress, "seed", path);
+  for (const auto& [name, t] : tensorEntries(*root->get("rng"))) {
+    if (name == "cpu") s.cpuRng = t;
+    else s.cudaRng.push_back(t);
+  }
+  if (const PyValue* config = root->get("config")) s.config = config->text;
+  const PyValue* stored = root->get("checksum");
+  const std::string expected = "crc32:" + hex(checksumOf(s));
+  if (stored == nullptr || stored->text != expected) {
+    DDP_THROW(CheckpointError, "'", path, "' is corrupt: checksum ", stored ? stored->text : "<none>",
+              " stored, ", expected, " computed");
+  }
+  return s;
+}
+
+}  // namespace ddp::checkpoint

@@ -1,0 +1,44 @@
+// Full training state for exact resume: model, optimizer momentum, progress,
+// RNG states and the resolved config, with a checksum over all of it. The file
+// is a plain dict that Python's torch.load also reads.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ddp::checkpoint {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+struct TrainingState {
+  NamedTensors model;        // plain keys, CPU
+  NamedTensors optimizer;    // "momentum_buffer.<param name>", CPU
+  int64_t epoch = 0;         // epoch in progress
+  int64_t stepInEpoch = 0;   // optimizer steps already taken in that epoch
+  int64_t globalStep = 0;    // optimizer steps since the start of training
+  int64_t samples = 0;       // training samples consumed, all ranks
+  int64_t worldSize = 1;     // the sampler's shards depend on it
+  int64_t seed = 0;
+  at::Tensor cpuRng;                // the default CPU generator's state
+  std::vector<at::Tensor> cudaRng;  // one per visible GPU (empty on CPU)
+  std::string config;               // resolved YAML of the run that wrote it
+};
+
+constexpr const char* kCheckpointFormat = "ddp-launch-checkpoint/1";
+
+/// CRC-32 over every tensor's name, dtype, shape and bytes and every field.
+uint32_t checksumOf(const TrainingState& state);
+
+/// Serialises with its checksum and writes atomically (temporary file, fsync,
+/// rename, fsync of the directory): a crash leaves the old file or the new one.
+void saveTrainingCheckpoint(const TrainingState& state, const std::string& path);
+
+/// Reads and verifies; throws CheckpointError naming the file when it is
+/// truncated, corrupt (checksum) or not a training checkpoint.
+TrainingState loadTrainingCheckpoint(const std::string& path);
+
+}  // namespace ddp::checkpoint
