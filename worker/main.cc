@@ -1,6 +1,7 @@
 // worker: one rank of a data-parallel job. Started by ddp-launch (or torchrun,
 // Slurm, mpirun) with the env contract; `worker config.yaml [key=value ...]`.
 #include <spdlog/spdlog.h>
+#include <ATen/ops/zeros.h>
 #include <torch/utils.h>
 
 #include <nlohmann/json.hpp>
@@ -18,6 +19,8 @@
 #include "worker/atomic_file.h"
 #include "worker/config.h"
 #include "worker/device.h"
+#include "worker/dp/dp_trainer.h"
+#include "worker/dp/memory_stats.h"
 #include "worker/env.h"
 #include "worker/metrics.h"
 #include "worker/trainer.h"
@@ -29,6 +32,66 @@ constexpr const char* kUsage =
     "  Trains one rank of a data-parallel job; start it with\n"
     "  ddp-launch --nproc_per_node=N worker CONFIG.yaml [overrides]\n"
     "  e.g. worker configs/fmnist_cnn_ddp.yaml train.max_steps=50 output.dir=out/try\n";
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+/// mode: dp — one process, the replicas on threads (CPU) or GPUs; no network.
+int runDataParallel(const ddp::worker::WorkerConfig& config) {
+  using namespace ddp::worker;
+  if (config.threads > 0) torch::set_num_threads(static_cast<int>(config.threads));
+  const dp::DpPlacement placement = dp::resolveDpPlacement(config);
+  const Datasets data = loadDatasets(config.data, config.seed);
+  std::vector<std::string> deviceNames;
+  std::string deviceList;
+  for (const auto& d : placement.devices) {
+    deviceNames.push_back(d.str());
+    deviceList += (deviceList.empty() ? "" : ", ") + d.str();
+  }
+  spdlog::info("mode dp: {} replicas on [{}], outputs gathered on {}, model {} data {} ({} train / {} test)",
+               placement.devices.size(), deviceList, placement.outputDevice.str(),
+               config.model.name, config.data.name, data.train.size(), data.test.size());
+  makeDirectories(config.output.dir);
+  writeFileAtomic(config.output.dir + "/config.resolved.yaml", dumpConfig(config));
+
+  dp::DpTrainer trainer(config, placement);
+  const dp::DpResult dpResult = trainer.run(data);
+  const TrainResult& result = dpResult.train;
+  const double rssMb = static_cast<double>(dp::peakRssBytes()) / kMiB;
+  nlohmann::json summary = {
+      {"world_size", 1},
+      {"mode", "dp"},
+      {"backend", "none"},
+      {"device", placement.devices.front().str()},
+      {"dp_replicas", placement.devices.size()},
+      {"dp_devices", deviceNames},
+      {"dp_output_device", placement.outputDevice.str()},
+      {"model", config.model.name},
+      {"data", config.data.name},
+      {"batch_size_per_rank", config.train.batchSize},
+      {"global_batch_size", config.train.batchSize},
+      {"steps", result.steps},
+      {"samples", result.samples},
+      {"train_seconds", result.trainSeconds},
+      {"samples_per_s", result.samplesPerSecond},
+      {"final_loss", result.finalLoss},
+      {"test_correct", result.testCorrect},
+      {"test_total", result.testTotal},
+      {"test_accuracy", result.testAccuracy},
+      {"export_path", std::filesystem::absolute(result.exportPath).string()},
+      {"peak_rss_mb", rssMb},
+      {"peak_rss_mb_per_process", {rssMb}},
+  };
+  if (!dpResult.peakAllocatedBytes.empty()) {
+    std::vector<double> mb;
+    for (auto b : dpResult.peakAllocatedBytes) mb.push_back(static_cast<double>(b) / kMiB);
+    summary["cuda_peak_allocated_mb_per_device"] = mb;
+  }
+  writeSummary(config.output.dir + "/summary.json", summary);
+  spdlog::info("done: {} steps, {:.0f} samples/s, final loss {:.4f}, test accuracy {:.2f}% ({}/{}), exported {}",
+               result.steps, result.samplesPerSecond, result.finalLoss, 100 * result.testAccuracy,
+               result.testCorrect, result.testTotal, result.exportPath);
+  return 0;
+}
 
 int runWorker(std::vector<std::string> args) {
   using namespace ddp;
@@ -49,8 +112,12 @@ int runWorker(std::vector<std::string> args) {
   WorkerConfig config = loadConfig(args[0], overrides);
 
   if (config.mode == Mode::kDp) {
-    DDP_THROW(ConfigError, "config: mode 'dp' (DataParallel) is not available yet; use mode: ddp "
-              "(one process per device) or mode: single");
+    if (env.worldSize > 1) {
+      DDP_THROW(ConfigError, "config: mode 'dp' (DataParallel) is one process that drives all its replicas, "
+                "but WORLD_SIZE=", env.worldSize, "; start it with --nproc_per_node=1 (dp.replicas or "
+                "dp.device_ids pick the replicas), or use mode: ddp for one process per device");
+    }
+    return runDataParallel(config);
   }
   if (config.mode == Mode::kSingle && env.worldSize > 1) {
     DDP_THROW(ConfigError, "config: mode 'single' runs one process, but WORLD_SIZE=", env.worldSize,
@@ -102,7 +169,20 @@ int runWorker(std::vector<std::string> args) {
   Trainer trainer(config, *comm, device);
   const TrainResult result = trainer.run(data);
 
+  // Every rank's peak RSS (and its GPU's peak allocation) to rank 0: a collective, so all ranks call it.
+  at::Tensor memory = at::zeros({2 * worldSize}, at::kDouble);
+  memory[rank] = static_cast<double>(dp::peakRssBytes()) / kMiB;
+  memory[worldSize + rank] = static_cast<double>(dp::cudaPeakAllocatedBytes(device)) / kMiB;
+  if (device.is_cuda()) memory = memory.to(device);
+  comm->allReduceSum(memory);
+  memory = memory.cpu();
+
   if (rank == 0) {
+    std::vector<double> rssMb, cudaMb;
+    for (int r = 0; r < worldSize; ++r) {
+      rssMb.push_back(memory[r].item<double>());
+      cudaMb.push_back(memory[worldSize + r].item<double>());
+    }
     nlohmann::json summary = {
         {"world_size", worldSize},
         {"mode", modeName(config.mode)},
@@ -121,7 +201,10 @@ int runWorker(std::vector<std::string> args) {
         {"test_total", result.testTotal},
         {"test_accuracy", result.testAccuracy},
         {"export_path", std::filesystem::absolute(result.exportPath).string()},
+        {"peak_rss_mb", rssMb.front()},
+        {"peak_rss_mb_per_process", rssMb},
     };
+    if (device.is_cuda()) summary["cuda_peak_allocated_mb_per_device"] = cudaMb;
     writeSummary(config.output.dir + "/summary.json", summary);
     spdlog::info("done: {} steps, {:.0f} samples/s, final loss {:.4f}, test accuracy {:.2f}% ({}/{}), exported {}",
                  result.steps, result.samplesPerSecond, result.finalLoss, 100 * result.testAccuracy,

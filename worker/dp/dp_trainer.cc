@@ -1,0 +1,201 @@
+#include "worker/dp/dp_trainer.h"
+
+#include <c10/core/GradMode.h>
+#include <spdlog/spdlog.h>
+#include <torch/cuda.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+
+#include "common/error.h"
+#include "sampler/batching.h"
+#include "sampler/distributed_sampler.h"
+#include "worker/atomic_file.h"
+#include "worker/data/gather_batch.h"
+#include "worker/dp/data_parallel.h"
+#include "worker/dp/memory_stats.h"
+#include "worker/metrics.h"
+#include "worker/model_export.h"
+
+namespace ddp::worker::dp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double secondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::string visibleDevicesNote() {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  return std::string("CUDA_VISIBLE_DEVICES=") + (visible ? visible : "<unset>");
+}
+
+}  // namespace
+
+DpPlacement resolveDpPlacement(const WorkerConfig& config) {
+  const auto& dp = config.dp;
+  const bool haveCuda = torch::cuda::is_available();
+  const bool useCuda = config.device == "cuda" || (config.device == "auto" && haveCuda);
+  DpPlacement p;
+  if (!useCuda) {
+    if (!dp.deviceIds.empty()) {
+      DDP_THROW(ConfigError, "config: 'dp.device_ids' names GPUs, but this dp run is on CPU (device: ",
+                config.device, ", ", haveCuda ? "GPUs visible" : "no GPU visible",
+                "); on CPU set dp.replicas instead");
+    }
+    p.devices.assign(static_cast<std::size_t>(dp.replicas), c10::Device(c10::kCPU));
+    p.outputDevice = c10::Device(c10::kCPU);
+    return p;
+  }
+  if (!haveCuda) {
+    DDP_THROW(ConfigError, "config: device 'cuda' but no GPU is visible to this process (or LibTorch "
+              "was built without CUDA); use device: cpu or auto");
+  }
+  const auto count = static_cast<int64_t>(torch::cuda::device_count());
+  std::vector<int64_t> ids = dp.deviceIds;
+  if (ids.empty()) {
+    for (int64_t i = 0; i < count; ++i) ids.push_back(i);
+  }
+  std::set<int64_t> seen;
+  for (auto id : ids) {
+    if (id >= count) {
+      DDP_THROW(ConfigError, "config: 'dp.device_ids' has GPU ", id, " but only ", count,
+                " GPU(s) are visible (", visibleDevicesNote(), "); ids are logical, 0..", count - 1,
+                ", counted after CUDA_VISIBLE_DEVICES, as in PyTorch");
+    }
+    if (!seen.insert(id).second) {
+      DDP_THROW(ConfigError, "config: 'dp.device_ids' lists GPU ", id, " twice; each GPU holds one replica");
+    }
+    p.devices.emplace_back(c10::kCUDA, static_cast<c10::DeviceIndex>(id));
+  }
+  const int64_t out = dp.outputDevice < 0 ? ids.front() : dp.outputDevice;
+  if (out >= count) {
+    DDP_THROW(ConfigError, "config: 'dp.output_device' is GPU ", out, " but only ", count,
+              " GPU(s) are visible (", visibleDevicesNote(), "); use a logical id 0..", count - 1,
+              " or -1 for device_ids[0]");
+  }
+  p.outputDevice = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(out));
+  return p;
+}
+
+DpTrainer::DpTrainer(const WorkerConfig& config, DpPlacement placement)
+    : config_(config), placement_(std::move(placement)) {}
+
+DpResult DpTrainer::run(const Datasets& data) {
+  const auto& train = config_.train;
+  const std::string outDir = config_.output.dir;
+  makeDirectories(outDir);
+
+  torch::manual_seed(config_.seed);
+  auto model = makeModel(config_.model, data.input);
+  auto& module = *model.ptr();
+  module.to(placement_.devices.front());  // DataParallel wants the master on device_ids[0]
+  DataParallelOptions dpOptions;
+  dpOptions.devices = placement_.devices;
+  dpOptions.outputDevice = placement_.outputDevice;
+  DataParallel dp(model, dpOptions);
+  const auto params = module.parameters(/*recurse=*/true);
+  torch::optim::SGD optimizer(params, torch::optim::SGDOptions(train.lr)
+                                          .momentum(train.momentum)
+                                          .weight_decay(train.weightDecay));
+
+  // One process sees the whole data set: a DistributedSampler of one replica,
+  // so the batches are the ones a single-process run (or DDP's union) sees.
+  sampler::DistributedSamplerOptions samplerOptions;
+  samplerOptions.numReplicas = 1;
+  samplerOptions.rank = 0;
+  samplerOptions.shuffle = train.shuffle;
+  samplerOptions.seed = config_.seed;
+  samplerOptions.dropLast = train.dropLast;
+  sampler::DistributedSampler sampler(data.train.size(), samplerOptions);
+
+  MetricsWriter metrics(outDir + "/metrics.jsonl");
+  DpResult out;
+  TrainResult& result = out.train;
+  at::Tensor lastLoss;
+  const auto start = Clock::now();
+  auto windowStart = start;
+  int64_t windowSamples = 0;
+  bool done = false;
+  const int64_t accumulate = std::max<int64_t>(1, train.accumulateSteps);
+  for (int64_t epoch = 0; epoch < train.epochs && !done; ++epoch) {
+    sampler.setEpoch(epoch);
+    const auto batches = sampler::makeBatches(sampler.indices(), train.batchSize, /*dropLast=*/false);
+    module.train();
+    for (std::size_t b = 0; b < batches.size(); b += static_cast<std::size_t>(accumulate)) {
+      optimizer.zero_grad();
+      int64_t stepSamples = 0;
+      const std::size_t end = std::min(batches.size(), b + static_cast<std::size_t>(accumulate));
+      for (std::size_t m = b; m < end; ++m) {
+        const auto& batch = batches[m];
+        const at::Tensor x = data::gatherBatch(data.train.images, batch);  // DataParallel scatters it
+        const at::Tensor y = data::gatherBatch(data.train.labels, batch).to(placement_.outputDevice);
+        // One loss on the gathered outputs: the mean over the whole batch, as nn.DataParallel.
+        at::Tensor loss = torch::nn::functional::cross_entropy(dp.forward(x), y);
+        if (end - b > 1) loss = loss / static_cast<double>(end - b);
+        loss.backward();
+        lastLoss = loss.detach() * static_cast<double>(end - b);
+        stepSamples += static_cast<int64_t>(batch.size());
+      }
+      optimizer.step();
+
+      ++result.steps;
+      result.samples += stepSamples;
+      windowSamples += stepSamples;
+      const bool last = train.maxSteps > 0 && result.steps >= train.maxSteps;
+      if (result.steps % train.logEvery == 0 || last || result.steps == 1) {
+        const double lossValue = lastLoss.item<double>();
+        const double window = secondsSince(windowStart);
+        const double rate = window > 0 ? windowSamples / window : 0.0;
+        metrics.write({{"step", result.steps}, {"epoch", epoch}, {"loss", lossValue},
+                       {"samples", result.samples}, {"samples_per_s", rate},
+                       {"elapsed_s", secondsSince(start)}});
+        spdlog::info("epoch {} step {} loss {:.4f} {:.0f} samples/s ({} replicas)", epoch, result.steps,
+                     lossValue, rate, dp.lastReplicasUsed());
+        windowStart = Clock::now();
+        windowSamples = 0;
+      }
+      if (last) {
+        done = true;
+        break;
+      }
+    }
+  }
+  result.trainSeconds = secondsSince(start);
+  result.samplesPerSecond = result.trainSeconds > 0 ? result.samples / result.trainSeconds : 0;
+  result.finalLoss = lastLoss.defined() ? lastLoss.item<double>() : 0.0;
+
+  if (config_.eval.enabled) {
+    c10::NoGradGuard noGrad;
+    module.eval();
+    const int64_t n = data.test.size();
+    int64_t correct = 0;
+    for (int64_t i = 0; i < n; i += config_.eval.batchSize) {
+      const int64_t len = std::min(config_.eval.batchSize, n - i);
+      const at::Tensor x = data.test.images.narrow(0, i, len);
+      const at::Tensor y = data.test.labels.narrow(0, i, len).to(placement_.outputDevice);
+      correct += dp.forward(x).argmax(1).eq(y).sum().item<int64_t>();
+    }
+    result.testCorrect = correct;
+    result.testTotal = n;
+    result.testAccuracy = n > 0 ? static_cast<double>(correct) / n : 0.0;
+  }
+
+  // The master is the plain model: its export has the same keys as a single or DDP run.
+  const auto state = stateDict(module);
+  if (config_.output.dumpRankParams) exportStateDict(state, outDir + "/rank0_params.pt");
+  result.exportPath = (std::filesystem::path(outDir) / config_.output.exportName).string();
+  exportStateDict(state, result.exportPath);
+  for (const auto& d : placement_.devices) {
+    if (d.is_cuda()) out.peakAllocatedBytes.push_back(cudaPeakAllocatedBytes(d));
+  }
+  return out;
+}
+
+}  // namespace ddp::worker::dp

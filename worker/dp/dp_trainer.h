@@ -1,0 +1,44 @@
+// The DataParallel training loop (mode: dp): one process, one sampler over the
+// whole data set, each batch split over the replicas by DataParallel, one loss
+// on the gathered outputs, SGD on the master; then evaluation and the export.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <string>
+#include <vector>
+
+#include "worker/config.h"
+#include "worker/trainer.h"
+
+namespace ddp::worker::dp {
+
+/// Where a dp run places its replicas.
+struct DpPlacement {
+  std::vector<c10::Device> devices;        // replica i runs on devices[i]; the master lives on devices[0]
+  c10::Device outputDevice{c10::kCPU};     // outputs gathered and the loss computed here
+};
+
+/// CUDA (device: cuda, or auto with GPUs visible): dp.device_ids (logical ids, after
+/// CUDA_VISIBLE_DEVICES; default all visible) and dp.output_device (default device_ids[0]).
+/// CPU: dp.replicas replicas. Throws ConfigError naming the key on bad ids.
+DpPlacement resolveDpPlacement(const WorkerConfig& config);
+
+struct DpResult {
+  TrainResult train;
+  std::vector<int64_t> peakAllocatedBytes;  // CUDA: per device of the placement; CPU: empty
+};
+
+class DpTrainer {
+ public:
+  DpTrainer(const WorkerConfig& config, DpPlacement placement);
+
+  /// Trains, evaluates and writes metrics.jsonl, the export (and rank0_params.pt when asked).
+  DpResult run(const Datasets& data);
+
+ private:
+  const WorkerConfig& config_;
+  DpPlacement placement_;
+};
+
+}  // namespace ddp::worker::dp
