@@ -46,6 +46,33 @@ def main():
     torch.save(mixed, os.path.join(out, "mixed.pt"))
     manifest["mixed.pt"] = describe(mixed)
 
+    # The twin of our Mlp (784-16-10) trained a little, wrapped in DataParallel and
+    # saved as if on a GPU (location "cuda:0"): what a user brings from a GPU box.
+    class Mlp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(784, 16)
+            self.fc2 = nn.Linear(16, 10)
+
+        def forward(self, x):
+            return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+    mlp = Mlp()
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.1)
+    x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
+    for _ in range(3):
+        opt.zero_grad()
+        nn.functional.cross_entropy(mlp(x), y).backward()
+        opt.step()
+    wrapped = nn.DataParallel(mlp)
+    real_tag = torch.serialization.location_tag
+    torch.serialization.location_tag = lambda storage: "cuda:0"
+    try:
+        torch.save(wrapped.state_dict(), os.path.join(out, "gpu_dp_mlp.pt"))
+    finally:
+        torch.serialization.location_tag = real_tag
+    manifest["gpu_dp_mlp.pt"] = describe(wrapped.state_dict())
+
     # The legacy (pre-1.6) serialization: must be refused with a clear message.
     torch.save({"w": torch.ones(2)}, os.path.join(out, "legacy.pt"), _use_new_zipfile_serialization=False)
     print(json.dumps(manifest))

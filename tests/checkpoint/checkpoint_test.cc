@@ -1,0 +1,208 @@
+// Loading state_dicts users bring, and the training checkpoint's integrity.
+#include <gtest/gtest.h>
+
+#include <ATen/ops/arange.h>
+#include <ATen/ops/randn.h>
+#include <nlohmann/json.hpp>
+#include <torch/nn/modules/linear.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "common/error.h"
+#include "worker/checkpoint/checkpoint_dir.h"
+#include "worker/checkpoint/state_dict_loader.h"
+#include "worker/checkpoint/training_checkpoint.h"
+#include "worker/models.h"
+
+namespace ddp::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string run(const std::string& cmd) {
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (pipe && std::fgets(buf, sizeof buf, pipe)) out += buf;
+  if (pipe) ::pclose(pipe);
+  return out;
+}
+
+class Checkpoint : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::string tmpl = (fs::temp_directory_path() / "ddp_ckpt_XXXXXX").string();
+    dir_ = ::mkdtemp(tmpl.data());
+    manifest_ = nlohmann::json::parse(run(std::string(DDP_PYTHON) + " " + DDP_SOURCE_DIR +
+                                          "/tests/python/make_torch_files.py " + dir_));
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+  static inline std::string dir_;
+  static inline nlohmann::json manifest_;
+};
+
+std::string errorOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const CheckpointError& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+TEST_F(Checkpoint, GpuDataParallelStateDictFromPythonLoadsIntoThePlainModel) {
+  worker::Mlp mlp(worker::InputSpec{1, 28, 28, 10}, std::vector<int64_t>{16});
+  loadModelFile(*mlp, dir_ + "/gpu_dp_mlp.pt");
+  const auto& expected = manifest_["gpu_dp_mlp.pt"];
+  for (const auto& item : mlp->named_parameters()) {
+    const auto& e = expected.at("module." + item.key());
+    const auto values = e["values"].get<std::vector<double>>();
+    const at::Tensor flat = item.value().to(at::kDouble).flatten();
+    ASSERT_EQ(flat.numel(), static_cast<int64_t>(values.size())) << item.key();
+    for (size_t i = 0; i < values.size(); i += 97) EXPECT_EQ(flat[i].item<double>(), values[i]) << item.key();
+  }
+}
+
+TEST_F(Checkpoint, AMismatchListsMissingUnexpectedAndShapes) {
+  worker::Mlp wider(worker::InputSpec{1, 28, 28, 10}, std::vector<int64_t>{32});
+  const at::Tensor before = wider->named_parameters()["fc2.bias"].clone();  // fc2.bias [10] fits
+  const std::string shapes = errorOf([&] { loadModelFile(*wider, dir_ + "/gpu_dp_mlp.pt"); });
+  EXPECT_NE(shapes.find("gpu_dp_mlp.pt' does not fit"), std::string::npos) << shapes;
+  EXPECT_NE(shapes.find("fc1.weight [16, 784] in the file vs [32, 784] in the model"), std::string::npos) << shapes;
+
+  worker::Mlp deeper(worker::InputSpec{1, 28, 28, 10}, std::vector<int64_t>{16, 8});
+  const std::string keys = errorOf([&] { loadModelFile(*deeper, dir_ + "/gpu_dp_mlp.pt"); });
+  EXPECT_NE(keys.find("missing keys: fc3.bias, fc3.weight"), std::string::npos) << keys;
+
+  worker::Cnn cnn(worker::InputSpec{1, 28, 28, 10});
+  const std::string other = errorOf([&] { loadModelFile(*cnn, dir_ + "/gpu_dp_mlp.pt"); });
+  EXPECT_NE(other.find("missing keys: conv1.bias"), std::string::npos) << other;
+  EXPECT_NE(other.find("shape differences: fc1.bias [16] in the file vs [128] in the model"), std::string::npos) << other;
+
+  worker::Mlp shallow(worker::InputSpec{1, 28, 28, 10}, std::vector<int64_t>{});
+  const std::string extra = errorOf([&] { loadModelFile(*shallow, dir_ + "/gpu_dp_mlp.pt"); });
+  EXPECT_NE(extra.find("unexpected keys: fc2.bias, fc2.weight"), std::string::npos) << extra;
+  // A failed load changes nothing, not even the entries that would fit.
+  EXPECT_TRUE(at::equal(before, wider->named_parameters()["fc2.bias"]));
+}
+
+TEST_F(Checkpoint, PrefixesAreStripped) {
+  EXPECT_EQ(stripWrapperPrefix("module.fc1.weight"), "fc1.weight");
+  EXPECT_EQ(stripWrapperPrefix("module.module.fc1.weight"), "fc1.weight");
+  EXPECT_EQ(stripWrapperPrefix("_orig_mod.conv1.bias"), "conv1.bias");
+  EXPECT_EQ(stripWrapperPrefix("fc1.module.weight"), "fc1.module.weight");
+}
+
+TrainingState sampleState() {
+  TrainingState s;
+  s.model = {{"fc1.weight", at::randn({4, 3})}, {"fc1.bias", at::arange(4).to(at::kFloat)}};
+  s.optimizer = {{"momentum_buffer.fc1.weight", at::randn({4, 3})}};
+  s.epoch = 2;
+  s.stepInEpoch = 5;
+  s.globalStep = 17;
+  s.samples = 17 * 64;
+  s.worldSize = 2;
+  s.seed = 42;
+  s.cpuRng = at::arange(16).to(at::kByte);
+  s.config = "mode: ddp\n";
+  return s;
+}
+
+TEST_F(Checkpoint, TrainingCheckpointRoundTripsExactly) {
+  const TrainingState s = sampleState();
+  const std::string path = dir_ + "/roundtrip.pt";
+  saveTrainingCheckpoint(s, path);
+  const TrainingState r = loadTrainingCheckpoint(path);
+  ASSERT_EQ(r.model.size(), 2u);
+  for (size_t i = 0; i < s.model.size(); ++i) {
+    EXPECT_EQ(r.model[i].first, s.model[i].first);
+    EXPECT_TRUE(at::equal(r.model[i].second, s.model[i].second));
+  }
+  EXPECT_TRUE(at::equal(r.optimizer[0].second, s.optimizer[0].second));
+  EXPECT_EQ(r.epoch, 2);
+  EXPECT_EQ(r.stepInEpoch, 5);
+  EXPECT_EQ(r.globalStep, 17);
+  EXPECT_EQ(r.samples, 17 * 64);
+  EXPECT_EQ(r.worldSize, 2);
+  EXPECT_EQ(r.seed, 42);
+  EXPECT_TRUE(at::equal(r.cpuRng, s.cpuRng));
+  EXPECT_EQ(r.config, s.config);
+  EXPECT_EQ(checksumOf(r), checksumOf(s));
+  // Python reads it as a plain dict too.
+  const std::string py = run(std::string(DDP_PYTHON) + " -c \"import torch; c = torch.load('" + path +
+                             "'); print(c['format'], c['progress']['global_step'], sorted(c['model']))\"");
+  EXPECT_EQ(py, "ddp-launch-checkpoint/1 17 ['fc1.bias', 'fc1.weight']\n");
+}
+
+TEST_F(Checkpoint, ChecksumChangesWithAnyField) {
+  const TrainingState s = sampleState();
+  TrainingState t = sampleState();
+  t.model = s.model;
+  t.optimizer = s.optimizer;
+  t.cpuRng = s.cpuRng;
+  EXPECT_EQ(checksumOf(t), checksumOf(s));
+  t.stepInEpoch += 1;
+  EXPECT_NE(checksumOf(t), checksumOf(s));
+  t = s;
+  t.model[0].second = t.model[0].second.clone();
+  t.model[0].second[0][0] += 1e-6;
+  EXPECT_NE(checksumOf(t), checksumOf(s));
+}
+
+TEST_F(Checkpoint, CorruptOrTruncatedFilesAreDetectedAndNamed) {
+  const std::string good = dir_ + "/good.pt";
+  saveTrainingCheckpoint(sampleState(), good);
+  const auto size = fs::file_size(good);
+  // Flip one byte inside the tensor data, in the middle of the file.
+  std::string bytes;
+  {
+    std::ifstream in(good, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::string flipped = dir_ + "/flipped.pt";
+  const auto at = bytes.find("archive/data/0");
+  ASSERT_NE(at, std::string::npos);
+  std::string damaged = bytes;
+  damaged[at + 14 + 30 + 8] ^= 0x5a;  // past the local header's name and extra field: tensor bytes
+  std::ofstream(flipped, std::ios::binary) << damaged;
+  const std::string m = errorOf([&] { loadTrainingCheckpoint(flipped); });
+  EXPECT_NE(m.find("flipped.pt"), std::string::npos) << m;
+  EXPECT_NE(m.find("corrupt"), std::string::npos) << m;
+
+  const std::string cut = dir_ + "/cut.pt";
+  fs::copy_file(good, cut, fs::copy_options::overwrite_existing);
+  fs::resize_file(cut, size / 2);
+  EXPECT_NE(errorOf([&] { loadTrainingCheckpoint(cut); }).find("cut.pt"), std::string::npos);
+  // A model export is not a training checkpoint.
+  EXPECT_NE(errorOf([&] { loadTrainingCheckpoint(dir_ + "/gpu_dp_mlp.pt"); }).find("not a ddp-launch training checkpoint"),
+            std::string::npos);
+}
+
+TEST_F(Checkpoint, LatestValidSkipsACorruptNewestAndPruneKeepsTheLastN) {
+  const std::string d = dir_ + "/run";
+  fs::create_directories(d);
+  for (int64_t step : {10, 20, 30}) {
+    TrainingState s = sampleState();
+    s.globalStep = step;
+    saveTrainingCheckpoint(s, checkpointPath(d, step));
+  }
+  fs::resize_file(checkpointPath(d, 30), fs::file_size(checkpointPath(d, 30)) / 3);
+  std::ofstream(d + "/.ckpt-00000040.pt.tmp.999") << "half a write";
+  EXPECT_EQ(listCheckpoints(d).size(), 3u);
+  std::vector<std::string> skipped;
+  const auto latest = latestValidCheckpoint(d, [&](const std::string& p, const std::string&) { skipped.push_back(p); });
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(*latest, checkpointPath(d, 20));
+  EXPECT_EQ(skipped, std::vector<std::string>{checkpointPath(d, 30)});
+  EXPECT_EQ(loadTrainingCheckpoint(*latest).globalStep, 20);
+
+  pruneCheckpoints(d, 2);
+  EXPECT_EQ(listCheckpoints(d), (std::vector<std::string>{checkpointPath(d, 20), checkpointPath(d, 30)}));
+  EXPECT_FALSE(fs::exists(d + "/.ckpt-00000040.pt.tmp.999"));
+  EXPECT_FALSE(latestValidCheckpoint(dir_ + "/nothing-here", nullptr).has_value());
+}
+
+}  // namespace
+}  // namespace ddp::checkpoint
