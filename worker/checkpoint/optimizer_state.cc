@@ -1,0 +1,89 @@
+#include "worker/checkpoint/optimizer_state.h"
+
+#include <ATen/Context.h>
+#include <ATen/core/Generator.h>
+#include <torch/cuda.h>
+#include <torch/optim/sgd.h>
+
+#include <map>
+#include <mutex>
+
+#include "common/error.h"
+
+namespace ddp::checkpoint {
+namespace {
+
+constexpr const char* kPrefix = "momentum_buffer.";
+
+// LibTorch keys per-parameter optimizer state by the parameter's TensorImpl address.
+std::string stateKey(const at::Tensor& param) { return c10::guts::to_string(param.unsafeGetTensorImpl()); }
+
+}  // namespace
+
+NamedTensors sgdMomentumBuffers(torch::optim::SGD& optimizer, const NamedTensors& namedParams) {
+  NamedTensors out;
+  auto& state = optimizer.state();
+  for (const auto& [name, param] : namedParams) {
+    auto it = state.find(stateKey(param));
+    if (it == state.end()) continue;
+    auto& sgd = static_cast<torch::optim::SGDParamState&>(*it->second);
+    if (sgd.momentum_buffer().defined()) out.emplace_back(kPrefix + name, sgd.momentum_buffer().detach().cpu().clone());
+  }
+  return out;
+}
+
+void restoreSgdMomentumBuffers(torch::optim::SGD& optimizer, const NamedTensors& namedParams,
+                               const NamedTensors& buffers, const std::string& source) {
+  std::map<std::string, at::Tensor> byName(namedParams.begin(), namedParams.end());
+  auto& state = optimizer.state();
+  for (const auto& [key, buffer] : buffers) {
+    if (key.rfind(kPrefix, 0) != 0) continue;
+    const std::string name = key.substr(std::string(kPrefix).size());
+    auto it = byName.find(name);
+    if (it == byName.end()) {
+      DDP_THROW(CheckpointError, "'", source, "' has optimizer state for unknown parameter '", name, "'");
+    }
+    if (!it->second.sizes().equals(buffer.sizes())) {
+      DDP_THROW(CheckpointError, "'", source, "' has a momentum buffer of the wrong shape for '", name, "'");
+    }
+    auto sgd = std::make_unique<torch::optim::SGDParamState>();
+    sgd->momentum_buffer(buffer.to(it->second.device(), it->second.scalar_type()).clone());
+    state[stateKey(it->second)] = std::move(sgd);
+  }
+}
+
+at::Tensor cpuRngState() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void setCpuRngState(const at::Tensor& state) {
+  if (!state.defined()) return;
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+std::vector<at::Tensor> cudaRngStates() {
+  std::vector<at::Tensor> out;
+  if (!torch::cuda::is_available()) return out;
+  for (size_t i = 0; i < torch::cuda::device_count(); ++i) {
+    auto gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    out.push_back(gen.get_state());
+  }
+  return out;
+}
+
+void setCudaRngStates(const std::vector<at::Tensor>& states) {
+  if (!torch::cuda::is_available()) return;
+  const size_t n = std::min(states.size(), torch::cuda::device_count());
+  for (size_t i = 0; i < n; ++i) {
+    auto gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(states[i]);
+  }
+}
+
+}  // namespace ddp::checkpoint

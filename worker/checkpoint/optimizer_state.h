@@ -1,0 +1,33 @@
+// What exact resume needs beyond the weights: SGD momentum buffers by
+// parameter name, and the RNG states.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "worker/checkpoint/training_checkpoint.h"
+
+namespace torch::optim {
+class SGD;
+}
+
+namespace ddp::checkpoint {
+
+/// "momentum_buffer.<name>" for each parameter that has one (CPU copies).
+NamedTensors sgdMomentumBuffers(torch::optim::SGD& optimizer, const NamedTensors& namedParams);
+
+/// Installs saved buffers (moved to each parameter's device). Throws
+/// CheckpointError naming `source` if a buffer's parameter is unknown or its shape differs.
+void restoreSgdMomentumBuffers(torch::optim::SGD& optimizer, const NamedTensors& namedParams,
+                               const NamedTensors& buffers, const std::string& source);
+
+/// The default CPU generator's state, and one per visible GPU.
+at::Tensor cpuRngState();
+void setCpuRngState(const at::Tensor& state);
+std::vector<at::Tensor> cudaRngStates();
+void setCudaRngStates(const std::vector<at::Tensor>& states);
+
+}  // namespace ddp::checkpoint
