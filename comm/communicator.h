@@ -10,6 +10,20 @@
 
 namespace ddp::comm {
 
+/// A collective in flight. wait() returns once this rank's result is in place
+/// (or throws CommError/TimeoutError); it must be called exactly once.
+class PendingWork {
+ public:
+  virtual ~PendingWork() = default;
+  virtual void wait() = 0;
+};
+
+/// A PendingWork that is already done (world size 1, empty tensors).
+class CompletedWork final : public PendingWork {
+ public:
+  void wait() override {}
+};
+
 /// A group of `size()` ranks; every collective must be called by all ranks
 /// in the same order, or they mismatch and hang until the timeout.
 class Communicator {
@@ -22,6 +36,9 @@ class Communicator {
 
   /// In place: every rank ends with the element-wise sum over ranks.
   virtual void allReduceSum(at::Tensor& tensor) = 0;
+  /// Starts an in-place SUM all-reduce and returns at once; `tensor` must stay
+  /// alive and untouched until wait(). Works complete in launch order.
+  virtual std::unique_ptr<PendingWork> allReduceSumAsync(at::Tensor& tensor) = 0;
   /// In place: every rank ends with `root`'s tensor.
   virtual void broadcast(at::Tensor& tensor, int root) = 0;
   /// Returns once every rank has entered.
@@ -35,6 +52,9 @@ class LocalCommunicator final : public Communicator {
   int size() const override { return 1; }
   std::string backendName() const override { return "local"; }
   void allReduceSum(at::Tensor&) override {}
+  std::unique_ptr<PendingWork> allReduceSumAsync(at::Tensor&) override {
+    return std::make_unique<CompletedWork>();
+  }
   void broadcast(at::Tensor&, int) override {}
   void barrier() override {}
 };

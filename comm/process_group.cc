@@ -19,6 +19,51 @@ namespace {
 
 std::string firstLine(const std::string& text) { return text.substr(0, text.find('\n')); }
 
+// Maps c10d's exceptions to our family, naming the backend, the collective and the rank.
+[[noreturn]] void rethrowAsCommError(const std::string& backend, const char* op, int rank,
+                                     int size, const std::exception& e) {
+  const std::string what = firstLine(e.what());
+  const bool timedOut =
+      what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos;
+  if (timedOut) {
+    DDP_THROW(TimeoutError, backend, " ", op, " on rank ", rank, "/", size, " timed out (", what,
+              "); another rank stopped answering or crashed");
+  }
+  DDP_THROW(CommError, backend, " ", op, " failed on rank ", rank, "/", size, ": ", what);
+}
+
+// WorkPtr is c10::intrusive_ptr<ProcessGroup::Work> in 1.13 and <c10d::Work> in 2.x.
+template <typename WorkPtr>
+class C10dPendingWork final : public PendingWork {
+ public:
+  C10dPendingWork(WorkPtr work, std::string backend, int rank, int size)
+      : work_(std::move(work)), backend_(std::move(backend)), rank_(rank), size_(size) {}
+  ~C10dPendingWork() override {
+    // Never abandon a collective the peers are running: its buffer would be freed under it.
+    if (work_) {
+      try {
+        work_->wait();
+      } catch (...) {
+      }
+    }
+  }
+  void wait() override {
+    auto work = std::move(work_);
+    if (!work) return;
+    try {
+      work->wait();
+    } catch (const std::exception& e) {
+      rethrowAsCommError(backend_, "all_reduce", rank_, size_, e);
+    }
+  }
+
+ private:
+  WorkPtr work_;
+  std::string backend_;
+  int rank_;
+  int size_;
+};
+
 template <typename Group>
 class C10dCommunicator final : public Communicator {
  public:
@@ -34,6 +79,19 @@ class C10dCommunicator final : public Communicator {
     c10d::AllreduceOptions opts;
     opts.reduceOp = c10d::ReduceOp::SUM;
     run("all_reduce", [&] { return group_->allreduce(tensors, opts); });
+  }
+
+  std::unique_ptr<PendingWork> allReduceSumAsync(at::Tensor& tensor) override {
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    try {
+      auto work = group_->allreduce(tensors, opts);
+      return std::make_unique<C10dPendingWork<decltype(work)>>(std::move(work), name_, rank_,
+                                                               size_);
+    } catch (const std::exception& e) {
+      rethrowAsCommError(name_, "all_reduce", rank_, size_, e);
+    }
   }
 
   void broadcast(at::Tensor& tensor, int root) override {
@@ -54,14 +112,7 @@ class C10dCommunicator final : public Communicator {
       auto work = launch();
       work->wait();
     } catch (const std::exception& e) {
-      const std::string what = firstLine(e.what());
-      const bool timedOut = what.find("imed out") != std::string::npos ||
-                            what.find("imeout") != std::string::npos;
-      if (timedOut) {
-        DDP_THROW(TimeoutError, name_, " ", op, " on rank ", rank_, "/", size_,
-                  " timed out (", what, "); another rank stopped answering or crashed");
-      }
-      DDP_THROW(CommError, name_, " ", op, " failed on rank ", rank_, "/", size_, ": ", what);
+      rethrowAsCommError(name_, op, rank_, size_, e);
     }
   }
 

@@ -61,6 +61,7 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("model.name", "string", c.model.name),
       bindField("model.hidden", "list of integers", c.model.hidden),
       bindField("model.batch_norm", "boolean", c.model.batchNorm),
+      bindField("model.unused_layer", "boolean", c.model.unusedLayer),
       bindField("data.name", "string", c.data.name),
       bindField("data.root", "string", c.data.root),
       bindField("data.train_limit", "integer", c.data.trainLimit),

@@ -33,7 +33,9 @@ at::Tensor MlpImpl::forward(at::Tensor x) {
   return x;
 }
 
-CnnImpl::CnnImpl(const InputSpec& input) : input_(input) { reset(); }
+CnnImpl::CnnImpl(const InputSpec& input, bool batchNorm) : input_(input), batchNorm_(batchNorm) {
+  reset();
+}
 
 void CnnImpl::reset() {
   DDP_ENFORCE(input_.height % 4 == 0 && input_.width % 4 == 0,
@@ -41,22 +43,42 @@ void CnnImpl::reset() {
               " must be divisible by 4");
   conv1_ = register_module(
       "conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(input_.channels, 32, 3).padding(1)));
+  if (batchNorm_) bn1_ = register_module("bn1", torch::nn::BatchNorm2d(32));
   conv2_ = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).padding(1)));
+  if (batchNorm_) bn2_ = register_module("bn2", torch::nn::BatchNorm2d(64));
   fc1_ = register_module("fc1", torch::nn::Linear(64 * (input_.height / 4) * (input_.width / 4), 128));
   fc2_ = register_module("fc2", torch::nn::Linear(128, input_.classes));
 }
 
 at::Tensor CnnImpl::forward(at::Tensor x) {
-  x = F::max_pool2d(F::relu(conv1_->forward(x)), F::MaxPool2dFuncOptions(2));
-  x = F::max_pool2d(F::relu(conv2_->forward(x)), F::MaxPool2dFuncOptions(2));
+  x = conv1_->forward(x);
+  if (batchNorm_) x = bn1_->forward(x);
+  x = F::max_pool2d(F::relu(x), F::MaxPool2dFuncOptions(2));
+  x = conv2_->forward(x);
+  if (batchNorm_) x = bn2_->forward(x);
+  x = F::max_pool2d(F::relu(x), F::MaxPool2dFuncOptions(2));
   x = F::relu(fc1_->forward(x.flatten(1)));
   return fc2_->forward(x);
 }
 
 torch::nn::AnyModule makeModel(const ModelConfig& config, const InputSpec& input) {
-  if (config.name == "mlp") return torch::nn::AnyModule(Mlp(input, config.hidden));
-  if (config.name == "cnn") return torch::nn::AnyModule(Cnn(input));
-  DDP_THROW(ConfigError, "config: 'model.name' is '", config.name, "'; use mlp or cnn");
+  if (config.batchNorm && config.name != "cnn") {
+    DDP_THROW(ConfigError, "config: 'model.batch_norm' is true but model '", config.name,
+              "' has no BatchNorm layers; use model.name: cnn or model.batch_norm: false");
+  }
+  torch::nn::AnyModule model;
+  if (config.name == "mlp") {
+    model = torch::nn::AnyModule(Mlp(input, config.hidden));
+  } else if (config.name == "cnn") {
+    model = torch::nn::AnyModule(Cnn(input, config.batchNorm));
+  } else {
+    DDP_THROW(ConfigError, "config: 'model.name' is '", config.name, "'; use mlp or cnn");
+  }
+  if (config.unusedLayer) {
+    // Registered last, never called: a parameter the autograd graph does not reach.
+    model.ptr()->register_module("unused", torch::nn::Linear(4, 2));
+  }
+  return model;
 }
 
 }  // namespace ddp::worker

@@ -5,6 +5,7 @@
 
 #include <torch/nn/cloneable.h>
 #include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 
@@ -36,17 +37,21 @@ class MlpImpl : public torch::nn::Cloneable<MlpImpl> {
 };
 TORCH_MODULE(Mlp);
 
-/// conv1(32, 3x3, pad 1) → ReLU → pool 2 → conv2(64) → ReLU → pool 2 → fc1(128) → ReLU → fc2.
+/// conv1(32, 3x3, pad 1) → [bn1] → ReLU → pool 2 → conv2(64) → [bn2] → ReLU → pool 2 →
+/// fc1(128) → ReLU → fc2. bn1/bn2 (BatchNorm2d) only with `batchNorm`.
 class CnnImpl : public torch::nn::Cloneable<CnnImpl> {
  public:
-  explicit CnnImpl(const InputSpec& input);
+  explicit CnnImpl(const InputSpec& input, bool batchNorm = false);
   void reset() override;
   at::Tensor forward(at::Tensor x);
 
  private:
   InputSpec input_;
+  bool batchNorm_;
   torch::nn::Conv2d conv1_{nullptr};
+  torch::nn::BatchNorm2d bn1_{nullptr};
   torch::nn::Conv2d conv2_{nullptr};
+  torch::nn::BatchNorm2d bn2_{nullptr};
   torch::nn::Linear fc1_{nullptr};
   torch::nn::Linear fc2_{nullptr};
 };

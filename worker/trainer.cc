@@ -8,10 +8,13 @@
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <memory>
 
 #include "comm/gradient_sync.h"
+#include "comm/reducer.h"
 #include "common/error.h"
 #include "sampler/batching.h"
 #include "sampler/distributed_sampler.h"
@@ -33,6 +36,36 @@ double secondsSince(Clock::time_point start) {
 
 std::vector<at::Tensor> parametersOf(const torch::nn::Module& module) {
   return module.parameters(/*recurse=*/true);
+}
+
+std::vector<std::string> parameterNames(const torch::nn::Module& module) {
+  std::vector<std::string> names;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) names.push_back(item.key());
+  return names;
+}
+
+size_t megabytes(double mb) { return static_cast<size_t>(mb * (1 << 20)); }
+
+// The reducer's options from the config; none when gradients go through the flat path.
+std::unique_ptr<comm::Reducer> makeReducer(const CommConfig& config, comm::Communicator& comm,
+                                           const torch::nn::Module& module) {
+  if (comm.size() == 1 || config.reducer != "bucketed") return nullptr;
+  comm::ReducerOptions options;
+  options.bucketCapBytes = megabytes(config.bucketCapMb);
+  options.firstBucketCapBytes = megabytes(config.firstBucketMb);
+  options.findUnusedParameters = config.findUnusedParameters;
+  options.gradientAsBucketView = config.gradientAsBucketView;
+  options.compression = comm::parseCompression(config.compression);
+  return std::make_unique<comm::Reducer>(comm, parametersOf(module), parameterNames(module),
+                                         options);
+}
+
+// Keeps each .grad tensor (it may alias a reducer bucket); zeroes it in place.
+void zeroGradients(const std::vector<at::Tensor>& params) {
+  c10::NoGradGuard noGrad;
+  for (const auto& p : params) {
+    if (p.grad().defined()) p.grad().zero_();
+  }
 }
 
 std::vector<at::Tensor> parametersAndBuffers(const torch::nn::Module& module) {
@@ -85,6 +118,11 @@ TrainResult Trainer::run(const Datasets& data) {
   module.to(device_);
   comm::broadcastTensors(comm_, parametersAndBuffers(module), /*root=*/0);
   const auto params = parametersOf(module);
+  const auto buffers = module.buffers(/*recurse=*/true);
+  // DDP: rank 0's buffers (BatchNorm running stats) before the first forward of every step.
+  const bool syncBuffers = world > 1 && config_.comm.broadcastBuffers && !buffers.empty();
+  const auto reducer = makeReducer(config_.comm, comm_, module);
+  const int64_t accumulate = train.accumulateSteps;
 
   torch::optim::SGD optimizer(params, torch::optim::SGDOptions(train.lr)
                                           .momentum(train.momentum)
@@ -109,26 +147,50 @@ TrainResult Trainer::run(const Datasets& data) {
     sampler.setEpoch(epoch);
     const auto batches = sampler::makeBatches(sampler.indices(), train.batchSize, /*dropLast=*/false);
     module.train();
-    for (const auto& batch : batches) {
-      const at::Tensor x = data::gatherBatch(data.train.images, batch).to(device_);
-      const at::Tensor y = data::gatherBatch(data.train.labels, batch).to(device_);
-      optimizer.zero_grad();
-      const at::Tensor loss = torch::nn::functional::cross_entropy(model.forward(x), y);
-      loss.backward();
+    // An optimizer step takes `accumulate` micro-batches (fewer at the end of an epoch);
+    // only the last one's backward communicates (DDP's no_sync for the others).
+    for (std::size_t first = 0; first < batches.size(); first += accumulate) {
+      const std::size_t count = std::min<std::size_t>(accumulate, batches.size() - first);
+      zeroGradients(params);
+      if (syncBuffers) comm::broadcastTensors(comm_, buffers, /*root=*/0);
+      int64_t stepRankSamples = 0;
       {
         c10::NoGradGuard noGrad;
-        lossForLog.copy_(loss.detach().reshape({1}));
+        lossForLog.zero_();
       }
-      comm::allReduceGradients(comm_, params, lossForLog);
+      for (std::size_t m = 0; m < count; ++m) {
+        const auto& batch = batches[first + m];
+        const at::Tensor x = data::gatherBatch(data.train.images, batch).to(device_);
+        const at::Tensor y = data::gatherBatch(data.train.labels, batch).to(device_);
+        at::Tensor loss = torch::nn::functional::cross_entropy(model.forward(x), y);
+        {
+          c10::NoGradGuard noGrad;
+          lossForLog.add_(loss.detach().reshape({1}), 1.0 / static_cast<double>(count));
+        }
+        stepRankSamples += static_cast<int64_t>(batch.size());
+        if (count > 1) loss = loss / static_cast<double>(count);
+        if (reducer && m + 1 == count) reducer->prepareForBackward({loss});
+        loss.backward();
+      }
+      if (world > 1 && !reducer) comm::allReduceGradients(comm_, params, lossForLog);
       optimizer.step();
 
       ++result.steps;
       // Every rank's batch has the same size (the sampler pads), so this is exact.
-      const int64_t stepSamples = static_cast<int64_t>(batch.size()) * world;
+      const int64_t stepSamples = stepRankSamples * world;
       result.samples += stepSamples;
       windowSamples += stepSamples;
       const bool last = train.maxSteps > 0 && result.steps >= train.maxSteps;
-      if (result.steps % train.logEvery == 0 || last || result.steps == 1) {
+      const bool logStep = result.steps % train.logEvery == 0 || last || result.steps == 1;
+      const bool finalStep =
+          last || (epoch + 1 == train.epochs && first + count >= batches.size());
+      if (reducer && (logStep || finalStep)) {
+        // The reducer carries only gradients; the loss is averaged here (every rank logs alike).
+        comm_.allReduceSum(lossForLog);
+        c10::NoGradGuard noGrad;
+        lossForLog.div_(world);
+      }
+      if (logStep) {
         const double lossValue = lossForLog.item<double>();
         const double window = secondsSince(windowStart);
         const double rate = window > 0 ? windowSamples / window : 0.0;

@@ -39,16 +39,18 @@ class Mlp(nn.Module):
 
 
 class Cnn(nn.Module):
-    def __init__(self, classes=10):
+    def __init__(self, classes=10, batch_norm=False):
         super().__init__()
         self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(32) if batch_norm else nn.Identity()
         self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(64) if batch_norm else nn.Identity()
         self.fc1 = nn.Linear(64 * 7 * 7, 128)
         self.fc2 = nn.Linear(128, classes)
 
     def forward(self, x):
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
@@ -65,7 +67,8 @@ def main():
     path, name, hidden, root = sys.argv[1:5]
     state = torch.load(path, map_location="cpu")
     assert isinstance(state, dict), type(state)
-    model = Mlp([int(h) for h in hidden.split(",")]) if name == "mlp" else Cnn()
+    model = (Mlp([int(h) for h in hidden.split(",")]) if name == "mlp"
+             else Cnn(batch_norm="bn1.weight" in state))  # worker: model.batch_norm
     model.load_state_dict(state, strict=True)
     model.eval()
     images = read_idx(os.path.join(root, "t10k-images-idx3-ubyte.gz"))

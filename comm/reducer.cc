@@ -1,0 +1,263 @@
+#include "comm/reducer.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <chrono>
+#include <unordered_set>
+
+#include "comm/bucket_assignment.h"
+#include "common/error.h"
+
+namespace ddp::comm {
+namespace {
+
+using torch::autograd::Node;
+using torch::autograd::variable_list;
+
+// Storage-sharing alias that autograd does not treat as a view: optimizers may
+// detach_() a .grad, which autograd refuses on views.
+at::Tensor aliasOf(const at::Tensor& flat, int64_t offset, const at::Tensor& like) {
+  return at::empty({0}, flat.options()).set_(flat.storage(), flat.storage_offset() + offset,
+                                             like.sizes(), like.contiguous().strides());
+}
+
+bool aliases(const at::Tensor& a, const at::Tensor& b) {
+  return a.defined() && b.defined() && a.data_ptr() == b.data_ptr() &&
+         a.strides() == b.strides();
+}
+
+}  // namespace
+
+WireDtype parseCompression(const std::string& name) {
+  if (name == "none") return WireDtype::kNone;
+  if (name == "fp16") return WireDtype::kFp16;
+  if (name == "bf16") return WireDtype::kBf16;
+  DDP_THROW(ConfigError, "config: 'comm.compression' is '", name, "'; use none, fp16 or bf16");
+}
+
+Reducer::Reducer(Communicator& comm, std::vector<at::Tensor> params,
+                 std::vector<std::string> names, ReducerOptions options)
+    : comm_(comm), params_(std::move(params)), names_(std::move(names)), options_(options) {
+  DDP_ENFORCE(names_.size() == params_.size(), "reducer: ", params_.size(), " parameters but ",
+              names_.size(), " names");
+  for (size_t i = 0; i < params_.size(); ++i) {
+    DDP_ENFORCE(params_[i].requires_grad(), "reducer: parameter '", names_[i],
+                "' does not require grad; pass only trainable parameters");
+    DDP_ENFORCE(params_[i].layout() == c10::kStrided, "reducer: parameter '", names_[i],
+                "' is not dense; sparse gradients are not supported");
+  }
+  c10::NoGradGuard noGrad;
+  // Gloo (LibTorch 1.13) has no bfloat16 sum: the all-reduce would fail and poison the group.
+  if (options_.compression == WireDtype::kBf16 && comm_.backendName() == "gloo") {
+    DDP_THROW(ConfigError, "config: 'comm.compression' is bf16 but the gloo backend cannot "
+              "all-reduce bfloat16; use fp16 or none (bf16 needs nccl)");
+  }
+  layout_ = assignBuckets(params_, options_.firstBucketCapBytes, options_.bucketCapBytes);
+  slots_.resize(params_.size());
+  buckets_.resize(layout_.size());
+  for (size_t b = 0; b < layout_.size(); ++b) {
+    Bucket& bucket = buckets_[b];
+    bucket.params = layout_[b];
+    int64_t total = 0;
+    for (size_t i : bucket.params) total += params_[i].numel();
+    const at::Tensor& first = params_[bucket.params.front()];
+    bucket.buffer = at::zeros({total}, first.options().requires_grad(false));
+    if (options_.compression != WireDtype::kNone) {
+      bucket.wire = at::empty({total}, bucket.buffer.options().dtype(
+          options_.compression == WireDtype::kFp16 ? at::kHalf : at::kBFloat16));
+    }
+    int64_t offset = 0;
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      const size_t i = bucket.params[k];
+      bucket.views.push_back(aliasOf(bucket.buffer, offset, params_[i]));
+      offset += params_[i].numel();
+      slots_[i].bucket = b;
+      slots_[i].indexInBucket = k;
+    }
+  }
+  // The AccumulateGrad node's post-hook runs after the new gradient has been
+  // added into .grad (a tensor hook would run before), exactly as DDP does.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Slot& slot = slots_[i];
+    slot.accumulator = torch::autograd::impl::grad_accumulator(params_[i]);
+    DDP_ENFORCE(slot.accumulator, "reducer: parameter '", names_[i], "' is not a leaf");
+    slot.hookKey = slot.accumulator->add_post_hook(
+        std::make_unique<torch::autograd::utils::LambdaPostHook>(
+            [this, i](const variable_list& outputs, const variable_list&) {
+              onGradientReady(i);
+              return outputs;
+            }));
+  }
+  if (options_.findUnusedParameters) {
+    usedMap_ = at::zeros({static_cast<int64_t>(params_.size())}, at::kInt);
+  }
+}
+
+Reducer::~Reducer() {
+  for (auto& bucket : buckets_) {
+    if (bucket.work) {
+      try {
+        bucket.work->wait();
+      } catch (...) {
+      }
+    }
+  }
+  for (auto& slot : slots_) {
+    if (slot.accumulator) slot.accumulator->del_post_hook(slot.hookKey);
+  }
+}
+
+void Reducer::prepareForBackward(const std::vector<at::Tensor>& outputs) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (armed_) {
+    DDP_THROW(CommError, "reducer on rank ", comm_.rank(), "/", comm_.size(),
+              ": the previous backward did not finish its gradient reduction: ",
+              describeMissingLocked());
+  }
+  armed_ = true;
+  hookSeen_ = false;
+  nextBucket_ = 0;
+  for (auto& slot : slots_) slot.ready = false;
+  for (auto& bucket : buckets_) bucket.pending = bucket.params.size();
+  unused_.clear();
+  if (!options_.findUnusedParameters) return;
+  usedMap_.zero_();
+  // Every node backward can reach from the outputs; an AccumulateGrad outside
+  // this set will never fire its hook.
+  std::unordered_set<Node*> seen;
+  std::vector<Node*> stack;
+  for (const auto& out : outputs) {
+    if (out.defined() && out.grad_fn()) stack.push_back(out.grad_fn().get());
+  }
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    if (!seen.insert(node).second) continue;
+    for (const auto& edge : node->next_edges()) {
+      if (edge.function && !seen.count(edge.function.get())) stack.push_back(edge.function.get());
+    }
+  }
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (!seen.count(slots_[i].accumulator.get())) unused_.push_back(i);
+  }
+  // Nothing reachable at all: no hook will fire, so no final callback either.
+  if (unused_.size() == slots_.size()) {
+    markUnusedReadyLocked();
+  }
+}
+
+void Reducer::onGradientReady(size_t index) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!armed_) return;  // accumulation micro-batch (no_sync): local only
+  if (!hookSeen_) {
+    hookSeen_ = true;
+    // Runs when the whole backward is done, before backward() returns.
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { finalizeBackward(); });
+    markUnusedReadyLocked();
+  }
+  if (options_.findUnusedParameters) usedMap_.data_ptr<int>()[index] = 1;
+  markReadyLocked(index);
+}
+
+void Reducer::markUnusedReadyLocked() {
+  for (size_t i : unused_) {
+    if (!slots_[i].ready) markReadyLocked(i);
+  }
+}
+
+void Reducer::markReadyLocked(size_t index) {
+  Slot& slot = slots_[index];
+  DDP_ENFORCE(!slot.ready, "reducer: parameter '", names_[index],
+              "' was marked ready twice in one backward (used by a reentrant backward?)");
+  slot.ready = true;
+  Bucket& bucket = buckets_[slot.bucket];
+  at::Tensor& view = bucket.views[slot.indexInBucket];
+  const at::Tensor& param = params_[index];
+  at::Tensor grad = param.grad();
+  c10::NoGradGuard noGrad;
+  if (!grad.defined()) {
+    view.zero_();  // unused here (find_unused_parameters): contributes zeros
+  } else if (!aliases(grad, view)) {
+    view.copy_(grad);
+    // From now on AccumulateGrad adds into the bucket in place: no copies either way.
+    if (options_.gradientAsBucketView) param.mutable_grad() = view;
+  }
+  if (--bucket.pending == 0) launchReadyBucketsLocked();
+}
+
+void Reducer::launchReadyBucketsLocked() {
+  // Launched in bucket order on every rank, or collectives mismatch and hang.
+  const double divisor = static_cast<double>(comm_.size());
+  while (nextBucket_ < buckets_.size() && buckets_[nextBucket_].pending == 0) {
+    Bucket& bucket = buckets_[nextBucket_++];
+    bucket.buffer.div_(divisor);  // pre-divide, then SUM: Gloo has no AVG
+    if (bucket.wire.defined()) {
+      bucket.wire.copy_(bucket.buffer);
+      bucket.work = comm_.allReduceSumAsync(bucket.wire);
+    } else {
+      bucket.work = comm_.allReduceSumAsync(bucket.buffer);
+    }
+  }
+}
+
+void Reducer::finalizeBackward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!armed_) return;
+  c10::NoGradGuard noGrad;
+  const auto start = std::chrono::steady_clock::now();
+  // Launched works must finish on every path: the peers are running them too.
+  for (auto& bucket : buckets_) {
+    if (!bucket.work) continue;
+    auto work = std::move(bucket.work);
+    work->wait();
+    if (bucket.wire.defined()) bucket.buffer.copy_(bucket.wire);
+  }
+  if (nextBucket_ < buckets_.size()) {
+    DDP_THROW(CommError, "reducer on rank ", comm_.rank(), "/", comm_.size(), ": ",
+              describeMissingLocked());
+  }
+  const int* used = nullptr;
+  if (options_.findUnusedParameters) {
+    // A parameter no rank used keeps its .grad as it was, as in DDP.
+    usedMapWork_ = comm_.allReduceSumAsync(usedMap_);
+    std::move(usedMapWork_)->wait();
+    used = usedMap_.data_ptr<int>();
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (used && used[i] == 0) continue;
+    const at::Tensor& view = buckets_[slots_[i].bucket].views[slots_[i].indexInBucket];
+    at::Tensor grad = params_[i].grad();
+    if (options_.gradientAsBucketView) {
+      if (!aliases(grad, view)) params_[i].mutable_grad() = view;
+    } else if (grad.defined()) {
+      grad.copy_(view);
+    } else {
+      params_[i].mutable_grad() = view.clone();
+    }
+  }
+  lastWaitSeconds_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  armed_ = false;
+}
+
+std::string Reducer::describeMissingLocked() const {
+  std::string names;
+  size_t count = 0;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].ready) continue;
+    if (count++ < 8) names += (names.empty() ? "" : ", ") + names_[i];
+  }
+  if (count > 8) names += ", ...";
+  return detail::concat(
+      count, " parameter(s) received no gradient in this backward (", names,
+      "), so their buckets were never all-reduced. Make every parameter take part in the loss, "
+      "or set comm.find_unused_parameters=true (DDP's find_unused_parameters)");
+}
+
+}  // namespace ddp::comm

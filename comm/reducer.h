@@ -1,0 +1,107 @@
+// DDP's gradient Reducer: per-parameter autograd hooks fill flat buckets, and a
+// bucket's asynchronous all-reduce starts as soon as its last gradient is in,
+// overlapping communication with the rest of backward
+// (torch/csrc/distributed/c10d/reducer.cpp).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace ddp::comm {
+
+/// The dtype gradients travel in. Buckets stay in the parameters' dtype.
+enum class WireDtype { kNone, kFp16, kBf16 };
+
+/// "none" | "fp16" | "bf16"; throws ConfigError otherwise.
+WireDtype parseCompression(const std::string& name);
+
+struct ReducerOptions {
+  size_t bucketCapBytes = 25u << 20;      // like DDP's bucket_cap_mb=25
+  size_t firstBucketCapBytes = 1u << 20;  // DDP's smaller first bucket: communication starts early
+  bool findUnusedParameters = false;      // mark parameters the graph does not reach as ready
+  bool gradientAsBucketView = false;      // .grad aliases the bucket (no copy back)
+  WireDtype compression = WireDtype::kNone;
+};
+
+/// Averages gradients over the communicator's ranks during backward.
+///
+/// Per step (DDP's contract): call prepareForBackward(outputs) right before the
+/// backward whose gradients must be averaged; when that backward returns, every
+/// parameter's .grad holds the mean over ranks. Backwards run without
+/// prepareForBackward (gradient accumulation, DDP's no_sync) only accumulate
+/// locally. Every rank must hold the same parameters in the same order.
+class Reducer {
+ public:
+  Reducer(Communicator& comm, std::vector<at::Tensor> params, std::vector<std::string> names,
+          ReducerOptions options = {});
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  /// Arms the hooks for the next backward. `outputs` are the tensors backward
+  /// starts from (the loss); with findUnusedParameters the graph behind them is
+  /// searched for parameters it does not reach. Throws CommError when the
+  /// previous armed backward never completed its reduction.
+  void prepareForBackward(const std::vector<at::Tensor>& outputs);
+
+  /// Parameter indices per bucket, in launch order.
+  const std::vector<std::vector<size_t>>& bucketIndices() const { return layout_; }
+
+  /// Seconds the last reduction spent waiting for all-reduces after backward
+  /// (communication not hidden behind backward).
+  double lastWaitSeconds() const { return lastWaitSeconds_; }
+
+ private:
+  struct Bucket {
+    std::vector<size_t> params;     // indices into params_, in bucket order
+    at::Tensor buffer;              // flat, the parameters' dtype
+    at::Tensor wire;                // compressed copy for the wire (or undefined)
+    std::vector<at::Tensor> views;  // per parameter: its slice of `buffer`, shaped like it
+    size_t pending = 0;             // gradients still missing this backward
+    std::unique_ptr<PendingWork> work;
+  };
+  struct Slot {
+    size_t bucket = 0;
+    size_t indexInBucket = 0;
+    std::shared_ptr<torch::autograd::Node> accumulator;  // kept alive: it owns our hook
+    uintptr_t hookKey = 0;
+    bool ready = false;
+  };
+
+  void onGradientReady(size_t index);
+  void markReadyLocked(size_t index);
+  void markUnusedReadyLocked();
+  void launchReadyBucketsLocked();
+  void finalizeBackward();
+  std::string describeMissingLocked() const;
+
+  Communicator& comm_;
+  std::vector<at::Tensor> params_;
+  std::vector<std::string> names_;
+  ReducerOptions options_;
+  std::vector<std::vector<size_t>> layout_;
+  std::vector<Bucket> buckets_;
+  std::vector<Slot> slots_;
+  std::vector<size_t> unused_;  // this backward's parameters the graph does not reach
+  at::Tensor usedMap_;          // findUnusedParameters: 1 where this rank produced a gradient
+  std::unique_ptr<PendingWork> usedMapWork_;
+
+  std::mutex mutex_;
+  bool armed_ = false;          // prepared, reduction not finished yet
+  bool hookSeen_ = false;       // a hook fired since prepareForBackward
+  size_t nextBucket_ = 0;       // next bucket to launch; launched strictly in order
+  double lastWaitSeconds_ = 0;
+};
+
+}  // namespace ddp::comm

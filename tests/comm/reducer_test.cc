@@ -1,0 +1,297 @@
+// Tier 1 and 2: the Reducer against plain autograd. Expected gradients are the
+// mean over ranks of each rank's gradient, computed here without any reducer.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <functional>
+#include <thread>
+
+#include "comm/process_group.h"
+#include "comm/reducer.h"
+#include "comm/rendezvous.h"
+#include "common/error.h"
+
+namespace ddp::comm {
+namespace {
+
+uint16_t freePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+/// Runs `body(comm)` on `world` threads, each a rank of a fresh Gloo group.
+void runRanks(int world, const std::function<void(Communicator&)>& body) {
+  const uint16_t port = freePort();
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(world);
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        RendezvousOptions rdv;
+        rdv.masterPort = port;
+        rdv.rank = r;
+        rdv.worldSize = world;
+        rdv.timeout = std::chrono::seconds(30);
+        auto store = rendezvous(rdv);
+        ProcessGroupOptions pg;
+        pg.rank = r;
+        pg.worldSize = world;
+        pg.timeout = std::chrono::seconds(30);
+        auto comm = makeCommunicator(store, pg);
+        body(*comm);
+        comm->barrier();
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+/// A two-layer net as plain leaf tensors; every rank builds the same values.
+struct Net {
+  std::vector<at::Tensor> params;  // w1 [8,5], b1 [8], w2 [3,8], b2 [3], extra [2] (maybe unused)
+  std::vector<std::string> names = {"w1", "b1", "w2", "b2", "extra"};
+
+  // Private generators: ranks are threads, the global one would race.
+  Net() {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+    for (auto shape : std::vector<std::vector<int64_t>>{{8, 5}, {8}, {3, 8}, {3}, {2}}) {
+      params.push_back(at::randn(shape, gen).requires_grad_(true));
+    }
+  }
+  /// Loss on (rank, step)-specific input; `useExtra` false leaves params[4] out of the graph.
+  at::Tensor loss(int rank, int step, bool useExtra = true) const {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + 10 * rank + step);
+    const at::Tensor x = at::randn({4, 5}, gen);
+    at::Tensor h = at::tanh(at::matmul(x, params[0].t()) + params[1]);
+    at::Tensor out = at::matmul(h, params[2].t()) + params[3];
+    at::Tensor l = out.pow(2).mean();
+    if (useExtra) l = l + (params[4] * params[4]).sum() * (rank + 1);
+    return l;
+  }
+};
+
+/// Mean over ranks of the plain-autograd gradients (sum over `steps` micro-batches).
+std::vector<at::Tensor> expectedMean(int world, int step, int microBatches, bool useExtra = true) {
+  std::vector<at::Tensor> sum;
+  for (int r = 0; r < world; ++r) {
+    Net net;
+    for (int m = 0; m < microBatches; ++m) net.loss(r, step * 10 + m, useExtra).backward();
+    for (size_t i = 0; i < net.params.size(); ++i) {
+      at::Tensor g = net.params[i].grad().defined() ? net.params[i].grad()
+                                                    : at::zeros_like(net.params[i]);
+      if (sum.size() <= i) sum.push_back(g.clone()); else sum[i] += g;
+    }
+  }
+  for (auto& g : sum) g /= world;
+  return sum;
+}
+
+struct Variant {
+  size_t firstCap;
+  size_t cap;
+  bool view;
+  int microBatches;
+};
+
+class ReducerGloo : public ::testing::TestWithParam<std::tuple<int, Variant>> {};
+
+TEST_P(ReducerGloo, GradientsAreTheMeanOverRanks) {
+  const auto [world, v] = GetParam();
+  runRanks(world, [world = world, v = v](Communicator& comm) {
+    Net net;
+    ReducerOptions opts;
+    opts.firstBucketCapBytes = v.firstCap;
+    opts.bucketCapBytes = v.cap;
+    opts.gradientAsBucketView = v.view;
+    Reducer reducer(comm, net.params, net.names, opts);
+    for (int step = 0; step < 3; ++step) {
+      for (auto& p : net.params) {
+        if (p.grad().defined()) p.grad().zero_();
+      }
+      for (int m = 0; m < v.microBatches; ++m) {
+        at::Tensor loss = net.loss(comm.rank(), step * 10 + m);
+        if (m + 1 == v.microBatches) reducer.prepareForBackward({loss});  // else no_sync
+        loss.backward();
+      }
+      const auto expected = expectedMean(world, step, v.microBatches);
+      for (size_t i = 0; i < net.params.size(); ++i) {
+        const double diff = (net.params[i].grad() - expected[i]).abs().max().item<double>();
+        EXPECT_LT(diff, 1e-6) << net.names[i] << " step " << step << " rank " << comm.rank()
+                              << " got " << net.params[i].grad().flatten().slice(0, 0, 3)
+                              << " want " << expected[i].flatten().slice(0, 0, 3);
+      }
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Variants, ReducerGloo,
+    ::testing::Combine(::testing::Values(2, 3),
+                       ::testing::Values(Variant{1u << 20, 25u << 20, false, 1},  // one bucket
+                                         Variant{1, 1, false, 1},     // a bucket per parameter
+                                         Variant{100, 64, true, 1},   // bucket view, mixed sizes
+                                         Variant{1, 1, true, 3},      // accumulation, view
+                                         Variant{1u << 20, 25u << 20, false, 2})));
+
+TEST(ReducerCompression, Fp16WireMatchesRoundedSumAtWorldTwo) {
+  runRanks(2, [](Communicator& comm) {
+    Net net;
+    ReducerOptions opts;
+    opts.compression = WireDtype::kFp16;
+    Reducer reducer(comm, net.params, net.names, opts);
+    at::Tensor loss = net.loss(comm.rank(), 0);
+    reducer.prepareForBackward({loss});
+    loss.backward();
+    // Each rank sends half(g_r / 2); Gloo adds two halves and rounds to half.
+    std::vector<std::vector<at::Tensor>> perRank(2);
+    for (int r = 0; r < 2; ++r) {
+      Net plain;
+      plain.loss(r, 0).backward();
+      for (auto& p : plain.params) perRank[r].push_back((p.grad() / 2).to(at::kHalf).to(at::kFloat));
+    }
+    for (size_t i = 0; i < net.params.size(); ++i) {
+      const at::Tensor expected = (perRank[0][i] + perRank[1][i]).to(at::kHalf).to(at::kFloat);
+      const at::Tensor got = net.params[i].grad();
+      EXPECT_TRUE(at::equal(got, got.to(at::kHalf).to(at::kFloat))) << "not fp16 on the wire";
+      EXPECT_LT((got - expected).abs().max().item<double>(), 1e-3 * expected.abs().max().item<double>() + 1e-7)
+          << net.names[i];
+    }
+  });
+}
+
+TEST(ReducerCompression, Bf16WireRoundsToBf16OrIsRefusedClearly) {
+  runRanks(2, [](Communicator& comm) {
+    Net net;
+    ReducerOptions opts;
+    opts.compression = WireDtype::kBf16;
+    std::unique_ptr<Reducer> made;
+    try {
+      made = std::make_unique<Reducer>(comm, net.params, net.names, opts);
+    } catch (const ConfigError& e) {
+      // Gloo in LibTorch 1.13 has no bfloat16 sum: refused up front, on every rank.
+      EXPECT_NE(std::string(e.what()).find("use fp16"), std::string::npos) << e.what();
+      return;
+    }
+    Reducer& reducer = *made;
+    at::Tensor loss = net.loss(comm.rank(), 0);
+    reducer.prepareForBackward({loss});
+    loss.backward();
+    const auto expected = expectedMean(2, 0, 1);
+    for (size_t i = 0; i < net.params.size(); ++i) {
+      const at::Tensor got = net.params[i].grad();
+      EXPECT_TRUE(at::equal(got, got.to(at::kBFloat16).to(at::kFloat))) << "not bf16 on the wire";
+      // bf16 keeps 8 significant bits: two roundings stay within 2^-7 relative.
+      EXPECT_LT((got - expected[i]).abs().max().item<double>(),
+                (1.0 / 128) * expected[i].abs().max().item<double>() + 1e-7)
+          << net.names[i];
+    }
+  });
+}
+
+TEST(ReducerUnused, WithoutFindUnusedBackwardFailsNamingTheParameter) {
+  runRanks(2, [](Communicator& comm) {
+    Net net;
+    Reducer reducer(comm, net.params, net.names, ReducerOptions{});
+    at::Tensor loss = net.loss(comm.rank(), 0, /*useExtra=*/false);
+    reducer.prepareForBackward({loss});
+    try {
+      loss.backward();
+      ADD_FAILURE() << "backward should fail: 'extra' got no gradient";
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("extra"), std::string::npos) << what;
+      EXPECT_NE(what.find("find_unused_parameters"), std::string::npos) << what;
+    }
+  });
+}
+
+TEST(ReducerUnused, WithFindUnusedTrainingProceedsAndUnusedGradStaysUndefined) {
+  runRanks(2, [](Communicator& comm) {
+    Net net;
+    ReducerOptions opts;
+    opts.findUnusedParameters = true;
+    opts.firstBucketCapBytes = opts.bucketCapBytes = 1;  // 'extra' alone in bucket 0
+    Reducer reducer(comm, net.params, net.names, opts);
+    for (int step = 0; step < 2; ++step) {
+      for (auto& p : net.params) {
+        if (p.grad().defined()) p.grad().zero_();
+      }
+      at::Tensor loss = net.loss(comm.rank(), step * 10, /*useExtra=*/false);
+      reducer.prepareForBackward({loss});
+      loss.backward();
+      const auto expected = expectedMean(2, step, 1, /*useExtra=*/false);
+      for (size_t i = 0; i < 4; ++i) {
+        EXPECT_LT((net.params[i].grad() - expected[i]).abs().max().item<double>(), 1e-6);
+      }
+      EXPECT_FALSE(net.params[4].grad().defined()) << "unused on every rank: left untouched";
+    }
+  });
+}
+
+/// Fake world of `n` identical ranks: SUM multiplies by n. Records launches.
+class RecordingCommunicator final : public Communicator {
+ public:
+  explicit RecordingCommunicator(int n, const std::atomic<int>* hooks) : n_(n), hooks_(hooks) {}
+  int rank() const override { return 0; }
+  int size() const override { return n_; }
+  std::string backendName() const override { return "recording"; }
+  void allReduceSum(at::Tensor& t) override { t.mul_(n_); }
+  std::unique_ptr<PendingWork> allReduceSumAsync(at::Tensor& t) override {
+    launches.push_back(t.numel());
+    hooksAtLaunch.push_back(hooks_->load());
+    t.mul_(n_);
+    return std::make_unique<CompletedWork>();
+  }
+  void broadcast(at::Tensor&, int) override {}
+  void barrier() override {}
+  std::vector<int64_t> launches;
+  std::vector<int> hooksAtLaunch;
+
+ private:
+  int n_;
+  const std::atomic<int>* hooks_;
+};
+
+TEST(ReducerOrder, BucketsLaunchInOrderDuringBackwardAndNotUnderNoSync) {
+  std::atomic<int> hooks{0};
+  RecordingCommunicator comm(4, &hooks);
+  Net net;
+  for (auto& p : net.params) p.register_hook([&hooks](const at::Tensor&) { ++hooks; });
+  ReducerOptions opts;
+  opts.firstBucketCapBytes = opts.bucketCapBytes = 1;
+  Reducer reducer(comm, net.params, net.names, opts);
+  ASSERT_EQ(reducer.bucketIndices().size(), 5u);
+
+  net.loss(0, 0).backward();  // not prepared: no_sync, local accumulation only
+  EXPECT_TRUE(comm.launches.empty());
+
+  at::Tensor loss = net.loss(0, 1);
+  reducer.prepareForBackward({loss});
+  loss.backward();
+  std::vector<int64_t> expected;
+  for (const auto& bucket : reducer.bucketIndices()) expected.push_back(net.params[bucket[0]].numel());
+  EXPECT_EQ(comm.launches, expected);
+  // Overlap: the first bucket went out before backward reached every parameter.
+  ASSERT_FALSE(comm.hooksAtLaunch.empty());
+  EXPECT_LT(comm.hooksAtLaunch.front() - 5, 5) << "first launch waited for the whole backward";
+}
+
+}  // namespace
+}  // namespace ddp::comm
