@@ -20,6 +20,8 @@ namespace detail {
 namespace {
 
 constexpr const char* kProgram = "ddp-launch";
+// More restarts than this is a typo, not a plan.
+constexpr int kMaxRestartsLimit = 1000000;
 
 // Values are taken as strings and converted here, so a bad value gets a message
 // that names the flag and the fix instead of cxxopts' generic one.
@@ -45,6 +47,12 @@ cxxopts::Options makeOptions() {
     ("no_use_env", "Same as --use_env=false")
     ("shutdown_grace_s", "Seconds between SIGTERM and SIGKILL when stopping workers",
         cxxopts::value<std::string>()->default_value("5"), "SECONDS")
+    ("max_restarts", "Times to restart the whole group after a worker fails (each attempt gets "
+        "TORCHELASTIC_RESTART_COUNT and a fresh free port)",
+        cxxopts::value<std::string>()->default_value("0"), "N")
+    ("log_dir", "Write each rank's output to DIR/rank_N.log (DIR/attempt_K/rank_N.log with "
+        "--max_restarts > 0) instead of the console", cxxopts::value<std::string>(), "DIR")
+    ("tee", "With --log_dir, copy the workers' output to the console as well")
     ("h,help", "Print this help and exit")
     ("version", "Print the version and exit");
   // clang-format on
@@ -188,7 +196,9 @@ std::string usageText() {
       "ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and TORCHELASTIC_RESTART_COUNT, plus\n"
       "OMP_NUM_THREADS=1 when it is unset and nproc_per_node > 1. Output lines are prefixed with\n"
       "'[rank N] '. If a worker fails, the others get SIGTERM (SIGKILL after the grace period)\n"
-      "and ddp-launch exits with the failed worker's code (128+signal if it was killed).\n"
+      "and ddp-launch exits with the failed worker's code (128+signal if it was killed), after a\n"
+      "summary of every rank (state and last output lines) on stderr. With --max_restarts=N the\n"
+      "group is stopped and started again up to N times instead.\n"
       "\nExample:\n  ddp-launch --nproc_per_node=4 build/worker configs/fmnist_cnn_ddp.yaml train.epochs=2\n";
   return text;
 }
@@ -267,6 +277,20 @@ CommandLine parseCommandLine(const std::vector<std::string>& args) {
   if (graceText.empty() || *end != '\0' || !std::isfinite(launch.shutdownGraceS) || launch.shutdownGraceS < 0) {
     DDP_THROW(ConfigError, "--shutdown_grace_s must be a number of seconds >= 0 (got '", graceText,
               "'), e.g. --shutdown_grace_s=5");
+  }
+
+  launch.maxRestarts = parseInt("max_restarts", parsed["max_restarts"].as<std::string>(), 0, detail::kMaxRestartsLimit,
+                                "how often to restart the group after a failure, e.g. --max_restarts=3");
+  if (parsed.count("log_dir") != 0) {
+    launch.logDir = parsed["log_dir"].as<std::string>();
+    if (launch.logDir.empty()) {
+      DDP_THROW(ConfigError, "--log_dir is empty: give a directory for the per-rank logs, e.g. --log_dir=logs");
+    }
+  }
+  launch.tee = parsed["tee"].as<bool>();
+  if (launch.tee && launch.logDir.empty()) {
+    DDP_THROW(ConfigError, "--tee copies the output that --log_dir writes to files back to the console, "
+              "but no --log_dir was given; add --log_dir=DIR or drop --tee");
   }
 
   if (!split.worker || split.worker->empty()) {

@@ -20,6 +20,9 @@ struct LaunchOptions {
   std::optional<int> masterPort;
   bool useEnv = true;                    // --use_env; off also passes --local_rank=N first
   double shutdownGraceS = 5.0;           // --shutdown_grace_s: SIGTERM, then SIGKILL after this
+  int maxRestarts = 0;                   // --max_restarts: restarts of the whole group after a failure
+  std::string logDir;                    // --log_dir: empty = worker output to the console only
+  bool tee = false;                      // --tee: with --log_dir, the console gets the lines too
   std::string worker;                    // WORKER, as given (resolved later)
   std::vector<std::string> workerArgs;   // everything after WORKER, untouched
 

@@ -1,6 +1,7 @@
 // Turning the parsed options into the exact commands to start, before starting any.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "launcher/launch_options.h"
@@ -15,11 +16,30 @@ struct LaunchPlan {
   std::vector<int> ranks;               // global rank of each command
   int masterPort = 0;
   double shutdownGraceS = 5.0;
+  int attempt = 0;                      // restarts so far (TORCHELASTIC_RESTART_COUNT)
+  int maxRestarts = 0;                  // --max_restarts
+  bool portPicked = false;              // masterPort came from pickFreePort(): pick anew per attempt
+  std::string masterAddr;               // where the port is picked
+  std::string logDir;                   // --log_dir (created); empty: no log files
+  bool tee = false;                     // --tee
+
+  /// Worker output goes to the console: always without --log_dir, with it only under --tee.
+  bool outputToConsole() const { return logDir.empty() || tee; }
 };
 
 /// Resolves the worker program, picks MASTER_PORT (a free one for single-node jobs without
-/// --master_port) and builds each worker's argv and environment from `inherited`.
-/// Logs the OMP_NUM_THREADS default once. Throws ddp::ConfigError; starts nothing.
+/// --master_port), creates --log_dir and builds each worker's argv and environment from
+/// `inherited`. Logs the OMP_NUM_THREADS default once. Throws ddp::ConfigError; starts nothing.
 LaunchPlan makeLaunchPlan(const LaunchOptions& options, const EnvMap& inherited);
+
+/// The plan for the next restart of `previous`: attempt + 1 in TORCHELASTIC_RESTART_COUNT and
+/// DDP_RESTART_COUNT, and, when the port was picked, a fresh free port other than the previous
+/// one (its old listener's connections may linger in TIME_WAIT). A port the user gave is kept.
+LaunchPlan restartPlan(const LaunchPlan& previous);
+
+/// Where rank `rank`'s output goes in `logDir`: rank_<N>.log when the job cannot restart
+/// (maxRestarts == 0), else attempt_<K>/rank_<N>.log for every attempt, the first included, so
+/// the layout depends only on the command line.
+std::string rankLogPath(const LaunchPlan& plan, int rank);
 
 }  // namespace ddp::launcher

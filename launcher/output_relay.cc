@@ -1,5 +1,6 @@
 #include "launcher/output_relay.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 
@@ -10,7 +11,20 @@
 
 namespace ddp::launcher {
 
-OutputRelay::OutputRelay(int stdoutFd, int stderrFd) : stdoutFd_(stdoutFd), stderrFd_(stderrFd) {
+namespace {
+
+OutputRelayOptions consoleOptions(int stdoutFd, int stderrFd) {
+  OutputRelayOptions options;
+  options.stdoutFd = stdoutFd;
+  options.stderrFd = stderrFd;
+  return options;
+}
+
+}  // namespace
+
+OutputRelay::OutputRelay(int stdoutFd, int stderrFd) : OutputRelay(consoleOptions(stdoutFd, stderrFd)) {}
+
+OutputRelay::OutputRelay(const OutputRelayOptions& options) : options_(options) {
   int fds[2];
   DDP_ENFORCE(::pipe2(fds, O_CLOEXEC) == 0, "pipe2 failed, errno ", errno);
   wakeRead_ = fds[0];
@@ -29,9 +43,17 @@ void OutputRelay::add(int fd, int rank, bool toStderr) {
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
   Source source;
   source.fd = fd;
-  source.prefix = "[rank " + std::to_string(rank) + "] ";
+  source.rank = rank;
   source.toStderr = toStderr;
   sources_.push_back(std::move(source));
+  rankOutput(rank);
+}
+
+void OutputRelay::addLogFile(int rank, int fd) {
+  DDP_ENFORCE(!thread_.joinable(), "OutputRelay::addLogFile after start");
+  RankOutput& output = rankOutput(rank);
+  if (output.logFd >= 0) ::close(output.logFd);
+  output.logFd = fd;
 }
 
 void OutputRelay::start() { thread_ = std::thread([this] { loop(); }); }
@@ -44,6 +66,22 @@ void OutputRelay::finish() {
     thread_.join();
   }
   for (Source& source : sources_) close(source);
+  for (auto& [rank, output] : ranks_) {
+    if (output.logFd >= 0) ::close(output.logFd);
+    output.logFd = -1;
+  }
+}
+
+std::vector<std::string> OutputRelay::lastLines(int rank) const {
+  const auto found = ranks_.find(rank);
+  if (found == ranks_.end()) return {};
+  return std::vector<std::string>(found->second.tail.begin(), found->second.tail.end());
+}
+
+OutputRelay::RankOutput& OutputRelay::rankOutput(int rank) {
+  RankOutput& output = ranks_[rank];
+  if (output.prefix.empty()) output.prefix = "[rank " + std::to_string(rank) + "] ";
+  return output;
 }
 
 void OutputRelay::loop() {
@@ -84,41 +122,50 @@ bool OutputRelay::readAvailable(Source& source) {
 }
 
 void OutputRelay::emitLines(Source& source, bool flushPartial) {
-  std::string out;
+  RankOutput& output = ranks_.at(source.rank);
+  std::string console;  // prefixed lines, when the console gets them
+  std::string raw;      // unprefixed lines, when there is a log file
+  const auto addLine = [&](size_t begin, size_t length) {
+    if (options_.console) console.append(output.prefix).append(source.pending, begin, length).push_back('\n');
+    if (output.logFd >= 0) raw.append(source.pending, begin, length).push_back('\n');
+    output.tail.push_back(source.pending.substr(begin, std::min(length, kMaxTailLineBytes)));
+    if (output.tail.size() > options_.tailLines) output.tail.pop_front();
+  };
   size_t begin = 0;
   while (true) {
     size_t newline = source.pending.find('\n', begin);
+    if (newline != std::string::npos && newline - begin > kMaxLineBytes) newline = std::string::npos;
     if (newline == std::string::npos && source.pending.size() - begin >= kMaxLineBytes) {
-      newline = begin + kMaxLineBytes;  // cut, keeping the relay's memory bounded
-      out.append(source.prefix).append(source.pending, begin, newline - begin).push_back('\n');
-      begin = newline;
+      addLine(begin, kMaxLineBytes);  // cut, keeping the relay's memory bounded
+      begin += kMaxLineBytes;
       continue;
     }
     if (newline == std::string::npos) break;
-    out.append(source.prefix).append(source.pending, begin, newline + 1 - begin);
+    addLine(begin, newline - begin);
     begin = newline + 1;
   }
   if (flushPartial && begin < source.pending.size()) {
-    out.append(source.prefix).append(source.pending, begin, std::string::npos).push_back('\n');
+    addLine(begin, source.pending.size() - begin);
     begin = source.pending.size();
   }
   source.pending.erase(0, begin);
-  if (!out.empty()) writeAll(source.toStderr, out);
+  if (!console.empty()) {
+    writeAll(source.toStderr ? options_.stderrFd : options_.stdoutFd, broken_[source.toStderr ? 1 : 0], console);
+  }
+  if (!raw.empty()) writeAll(output.logFd, output.logBroken, raw);
 }
 
-void OutputRelay::writeAll(bool toStderr, const std::string& text) {
-  bool& broken = broken_[toStderr ? 1 : 0];
-  const int target = toStderr ? stderrFd_ : stdoutFd_;
+void OutputRelay::writeAll(int fd, bool& broken, const std::string& text) {
   size_t written = 0;
   while (!broken && written < text.size()) {
-    const ssize_t count = ::write(target, text.data() + written, text.size() - written);
+    const ssize_t count = ::write(fd, text.data() + written, text.size() - written);
     if (count >= 0) {
       written += static_cast<size_t>(count);
     } else if (errno == EAGAIN) {
-      pollfd writable{target, POLLOUT, 0};  // the launcher's stdout may be non-blocking
+      pollfd writable{fd, POLLOUT, 0};  // the launcher's stdout may be non-blocking
       ::poll(&writable, 1, -1);
     } else if (errno != EINTR) {
-      // EPIPE and the like: keep draining the workers so they never block, drop the text.
+      // EPIPE, ENOSPC and the like: keep draining the workers so they never block, drop the text.
       broken = true;
     }
   }

@@ -1,6 +1,8 @@
 // Copying the workers' output to the launcher's, one prefixed line at a time.
 #pragma once
 
+#include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -10,16 +12,28 @@
 
 namespace ddp::launcher {
 
+/// Where an OutputRelay writes.
+struct OutputRelayOptions {
+  int stdoutFd = STDOUT_FILENO;  // prefixed copies of the workers' stdout lines
+  int stderrFd = STDERR_FILENO;  // prefixed copies of the workers' stderr lines
+  bool console = true;           // false: lines go only to the log files (--log_dir without --tee)
+  size_t tailLines = 5;          // last lines kept per rank for the failure summary
+};
+
 /// Reads every worker's stdout and stderr pipe on one background thread (poll) and writes
 /// each line as `[rank N] line` to the launcher's stdout or stderr, only whole lines per
 /// write(2) so lines from different ranks never mix. A line without its newline at EOF
-/// gets one; a line longer than kMaxLineBytes is cut into several.
+/// gets one; a line longer than kMaxLineBytes is cut into several. A rank with a log file
+/// also gets its lines there, raw (no prefix), stdout and stderr together.
 class OutputRelay {
  public:
   static constexpr size_t kMaxLineBytes = 64 * 1024;
+  /// Longer lines are cut in the tail kept for the summary (not in the output itself).
+  static constexpr size_t kMaxTailLineBytes = 400;
 
   /// `stdoutFd`/`stderrFd`: where lines go (the launcher's own by default; tests pass pipes).
   explicit OutputRelay(int stdoutFd = STDOUT_FILENO, int stderrFd = STDERR_FILENO);
+  explicit OutputRelay(const OutputRelayOptions& options);
   /// Same as finish().
   ~OutputRelay();
   OutputRelay(const OutputRelay&) = delete;
@@ -29,6 +43,9 @@ class OutputRelay {
   /// stderr pipe. Call before start().
   void add(int fd, int rank, bool toStderr);
 
+  /// Takes ownership of `fd`, a file rank `rank`'s raw lines are appended to. Call before start().
+  void addLogFile(int rank, int fd);
+
   /// Starts the reading thread.
   void start();
 
@@ -36,26 +53,38 @@ class OutputRelay {
   /// has exited: a pipe a worker's orphaned child still holds open is not waited for.
   void finish();
 
+  /// The last (up to tailLines) lines rank `rank` wrote, oldest first, stdout and stderr
+  /// mixed in the order read. Call after finish().
+  std::vector<std::string> lastLines(int rank) const;
+
  private:
   struct Source {
     int fd = -1;
-    std::string prefix;  // "[rank N] "
+    int rank = 0;
     bool toStderr = false;
     std::string pending;  // bytes after the last newline
+  };
+  struct RankOutput {
+    std::string prefix;  // "[rank N] "
+    int logFd = -1;
+    bool logBroken = false;
+    std::deque<std::string> tail;
   };
 
   void loop();
   // Reads what is available now; false at EOF or error.
   bool readAvailable(Source& source);
   void emitLines(Source& source, bool flushPartial);
-  void writeAll(bool toStderr, const std::string& text);
+  // Writes all of `text` to `fd` unless `broken`; sets `broken` on EPIPE and the like.
+  static void writeAll(int fd, bool& broken, const std::string& text);
   void close(Source& source);
+  RankOutput& rankOutput(int rank);
 
-  int stdoutFd_;
-  int stderrFd_;
+  OutputRelayOptions options_;
   int wakeRead_ = -1;   // finish() writes a byte here to stop the thread
   int wakeWrite_ = -1;
   std::vector<Source> sources_;
+  std::map<int, RankOutput> ranks_;
   bool broken_[2] = {false, false};  // stdout, stderr: stop writing after EPIPE and the like
   std::thread thread_;
 };

@@ -35,7 +35,10 @@ EnvMap workerEnvironment(const LaunchOptions& options, int localRank, int master
   env["ROLE_WORLD_SIZE"] = worldSize;
   env["MASTER_ADDR"] = options.masterAddr;
   env["MASTER_PORT"] = std::to_string(masterPort);
+  // Restart attempt 0; restartPlan() raises both counters for each restart.
   env["TORCHELASTIC_RESTART_COUNT"] = "0";
+  env["DDP_RESTART_COUNT"] = "0";
+  env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(options.maxRestarts);
   // Our output relay already prefixes "[rank N] "; the worker leaves it out of its own logs.
   env["DDP_LAUNCH_PREFIXED"] = "1";
   if (shouldDefaultOmpThreads(options, inherited)) env["OMP_NUM_THREADS"] = "1";

@@ -19,7 +19,8 @@ EnvMap currentEnvironment();
 bool shouldDefaultOmpThreads(const LaunchOptions& options, const EnvMap& inherited);
 
 /// `inherited` plus RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK,
-/// ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT, and OMP_NUM_THREADS=1
+/// ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT and DDP_RESTART_COUNT
+/// (0: the first attempt), TORCHELASTIC_MAX_RESTARTS, DDP_LAUNCH_PREFIXED, and OMP_NUM_THREADS=1
 /// when shouldDefaultOmpThreads(). The contract's variables override inherited ones.
 EnvMap workerEnvironment(const LaunchOptions& options, int localRank, int masterPort, const EnvMap& inherited);
 

@@ -4,15 +4,19 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstring>
 #include <optional>
 #include <vector>
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
 #include "launcher/exit_status.h"
+#include "launcher/failure_summary.h"
 #include "launcher/output_relay.h"
 #include "launcher/signal_watch.h"
 #include "launcher/worker_process.h"
@@ -38,8 +42,8 @@ class WorkerSupervisor {
   void start(int rank, const WorkerCommand& command, OutputRelay& relay);
 
   // Watches until every worker has exited, stopping them all when one fails or a
-  // forwarded signal arrives; reaps them; logs the outcome; returns the exit code.
-  int monitor();
+  // forwarded signal arrives; reaps them; returns how each ended (without output lines).
+  AttemptReport monitor();
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -49,6 +53,8 @@ class WorkerSupervisor {
     pid_t pid = -1;  // also the process-group id
     bool exited = false;  // exit seen with WNOWAIT: the zombie keeps the pid and group id ours
     bool reaped = false;
+    bool stoppedByLauncher = false;  // still running when beginStop() came
+    bool killedByLauncher = false;   // still running when killAll() came
     ExitStatus status;
   };
 
@@ -68,7 +74,6 @@ class WorkerSupervisor {
   bool stopping_ = false;
   bool killed_ = false;                 // SIGKILL sent to every group
   Clock::time_point killAt_;
-  size_t stoppedWorkers_ = 0;           // workers still running when the stop began
 };
 
 WorkerSupervisor::WorkerSupervisor(SignalWatch& signals, double shutdownGraceS)
@@ -92,7 +97,7 @@ void WorkerSupervisor::start(int rank, const WorkerCommand& command, OutputRelay
   relay.add(started.stderrFd, rank, true);
 }
 
-int WorkerSupervisor::monitor() {
+AttemptReport WorkerSupervisor::monitor() {
   while (true) {
     pollExits();
     if (running() == 0) break;
@@ -120,23 +125,30 @@ int WorkerSupervisor::monitor() {
     } else if (!killed_) {
       spdlog::warn("received {} {}; sending SIGKILL to {}", signalName(signal),
                    launcherSignal_ != 0 ? "again" : "while stopping the workers", workers(running()));
+      if (launcherSignal_ == 0) launcherSignal_ = signal;  // no restart after this attempt
       killAll();
+    } else if (launcherSignal_ == 0) {
+      launcherSignal_ = signal;
     }
   }
   // Children the workers left behind in their groups; the zombies keep the group ids ours.
   if (stopping_) killAll();
   reapAll();
 
-  if (firstFailure_) {
-    const Worker& failed = workers_[*firstFailure_];
-    const std::string what = failed.status.signaled ? "was killed by " : "failed with ";
-    const std::string others =
-        stoppedWorkers_ == 0 ? "" : "; stopped the other " + workers(stoppedWorkers_);
-    spdlog::error("rank {} (pid {}) {}{}{}", failed.rank, failed.pid, what, failed.status.describe(), others);
-    return failed.status.shellCode();
+  AttemptReport report;
+  report.firstFailure = firstFailure_;
+  report.launcherSignal = launcherSignal_;
+  report.shutdownGraceS = grace_.count();
+  for (const Worker& worker : workers_) {
+    RankReport rank;
+    rank.rank = worker.rank;
+    rank.pid = worker.pid;
+    rank.status = worker.status;
+    rank.stoppedByLauncher = worker.stoppedByLauncher;
+    rank.killedByLauncher = worker.killedByLauncher;
+    report.ranks.push_back(rank);
   }
-  if (launcherSignal_ != 0) return 128 + launcherSignal_;
-  return 0;
+  return report;
 }
 
 void WorkerSupervisor::pollExits() {
@@ -169,7 +181,7 @@ void WorkerSupervisor::onExit(Worker& worker) {
 
 void WorkerSupervisor::beginStop(int signal) {
   stopping_ = true;
-  stoppedWorkers_ = running();
+  for (Worker& worker : workers_) worker.stoppedByLauncher = !worker.exited;
   killAt_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(grace_);
   // Exited workers' groups too: their children may still run, and the zombie leader
   // guarantees the group id has not been reused.
@@ -180,7 +192,8 @@ void WorkerSupervisor::beginStop(int signal) {
 
 void WorkerSupervisor::killAll() {
   killed_ = true;
-  for (const Worker& worker : workers_) {
+  for (Worker& worker : workers_) {
+    if (!worker.exited) worker.killedByLauncher = true;
     if (!worker.reaped) ::kill(-worker.pid, SIGKILL);
   }
 }
@@ -207,16 +220,77 @@ size_t WorkerSupervisor::running() const {
 
 }  // namespace
 
-int runWorkers(const LaunchPlan& plan) {
-  SignalWatch signals;
+namespace {
+
+// Opens rank `rank`'s log file for this attempt, creating attempt_<K>/ when the layout has one.
+int openRankLog(const LaunchPlan& plan, int rank) {
+  const std::string path = rankLogPath(plan, rank);
+  const std::string dir = path.substr(0, path.rfind('/'));
+  if (dir != plan.logDir && ::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    DDP_THROW(ConfigError, "--log_dir: cannot create '", dir, "' (", std::strerror(errno), ")");
+  }
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) DDP_THROW(ConfigError, "--log_dir: cannot write '", path, "' (", std::strerror(errno), ")");
+  return fd;
+}
+
+// One run of the whole group, from start to the last worker reaped.
+AttemptReport runAttempt(const LaunchPlan& plan, SignalWatch& signals) {
+  OutputRelayOptions relayOptions;
+  relayOptions.console = plan.outputToConsole();
   // Declared before the supervisor so it outlives it: the final drain comes after reaping.
-  OutputRelay relay;
+  OutputRelay relay(relayOptions);
+  if (!plan.logDir.empty()) {
+    for (int rank : plan.ranks) relay.addLogFile(rank, openRankLog(plan, rank));
+  }
   WorkerSupervisor supervisor(signals, plan.shutdownGraceS);
   for (size_t i = 0; i < plan.commands.size(); ++i) supervisor.start(plan.ranks[i], plan.commands[i], relay);
   relay.start();
-  const int code = supervisor.monitor();
+  AttemptReport report = supervisor.monitor();
   relay.finish();
-  return code;
+  for (RankReport& rank : report.ranks) rank.lastLines = relay.lastLines(rank.rank);
+  return report;
+}
+
+// A forwarded signal that arrived after the attempt's monitor returned, or 0.
+int pendingSignal(SignalWatch& signals) {
+  while (const int signal = signals.wait(std::chrono::milliseconds(0))) {
+    if (signals.isForwarded(signal)) return signal;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int runWorkers(const LaunchPlan& initialPlan) {
+  SignalWatch signals;
+  LaunchPlan plan = initialPlan;
+  while (true) {
+    spdlog::debug("attempt {}: MASTER_PORT={}", plan.attempt, plan.masterPort);
+    const AttemptReport report = runAttempt(plan, signals);
+    if (!report.firstFailure) return report.launcherSignal != 0 ? 128 + report.launcherSignal : 0;
+
+    const RankReport& failed = report.ranks[*report.firstFailure];
+    const int signal = report.launcherSignal != 0 ? report.launcherSignal : pendingSignal(signals);
+    if (plan.attempt < plan.maxRestarts) {
+      if (signal == 0) {
+        spdlog::warn("rank {} {}; restarting the group (restart {}/{})", failed.rank, describeFailure(failed),
+                     plan.attempt + 1, plan.maxRestarts);
+        plan = restartPlan(plan);
+        continue;
+      }
+      spdlog::warn("not restarting the group: the launcher received {}", signalName(signal));
+    }
+    const size_t stopped = static_cast<size_t>(std::count_if(
+        report.ranks.begin(), report.ranks.end(), [](const RankReport& rank) { return rank.stoppedByLauncher; }));
+    const std::string others = stopped == 0 ? "" : "; stopped the other " + workers(stopped);
+    const std::string restarts =
+        plan.maxRestarts == 0 ? "" : " (after " + std::to_string(plan.attempt) + " of " +
+                                         std::to_string(plan.maxRestarts) + " restarts)";
+    spdlog::error("rank {} (pid {}) {}{}{}", failed.rank, failed.pid, describeFailure(failed), others, restarts);
+    for (const std::string& line : formatFailureSummary(report)) spdlog::error("{}", line);
+    return failed.status.shellCode();
+  }
 }
 
 }  // namespace ddp::launcher

@@ -1,0 +1,99 @@
+#include "launcher/failure_summary.h"
+
+#include <algorithm>
+#include <csignal>
+#include <sstream>
+
+namespace ddp::launcher {
+namespace {
+
+// A SIGKILL nobody in the job asked for usually comes from the kernel's OOM killer.
+bool unexplainedSigkill(const RankReport& rank) {
+  return rank.status.signaled && rank.status.signal == SIGKILL && !rank.killedByLauncher;
+}
+
+std::string killedBy(const RankReport& rank) {
+  std::string text = "killed by " + rank.status.describe();
+  if (unexplainedSigkill(rank)) text += ", possibly out of memory (check dmesg)";
+  return text;
+}
+
+std::string formatSeconds(double seconds) {
+  std::ostringstream out;
+  out << seconds;
+  return out.str();
+}
+
+std::string joinRanks(const std::vector<int>& ranks) {
+  std::string text;
+  for (size_t i = 0; i < ranks.size(); ++i) text += (i == 0 ? "" : ", ") + std::to_string(ranks[i]);
+  return text;
+}
+
+std::string padded(std::string text, size_t width) {
+  if (text.size() < width) text.append(width - text.size(), ' ');
+  return text;
+}
+
+}  // namespace
+
+std::string describeFailure(const RankReport& rank) {
+  if (!rank.status.signaled) return "failed with " + rank.status.describe();
+  return "was " + killedBy(rank);
+}
+
+std::string describeState(const RankReport& rank, const AttemptReport& attempt) {
+  if (!rank.stoppedByLauncher) {
+    if (rank.status.success()) return "ok";
+    return rank.status.signaled ? killedBy(rank) : rank.status.describe();
+  }
+  std::string when;
+  if (attempt.firstFailure) {
+    when = "still running when rank " + std::to_string(attempt.ranks[*attempt.firstFailure].rank) + " failed";
+  } else {
+    when = "still running when the launcher received " + signalName(attempt.launcherSignal);
+  }
+  std::string how;
+  if (rank.status.signaled && rank.status.signal == SIGKILL && rank.killedByLauncher) {
+    how = "killed by SIGKILL after the " + formatSeconds(attempt.shutdownGraceS) + " s grace period";
+  } else if (rank.status.signaled) {
+    how = "ended by " + rank.status.describe();
+    if (unexplainedSigkill(rank)) how += ", possibly out of memory (check dmesg)";
+  } else {
+    how = "then exited with code " + std::to_string(rank.status.code);
+  }
+  return "stopped by the launcher (" + when + "; " + how + ")";
+}
+
+std::vector<std::string> formatFailureSummary(const AttemptReport& attempt) {
+  std::vector<std::string> lines;
+  lines.push_back("summary of the " + std::to_string(attempt.ranks.size()) + " ranks on this node:");
+  size_t pidWidth = 3;
+  for (const RankReport& rank : attempt.ranks) pidWidth = std::max(pidWidth, std::to_string(rank.pid).size());
+  const size_t rankWidth = 6;
+  const std::string indent = "  ";
+  lines.push_back(indent + padded("rank", rankWidth) + padded("pid", pidWidth + 2) + "state / last output lines");
+  const std::string outputIndent = indent + std::string(rankWidth + pidWidth + 2, ' ') + "| ";
+  std::vector<int> stuck;
+  for (size_t i = 0; i < attempt.ranks.size(); ++i) {
+    const RankReport& rank = attempt.ranks[i];
+    std::string state = describeState(rank, attempt);
+    if (attempt.firstFailure && *attempt.firstFailure == i) state += "  <- first failure";
+    lines.push_back(indent + padded(std::to_string(rank.rank), rankWidth) +
+                    padded(std::to_string(rank.pid), pidWidth + 2) + state);
+    if (rank.lastLines.empty()) lines.push_back(outputIndent + "(no output)");
+    for (const std::string& line : rank.lastLines) lines.push_back(outputIndent + line);
+    if (rank.stoppedByLauncher) stuck.push_back(rank.rank);
+  }
+  if (attempt.firstFailure && !stuck.empty()) {
+    const int failed = attempt.ranks[*attempt.firstFailure].rank;
+    const bool one = stuck.size() == 1;
+    lines.push_back((one ? "rank " : "ranks ") + joinRanks(stuck) + (one ? " was" : " were") +
+                    " still running when rank " + std::to_string(failed) + " failed: if rank " +
+                    std::to_string(failed) + " reports a timeout in a collective or the rendezvous, " +
+                    (one ? "this is the rank" : "these are the ranks") + " that stopped answering");
+  }
+  return lines;
+}
+
+}  // namespace ddp::launcher
