@@ -1,6 +1,7 @@
 // Tier 3: real worker processes started by the real ddp-launch over loopback
 // Gloo. After K steps every rank must hold identical parameters, equal (1e-5)
-// to a plain single-process LibTorch run on the concatenated per-rank batches.
+// to a plain single-process LibTorch run on the concatenated per-rank batches,
+// for every reducer option; buffers must follow rank 0's (broadcast_buffers).
 #include <gtest/gtest.h>
 
 #include <ATen/ops/cat.h>
@@ -8,6 +9,8 @@
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
+#include <cctype>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 
@@ -30,14 +33,40 @@ std::string makeTempDir(const std::string& tag) {
   return ::mkdtemp(tmpl.data());
 }
 
-/// The reference: one process, one model, the union of every rank's batch per
-/// step (rank order), plain torch::optim::SGD. No communication involved.
-std::map<std::string, at::Tensor> referenceRun(const WorkerConfig& config, int world) {
+struct Reference {
+  std::map<std::string, at::Tensor> state;                   // parameters and rank 0's buffers
+  std::vector<std::map<std::string, at::Tensor>> rankBuffers;  // every rank's buffers at the end
+};
+
+std::map<std::string, at::Tensor> buffersOf(const torch::nn::Module& m) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& item : m.named_buffers(true)) out[item.key()] = item.value().detach().clone();
+  return out;
+}
+
+void loadBuffers(torch::nn::Module& m, const std::map<std::string, at::Tensor>& values) {
+  torch::NoGradGuard noGrad;
+  for (auto& item : m.named_buffers(true)) item.value().copy_(values.at(item.key()));
+}
+
+/// The reference: one process, one model, plain torch::optim::SGD, no communication.
+/// Without BatchNorm each step is one batch: the union of every rank's
+/// `accumulate` micro-batches (so accumulation over k micro-batches is checked
+/// against one batch k times larger). With BatchNorm, whose statistics are per
+/// forward, each (rank, micro-batch) is its own forward with that rank's buffers
+/// (rank 0's copied to all before a step when broadcast_buffers), and the
+/// losses are averaged: DDP's semantics written out sequentially.
+Reference referenceRun(const WorkerConfig& config, int world) {
   const worker::Datasets data = worker::loadDatasets(config.data, config.seed);
   torch::manual_seed(config.seed);
   auto model = worker::makeModel(config.model, data.input);
-  torch::optim::SGD sgd(model.ptr()->parameters(),
+  auto& module = *model.ptr();
+  torch::optim::SGD sgd(module.parameters(),
                         torch::optim::SGDOptions(config.train.lr).momentum(config.train.momentum));
+  const bool perForward = config.model.batchNorm;
+  const int64_t k = config.train.accumulateSteps;
+  const int64_t batch = perForward ? config.train.batchSize : config.train.batchSize * k;
+  const int64_t window = perForward ? k : 1;  // sampler batches per optimizer step
   std::vector<sampler::DistributedSampler> samplers;
   for (int r = 0; r < world; ++r) {
     sampler::DistributedSamplerOptions o;
@@ -47,34 +76,83 @@ std::map<std::string, at::Tensor> referenceRun(const WorkerConfig& config, int w
     o.shuffle = config.train.shuffle;
     samplers.emplace_back(data.train.size(), o);
   }
+  std::vector<std::map<std::string, at::Tensor>> buffers(world, buffersOf(module));
   int64_t steps = 0;
   for (int64_t epoch = 0; steps < config.train.maxSteps; ++epoch) {
     std::vector<std::vector<std::vector<int64_t>>> perRank;
     for (auto& s : samplers) {
       s.setEpoch(epoch);
-      perRank.push_back(sampler::makeBatches(s.indices(), config.train.batchSize, false));
+      perRank.push_back(sampler::makeBatches(s.indices(), batch, false));
     }
-    for (std::size_t b = 0; b < perRank[0].size() && steps < config.train.maxSteps; ++b, ++steps) {
-      std::vector<int64_t> all;
-      for (int r = 0; r < world; ++r) all.insert(all.end(), perRank[r][b].begin(), perRank[r][b].end());
-      const auto batch = data::gatherBatch(data.train, all);
+    const int64_t n = static_cast<int64_t>(perRank[0].size());
+    for (int64_t first = 0; first < n && steps < config.train.maxSteps; first += window, ++steps) {
+      const int64_t count = std::min(window, n - first);
       sgd.zero_grad();
-      torch::nn::functional::cross_entropy(model.forward(batch.images), batch.labels).backward();
+      if (!perForward) {
+        std::vector<int64_t> all;
+        for (int r = 0; r < world; ++r) all.insert(all.end(), perRank[r][first].begin(), perRank[r][first].end());
+        const auto b = data::gatherBatch(data.train, all);
+        torch::nn::functional::cross_entropy(model.forward(b.images), b.labels).backward();
+      } else {
+        if (config.comm.broadcastBuffers) buffers.assign(world, buffers[0]);
+        for (int r = 0; r < world; ++r) {
+          loadBuffers(module, buffers[r]);
+          for (int64_t m = 0; m < count; ++m) {
+            const auto b = data::gatherBatch(data.train, perRank[r][first + m]);
+            (torch::nn::functional::cross_entropy(model.forward(b.images), b.labels) /
+             static_cast<double>(world * count)).backward();
+          }
+          buffers[r] = buffersOf(module);
+        }
+      }
       sgd.step();
     }
   }
-  return worker::stateDict(*model.ptr());
+  if (perForward) loadBuffers(module, buffers[0]);
+  return {worker::stateDict(module), buffers};
 }
 
 struct Case {
   int world;
-  std::string model;
+  std::string model;  // mlp | cnn | cnn_bn
   int64_t trainSize;
   int64_t maxSteps;
+  std::vector<std::string> options;  // comm.* / train.accumulate_steps overrides
+  double tolerance = 1e-5;
 };
 
 std::ostream& operator<<(std::ostream& out, const Case& c) {
-  return out << c.world << "ranks_" << c.model << "_n" << c.trainSize << "_k" << c.maxSteps;
+  out << c.world << "ranks_" << c.model << "_n" << c.trainSize << "_k" << c.maxSteps;
+  for (const auto& o : c.options) {
+    std::string word = o.substr(o.find('.') + 1);
+    for (char& ch : word) if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+    out << "_" << word;
+  }
+  return out;
+}
+
+std::vector<std::string> overridesFor(const Case& c, const std::string& dir) {
+  std::vector<std::string> o = {
+      "mode=ddp", "seed=3", "model.name=" + std::string(c.model == "mlp" ? "mlp" : "cnn"),
+      "model.batch_norm=" + std::string(c.model == "cnn_bn" ? "true" : "false"),
+      "model.hidden=[32]", "data.name=synthetic",
+      "data.synthetic_train=" + std::to_string(c.trainSize), "data.synthetic_test=64",
+      "train.batch_size=8", "train.lr=0.1", "train.momentum=0.9", "train.epochs=100",
+      "train.max_steps=" + std::to_string(c.maxSteps), "eval.enabled=false",
+      "output.dir=" + dir, "output.dump_rank_params=true"};
+  o.insert(o.end(), c.options.begin(), c.options.end());
+  return o;
+}
+
+test::CommandResult launch(int world, const std::vector<std::string>& overrides) {
+  std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nproc_per_node=" + std::to_string(world),
+                                   DDP_WORKER_BIN, std::string(DDP_SOURCE_DIR) + "/configs/synthetic_mlp.yaml"};
+  argv.insert(argv.end(), overrides.begin(), overrides.end());
+  return test::runCommand(argv, 240);
+}
+
+bool isBuffer(const std::string& key) {
+  return key.find("running_") != std::string::npos || key.find("num_batches") != std::string::npos;
 }
 
 class DdpEquivalence : public ::testing::TestWithParam<Case> {};
@@ -82,33 +160,32 @@ class DdpEquivalence : public ::testing::TestWithParam<Case> {};
 TEST_P(DdpEquivalence, RanksAgreeAndMatchSingleProcessOnConcatenatedBatches) {
   const Case c = GetParam();
   const std::string dir = makeTempDir("equiv");
-  const std::vector<std::string> overrides = {
-      "mode=ddp", "seed=3", "model.name=" + c.model, "model.hidden=[32]",
-      "data.name=synthetic", "data.synthetic_train=" + std::to_string(c.trainSize),
-      "data.synthetic_test=64", "train.batch_size=8", "train.lr=0.1", "train.momentum=0.9",
-      "train.epochs=100", "train.max_steps=" + std::to_string(c.maxSteps),
-      "output.dir=" + dir, "output.dump_rank_params=true"};
-  std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nproc_per_node=" + std::to_string(c.world),
-                                   DDP_WORKER_BIN, std::string(DDP_SOURCE_DIR) + "/configs/synthetic_mlp.yaml"};
-  argv.insert(argv.end(), overrides.begin(), overrides.end());
-  const auto run = test::runCommand(argv, 240);
+  const auto overrides = overridesFor(c, dir);
+  const auto run = launch(c.world, overrides);
   ASSERT_EQ(run.exitCode, 0) << run.output;
 
   const WorkerConfig config =
       worker::loadConfig(std::string(DDP_SOURCE_DIR) + "/configs/synthetic_mlp.yaml", overrides);
-  const auto expected = referenceRun(config, c.world);
+  const Reference expected = referenceRun(config, c.world);
   const auto rank0 = worker::readStateDict(dir + "/rank0_params.pt");
-  ASSERT_EQ(rank0.size(), expected.size());
-  for (int r = 1; r < c.world; ++r) {
+  ASSERT_EQ(rank0.size(), expected.state.size());
+  for (int r = 0; r < c.world; ++r) {
     const auto other = worker::readStateDict(dir + "/rank" + std::to_string(r) + "_params.pt");
     for (const auto& [key, value] : rank0) {
-      EXPECT_TRUE(at::equal(value, other.at(key))) << "rank " << r << " differs from rank 0 in " << key;
+      if (isBuffer(key)) {
+        // Rank r's buffers: rank 0's at the step's start (broadcast), then its own forwards.
+        const at::Tensor want = expected.rankBuffers[r].at(key).to(value.dtype());
+        const double diff = (other.at(key) - want).abs().max().item<double>();
+        EXPECT_LT(diff, c.tolerance) << "rank " << r << " buffer " << key << " off by " << diff;
+      } else {
+        EXPECT_TRUE(at::equal(value, other.at(key))) << "rank " << r << " differs from rank 0 in " << key;
+      }
     }
   }
-  for (const auto& [key, value] : expected) {
+  for (const auto& [key, value] : expected.state) {
     ASSERT_TRUE(rank0.count(key)) << key;
     const double diff = (rank0.at(key) - value).abs().max().item<double>();
-    EXPECT_LT(diff, 1e-5) << key << " differs from the single-process reference by " << diff;
+    EXPECT_LT(diff, c.tolerance) << key << " differs from the single-process reference by " << diff;
   }
   // The export is rank 0's parameters under plain keys.
   const auto exported = worker::readStateDict(dir + "/model.pt");
@@ -116,12 +193,66 @@ TEST_P(DdpEquivalence, RanksAgreeAndMatchSingleProcessOnConcatenatedBatches) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(DdpUnusedParameter, WithoutFindUnusedFailsFastNamingTheParameter) {
+  const std::string dir = makeTempDir("unused");
+  const Case c{2, "mlp", 64, 3, {"model.unused_layer=true", "comm.find_unused_parameters=false"}};
+  const auto started = std::chrono::steady_clock::now();
+  const auto run = launch(2, overridesFor(c, dir));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  EXPECT_FALSE(run.timedOut) << "hung instead of failing";
+  EXPECT_NE(run.exitCode, 0) << run.output;
+  EXPECT_LT(seconds, 60) << "should fail at the first backward, not at a timeout";
+  EXPECT_NE(run.output.find("unused.weight"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("comm.find_unused_parameters=true"), std::string::npos) << run.output;
+  std::filesystem::remove_all(dir);
+}
+
+// Every option of the bucketed reducer, crossed, on the MLP (small caps make one bucket per
+// parameter); then BatchNorm, compression, world 4 and the flat path.
+std::vector<Case> allCases() {
+  std::vector<Case> cases;
+  const std::string tiny = "comm.first_bucket_mb=0.0001";
+  for (const char* view : {"false", "true"}) {
+    for (bool small : {false, true}) {
+      for (const char* unused : {"false", "true"}) {
+        for (int k : {1, 2}) {
+          std::vector<std::string> o = {std::string("comm.gradient_as_bucket_view=") + view,
+                                        std::string("comm.find_unused_parameters=") + unused,
+                                        "train.accumulate_steps=" + std::to_string(k)};
+          if (small) {
+            o.push_back(tiny);
+            o.push_back("comm.bucket_cap_mb=0.0001");
+          }
+          if (std::string(unused) == "true") o.push_back("model.unused_layer=true");
+          cases.push_back(Case{2, "mlp", 160, 6, o});
+        }
+      }
+    }
+  }
+  for (int k : {1, 2}) cases.push_back(Case{2, "mlp", 160, 6, {"comm.reducer=flat", "train.accumulate_steps=" + std::to_string(k)}});
+  cases.push_back(Case{2, "mlp", 160, 12, {}});  // 10 steps per epoch: crosses an epoch boundary
+  cases.push_back(Case{4, "mlp", 150, 12, {}});  // 150 % 4 != 0: sampler pads; short last batch
+  cases.push_back(Case{4, "mlp", 192, 5, {"comm.gradient_as_bucket_view=true", tiny, "train.accumulate_steps=3"}});
+  cases.push_back(Case{4, "mlp", 150, 6, {"comm.reducer=flat"}});
+  cases.push_back(Case{2, "cnn", 64, 5, {}});
+  cases.push_back(Case{4, "cnn", 50, 3, {"comm.gradient_as_bucket_view=true"}});
+  for (const char* bcast : {"true", "false"}) {
+    for (int k : {1, 2}) {
+      cases.push_back(Case{2, "cnn_bn", 64, 3, {std::string("comm.broadcast_buffers=") + bcast,
+                                                "train.accumulate_steps=" + std::to_string(k)}});
+    }
+  }
+  cases.push_back(Case{4, "cnn_bn", 64, 2, {"comm.broadcast_buffers=true", tiny}});
+  // fp16 on the wire: gradients carry ~2^-11 relative error, so the bar is looser.
+  cases.push_back(Case{2, "mlp", 160, 6, {"comm.compression=fp16"}, 2e-3});
+  cases.push_back(Case{2, "cnn", 64, 3, {"comm.compression=fp16", "comm.gradient_as_bucket_view=true"}, 2e-3});
+  return cases;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Loopback, DdpEquivalence,
-    ::testing::Values(Case{2, "mlp", 160, 12},   // 10 steps per epoch: crosses an epoch boundary
-                      Case{4, "mlp", 150, 12},   // 150 % 4 != 0: sampler pads; short last batch
-                      Case{2, "cnn", 64, 5},
-                      Case{4, "cnn", 50, 3}),
+    ::testing::ValuesIn(allCases()),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::ostringstream name;
       name << info.param;
