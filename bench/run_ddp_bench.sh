@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One command for the DDP engine benchmarks: ours vs PyTorch DDP, overlap,
+# collectives, scaling. Prints a table and writes bench/RESULTS_ddp.md.
+#   bash bench/run_ddp_bench.sh            (BUILD=build dir, REPS=repetitions)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+REPS=${REPS:-3}
+PY=/usr/bin/python3  # Debian's python3-torch lives here
+export OMP_NUM_THREADS=1
+cmake --build "$BUILD" -j2 --target worker ddp-launch ddp_bench >/dev/null
+OUT=$(mktemp -d /tmp/ddp_bench_XXXXXX)
+RAW=$OUT/raw.jsonl
+LAUNCH="$BUILD/ddp-launch"
+
+# ours: the real worker on synthetic in-memory data; the rate of the window after WARM steps.
+ours() {  # world model hidden batch warm
+  local dir=$OUT/run_$RANDOM
+  "$LAUNCH" --nproc_per_node="$1" "$BUILD/worker" configs/synthetic_mlp.yaml \
+    model.name="$2" "model.hidden=[$3]" train.batch_size="$4" train.max_steps=$((2 * $5)) \
+    train.log_every="$5" train.epochs=1000 eval.enabled=false data.synthetic_train=8192 \
+    output.dir="$dir" >/dev/null 2>&1
+  tail -1 "$dir/metrics.jsonl" | $PY -c 'import json,sys; print(json.load(sys.stdin)["samples_per_s"])'
+}
+theirs() {  # world model hidden batch warm
+  "$LAUNCH" --nproc_per_node="$1" $PY bench/ddp_reference.py "$2" "$3" "$4" "$5" "$5" 2>/dev/null |
+    grep samples_per_s | sed 's/^\[rank 0\] //' | $PY -c 'import json,sys; print(json.load(sys.stdin)["samples_per_s"])'
+}
+
+for world in 2 4; do
+  for spec in "mlp 512,256 64 40 MLP-784-512-256-10" "cnn 512,256 64 10 CNN" "mlp 4096,4096 64 4 MLP-784-4096-4096-10(20M)"; do
+    set -- $spec
+    for rep in $(seq "$REPS"); do  # alternated, so drift hits both sides alike
+      o=$(ours "$world" "$1" "$2" "$3" "$4"); t=$(theirs "$world" "$1" "$2" "$3" "$4")
+      echo "{\"bench\":\"vs_pytorch\",\"model\":\"$5\",\"world\":$world,\"ours\":$o,\"pytorch\":$t}" | tee -a "$RAW"
+    done
+  done
+done
+"$LAUNCH" --nproc_per_node=2 "$BUILD/bench/ddp_bench" overlap 4096,4096 64 5 2>/dev/null | sed 's/^\[rank 0\] //' | tee -a "$RAW"
+"$LAUNCH" --nproc_per_node=2 "$BUILD/bench/ddp_bench" overlap 512,256 64 40 2>/dev/null | sed 's/^\[rank 0\] //' | tee -a "$RAW"
+for world in 2 4; do
+  "$LAUNCH" --nproc_per_node=$world "$BUILD/bench/ddp_bench" collectives 2>/dev/null | sed 's/^\[rank 0\] //' | tee -a "$RAW"
+done
+for world in 1 2 4; do
+  for rep in $(seq "$REPS"); do
+    echo "{\"bench\":\"scaling\",\"world\":$world,\"samples_per_s\":$(ours "$world" mlp 512,256 64 40)}" | tee -a "$RAW"
+  done
+done
+$PY bench/ddp_report.py "$RAW" bench/RESULTS_ddp.md
+cat bench/RESULTS_ddp.md
