@@ -169,3 +169,36 @@ TEST(LaunchOptions, HelpAndVersion) {
 
 }  // namespace
 }  // namespace ddp::launcher
+
+namespace ddp::launcher {
+namespace {
+
+TEST(LaunchOptions, RestartAndLogOptionsInBothSpellings) {
+  const LaunchOptions defaults = parse({"w"});
+  EXPECT_EQ(defaults.maxRestarts, 0);
+  EXPECT_TRUE(defaults.logDir.empty());
+  EXPECT_FALSE(defaults.tee);
+  for (const std::string name : {"--max_restarts", "--max-restarts"}) {
+    EXPECT_EQ(parse({name, "3", "w"}).maxRestarts, 3) << name;
+    EXPECT_EQ(parse({name + "=0", "w"}).maxRestarts, 0) << name;
+  }
+  for (const std::string name : {"--log_dir", "--log-dir"}) {
+    const LaunchOptions options = parse({name, "logs/run1", "--tee", "w", "--tee"});
+    EXPECT_EQ(options.logDir, "logs/run1") << name;
+    EXPECT_TRUE(options.tee);
+    EXPECT_EQ(options.workerArgs, std::vector<std::string>{"--tee"});  // after WORKER: the worker's
+  }
+  EXPECT_FALSE(parse({"--log_dir=l", "w"}).tee);
+}
+
+TEST(LaunchOptions, BadRestartAndLogOptionsSayHowToFixThem) {
+  EXPECT_NE(errorOf({"--max_restarts=-1", "w"}).find("--max_restarts must be a whole number from 0"),
+            std::string::npos);
+  EXPECT_NE(errorOf({"--max_restarts=many", "w"}).find("--max_restarts"), std::string::npos);
+  EXPECT_NE(errorOf({"--log_dir=", "w"}).find("--log_dir is empty"), std::string::npos);
+  EXPECT_NE(errorOf({"--tee", "w"}).find("no --log_dir was given"), std::string::npos);
+  EXPECT_NE(errorOf({"--max_restart=2", "w"}).find("did you mean '--max_restarts'"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ddp::launcher

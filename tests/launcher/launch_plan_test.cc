@@ -112,3 +112,61 @@ TEST(LaunchPlan, MissingWorkerFailsBeforeAnythingElse) {
 
 }  // namespace
 }  // namespace ddp::launcher
+
+namespace ddp::launcher {
+namespace {
+
+TEST(LaunchPlan, RestartRaisesTheCountersAndPicksAFreshPort) {
+  LaunchOptions options;
+  options.worker = "sh";
+  options.nprocPerNode = 2;
+  options.maxRestarts = 3;
+  const LaunchPlan first = makeLaunchPlan(options, {});
+  EXPECT_TRUE(first.portPicked);
+  for (const WorkerCommand& command : first.commands) {
+    EXPECT_EQ(command.env.at("TORCHELASTIC_RESTART_COUNT"), "0");
+    EXPECT_EQ(command.env.at("DDP_RESTART_COUNT"), "0");
+    EXPECT_EQ(command.env.at("TORCHELASTIC_MAX_RESTARTS"), "3");
+  }
+  const LaunchPlan second = restartPlan(first);
+  const LaunchPlan third = restartPlan(second);
+  EXPECT_EQ(third.attempt, 2);
+  EXPECT_NE(second.masterPort, first.masterPort);
+  EXPECT_NE(third.masterPort, second.masterPort);
+  for (const WorkerCommand& command : third.commands) {
+    EXPECT_EQ(command.env.at("TORCHELASTIC_RESTART_COUNT"), "2");
+    EXPECT_EQ(command.env.at("DDP_RESTART_COUNT"), "2");
+    EXPECT_EQ(command.env.at("MASTER_PORT"), std::to_string(third.masterPort));
+  }
+  EXPECT_EQ(third.commands[1].env.at("RANK"), "1");
+
+  // A port the user gave (or a multi-node default) is the same on every attempt.
+  options.masterPort = 29577;
+  EXPECT_EQ(restartPlan(makeLaunchPlan(options, {})).commands[0].env.at("MASTER_PORT"), "29577");
+}
+
+TEST(LaunchPlan, LogDirIsCreatedAndLaidOutByTheRestartSetting) {
+  ScratchDir dir;
+  LaunchOptions options;
+  options.worker = "sh";
+  options.logDir = dir.file("a/b/logs");
+  LaunchPlan plan = makeLaunchPlan(options, {});
+  EXPECT_TRUE(testing::fileExists(options.logDir));
+  EXPECT_EQ(rankLogPath(plan, 3), options.logDir + "/rank_3.log");
+  EXPECT_FALSE(plan.outputToConsole());
+  options.tee = true;
+  options.maxRestarts = 1;
+  plan = makeLaunchPlan(options, {});  // an existing directory is fine
+  EXPECT_TRUE(plan.outputToConsole());
+  EXPECT_EQ(rankLogPath(plan, 0), options.logDir + "/attempt_0/rank_0.log");
+  EXPECT_EQ(rankLogPath(restartPlan(plan), 0), options.logDir + "/attempt_1/rank_0.log");
+
+  const std::string file = dir.writeScript("file", "");
+  for (const std::string& bad : {file, file + "/logs"}) {
+    options.logDir = bad;
+    EXPECT_THROW(makeLaunchPlan(options, {}), ConfigError) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace ddp::launcher

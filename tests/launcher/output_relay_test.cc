@@ -1,6 +1,7 @@
 // Unit tests of the rank-prefixing output relay, fed through real pipes.
 #include "launcher/output_relay.h"
 
+#include <algorithm>
 #include <csignal>
 #include <regex>
 #include <thread>
@@ -142,6 +143,69 @@ TEST_F(OutputRelayTest, ClosedDestinationDoesNotBlockTheWorkers) {
   relay.finish();
   ::close(sink.write);
   ::sigaction(SIGPIPE, &previous, nullptr);
+}
+
+}  // namespace
+}  // namespace ddp::launcher
+
+namespace ddp::launcher {
+namespace {
+
+TEST_F(OutputRelayTest, KeepsTheLastLinesOfEachRankForTheSummary) {
+  Pipe out0;
+  Pipe err0;
+  Pipe out1;
+  relay_.add(out0.read, 0, false);
+  relay_.add(err0.read, 0, true);
+  relay_.add(out1.read, 1, false);
+  relay_.start();
+  for (int i = 1; i <= 8; ++i) writeText(out0.write, "line " + std::to_string(i) + "\n");
+  ::close(out0.write);
+  ::close(err0.write);
+  writeText(out1.write, std::string(OutputRelay::kMaxTailLineBytes + 50, 'z') + "\nno newline");
+  ::close(out1.write);
+  relay_.finish();
+  // Default tailLines is 5: lines 4..8.
+  EXPECT_EQ(relay_.lastLines(0), (std::vector<std::string>{"line 4", "line 5", "line 6", "line 7", "line 8"}));
+  EXPECT_EQ(relay_.lastLines(1),
+            (std::vector<std::string>{std::string(OutputRelay::kMaxTailLineBytes, 'z'), "no newline"}));
+  EXPECT_TRUE(relay_.lastLines(7).empty());
+}
+
+TEST_F(OutputRelayTest, LogFilesGetRawLinesAndTheConsoleOnlyWhenAsked) {
+  for (const bool console : {false, true}) {
+    SCOPED_TRACE(console ? "tee" : "log only");
+    const std::string outPath = dir_.file(console ? "tee.out" : "plain.out");
+    const std::string logPath = dir_.file(console ? "tee.log" : "plain.log");
+    const int outFd = ::open(outPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    OutputRelayOptions options;
+    options.stdoutFd = outFd;
+    options.stderrFd = outFd;
+    options.console = console;
+    {
+      OutputRelay relay(options);
+      Pipe out4;
+      Pipe err4;
+      relay.add(out4.read, 4, false);
+      relay.add(err4.read, 4, true);
+      relay.addLogFile(4, ::open(logPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+      relay.start();
+      writeText(out4.write, "first\n");
+      writeText(err4.write, "warn");
+      ::close(out4.write);
+      ::close(err4.write);
+      relay.finish();
+    }
+    ::close(outFd);
+    // stdout and stderr are separate pipes, so their relative order is not fixed.
+    std::vector<std::string> logged = splitLines(readFile(logPath));
+    std::sort(logged.begin(), logged.end());
+    EXPECT_EQ(logged, (std::vector<std::string>{"first", "warn"}));
+    std::vector<std::string> shown = splitLines(readFile(outPath));
+    std::sort(shown.begin(), shown.end());
+    EXPECT_EQ(shown, console ? (std::vector<std::string>{"[rank 4] first", "[rank 4] warn"})
+                             : std::vector<std::string>{});
+  }
 }
 
 }  // namespace

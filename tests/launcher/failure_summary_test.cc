@@ -1,0 +1,73 @@
+// Unit tests of the failure summary's wording: states, the OOM hint and the stuck ranks.
+#include "launcher/failure_summary.h"
+
+#include <csignal>
+
+#include <gtest/gtest.h>
+
+namespace ddp::launcher {
+namespace {
+
+RankReport rankReport(int rank, ExitStatus status, bool stopped = false, bool killed = false) {
+  RankReport report;
+  report.rank = rank;
+  report.pid = 1000 + rank;
+  report.status = status;
+  report.stoppedByLauncher = stopped;
+  report.killedByLauncher = killed;
+  return report;
+}
+
+std::string joined(const std::vector<std::string>& lines) {
+  std::string text;
+  for (const std::string& line : lines) text += line + "\n";
+  return text;
+}
+
+TEST(FailureSummary, OnlyASigkillTheLauncherDidNotSendHintsAtMemory) {
+  const RankReport external = rankReport(1, ExitStatus::killedBy(SIGKILL));
+  EXPECT_EQ(describeFailure(external), "was killed by SIGKILL, possibly out of memory (check dmesg)");
+  EXPECT_EQ(describeFailure(rankReport(1, ExitStatus::killedBy(SIGSEGV))), "was killed by SIGSEGV");
+  EXPECT_EQ(describeFailure(rankReport(1, ExitStatus::exited(3))), "failed with exit code 3");
+
+  AttemptReport attempt;
+  attempt.shutdownGraceS = 0.5;
+  attempt.ranks = {rankReport(0, ExitStatus::killedBy(SIGKILL), true, true), external,
+                   rankReport(2, ExitStatus::killedBy(SIGTERM), true, false),
+                   rankReport(3, ExitStatus::exited(0))};
+  attempt.firstFailure = 1;
+  EXPECT_EQ(describeState(attempt.ranks[0], attempt),
+            "stopped by the launcher (still running when rank 1 failed; killed by SIGKILL after the 0.5 s grace "
+            "period)");
+  EXPECT_EQ(describeState(attempt.ranks[1], attempt), "killed by SIGKILL, possibly out of memory (check dmesg)");
+  EXPECT_EQ(describeState(attempt.ranks[2], attempt),
+            "stopped by the launcher (still running when rank 1 failed; ended by SIGTERM)");
+  EXPECT_EQ(describeState(attempt.ranks[3], attempt), "ok");
+}
+
+TEST(FailureSummary, TableHasEveryRankItsLastLinesAndNamesTheStuckOnes) {
+  AttemptReport attempt;
+  attempt.ranks = {rankReport(4, ExitStatus::exited(0)), rankReport(5, ExitStatus::exited(7)),
+                   rankReport(6, ExitStatus::exited(143), true), rankReport(7, ExitStatus::killedBy(SIGTERM), true)};
+  attempt.ranks[1].lastLines = {"step 9", "allreduce timed out after 30 s"};
+  attempt.firstFailure = 1;
+  const std::string table = joined(formatFailureSummary(attempt));
+  EXPECT_NE(table.find("rank  pid"), std::string::npos) << table;
+  EXPECT_NE(table.find("  4     1004  ok\n"), std::string::npos) << table;
+  EXPECT_NE(table.find("  5     1005  exit code 7  <- first failure\n"
+                       "              | step 9\n"
+                       "              | allreduce timed out after 30 s\n"),
+            std::string::npos)
+      << table;
+  EXPECT_NE(table.find("  6     1006  stopped by the launcher (still running when rank 5 failed; then exited with "
+                       "code 143)\n              | (no output)\n"),
+            std::string::npos)
+      << table;
+  EXPECT_NE(table.find("ranks 6, 7 were still running when rank 5 failed"), std::string::npos) << table;
+
+  attempt.ranks.resize(2);  // nobody was stopped: nobody is called stuck
+  EXPECT_EQ(joined(formatFailureSummary(attempt)).find("still running"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ddp::launcher
