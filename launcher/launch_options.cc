@@ -193,7 +193,8 @@ std::string usageText() {
   std::string text = detail::makeOptions().help();
   text +=
       "\nEach worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK,\n"
-      "ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and TORCHELASTIC_RESTART_COUNT, plus\n"
+      "ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT and DDP_RESTART_COUNT\n"
+      "(the attempt, 0 first), TORCHELASTIC_MAX_RESTARTS, plus\n"
       "OMP_NUM_THREADS=1 when it is unset and nproc_per_node > 1. Output lines are prefixed with\n"
       "'[rank N] '. If a worker fails, the others get SIGTERM (SIGKILL after the grace period)\n"
       "and ddp-launch exits with the failed worker's code (128+signal if it was killed), after a\n"
