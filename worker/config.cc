@@ -40,13 +40,14 @@ Field bindField<double>(const std::string& key, const std::string& type, double&
 }
 
 Field bindMode(const std::string& key, Mode& ref) {
-  return Field{key, "one of ddp | dp | single",
+  return Field{key, "one of ddp | dp | single | eval",
                [&ref, key](const YAML::Node& n) {
                  const auto v = n.as<std::string>();
                  if (v == "ddp") ref = Mode::kDdp;
                  else if (v == "dp") ref = Mode::kDp;
                  else if (v == "single") ref = Mode::kSingle;
-                 else DDP_THROW(ConfigError, "config: '", key, "' is '", v, "'; use one of ddp | dp | single");
+                 else if (v == "eval") ref = Mode::kEval;
+                 else DDP_THROW(ConfigError, "config: '", key, "' is '", v, "'; use one of ddp | dp | single | eval");
                },
                [&ref] { return YAML::Node(modeName(ref)); }};
 }
@@ -57,6 +58,7 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("backend", "string", c.backend),
       bindField("device", "string", c.device),
       bindField("seed", "non-negative integer", c.seed),
+      bindField("resume", "string", c.resume),
       bindField("threads", "integer", c.threads),
       bindField("model.name", "string", c.model.name),
       bindField("model.hidden", "list of integers", c.model.hidden),
@@ -80,6 +82,12 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("train.accumulate_steps", "integer", c.train.accumulateSteps),
       bindField("eval.enabled", "boolean", c.eval.enabled),
       bindField("eval.batch_size", "integer", c.eval.batchSize),
+      bindField("eval.model_path", "string", c.eval.modelPath),
+      bindField("eval.show", "integer", c.eval.show),
+      bindField("checkpoint.dir", "string", c.checkpoint.dir),
+      bindField("checkpoint.every_steps", "integer", c.checkpoint.everySteps),
+      bindField("checkpoint.every_epochs", "integer", c.checkpoint.everyEpochs),
+      bindField("checkpoint.keep_last", "integer", c.checkpoint.keepLast),
       bindField("output.dir", "string", c.output.dir),
       bindField("output.export", "string", c.output.exportName),
       bindField("output.dump_rank_params", "boolean", c.output.dumpRankParams),
@@ -172,8 +180,16 @@ void validate(const WorkerConfig& c) {
   require(c.data.syntheticClasses >= 2, "data.synthetic_classes", "must be >= 2");
   require(c.backend == "auto" || c.backend == "gloo" || c.backend == "nccl", "backend",
           "is '" + c.backend + "'; use auto, gloo or nccl");
-  require(c.device == "auto" || c.device == "cpu" || c.device == "cuda", "device",
-          "is '" + c.device + "'; use auto, cpu or cuda");
+  const bool cudaIndexed = c.device.rfind("cuda:", 0) == 0 && c.device.size() > 5 &&
+                           c.device.find_first_not_of("0123456789", 5) == std::string::npos;
+  require(c.device == "auto" || c.device == "cpu" || c.device == "cuda" || cudaIndexed, "device",
+          "is '" + c.device + "'; use auto, cpu, cuda or cuda:N");
+  require(c.eval.show >= 0, "eval.show", "must be >= 0");
+  require(c.mode != Mode::kEval || !c.eval.modelPath.empty(), "eval.model_path",
+          "must name the model file to evaluate when mode is eval");
+  require(c.checkpoint.everySteps >= 0, "checkpoint.every_steps", "must be >= 0 (0 = off)");
+  require(c.checkpoint.everyEpochs >= 0, "checkpoint.every_epochs", "must be >= 0 (0 = off)");
+  require(c.checkpoint.keepLast >= 0, "checkpoint.keep_last", "must be >= 0 (0 = keep all)");
   require(c.threads >= 0, "threads", "must be >= 0 (0 = default)");
   require(c.train.epochs >= 1, "train.epochs", "must be >= 1");
   require(c.train.batchSize >= 1, "train.batch_size", "must be >= 1");
@@ -235,11 +251,16 @@ WorkerConfig build(const YAML::Node& root, const std::vector<std::string>& overr
 
 }  // namespace
 
+std::string checkpointDir(const WorkerConfig& config) {
+  return config.checkpoint.dir.empty() ? config.output.dir + "/checkpoints" : config.checkpoint.dir;
+}
+
 std::string modeName(Mode mode) {
   switch (mode) {
     case Mode::kDdp: return "ddp";
     case Mode::kDp: return "dp";
     case Mode::kSingle: return "single";
+    case Mode::kEval: return "eval";
   }
   return "?";
 }

@@ -8,7 +8,7 @@
 
 namespace ddp::worker {
 
-enum class Mode { kDdp, kDp, kSingle };
+enum class Mode { kDdp, kDp, kSingle, kEval };
 
 struct ModelConfig {
   std::string name = "cnn";               // mlp | cnn (Fashion-MNIST CNN: conv32-pool-conv64-pool-fc128-fc10)
@@ -42,6 +42,8 @@ struct TrainConfig {
 struct EvalConfig {
   bool enabled = true;      // test accuracy over the whole test set at the end
   int64_t batchSize = 1000;
+  std::string modelPath;    // mode eval: the model file to evaluate (our export, a state_dict, a checkpoint)
+  int64_t show = 5;         // mode eval: print predictions for this many test samples
 };
 
 struct OutputConfig {
@@ -61,6 +63,13 @@ struct CommConfig {
   std::string compression = "none";      // none | fp16 | bf16: gradient dtype on the wire
 };
 
+struct CheckpointConfig {
+  std::string dir;          // training checkpoints; empty = <output.dir>/checkpoints
+  int64_t everySteps = 0;   // save every N optimizer steps (0 = off)
+  int64_t everyEpochs = 0;  // save at the end of every N epochs (0 = off)
+  int64_t keepLast = 3;     // keep the newest N (0 = keep all)
+};
+
 struct DpConfig {
   std::vector<int64_t> deviceIds;  // CUDA: logical GPU ids (after CUDA_VISIBLE_DEVICES); empty = all visible
   int64_t outputDevice = -1;       // CUDA: where outputs are gathered; -1 = device_ids[0]
@@ -70,8 +79,9 @@ struct DpConfig {
 struct WorkerConfig {
   Mode mode = Mode::kDdp;
   std::string backend = "auto";  // auto | gloo | nccl
-  std::string device = "auto";   // auto (cuda:LOCAL_RANK if a GPU is present) | cpu | cuda
+  std::string device = "auto";   // auto (cuda:LOCAL_RANK if a GPU is present) | cpu | cuda | cuda:N
   uint64_t seed = 0;
+  std::string resume;            // "" = start fresh; auto = latest valid checkpoint in checkpoint.dir; or a path
   int64_t threads = 0;           // intra-op threads per process (0 = OMP_NUM_THREADS or LibTorch's default)
   ModelConfig model;
   DataConfig data;
@@ -80,7 +90,11 @@ struct WorkerConfig {
   OutputConfig output;
   CommConfig comm;
   DpConfig dp;
+  CheckpointConfig checkpoint;
 };
+
+/// checkpoint.dir, or <output.dir>/checkpoints when it is empty.
+std::string checkpointDir(const WorkerConfig& config);
 
 std::string modeName(Mode mode);
 

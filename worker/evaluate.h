@@ -1,0 +1,23 @@
+// Test accuracy over a whole data set, split across ranks without overlap.
+#pragma once
+
+#include <c10/core/Device.h>
+#include <torch/nn/modules/container/any.h>
+
+#include "comm/communicator.h"
+#include "worker/data/tensor_dataset.h"
+
+namespace ddp::worker {
+
+struct EvalCounts {
+  int64_t correct = 0;
+  int64_t total = 0;
+  double accuracy() const { return total > 0 ? static_cast<double>(correct) / static_cast<double>(total) : 0.0; }
+};
+
+/// Rank r counts the contiguous slice [n·r/R, n·(r+1)/R); the counts are summed
+/// over ranks, so every sample is counted exactly once. Collective: all ranks call it.
+EvalCounts evaluate(torch::nn::AnyModule& model, const data::TensorDataset& test, c10::Device device,
+                    int64_t batchSize, comm::Communicator& comm);
+
+}  // namespace ddp::worker

@@ -1,0 +1,112 @@
+#include "worker/training_checkpointer.h"
+
+#include <ATen/ops/tensor.h>
+#include <spdlog/spdlog.h>
+#include <torch/nn/module.h>
+#include <torch/optim/sgd.h>
+
+#include "common/error.h"
+#include "worker/atomic_file.h"
+#include "worker/checkpoint/checkpoint_dir.h"
+#include "worker/checkpoint/optimizer_state.h"
+#include "worker/checkpoint/state_dict_loader.h"
+#include "worker/checkpoint/training_checkpoint.h"
+#include "worker/model_export.h"
+
+namespace ddp::worker {
+namespace {
+
+checkpoint::NamedTensors namedParameters(torch::nn::Module& module) {
+  checkpoint::NamedTensors out;
+  for (const auto& item : module.named_parameters(true)) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+}  // namespace
+
+TrainingCheckpointer::TrainingCheckpointer(const WorkerConfig& config, comm::Communicator& comm)
+    : config_(config), comm_(comm), dir_(checkpointDir(config)) {}
+
+TrainPosition TrainingCheckpointer::resume(torch::nn::Module& module, torch::optim::SGD& optimizer) {
+  if (config_.resume.empty()) return {};
+  std::string path = config_.resume;
+  if (config_.resume == "auto") {
+    const auto found = checkpoint::latestValidCheckpoint(dir_, [&](const std::string& p, const std::string& why) {
+      if (comm_.rank() == 0) spdlog::warn("resume: skipping {}: {}", p, why);
+    });
+    path = found.value_or("");
+  }
+  checkpoint::TrainingState state;
+  if (!path.empty()) state = checkpoint::loadTrainingCheckpoint(path);
+  const int64_t step = path.empty() ? -1 : state.globalStep;
+
+  // Every rank must continue from the same step, or the collectives mismatch.
+  at::Tensor steps = at::tensor({step, int64_t{1}}, at::kLong);
+  comm_.allReduceSum(steps);
+  if (steps[0].item<int64_t>() != step * steps[1].item<int64_t>()) {
+    DDP_THROW(CommError, "resume: ranks found different checkpoints (rank ", comm_.rank(), " has step ", step,
+              " from '", path.empty() ? "<none>" : path, "'); point every rank at the same checkpoint.dir");
+  }
+  if (path.empty()) {
+    if (comm_.rank() == 0) spdlog::info("resume: no checkpoint in {}; starting from the beginning", dir_);
+    return {};
+  }
+
+  checkpoint::loadStateDictInto(module, state.model, path);
+  checkpoint::restoreSgdMomentumBuffers(optimizer, namedParameters(module), state.optimizer, path);
+  checkpoint::setCpuRngState(state.cpuRng);
+  checkpoint::setCudaRngStates(state.cudaRng);
+  TrainPosition position{state.epoch, state.stepInEpoch, state.globalStep, state.samples};
+  if (state.worldSize != comm_.size()) {
+    // The sampler's shards depend on the world size: the saved position means nothing now.
+    if (comm_.rank() == 0) {
+      spdlog::warn("resume: {} was written by {} ranks, this job has {}; restarting epoch {} from its first batch",
+                   path, state.worldSize, comm_.size(), state.epoch);
+    }
+    position.stepInEpoch = 0;
+  }
+  lastSavedStep_ = position.globalStep;
+  if (comm_.rank() == 0) {
+    spdlog::info("resumed from {} at epoch {} step {} (global step {})", path, position.epoch,
+                 position.stepInEpoch, position.globalStep);
+  }
+  return position;
+}
+
+void TrainingCheckpointer::maybeSave(torch::nn::Module& module, torch::optim::SGD& optimizer,
+                                     const TrainPosition& position, bool epochEnded) {
+  const auto& c = config_.checkpoint;
+  const bool byStep = c.everySteps > 0 && position.globalStep % c.everySteps == 0;
+  // position.epoch is already the next epoch when one has just ended.
+  const bool byEpoch = c.everyEpochs > 0 && epochEnded && position.epoch % c.everyEpochs == 0;
+  if ((byStep || byEpoch) && position.globalStep != lastSavedStep_) save(module, optimizer, position);
+}
+
+std::string TrainingCheckpointer::save(torch::nn::Module& module, torch::optim::SGD& optimizer,
+                                       const TrainPosition& position) {
+  const std::string path = checkpoint::checkpointPath(dir_, position.globalStep);
+  if (comm_.rank() == 0) {
+    makeDirectories(dir_);
+    checkpoint::TrainingState state;
+    for (auto& [key, tensor] : stateDict(module)) state.model.emplace_back(key, tensor);
+    state.optimizer = checkpoint::sgdMomentumBuffers(optimizer, namedParameters(module));
+    state.epoch = position.epoch;
+    state.stepInEpoch = position.stepInEpoch;
+    state.globalStep = position.globalStep;
+    state.samples = position.samples;
+    state.worldSize = comm_.size();
+    state.seed = static_cast<int64_t>(config_.seed);
+    state.cpuRng = checkpoint::cpuRngState();
+    state.cudaRng = checkpoint::cudaRngStates();
+    state.config = dumpConfig(config_);
+    checkpoint::saveTrainingCheckpoint(state, path);
+    checkpoint::pruneCheckpoints(dir_, config_.checkpoint.keepLast);
+    spdlog::info("checkpoint {} (epoch {} step {})", path, position.epoch, position.stepInEpoch);
+  }
+  // No rank runs ahead of a save: a crash right after it loses nothing on anyone.
+  comm_.barrier();
+  lastSavedStep_ = position.globalStep;
+  return path;
+}
+
+}  // namespace ddp::worker
