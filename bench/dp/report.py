@@ -22,6 +22,10 @@ def load(out):
             if os.path.exists(path):
                 with open(path) as f:
                     runs[(mode, n)] = json.load(f)
+                load = os.path.join(out, f"{mode}_{n}.load")
+                if os.path.exists(load):
+                    with open(load) as f:
+                        runs[(mode, n)]["_load"] = f.read().strip()
     return runs
 
 
@@ -35,8 +39,8 @@ def table(runs, kind):
     base = runs[("single", 1)]
     mem_label = "peak allocated per GPU (MB)" if kind == "cuda" else "peak RSS per process (MB)"
     lines = [
-        f"| mode | devices | samples/s | speed-up vs single (1) | {mem_label} | total (MB) | main-device share | test accuracy | Δ vs single (pp) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| mode | devices | samples/s | speed-up vs single (1) | {mem_label} | total (MB) | main-device share | test accuracy | Δ vs single (pp) | load before |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     worst = 0.0
     for n in (1, 2, 4):
@@ -57,7 +61,8 @@ def table(runs, kind):
                 devices = f"{n} (intra-op threads)"
             lines.append(
                 f"| {mode} | {devices} | {s['samples_per_s']:.0f} | {s['samples_per_s'] / base['samples_per_s']:.2f}× | "
-                f"{' / '.join(f'{m:.0f}' for m in mem)} | {total:.0f} | {100 * share:.0f} % | {acc:.2f} % | {delta:+.2f} |")
+                f"{' / '.join(f'{m:.0f}' for m in mem)} | {total:.0f} | {100 * share:.0f} % | {acc:.2f} % | {delta:+.2f} | "
+                f"{s.get('_load', '?')} |")
     return lines, worst
 
 
@@ -134,6 +139,8 @@ def main():
         "floating-point summation order differs).",
         "",
         "- samples/s: training samples per second of wall time over the whole loop (no evaluation).",
+        f"- load before: the 1-minute load average when the run started; above {os.cpu_count()} (the core count) "
+        "other work was competing for the cores and the timings of that run are pessimistic.",
         "- memory: CPU — peak resident set (VmHWM) of each process: one for single and dp (all replicas share it), "
         "one per rank for ddp; GPU — the caching allocator's peak allocated bytes per device.",
         "- main-device share: the first device's part of the total; for dp on GPUs this is the imbalance "

@@ -42,6 +42,7 @@ run() {  # run NAME DEVICES -- command...
   local name=$1 n=$2; shift 3
   echo "== $name ($n device(s))"
   local start=$SECONDS
+  cut -d' ' -f1 /proc/loadavg >"$out/$name.load"  # other work on the machine skews the timings
   if ! (cd "$root" && "$@" output.dir="$out/$name" "${extra[@]}") >"$out/$name.log" 2>&1; then
     echo "run_dp_compare: $name failed; see $out/$name.log" >&2
     tail -5 "$out/$name.log" >&2

@@ -2,8 +2,24 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
+#include <spdlog/spdlog.h>
 
 namespace ddp::worker::dp {
+namespace {
+
+/// LibTorch's native (non-OpenMP) thread pool refuses a second set_num_threads;
+/// the replicas then share its pool instead, which is correct, only slower.
+void setIntraOpThreads(int n) {
+  if (n <= 0) return;
+  try {
+    at::set_num_threads(n);
+  } catch (const std::exception& e) {
+    static std::once_flag once;
+    std::call_once(once, [&] { spdlog::warn("dp: cannot set intra-op threads per replica: {}", e.what()); });
+  }
+}
+
+}  // namespace
 
 ReplicaThreads::ReplicaThreads(const ReplicaThreadsOptions& options) {
   // at::set_num_threads sets the calling thread's OpenMP team size but also a
@@ -15,7 +31,7 @@ ReplicaThreads::ReplicaThreads(const ReplicaThreadsOptions& options) {
   for (int i = 0; i < options.threads; ++i) {
     threads_.emplace_back([this, i, intraOp = options.intraOpThreads] {
       at::get_num_threads();  // lazy per-thread init now, so it cannot undo the next line later
-      if (intraOp > 0) at::set_num_threads(intraOp);
+      setIntraOpThreads(intraOp);
       {
         std::lock_guard<std::mutex> lock(mutex_);
         ++started_;
@@ -26,7 +42,7 @@ ReplicaThreads::ReplicaThreads(const ReplicaThreadsOptions& options) {
   }
   std::unique_lock<std::mutex> lock(mutex_);
   done_.wait(lock, [&] { return started_ == options.threads; });
-  if (options.intraOpThreads > 0) at::set_num_threads(callerThreads);
+  if (options.intraOpThreads > 0) setIntraOpThreads(callerThreads);
 }
 
 ReplicaThreads::~ReplicaThreads() {
