@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "comm/backend.h"
+#include "comm/local_address.h"
 #include "comm/process_group.h"
 #include "comm/rendezvous.h"
 #include "common/error.h"
@@ -22,6 +23,8 @@
 #include "worker/dp/dp_trainer.h"
 #include "worker/dp/memory_stats.h"
 #include "worker/env.h"
+#include "worker/eval_mode.h"
+#include "worker/stop_signal.h"
 #include "worker/metrics.h"
 #include "worker/trainer.h"
 
@@ -111,6 +114,15 @@ int runWorker(std::vector<std::string> args) {
   const std::vector<std::string> overrides(args.begin() + 1, args.end());
   WorkerConfig config = loadConfig(args[0], overrides);
 
+  if (config.mode == Mode::kEval) {
+    if (env.worldSize > 1) {
+      DDP_THROW(ConfigError, "config: mode 'eval' runs one process, but WORLD_SIZE=", env.worldSize,
+                "; start it with --nproc_per_node=1 (or run the worker directly)");
+    }
+    return runEvalMode(config, env.localRank);
+  }
+  // From here on a SIGTERM finishes the step, saves a checkpoint and exits.
+  installStopSignalHandlers();
   if (config.mode == Mode::kDp) {
     if (env.worldSize > 1) {
       DDP_THROW(ConfigError, "config: mode 'dp' (DataParallel) is one process that drives all its replicas, "
@@ -151,11 +163,9 @@ int runWorker(std::vector<std::string> args) {
     pg.rank = rank;
     pg.worldSize = worldSize;
     pg.timeout = timeout;
-    pg.hostname = env.groupRank == 0 && env.localWorldSize == worldSize ? "127.0.0.1" : "";
-    if (pg.hostname.empty()) {
-      // Multi-node: bind where this host's name resolves (GLOO_SOCKET_IFNAME overrides).
-      pg.hostname = env.masterAddr == "127.0.0.1" || env.masterAddr == "localhost" ? "127.0.0.1" : "";
-    }
+    // Single node: loopback. Multi-node: the local address that routes to MASTER_ADDR
+    // (GLOO_SOCKET_IFNAME overrides both).
+    pg.hostname = env.localWorldSize == worldSize ? "127.0.0.1" : comm::localAddressFor(env.masterAddr);
     comm = comm::makeCommunicator(store, pg);
   }
   if (rank == 0) {
@@ -168,6 +178,10 @@ int runWorker(std::vector<std::string> args) {
 
   Trainer trainer(config, *comm, device);
   const TrainResult result = trainer.run(data);
+  if (result.stopSignal != 0) {
+    comm->barrier();
+    return 128 + result.stopSignal;  // like a process killed by it, but with its work saved
+  }
 
   // Every rank's peak RSS (and its GPU's peak allocation) to rank 0: a collective, so all ranks call it.
   at::Tensor memory = at::zeros({2 * worldSize}, at::kDouble);

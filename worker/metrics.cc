@@ -5,7 +5,8 @@
 
 namespace ddp::worker {
 
-MetricsWriter::MetricsWriter(const std::string& path) : out_(path, std::ios::trunc) {
+MetricsWriter::MetricsWriter(const std::string& path, bool append)
+    : out_(path, append ? std::ios::app : std::ios::trunc) {
   if (!out_) DDP_THROW(ConfigError, "output: cannot write '", path, "'; set output.dir to a writable directory");
 }
 

@@ -12,7 +12,8 @@ namespace ddp::worker {
 class MetricsWriter {
  public:
   MetricsWriter() = default;  // disabled: on ranks other than 0
-  explicit MetricsWriter(const std::string& path);
+  /// `append`: continue the file of a resumed run instead of starting it anew.
+  explicit MetricsWriter(const std::string& path, bool append = false);
   void write(const nlohmann::json& record);
   bool enabled() const { return out_.is_open(); }
 

@@ -9,6 +9,7 @@
 #include <torch/utils.h>
 
 #include <algorithm>
+#include <csignal>
 #include <chrono>
 #include <filesystem>
 #include <memory>
@@ -22,8 +23,11 @@
 #include "worker/data/fashion_mnist.h"
 #include "worker/data/gather_batch.h"
 #include "worker/data/synthetic.h"
+#include "worker/evaluate.h"
 #include "worker/metrics.h"
 #include "worker/model_export.h"
+#include "worker/stop_signal.h"
+#include "worker/training_checkpointer.h"
 
 namespace ddp::worker {
 namespace {
@@ -43,6 +47,10 @@ std::vector<std::string> parameterNames(const torch::nn::Module& module) {
   for (const auto& item : module.named_parameters(/*recurse=*/true)) names.push_back(item.key());
   return names;
 }
+
+// Steps between the all-reduces that agree on a stop request (SIGTERM): the
+// reaction time is this many steps, the cost one 4-byte collective per period.
+constexpr int64_t kStopCheckEvery = 10;
 
 size_t megabytes(double mb) { return static_cast<size_t>(mb * (1 << 20)); }
 
@@ -136,20 +144,32 @@ TrainResult Trainer::run(const Datasets& data) {
   samplerOptions.dropLast = train.dropLast;
   sampler::DistributedSampler sampler(data.train.size(), samplerOptions);
 
-  MetricsWriter metrics = rank == 0 ? MetricsWriter(outDir + "/metrics.jsonl") : MetricsWriter();
+  TrainingCheckpointer checkpointer(config_, comm_);
+  const TrainPosition resumed = checkpointer.resume(module, optimizer);
+
+  // A resumed run appends to the metrics of the run it continues.
+  MetricsWriter metrics = rank == 0 ? MetricsWriter(outDir + "/metrics.jsonl", resumed.globalStep > 0)
+                                    : MetricsWriter();
   TrainResult result;
+  result.steps = resumed.globalStep;
+  result.samples = resumed.samples;
+  int64_t runSamples = 0;  // this process's share of the throughput figure
+  at::Tensor stopFlag = at::zeros({1}, at::TensorOptions().device(device_));
   at::Tensor lossForLog = at::zeros({1}, at::TensorOptions().device(device_));
   const auto start = Clock::now();
   auto windowStart = start;
   int64_t windowSamples = 0;
-  bool done = false;
-  for (int64_t epoch = 0; epoch < train.epochs && !done; ++epoch) {
+  bool done = train.maxSteps > 0 && result.steps >= train.maxSteps;
+  for (int64_t epoch = resumed.epoch; epoch < train.epochs && !done; ++epoch) {
     sampler.setEpoch(epoch);
     const auto batches = sampler::makeBatches(sampler.indices(), train.batchSize, /*dropLast=*/false);
     module.train();
+    // A resumed epoch continues at the exact batch where the checkpoint was taken.
+    const std::size_t startBatch =
+        epoch == resumed.epoch ? static_cast<std::size_t>(resumed.stepInEpoch * accumulate) : 0;
     // An optimizer step takes `accumulate` micro-batches (fewer at the end of an epoch);
     // only the last one's backward communicates (DDP's no_sync for the others).
-    for (std::size_t first = 0; first < batches.size(); first += accumulate) {
+    for (std::size_t first = startBatch; first < batches.size(); first += accumulate) {
       const std::size_t count = std::min<std::size_t>(accumulate, batches.size() - first);
       zeroGradients(params);
       if (syncBuffers) comm::broadcastTensors(comm_, buffers, /*root=*/0);
@@ -179,6 +199,7 @@ TrainResult Trainer::run(const Datasets& data) {
       // Every rank's batch has the same size (the sampler pads), so this is exact.
       const int64_t stepSamples = stepRankSamples * world;
       result.samples += stepSamples;
+      runSamples += stepSamples;
       windowSamples += stepSamples;
       const bool last = train.maxSteps > 0 && result.steps >= train.maxSteps;
       const bool logStep = result.steps % train.logEvery == 0 || last || result.steps == 1;
@@ -204,6 +225,32 @@ TrainResult Trainer::run(const Datasets& data) {
         windowStart = Clock::now();
         windowSamples = 0;
       }
+      const bool epochEnded = first + count >= batches.size();
+      const TrainPosition position =
+          epochEnded ? TrainPosition{epoch + 1, 0, result.steps, result.samples}
+                     : TrainPosition{epoch, static_cast<int64_t>(first / accumulate) + 1, result.steps,
+                                     result.samples};
+      checkpointer.maybeSave(module, optimizer, position, epochEnded);
+
+      // Preemption: every rank must stop after the same step, so the request is
+      // agreed on with a tiny all-reduce every kStopCheckEvery steps.
+      if (world == 1 || result.steps % kStopCheckEvery == 0 || epochEnded) {
+        {
+          c10::NoGradGuard noGrad;
+          stopFlag.fill_(stopSignal() != 0 ? 1.0 : 0.0);
+        }
+        if (world > 1) comm_.allReduceSum(stopFlag);
+        if (stopFlag.item<double>() > 0) {
+          result.checkpointPath = checkpointer.save(module, optimizer, position);
+          result.stopSignal = stopSignal() != 0 ? stopSignal() : SIGTERM;
+          if (rank == 0) {
+            spdlog::warn("stopping after step {} on a signal; checkpoint {} (resume with resume=auto)",
+                         result.steps, result.checkpointPath);
+          }
+          done = true;
+          break;
+        }
+      }
       if (last) {
         done = true;
         break;
@@ -211,30 +258,15 @@ TrainResult Trainer::run(const Datasets& data) {
     }
   }
   result.trainSeconds = secondsSince(start);
-  result.samplesPerSecond = result.trainSeconds > 0 ? result.samples / result.trainSeconds : 0;
+  result.samplesPerSecond = result.trainSeconds > 0 ? runSamples / result.trainSeconds : 0;
+  if (result.stopSignal != 0) return result;  // preempted: the checkpoint is the record
   result.finalLoss = lossForLog.item<double>();
 
   if (config_.eval.enabled) {
-    // Contiguous, non-overlapping slices: the whole test set is counted exactly once.
-    c10::NoGradGuard noGrad;
-    module.eval();
-    const int64_t n = data.test.size();
-    const int64_t begin = n * rank / world;
-    const int64_t end = n * (rank + 1) / world;
-    int64_t correct = 0;
-    for (int64_t i = begin; i < end; i += config_.eval.batchSize) {
-      const int64_t len = std::min(config_.eval.batchSize, end - i);
-      const at::Tensor x = data.test.images.narrow(0, i, len).to(device_);
-      const at::Tensor y = data.test.labels.narrow(0, i, len).to(device_);
-      correct += model.forward(x).argmax(1).eq(y).sum().item<int64_t>();
-    }
-    at::Tensor counts = at::tensor({correct, end - begin}, at::kLong).to(device_);
-    comm_.allReduceSum(counts);
-    counts = counts.cpu();
-    result.testCorrect = counts[0].item<int64_t>();
-    result.testTotal = counts[1].item<int64_t>();
-    result.testAccuracy =
-        result.testTotal > 0 ? static_cast<double>(result.testCorrect) / result.testTotal : 0.0;
+    const EvalCounts counts = evaluate(model, data.test, device_, config_.eval.batchSize, comm_);
+    result.testCorrect = counts.correct;
+    result.testTotal = counts.total;
+    result.testAccuracy = counts.accuracy();
   }
 
   if (config_.output.dumpRankParams) {

@@ -23,6 +23,8 @@ struct TrainResult {
   int64_t testTotal = 0;
   double testAccuracy = 0;     // testCorrect / testTotal over the whole test set
   std::string exportPath;      // rank 0 only
+  int stopSignal = 0;          // nonzero: stopped early on this signal after saving checkpointPath
+  std::string checkpointPath;
 };
 
 struct Datasets {

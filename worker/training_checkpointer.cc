@@ -85,6 +85,7 @@ void TrainingCheckpointer::maybeSave(torch::nn::Module& module, torch::optim::SG
 std::string TrainingCheckpointer::save(torch::nn::Module& module, torch::optim::SGD& optimizer,
                                        const TrainPosition& position) {
   const std::string path = checkpoint::checkpointPath(dir_, position.globalStep);
+  if (position.globalStep == lastSavedStep_) return path;  // this very step is on disk already
   if (comm_.rank() == 0) {
     makeDirectories(dir_);
     checkpoint::TrainingState state;

@@ -1,0 +1,259 @@
+// Checkpoints through the real programs: exact (bitwise) resume at world sizes
+// 1 and 2, a save interrupted by SIGKILL leaves the previous checkpoint usable,
+// damaged files give the documented errors, and a GPU DataParallel state_dict
+// from Python evaluates to Python's accuracy.
+#include <gtest/gtest.h>
+
+#include <ATen/ops/equal.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <thread>
+
+#include "tests/e2e/run_command.h"
+#include "worker/checkpoint/checkpoint_dir.h"
+#include "worker/checkpoint/training_checkpoint.h"
+#include "worker/model_export.h"
+
+namespace ddp {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kConfig = std::string(DDP_SOURCE_DIR) + "/configs/synthetic_mlp.yaml";
+
+std::string tempDir() {
+  std::string tmpl = (fs::temp_directory_path() / "ddp_resume_XXXXXX").string();
+  return ::mkdtemp(tmpl.data());
+}
+
+test::CommandResult launch(int nproc, const std::vector<std::string>& workerArgs, int timeout = 300) {
+  std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nproc_per_node=" + std::to_string(nproc), DDP_WORKER_BIN};
+  argv.insert(argv.end(), workerArgs.begin(), workerArgs.end());
+  return test::runCommand(argv, timeout);
+}
+
+std::vector<std::string> trainArgs(const std::string& out, const std::string& ckpt) {
+  // 200 samples, 2 ranks × 8 per step → 13 steps per epoch: 30 steps cross two epoch boundaries.
+  return {kConfig, "seed=5", "model.hidden=[32]", "data.synthetic_train=200", "data.synthetic_test=64",
+          "train.batch_size=8", "train.epochs=10", "train.lr=0.05", "train.momentum=0.9",
+          "output.dir=" + out, "output.dump_rank_params=true", "checkpoint.dir=" + ckpt,
+          "checkpoint.every_steps=4", "checkpoint.keep_last=2"};
+}
+
+class ExactResume : public ::testing::TestWithParam<int> {};
+
+TEST_P(ExactResume, StoppedAndResumedEqualsUninterruptedBitwise) {
+  const int world = GetParam();
+  const std::string base = tempDir();
+  auto args = [&](const std::string& name, std::vector<std::string> extra) {
+    auto a = trainArgs(base + "/" + name, base + "/" + name + "-ckpt");
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  const auto full = launch(world, args("full", {"train.max_steps=30"}));
+  ASSERT_EQ(full.exitCode, 0) << full.output;
+
+  // Stop after step 18 (a checkpoint at 16 is the latest), then resume to 30.
+  auto first = launch(world, args("split", {"train.max_steps=18"}));
+  ASSERT_EQ(first.exitCode, 0) << first.output;
+  const auto latest = checkpoint::latestValidCheckpoint(base + "/split-ckpt", nullptr);
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(checkpoint::loadTrainingCheckpoint(*latest).globalStep, 16);
+  auto second = launch(world, args("split", {"train.max_steps=30", "resume=auto"}));
+  ASSERT_EQ(second.exitCode, 0) << second.output;
+  EXPECT_NE(second.output.find("resumed from"), std::string::npos) << second.output;
+
+  for (int r = 0; r < world; ++r) {
+    const std::string file = "/rank" + std::to_string(r) + "_params.pt";
+    const auto a = worker::readStateDict(base + "/full" + file);
+    const auto b = worker::readStateDict(base + "/split" + file);
+    ASSERT_EQ(a.size(), b.size());
+    for (const auto& [key, value] : a) EXPECT_TRUE(at::equal(value, b.at(key))) << "rank " << r << " " << key;
+  }
+  const auto summaryA = nlohmann::json::parse(test::readFile(base + "/full/summary.json"));
+  const auto summaryB = nlohmann::json::parse(test::readFile(base + "/split/summary.json"));
+  EXPECT_EQ(summaryA["steps"], 30);
+  EXPECT_EQ(summaryB["steps"], 30);
+  EXPECT_EQ(summaryA["samples"], summaryB["samples"]);
+  EXPECT_EQ(summaryA["test_correct"], summaryB["test_correct"]);
+  // keep_last=2: only the two newest remain.
+  EXPECT_EQ(checkpoint::listCheckpoints(base + "/full-ckpt").size(), 2u);
+  fs::remove_all(base);
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, ExactResume, ::testing::Values(1, 2));
+
+TEST(CheckpointCrash, KilledDuringASaveLeavesTheLastCompleteCheckpoint) {
+  // Saves every step; the moment a save's temporary file appears (a write in
+  // progress), the whole job is SIGKILLed: no warning, no cleanup.
+  const std::string base = tempDir();
+  const std::string ckpt = base + "/ckpt";
+  const std::vector<std::string> common = {kConfig, "model.hidden=[1024,1024]", "train.epochs=100",
+                                           "data.synthetic_train=512", "output.dir=" + base + "/out",
+                                           "checkpoint.dir=" + ckpt, "checkpoint.keep_last=2", "resume=auto"};
+  std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nproc_per_node=1", DDP_WORKER_BIN};
+  argv.insert(argv.end(), common.begin(), common.end());
+  argv.push_back("checkpoint.every_steps=1");
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::freopen("/dev/null", "w", stdout);
+    ::freopen("/dev/null", "w", stderr);
+    std::vector<char*> a;
+    for (auto& s : argv) a.push_back(s.data());
+    a.push_back(nullptr);
+    ::execv(a[0], a.data());
+    ::_exit(127);
+  }
+  std::string interrupted;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (interrupted.empty() && std::chrono::steady_clock::now() < deadline) {
+    std::error_code ec;
+    // Only after two complete checkpoints, so "the previous one" exists.
+    if (checkpoint::listCheckpoints(ckpt).size() >= 2) {
+      for (const auto& e : fs::directory_iterator(ckpt, ec)) {
+        if (e.path().filename().string().find(".tmp.") != std::string::npos) interrupted = e.path().string();
+      }
+    }
+    if (interrupted.empty()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  ::kill(-pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  ASSERT_FALSE(interrupted.empty()) << "never saw a save in progress";
+  ASSERT_TRUE(fs::exists(interrupted)) << "the kill came after the rename; nothing was interrupted";
+
+  // The newest complete checkpoint loads and verifies; the half-written file is not one of them.
+  const auto all = checkpoint::listCheckpoints(ckpt);
+  ASSERT_FALSE(all.empty());
+  const int64_t reached = checkpoint::loadTrainingCheckpoint(all.back()).globalStep;
+  for (const auto& path : all) EXPECT_EQ(path.find(".tmp."), std::string::npos);
+
+  // And training resumes from it and clears the leftover.
+  std::vector<std::string> again = common;
+  again.push_back("checkpoint.every_steps=1000");
+  again.push_back("train.max_steps=" + std::to_string(reached + 2));
+  const auto resumed = launch(1, again);
+  EXPECT_EQ(resumed.exitCode, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from " + all.back()), std::string::npos) << resumed.output;
+  const auto summary = nlohmann::json::parse(test::readFile(base + "/out/summary.json"));
+  EXPECT_EQ(summary["steps"], reached + 2);
+  fs::remove_all(base);
+}
+
+TEST(Preemption, SigtermFinishesTheStepSavesAndResumesExactly) {
+  const std::string base = tempDir();
+  auto args = [&](const std::string& name, std::vector<std::string> extra) {
+    auto a = trainArgs(base + "/" + name, base + "/" + name + "-ckpt");
+    a.push_back("checkpoint.every_steps=0");  // only the signal saves
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  // A long run on 2 ranks, SIGTERM to the launcher once it is well into training.
+  std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nproc_per_node=2", DDP_WORKER_BIN};
+  for (auto& a : args("stopped", {"train.epochs=100000", "train.log_every=1"})) argv.push_back(a);
+  char tmpl[] = "/tmp/ddp_preempt_out_XXXXXX";
+  const int outFd = ::mkstemp(tmpl);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::dup2(outFd, 1);
+    ::dup2(outFd, 2);
+    std::vector<char*> a;
+    for (auto& s : argv) a.push_back(s.data());
+    a.push_back(nullptr);
+    ::execv(a[0], a.data());
+    ::_exit(127);
+  }
+  ::close(outFd);
+  // Wait for step 25 in the log, then preempt.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (test::readFile(tmpl).find("step 25 ") == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  const std::string output = test::readFile(tmpl);
+  ::unlink(tmpl);
+  ASSERT_TRUE(WIFEXITED(status)) << output;
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM) << output;
+  ASSERT_NE(output.find("stopping after step"), std::string::npos) << output;
+  const auto saved = checkpoint::latestValidCheckpoint(base + "/stopped-ckpt", nullptr);
+  ASSERT_TRUE(saved.has_value()) << output;
+  const int64_t step = checkpoint::loadTrainingCheckpoint(*saved).globalStep;
+  EXPECT_GE(step, 25);
+
+  // Resumed to step+7 equals an uninterrupted run to step+7, bit for bit.
+  const std::string target = "train.max_steps=" + std::to_string(step + 7);
+  const auto resumed = launch(2, args("stopped", {target, "resume=auto"}));
+  ASSERT_EQ(resumed.exitCode, 0) << resumed.output;
+  const auto straight = launch(2, args("straight", {target}));
+  ASSERT_EQ(straight.exitCode, 0) << straight.output;
+  for (int r = 0; r < 2; ++r) {
+    const std::string file = "/rank" + std::to_string(r) + "_params.pt";
+    const auto a = worker::readStateDict(base + "/straight" + file);
+    const auto b = worker::readStateDict(base + "/stopped" + file);
+    for (const auto& [key, value] : a) EXPECT_TRUE(at::equal(value, b.at(key))) << "rank " << r << " " << key;
+  }
+  fs::remove_all(base);
+}
+
+TEST(CheckpointErrors, DamagedFilesGiveTheDocumentedErrorAndExitNonZero) {
+  const std::string base = tempDir();
+  const std::string ckpt = base + "/ckpt";
+  auto args = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = {kConfig, "output.dir=" + base + "/out", "checkpoint.dir=" + ckpt,
+                                  "checkpoint.every_steps=5", "train.max_steps=10"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  ASSERT_EQ(launch(1, args({})).exitCode, 0);
+  const std::string newest = checkpoint::checkpointPath(ckpt, 10);
+  const std::string older = checkpoint::checkpointPath(ckpt, 5);
+  ASSERT_TRUE(fs::exists(newest));
+  fs::resize_file(newest, fs::file_size(newest) / 2);
+
+  // An explicit damaged path: one line naming it, non-zero exit.
+  const auto explicitRun = launch(1, args({"resume=" + newest, "train.max_steps=12"}));
+  EXPECT_NE(explicitRun.exitCode, 0);
+  EXPECT_NE(explicitRun.output.find(newest), std::string::npos) << explicitRun.output;
+  EXPECT_NE(explicitRun.output.find("truncated or corrupt"), std::string::npos) << explicitRun.output;
+
+  // resume: auto skips it, says so, and continues from step 5.
+  const auto autoRun = launch(1, args({"resume=auto", "train.max_steps=12"}));
+  EXPECT_EQ(autoRun.exitCode, 0) << autoRun.output;
+  EXPECT_NE(autoRun.output.find("skipping " + newest), std::string::npos) << autoRun.output;
+  EXPECT_NE(autoRun.output.find("resumed from " + older), std::string::npos) << autoRun.output;
+
+  // A checkpoint of another model: the error lists the differences.
+  const auto wrongModel = launch(1, args({"resume=" + older, "model.hidden=[128]"}));
+  EXPECT_NE(wrongModel.exitCode, 0);
+  EXPECT_NE(wrongModel.output.find("fc1.weight [64, 784] in the file vs [128, 784] in the model"), std::string::npos)
+      << wrongModel.output;
+  fs::remove_all(base);
+}
+
+TEST(EvalMode, PythonGpuDataParallelCheckpointEvaluatesToPythonsAccuracy) {
+  const char* root = std::getenv("DDP_FASHION_MNIST_ROOT");
+  const std::string dataRoot = root ? root : "/usr/share/datasets/fashion-mnist";
+  const std::string base = tempDir();
+  const std::string model = base + "/python_dp_gpu.pt";
+  const auto py = test::runCommand({DDP_PYTHON, std::string(DDP_SOURCE_DIR) + "/tests/python/train_dp_reference.py",
+                                    model, "64", dataRoot}, 300);
+  ASSERT_EQ(py.exitCode, 0) << py.output;
+  const auto expected = nlohmann::json::parse(py.output.substr(py.output.find('{')));
+
+  const auto ours = launch(1, {kConfig, "mode=eval", "eval.model_path=" + model, "model.name=mlp",
+                               "model.hidden=[64]", "data.name=fashion-mnist", "data.root=" + dataRoot,
+                               "device=cpu", "eval.show=3", "output.dir=" + base + "/eval"});
+  ASSERT_EQ(ours.exitCode, 0) << ours.output;
+  const auto summary = nlohmann::json::parse(test::readFile(base + "/eval/summary.json"));
+  EXPECT_EQ(summary["mode"], "eval");
+  EXPECT_EQ(summary["test_total"], 10000);
+  EXPECT_NEAR(summary["test_correct"].get<int64_t>(), expected["correct"].get<int64_t>(), 2);
+  EXPECT_NE(ours.output.find("sample 0: predicted"), std::string::npos) << ours.output;
+  fs::remove_all(base);
+}
+
+}  // namespace
+}  // namespace ddp
