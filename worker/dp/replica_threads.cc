@@ -57,6 +57,7 @@ ReplicaThreads::~ReplicaThreads() {
 void ReplicaThreads::run(int count, const std::function<void(int)>& task) {
   if (count <= 0) return;
   if (count > size()) count = size();
+  std::lock_guard<std::mutex> turn(runMutex_);
   const at::ThreadLocalState callerState;
   const std::function<void(int)> wrapped = [&](int i) {
     at::ThreadLocalStateGuard guard(callerState);

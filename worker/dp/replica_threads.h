@@ -28,13 +28,15 @@ class ReplicaThreads {
 
   /// Runs task(i) on thread i for every i < count, with the caller's thread-local
   /// LibTorch state (grad mode, ...), and returns when all are done. The first
-  /// exception (lowest i) is rethrown here.
+  /// exception (lowest i) is rethrown here. Calls from several threads take turns;
+  /// a task must not call run() itself.
   void run(int count, const std::function<void(int)>& task);
 
  private:
   void loop(int index);
 
   std::vector<std::thread> threads_;
+  std::mutex runMutex_;  // one run() at a time
   std::mutex mutex_;
   std::condition_variable wake_;
   std::condition_variable done_;
