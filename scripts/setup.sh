@@ -11,6 +11,7 @@ packages=(
   libgtest-dev
   dataset-fashion-mnist             # /usr/share/datasets/fashion-mnist
   python3-torch python3-numpy       # the reference implementation for tests and benchmarks
+  python3-pil                       # bench/dp draws its PNG chart with PIL
 )
 
 missing=()

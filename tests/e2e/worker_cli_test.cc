@@ -100,7 +100,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"WrongType", {kConfig, "train.batch_size=many"}, "'train.batch_size' (command-line override) must be a integer"},
         BadInput{"MissingConfig", {"/nonexistent/config.yaml"}, "cannot read '/nonexistent/config.yaml'"},
         BadInput{"MissingData", {kConfig, "data.name=fashion-mnist", "data.root=/nonexistent/fm"}, "/nonexistent/fm"},
-        BadInput{"DpNotYet", {kConfig, "mode=dp"}, "mode 'dp'"},
+        BadInput{"DpWithManyRanks", {kConfig, "mode=dp"}, "mode 'dp' (DataParallel) is one process"},
         BadInput{"SingleWithManyRanks", {kConfig, "mode=single"}, "WORLD_SIZE=2"},
         BadInput{"NcclWithoutGpu", {kConfig, "backend=nccl", "device=cpu"}, "backend 'nccl'"}),
     [](const auto& info) { return info.param.name; });
