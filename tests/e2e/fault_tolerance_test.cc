@@ -1,0 +1,195 @@
+// Fault tolerance through the real programs: a crashed rank makes the launcher
+// restart the group and training resumes exactly; a rank that stops answering
+// makes the others fail within comm.timeout_s and the launcher names it; and a
+// two-node job across two network namespaces (skipped where they cannot be made).
+#include <gtest/gtest.h>
+
+#include <ATen/ops/equal.h>
+#include <nlohmann/json.hpp>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "tests/e2e/run_command.h"
+#include "worker/model_export.h"
+
+namespace ddp {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kConfig = std::string(DDP_SOURCE_DIR) + "/configs/synthetic_mlp.yaml";
+
+std::string tempDir() {
+  std::string tmpl = (fs::temp_directory_path() / "ddp_fault_XXXXXX").string();
+  return ::mkdtemp(tmpl.data());
+}
+
+/// A background launch whose output goes to a file we can watch.
+struct Background {
+  pid_t pid = -1;
+  std::string log;
+  Background(const std::vector<std::string>& argv, const std::string& logPath) : log(logPath) {
+    pid = ::fork();
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      const int fd = ::open(logPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      std::vector<char*> a;
+      for (auto s : argv) a.push_back(::strdup(s.c_str()));
+      a.push_back(nullptr);
+      ::execv(a[0], a.data());
+      ::_exit(127);
+    }
+  }
+  bool waitFor(const std::string& text, int seconds) const {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (test::readFile(log).find(text) != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+  int wait(int seconds) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+    int status = 0;
+    while (::waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        ::kill(-pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        pid = -1;
+        return -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    pid = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  ~Background() {
+    if (pid > 0) {
+      ::kill(-pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
+/// The worker processes the launcher started (its direct children), by rank order of start.
+std::vector<pid_t> childrenOf(pid_t parent) {
+  std::vector<pid_t> out;
+  for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(parent) + "/task")) {
+    std::ifstream in(task.path() / "children");
+    for (pid_t p; in >> p;) out.push_back(p);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<std::string> trainArgs(const std::string& out) {
+  return {kConfig, "seed=9", "model.hidden=[32]", "data.synthetic_train=256", "data.synthetic_test=64",
+          "train.batch_size=8", "train.epochs=1000", "train.log_every=1", "train.max_steps=40",
+          "output.dir=" + out, "output.dump_rank_params=true", "checkpoint.every_steps=5",
+          "checkpoint.keep_last=2", "resume=auto"};
+}
+
+TEST(FaultTolerance, CrashedRankRestartsTheGroupAndTrainingResumesExactly) {
+  const std::string base = tempDir();
+  std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nproc_per_node=2", "--max_restarts=1",
+                                   "--shutdown_grace_s=2", DDP_WORKER_BIN};
+  for (auto& a : trainArgs(base + "/crashed")) argv.push_back(a);
+  Background job(argv, base + "/crashed.log");
+  ASSERT_TRUE(job.waitFor("step 17 ", 120)) << test::readFile(job.log);
+  const auto workers = childrenOf(job.pid);
+  ASSERT_EQ(workers.size(), 2u);
+  ::kill(workers[1], SIGKILL);  // e.g. the OOM killer
+  EXPECT_EQ(job.wait(240), 0) << test::readFile(job.log);
+  const std::string output = test::readFile(job.log);
+  EXPECT_NE(output.find("restarting the group (restart 1/1)"), std::string::npos) << output;
+  EXPECT_NE(output.find("resumed from"), std::string::npos) << output;
+
+  const auto straight = test::runCommand([&] {
+    std::vector<std::string> a = {DDP_LAUNCH_BIN, "--nproc_per_node=2", DDP_WORKER_BIN};
+    for (auto& x : trainArgs(base + "/straight")) a.push_back(x);
+    return a;
+  }(), 240);
+  ASSERT_EQ(straight.exitCode, 0) << straight.output;
+  for (int r = 0; r < 2; ++r) {
+    const std::string file = "/rank" + std::to_string(r) + "_params.pt";
+    const auto a = worker::readStateDict(base + "/straight" + file);
+    const auto b = worker::readStateDict(base + "/crashed" + file);
+    for (const auto& [key, value] : a) EXPECT_TRUE(at::equal(value, b.at(key))) << "rank " << r << " " << key;
+  }
+  fs::remove_all(base);
+}
+
+TEST(FaultTolerance, AStuckRankMakesTheOthersFailWithinTheTimeoutAndIsNamed) {
+  const std::string base = tempDir();
+  std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nproc_per_node=2", "--shutdown_grace_s=1", DDP_WORKER_BIN};
+  for (auto& a : trainArgs(base + "/out")) argv.push_back(a);
+  argv.push_back("train.max_steps=100000");
+  argv.push_back("comm.timeout_s=3");
+  Background job(argv, base + "/job.log");
+  ASSERT_TRUE(job.waitFor("step 10 ", 120)) << test::readFile(job.log);
+  const auto workers = childrenOf(job.pid);
+  ASSERT_EQ(workers.size(), 2u);
+  const auto stoppedAt = std::chrono::steady_clock::now();
+  ::kill(workers[1], SIGSTOP);  // alive but silent: the hang torchrun users know
+  const int code = job.wait(60);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stoppedAt).count();
+  const std::string output = test::readFile(job.log);
+  EXPECT_NE(code, 0) << output;
+  EXPECT_NE(code, -1) << "the job hung: " << output;
+  EXPECT_LT(seconds, 3 + 1 + 10) << output;  // timeout + grace + slack
+  EXPECT_NE(output.find("timed out"), std::string::npos) << output;
+  // The launcher's summary names rank 1 as the one still running when rank 0 failed.
+  EXPECT_NE(output.find("rank 1 was still running when rank 0 failed"), std::string::npos) << output;
+  EXPECT_NE(output.find("stopped by the launcher"), std::string::npos) << output;
+  EXPECT_EQ(::kill(workers[1], 0), -1) << "the stuck worker survived";
+  if (std::getenv("DDP_TEST_SHOW_OUTPUT")) std::cout << output;
+  fs::remove_all(base);
+}
+
+bool sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0; }
+
+TEST(FaultTolerance, TwoNodesInTwoNetworkNamespaces) {
+  const std::string tag = "ddpt" + std::to_string(::getpid() % 100000);
+  const std::string a = tag + "a", b = tag + "b";
+  if (::geteuid() != 0 || !sh("ip netns add " + a)) GTEST_SKIP() << "needs root and ip netns";
+  sh("ip netns add " + b);
+  const bool ok = sh("ip link add " + tag + "x netns " + a + " type veth peer name " + tag + "y netns " + b) &&
+                  sh("ip -n " + a + " addr add 10.231.77.1/24 dev " + tag + "x") &&
+                  sh("ip -n " + b + " addr add 10.231.77.2/24 dev " + tag + "y") &&
+                  sh("ip -n " + a + " link set " + tag + "x up") && sh("ip -n " + b + " link set " + tag + "y up") &&
+                  sh("ip -n " + a + " link set lo up") && sh("ip -n " + b + " link set lo up");
+  struct Cleanup {
+    std::string a, b;
+    ~Cleanup() { sh("ip netns del " + a); sh("ip netns del " + b); }
+  } cleanup{a, b};
+  if (!ok) GTEST_SKIP() << "could not wire the namespaces";
+
+  const std::string base = tempDir();
+  auto node = [&](int rank, const std::string& ns) {
+    std::vector<std::string> argv = {"/usr/bin/ip", "netns", "exec", ns, DDP_LAUNCH_BIN, "--nnodes=2",
+                                     "--node_rank=" + std::to_string(rank), "--nproc_per_node=1",
+                                     "--master_addr=10.231.77.1", "--master_port=29631", DDP_WORKER_BIN};
+    for (auto& x : trainArgs(base + "/node" + std::to_string(rank))) argv.push_back(x);
+    argv.push_back("train.max_steps=12");
+    argv.push_back("comm.timeout_s=60");
+    return argv;
+  };
+  Background node0(node(0, a), base + "/node0.log");
+  Background node1(node(1, b), base + "/node1.log");
+  EXPECT_EQ(node0.wait(180), 0) << test::readFile(node0.log);
+  EXPECT_EQ(node1.wait(180), 0) << test::readFile(node1.log);
+  const auto summary = nlohmann::json::parse(test::readFile(base + "/node0/summary.json"));
+  EXPECT_EQ(summary["world_size"], 2);
+  EXPECT_EQ(summary["steps"], 12);
+  const auto r0 = worker::readStateDict(base + "/node0/rank0_params.pt");
+  const auto r1 = worker::readStateDict(base + "/node1/rank1_params.pt");
+  for (const auto& [key, value] : r0) EXPECT_TRUE(at::equal(value, r1.at(key))) << key;
+  fs::remove_all(base);
+}
+
+}  // namespace
+}  // namespace ddp
