@@ -36,6 +36,7 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const RendezvousOptions& options) {
   } catch (const std::exception& e) {
     std::string reason = e.what();
     reason = reason.substr(0, reason.find('\n'));
+    if (reason.find("Address already in use") != std::string::npos) reason = "address already in use";
     if (options.rank == 0) {
       DDP_THROW(CommError, "rendezvous: rank 0 could not listen on ", where, " (", reason,
                 "); is another job using MASTER_PORT? Pick a free --master_port or let "

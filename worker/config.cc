@@ -141,7 +141,8 @@ void setField(const Field& field, const YAML::Node& value, const std::string& or
     field.set(value);
   } catch (const YAML::Exception&) {
     std::string shown = value.IsScalar() ? "'" + value.Scalar() + "'" : "a " + std::string(value.IsSequence() ? "list" : value.IsMap() ? "map" : "null");
-    DDP_THROW(ConfigError, "config: '", field.key, "'", origin, " must be a ", field.type,
+    const char* article = field.type.find_first_of("aeiou") == 0 ? " must be an " : " must be a ";
+    DDP_THROW(ConfigError, "config: '", field.key, "'", origin, article, field.type,
               ", got ", shown);
   }
 }

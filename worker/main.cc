@@ -121,8 +121,6 @@ int runWorker(std::vector<std::string> args) {
     }
     return runEvalMode(config, env.localRank);
   }
-  // From here on a SIGTERM finishes the step, saves a checkpoint and exits.
-  installStopSignalHandlers();
   if (config.mode == Mode::kDp) {
     if (env.worldSize > 1) {
       DDP_THROW(ConfigError, "config: mode 'dp' (DataParallel) is one process that drives all its replicas, "
@@ -176,6 +174,8 @@ int runWorker(std::vector<std::string> args) {
     writeFileAtomic(config.output.dir + "/config.resolved.yaml", dumpConfig(config));
   }
 
+  // From here on a SIGTERM finishes the step, saves a checkpoint and exits (before, it just kills).
+  installStopSignalHandlers();
   Trainer trainer(config, *comm, device);
   const TrainResult result = trainer.run(data);
   if (result.stopSignal != 0) {

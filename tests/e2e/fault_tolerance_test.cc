@@ -10,6 +10,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <thread>
 
 #include "tests/e2e/run_command.h"
@@ -98,11 +99,17 @@ TEST(FaultTolerance, CrashedRankRestartsTheGroupAndTrainingResumesExactly) {
   std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nproc_per_node=2", "--max_restarts=1",
                                    "--shutdown_grace_s=2", DDP_WORKER_BIN};
   for (auto& a : trainArgs(base + "/crashed")) argv.push_back(a);
+  // A random rank at a random step (logged, so a failure can be replayed).
+  std::random_device entropy;
+  std::mt19937 rng(entropy());
+  const int victim = static_cast<int>(rng() % 2);
+  const int atStep = 6 + static_cast<int>(rng() % 25);
+  std::cout << "killing rank " << victim << " at step " << atStep << std::endl;
   Background job(argv, base + "/crashed.log");
-  ASSERT_TRUE(job.waitFor("step 17 ", 120)) << test::readFile(job.log);
+  ASSERT_TRUE(job.waitFor("step " + std::to_string(atStep) + " ", 120)) << test::readFile(job.log);
   const auto workers = childrenOf(job.pid);
   ASSERT_EQ(workers.size(), 2u);
-  ::kill(workers[1], SIGKILL);  // e.g. the OOM killer
+  ::kill(workers[victim], SIGKILL);  // e.g. the OOM killer
   EXPECT_EQ(job.wait(240), 0) << test::readFile(job.log);
   const std::string output = test::readFile(job.log);
   EXPECT_NE(output.find("restarting the group (restart 1/1)"), std::string::npos) << output;
@@ -171,7 +178,7 @@ TEST(FaultTolerance, TwoNodesInTwoNetworkNamespaces) {
   const std::string base = tempDir();
   auto node = [&](int rank, const std::string& ns) {
     std::vector<std::string> argv = {"/usr/bin/ip", "netns", "exec", ns, DDP_LAUNCH_BIN, "--nnodes=2",
-                                     "--node_rank=" + std::to_string(rank), "--nproc_per_node=1",
+                                     "--node_rank=" + std::to_string(rank), "--nproc_per_node=2",
                                      "--master_addr=10.231.77.1", "--master_port=29631", DDP_WORKER_BIN};
     for (auto& x : trainArgs(base + "/node" + std::to_string(rank))) argv.push_back(x);
     argv.push_back("train.max_steps=12");
@@ -183,11 +190,14 @@ TEST(FaultTolerance, TwoNodesInTwoNetworkNamespaces) {
   EXPECT_EQ(node0.wait(180), 0) << test::readFile(node0.log);
   EXPECT_EQ(node1.wait(180), 0) << test::readFile(node1.log);
   const auto summary = nlohmann::json::parse(test::readFile(base + "/node0/summary.json"));
-  EXPECT_EQ(summary["world_size"], 2);
+  EXPECT_EQ(summary["world_size"], 4);
   EXPECT_EQ(summary["steps"], 12);
+  // Ranks 0,1 on node 0 and 2,3 on node 1 end with the same parameters.
   const auto r0 = worker::readStateDict(base + "/node0/rank0_params.pt");
-  const auto r1 = worker::readStateDict(base + "/node1/rank1_params.pt");
-  for (const auto& [key, value] : r0) EXPECT_TRUE(at::equal(value, r1.at(key))) << key;
+  for (const auto& [node, rank] : std::vector<std::pair<int, int>>{{0, 1}, {1, 2}, {1, 3}}) {
+    const auto other = worker::readStateDict(base + "/node" + std::to_string(node) + "/rank" + std::to_string(rank) + "_params.pt");
+    for (const auto& [key, value] : r0) EXPECT_TRUE(at::equal(value, other.at(key))) << "rank " << rank << " " << key;
+  }
   fs::remove_all(base);
 }
 

@@ -71,39 +71,5 @@ TEST(WorkerCli, MetricsAndSummaryAreWritten) {
   std::filesystem::remove_all(dir);
 }
 
-struct BadInput {
-  std::string name;
-  std::vector<std::string> args;
-  std::string expected;  // a piece of the one-line error
-};
-
-class WorkerBadInput : public ::testing::TestWithParam<BadInput> {};
-
-TEST_P(WorkerBadInput, OneClearLineNonZeroExitNoExport) {
-  const BadInput c = GetParam();
-  const std::string dir = tempDir();
-  std::vector<std::string> args = c.args;
-  args.push_back("output.dir=" + dir);
-  const auto r = launch(2, args, 60);
-  EXPECT_FALSE(r.timedOut) << r.output;
-  EXPECT_NE(r.exitCode, 0) << r.output;
-  EXPECT_NE(r.output.find(c.expected), std::string::npos) << r.output;
-  EXPECT_EQ(r.output.find("Exception raised from"), std::string::npos) << r.output;
-  EXPECT_FALSE(std::filesystem::exists(dir + "/model.pt"));
-  std::filesystem::remove_all(dir);
-}
-
-INSTANTIATE_TEST_SUITE_P(
-    Errors, WorkerBadInput,
-    ::testing::Values(
-        BadInput{"UnknownKey", {kConfig, "trian.lr=0.1"}, "unknown key 'trian.lr' (command-line override) (did you mean 'train.lr'?)"},
-        BadInput{"WrongType", {kConfig, "train.batch_size=many"}, "'train.batch_size' (command-line override) must be a integer"},
-        BadInput{"MissingConfig", {"/nonexistent/config.yaml"}, "cannot read '/nonexistent/config.yaml'"},
-        BadInput{"MissingData", {kConfig, "data.name=fashion-mnist", "data.root=/nonexistent/fm"}, "/nonexistent/fm"},
-        BadInput{"DpWithManyRanks", {kConfig, "mode=dp"}, "mode 'dp' (DataParallel) is one process"},
-        BadInput{"SingleWithManyRanks", {kConfig, "mode=single"}, "WORLD_SIZE=2"},
-        BadInput{"NcclWithoutGpu", {kConfig, "backend=nccl", "device=cpu"}, "backend 'nccl'"}),
-    [](const auto& info) { return info.param.name; });
-
 }  // namespace
 }  // namespace ddp

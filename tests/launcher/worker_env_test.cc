@@ -36,6 +36,7 @@ TEST(WorkerEnv, ContractFollowsTheTorchrunFormulas) {
       EXPECT_EQ(env.at("MASTER_PORT"), "29123");
       EXPECT_EQ(env.at("TORCHELASTIC_RESTART_COUNT"), "0");
       EXPECT_EQ(env.at("DDP_LAUNCH_PREFIXED"), "1");
+      EXPECT_EQ(env.at("GLOG_minloglevel"), "3");
     }
   }
 }

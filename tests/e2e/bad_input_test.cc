@@ -1,0 +1,178 @@
+// The bad-input table of README ("Bad input"): each row is a real launch that
+// must end with a clear one-line error naming the problem, a non-zero exit,
+// nothing half-written in the output directory and no process left behind.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tests/e2e/run_command.h"
+
+namespace ddp {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kConfig = std::string(DDP_SOURCE_DIR) + "/configs/synthetic_mlp.yaml";
+
+struct Fixture {
+  std::string dir;   // the case's scratch directory; output.dir is dir/out
+  int heldPort = 0;  // a port some other program listens on
+  int deadPort = 0;  // a port nobody listens on
+};
+
+struct BadInput {
+  std::string name;
+  /// Builds the ddp-launch arguments (after the binary) for this case.
+  std::function<std::vector<std::string>(const Fixture&)> args;
+  std::string expected;  // a piece of the error line
+  int expectedExit = -1; // -1: any non-zero
+};
+
+std::ostream& operator<<(std::ostream& out, const BadInput& c) { return out << c.name; }
+
+std::vector<std::string> worker(std::vector<std::string> extra, const Fixture& f, int nproc = 2) {
+  std::vector<std::string> a = {"--nproc_per_node=" + std::to_string(nproc), DDP_WORKER_BIN, kConfig,
+                                "output.dir=" + f.dir + "/out"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+int listenOn(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  ::listen(fd, 4);
+  return fd;
+}
+
+int portOf(int fd) {
+  sockaddr_in addr{};
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  return ntohs(addr.sin_port);
+}
+
+/// Processes whose command line mentions `marker` (our unique scratch dir).
+int processesMentioning(const std::string& marker) {
+  int count = 0;
+  for (const auto& p : fs::directory_iterator("/proc")) {
+    const std::string name = p.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(p.path() / "cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(in)), {});
+    if (cmd.find(marker) != std::string::npos && std::to_string(::getpid()) != name) ++count;
+  }
+  return count;
+}
+
+class BadInputTable : public ::testing::TestWithParam<BadInput> {};
+
+TEST_P(BadInputTable, OneClearLineNonZeroExitNothingWrittenNothingLeft) {
+  const BadInput c = GetParam();
+  Fixture f;
+  std::string tmpl = (fs::temp_directory_path() / "ddp_bad_XXXXXX").string();
+  f.dir = ::mkdtemp(tmpl.data());
+  const int held = listenOn(0);
+  f.heldPort = portOf(held);
+  const int dead = listenOn(0);
+  f.deadPort = portOf(dead);
+  ::close(dead);
+
+  std::vector<std::string> argv = {DDP_LAUNCH_BIN};
+  for (auto& a : c.args(f)) argv.push_back(a);
+  const auto r = test::runCommand(argv, 90);
+  ::close(held);
+
+  EXPECT_FALSE(r.timedOut) << r.output;
+  EXPECT_NE(r.exitCode, 0) << r.output;
+  if (c.expectedExit >= 0) EXPECT_EQ(r.exitCode, c.expectedExit) << r.output;
+  EXPECT_NE(r.output.find(c.expected), std::string::npos) << "expected '" << c.expected << "' in:\n" << r.output;
+  // One line per failure, not a C++ backtrace.
+  EXPECT_EQ(r.output.find("Exception raised from"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("frame #"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
+  // Nothing half-written, nobody left behind.
+  for (const char* file : {"model.pt", "summary.json"}) EXPECT_FALSE(fs::exists(f.dir + "/out/" + file)) << file;
+  EXPECT_EQ(processesMentioning(f.dir), 0) << "a process outlived the launcher";
+  fs::remove_all(f.dir);
+}
+
+std::string writeFile(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+  return path;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Readme, BadInputTable,
+    ::testing::Values(
+        BadInput{"MissingConfig", [](const Fixture& f) { return std::vector<std::string>{"--nproc_per_node=2", DDP_WORKER_BIN, f.dir + "/none.yaml"}; },
+                 "cannot read '", 2},
+        BadInput{"GarbledConfig", [](const Fixture& f) {
+                   return std::vector<std::string>{"--nproc_per_node=2", DDP_WORKER_BIN,
+                                                   writeFile(f.dir + "/bad.yaml", "train: [1, 2\nmodel: {")};
+                 }, "YAML syntax error", 2},
+        BadInput{"TopLevelNotAMap", [](const Fixture& f) {
+                   return std::vector<std::string>{"--nproc_per_node=2", DDP_WORKER_BIN, writeFile(f.dir + "/list.yaml", "- 1\n- 2\n")};
+                 }, "top level must be a map", 2},
+        BadInput{"UnknownKey", [](const Fixture& f) { return worker({"trian.lr=0.1"}, f); }, "did you mean 'train.lr'?", 2},
+        BadInput{"WrongType", [](const Fixture& f) { return worker({"train.batch_size=many"}, f); },
+                 "'train.batch_size' (command-line override) must be an integer, got 'many'", 2},
+        BadInput{"NegativeBatchSize", [](const Fixture& f) { return worker({"train.batch_size=-4"}, f); }, "'train.batch_size' must be >= 1", 2},
+        BadInput{"NegativeLearningRate", [](const Fixture& f) { return worker({"train.lr=-0.1"}, f); }, "'train.lr' must be > 0", 2},
+        BadInput{"NegativeMaxSteps", [](const Fixture& f) { return worker({"train.max_steps=-1"}, f); }, "'train.max_steps' must be >= 0", 2},
+        BadInput{"BadMode", [](const Fixture& f) { return worker({"mode=fsdp"}, f); }, "use one of ddp | dp | single | eval", 2},
+        BadInput{"OverrideWithoutValue", [](const Fixture& f) { return worker({"train.lr"}, f); }, "must look like dotted.key=value", 2},
+        BadInput{"NprocZero", [](const Fixture& f) { return std::vector<std::string>{"--nproc_per_node=0", DDP_WORKER_BIN, kConfig, "output.dir=" + f.dir + "/out"}; },
+                 "ddp-launch:", 2},
+        BadInput{"UnknownLauncherFlag", [](const Fixture& f) { return std::vector<std::string>{"--nproc_per_nod=2", DDP_WORKER_BIN, kConfig, "output.dir=" + f.dir + "/out"}; },
+                 "--nproc_per_node", 2},
+        BadInput{"WorkerNotFound", [](const Fixture& f) { return std::vector<std::string>{"--nproc_per_node=2", f.dir + "/no-such-worker", kConfig}; },
+                 "no-such-worker", 2},
+        BadInput{"NodeRankOutOfRange", [](const Fixture& f) { return std::vector<std::string>{"--nnodes=2", "--node_rank=2", DDP_WORKER_BIN, kConfig, "output.dir=" + f.dir + "/out"}; },
+                 "node_rank", 2},
+        BadInput{"UnreachableMaster", [](const Fixture& f) {
+                   // This node is rank 1 of 2; rank 0 never comes.
+                   return std::vector<std::string>{"--nnodes=2", "--node_rank=1", "--nproc_per_node=1", "--master_port=" + std::to_string(f.deadPort),
+                                                   DDP_WORKER_BIN, kConfig, "output.dir=" + f.dir + "/out", "comm.timeout_s=2"};
+                 }, "could not reach rank 0 at 127.0.0.1:"},
+        BadInput{"PortInUse", [](const Fixture& f) {
+                   return std::vector<std::string>{"--nproc_per_node=2", "--master_port=" + std::to_string(f.heldPort), DDP_WORKER_BIN, kConfig,
+                                                   "output.dir=" + f.dir + "/out", "comm.timeout_s=3"};
+                 }, "is another job using MASTER_PORT?"},
+        BadInput{"MissingDataset", [](const Fixture& f) { return worker({"data.name=fashion-mnist", "data.root=" + f.dir + "/fm"}, f); },
+                 "install Debian package dataset-fashion-mnist or set data.root"},
+        BadInput{"UnwritableOutputDir", [](const Fixture&) {
+                   return std::vector<std::string>{"--nproc_per_node=2", DDP_WORKER_BIN, kConfig, "output.dir=/proc/ddp-out"};
+                 }, "cannot create directory '/proc/ddp-out'"},
+        BadInput{"IncompatibleModelFile", [](const Fixture& f) {
+                   const auto made = test::runCommand({DDP_LAUNCH_BIN, DDP_WORKER_BIN, kConfig, "mode=single", "train.max_steps=2",
+                                                       "output.dir=" + f.dir + "/first"}, 60);
+                   return worker({"mode=eval", "eval.model_path=" + f.dir + "/first/model.pt", "model.hidden=[128]"}, f, 1);
+                 }, "fc1.weight [64, 784] in the file vs [128, 784] in the model"},
+        BadInput{"CorruptCheckpoint", [](const Fixture& f) {
+                   writeFile(f.dir + "/ckpt.pt", std::string("PK\x03\x04", 4) + "not really a zip archive");
+                   return worker({"resume=" + f.dir + "/ckpt.pt"}, f);
+                 }, "truncated or corrupt"},
+        BadInput{"ResumeFromAModelExport", [](const Fixture& f) {
+                   test::runCommand({DDP_LAUNCH_BIN, DDP_WORKER_BIN, kConfig, "mode=single", "train.max_steps=2", "output.dir=" + f.dir + "/first"}, 60);
+                   return worker({"resume=" + f.dir + "/first/model.pt"}, f);
+                 }, "not a ddp-launch training checkpoint"},
+        BadInput{"GpuWithoutGpu", [](const Fixture& f) {
+                   // On a GPU machine this row is "LOCAL_RANK 3 needs GPU 3 but only 2 GPU(s) are visible".
+                   return worker({"device=cuda:7"}, f);
+                 }, "cuda:7"},
+        BadInput{"BadDeviceName", [](const Fixture& f) { return worker({"device=gpu0"}, f); }, "use auto, cpu, cuda or cuda:N", 2},
+        BadInput{"NcclOnCpu", [](const Fixture& f) { return worker({"backend=nccl", "device=cpu"}, f); }, "backend 'nccl'", 2},
+        BadInput{"DpWithManyRanks", [](const Fixture& f) { return worker({"mode=dp"}, f); }, "start it with --nproc_per_node=1", 2},
+        BadInput{"EvalWithoutModelPath", [](const Fixture& f) { return worker({"mode=eval"}, f, 1); }, "'eval.model_path' must name the model file", 2}),
+    [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace ddp
