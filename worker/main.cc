@@ -60,39 +60,20 @@ int runDataParallel(const ddp::worker::WorkerConfig& config) {
   const dp::DpResult dpResult = trainer.run(data);
   const TrainResult& result = dpResult.train;
   const double rssMb = static_cast<double>(dp::peakRssBytes()) / kMiB;
-  nlohmann::json summary = {
-      {"world_size", 1},
-      {"mode", "dp"},
-      {"backend", "none"},
-      {"device", placement.devices.front().str()},
-      {"dp_replicas", placement.devices.size()},
-      {"dp_devices", deviceNames},
-      {"dp_output_device", placement.outputDevice.str()},
-      {"model", config.model.name},
-      {"data", config.data.name},
-      {"batch_size_per_rank", config.train.batchSize},
-      {"global_batch_size", config.train.batchSize},
-      {"steps", result.steps},
-      {"samples", result.samples},
-      {"train_seconds", result.trainSeconds},
-      {"samples_per_s", result.samplesPerSecond},
-      {"final_loss", result.finalLoss},
-      {"test_correct", result.testCorrect},
-      {"test_total", result.testTotal},
-      {"test_accuracy", result.testAccuracy},
-      {"export_path", std::filesystem::absolute(result.exportPath).string()},
-      {"peak_rss_mb", rssMb},
-      {"peak_rss_mb_per_process", {rssMb}},
-  };
+  nlohmann::json summary = trainingSummary(config, result, 1, "dp", "none", placement.devices.front().str(),
+                                           config.train.batchSize);
+  summary["dp_replicas"] = placement.devices.size();
+  summary["dp_devices"] = deviceNames;
+  summary["dp_output_device"] = placement.outputDevice.str();
+  summary["peak_rss_mb"] = rssMb;
+  summary["peak_rss_mb_per_process"] = {rssMb};
   if (!dpResult.peakAllocatedBytes.empty()) {
     std::vector<double> mb;
     for (auto b : dpResult.peakAllocatedBytes) mb.push_back(static_cast<double>(b) / kMiB);
     summary["cuda_peak_allocated_mb_per_device"] = mb;
   }
   writeSummary(config.output.dir + "/summary.json", summary);
-  spdlog::info("done: {} steps, {:.0f} samples/s, final loss {:.4f}, test accuracy {:.2f}% ({}/{}), exported {}",
-               result.steps, result.samplesPerSecond, result.finalLoss, 100 * result.testAccuracy,
-               result.testCorrect, result.testTotal, result.exportPath);
+  logDone(result);
   return 0;
 }
 
@@ -197,32 +178,15 @@ int runWorker(std::vector<std::string> args) {
       rssMb.push_back(memory[r].item<double>());
       cudaMb.push_back(memory[worldSize + r].item<double>());
     }
-    nlohmann::json summary = {
-        {"world_size", worldSize},
-        {"mode", modeName(config.mode)},
-        {"backend", comm->backendName() == "local" ? "none" : comm->backendName()},
-        {"device", device.str()},
-        {"model", config.model.name},
-        {"data", config.data.name},
-        {"batch_size_per_rank", config.train.batchSize},
-        {"global_batch_size", config.train.batchSize * worldSize},
-        {"steps", result.steps},
-        {"samples", result.samples},
-        {"train_seconds", result.trainSeconds},
-        {"samples_per_s", result.samplesPerSecond},
-        {"final_loss", result.finalLoss},
-        {"test_correct", result.testCorrect},
-        {"test_total", result.testTotal},
-        {"test_accuracy", result.testAccuracy},
-        {"export_path", std::filesystem::absolute(result.exportPath).string()},
-        {"peak_rss_mb", rssMb.front()},
-        {"peak_rss_mb_per_process", rssMb},
-    };
+    nlohmann::json summary = trainingSummary(
+        config, result, worldSize, modeName(config.mode),
+        comm->backendName() == "local" ? "none" : comm->backendName(), device.str(),
+        config.train.batchSize * worldSize);
+    summary["peak_rss_mb"] = rssMb.front();
+    summary["peak_rss_mb_per_process"] = rssMb;
     if (device.is_cuda()) summary["cuda_peak_allocated_mb_per_device"] = cudaMb;
     writeSummary(config.output.dir + "/summary.json", summary);
-    spdlog::info("done: {} steps, {:.0f} samples/s, final loss {:.4f}, test accuracy {:.2f}% ({}/{}), exported {}",
-                 result.steps, result.samplesPerSecond, result.finalLoss, 100 * result.testAccuracy,
-                 result.testCorrect, result.testTotal, result.exportPath);
+    logDone(result);
   }
   // No rank leaves while another still needs the store that rank 0 hosts.
   comm->barrier();

@@ -1,6 +1,12 @@
 #include "worker/metrics.h"
 
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+
 #include "common/error.h"
+#include "worker/config.h"
+#include "worker/trainer.h"
 #include "worker/atomic_file.h"
 
 namespace ddp::worker {
@@ -14,6 +20,36 @@ void MetricsWriter::write(const nlohmann::json& record) {
   if (!out_.is_open()) return;
   out_ << record.dump() << '\n';
   out_.flush();
+}
+
+nlohmann::json trainingSummary(const WorkerConfig& config, const TrainResult& result, int worldSize,
+                               const std::string& mode, const std::string& backend,
+                               const std::string& device, int64_t globalBatch) {
+  return {
+      {"world_size", worldSize},
+      {"mode", mode},
+      {"backend", backend},
+      {"device", device},
+      {"model", config.model.name},
+      {"data", config.data.name},
+      {"batch_size_per_rank", config.train.batchSize},
+      {"global_batch_size", globalBatch},
+      {"steps", result.steps},
+      {"samples", result.samples},
+      {"train_seconds", result.trainSeconds},
+      {"samples_per_s", result.samplesPerSecond},
+      {"final_loss", result.finalLoss},
+      {"test_correct", result.testCorrect},
+      {"test_total", result.testTotal},
+      {"test_accuracy", result.testAccuracy},
+      {"export_path", std::filesystem::absolute(result.exportPath).string()},
+  };
+}
+
+void logDone(const TrainResult& result) {
+  spdlog::info("done: {} steps, {:.0f} samples/s, final loss {:.4f}, test accuracy {:.2f}% ({}/{}), exported {}",
+               result.steps, result.samplesPerSecond, result.finalLoss, 100 * result.testAccuracy,
+               result.testCorrect, result.testTotal, result.exportPath);
 }
 
 void writeSummary(const std::string& path, const nlohmann::json& summary) {

@@ -21,6 +21,17 @@ class MetricsWriter {
   std::ofstream out_;
 };
 
+struct TrainResult;
+struct WorkerConfig;
+
+/// The summary.json fields every training mode shares; callers add their own.
+nlohmann::json trainingSummary(const WorkerConfig& config, const TrainResult& result, int worldSize,
+                               const std::string& mode, const std::string& backend,
+                               const std::string& device, int64_t globalBatch);
+
+/// The closing log line of a training run.
+void logDone(const TrainResult& result);
+
 /// Writes `summary` pretty-printed, atomically.
 void writeSummary(const std::string& path, const nlohmann::json& summary);
 

@@ -16,53 +16,14 @@
 #include "comm/gradient_sync.h"
 #include "comm/process_group.h"
 #include "comm/rendezvous.h"
+#include "tests/comm/thread_ranks.h"
 #include "common/error.h"
 
 namespace ddp::comm {
 namespace {
 
-uint16_t freePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-/// Runs `body(comm)` on `world` threads, each a rank of a fresh Gloo group.
-void runRanks(int world, const std::function<void(Communicator&)>& body) {
-  const uint16_t port = freePort();
-  std::vector<std::thread> threads;
-  std::vector<std::string> errors(world);
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        RendezvousOptions rdv;
-        rdv.masterPort = port;
-        rdv.rank = r;
-        rdv.worldSize = world;
-        rdv.timeout = std::chrono::seconds(30);
-        auto store = rendezvous(rdv);
-        ProcessGroupOptions pg;
-        pg.rank = r;
-        pg.worldSize = world;
-        pg.timeout = std::chrono::seconds(30);
-        auto comm = makeCommunicator(store, pg);
-        body(*comm);
-        comm->barrier();
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
-}
+using test::freePort;
+using test::runRanks;
 
 class CommWorld : public ::testing::TestWithParam<int> {};
 
