@@ -6,6 +6,8 @@ set -euo pipefail
 packages=(
   build-essential cmake ccache pkg-config
   libtorch-dev libgloo-dev          # LibTorch 1.13 (CPU, c10d + Gloo) and the Gloo headers c10d includes
+  libopenblas0-openmp               # LibTorch's GEMMs go through the system BLAS; Debian's default is the
+                                    # reference BLAS, ~15x slower. OpenMP build: follows OMP_NUM_THREADS
   libcxxopts-dev libspdlog-dev libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev
   libboost-dev libboost-filesystem-dev   # Boost.Process v1 (header-only) needs boost_filesystem
   libgtest-dev
