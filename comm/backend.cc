@@ -8,7 +8,8 @@ Backend parseBackend(const std::string& name) {
   if (name == "auto") return Backend::kAuto;
   if (name == "gloo") return Backend::kGloo;
   if (name == "nccl") return Backend::kNccl;
-  DDP_THROW(ConfigError, "config: backend '", name, "' is not one of auto | gloo | nccl");
+  if (name == "shm") return Backend::kShm;
+  DDP_THROW(ConfigError, "config: backend '", name, "' is not one of auto | gloo | nccl | shm");
 }
 
 std::string backendName(Backend backend) {
@@ -16,6 +17,7 @@ std::string backendName(Backend backend) {
     case Backend::kAuto: return "auto";
     case Backend::kGloo: return "gloo";
     case Backend::kNccl: return "nccl";
+    case Backend::kShm: return "shm";
   }
   return "?";
 }
@@ -28,10 +30,15 @@ bool ncclCompiled() {
 #endif
 }
 
-Backend resolveBackend(Backend requested, bool deviceIsCuda) {
+Backend resolveBackend(Backend requested, bool deviceIsCuda, bool singleHost) {
   switch (requested) {
     case Backend::kAuto:
-      return deviceIsCuda && ncclCompiled() ? Backend::kNccl : Backend::kGloo;
+      if (deviceIsCuda) return ncclCompiled() ? Backend::kNccl : Backend::kGloo;
+      return singleHost ? Backend::kShm : Backend::kGloo;
+    case Backend::kShm:
+      if (deviceIsCuda) DDP_THROW(ConfigError, "config: backend 'shm' is for CPU ranks; use nccl (or auto) on GPUs");
+      if (!singleHost) DDP_THROW(ConfigError, "config: backend 'shm' needs every rank on this host; use gloo (or auto) across nodes");
+      return Backend::kShm;
     case Backend::kGloo:
       return Backend::kGloo;
     case Backend::kNccl:

@@ -5,17 +5,18 @@
 
 namespace ddp::comm {
 
-enum class Backend { kAuto, kGloo, kNccl };
+enum class Backend { kAuto, kGloo, kNccl, kShm };
 
-/// Parses "auto" | "gloo" | "nccl"; throws ConfigError otherwise.
+/// Parses "auto" | "gloo" | "nccl" | "shm"; throws ConfigError otherwise.
 Backend parseBackend(const std::string& name);
 std::string backendName(Backend backend);
 
 /// True when this build can create ProcessGroupNCCL (a CUDA LibTorch).
 bool ncclCompiled();
 
-/// auto → nccl when the job runs on CUDA and NCCL is compiled in, else gloo.
-/// An explicit nccl on a CPU device or without NCCL is a ConfigError.
-Backend resolveBackend(Backend requested, bool deviceIsCuda);
+/// auto → nccl when the job runs on CUDA and NCCL is compiled in; shm for a
+/// CPU job whose ranks all run on this host; else gloo. An explicit nccl on a
+/// CPU device or without NCCL, or shm on CUDA or across hosts, is a ConfigError.
+Backend resolveBackend(Backend requested, bool deviceIsCuda, bool singleHost = false);
 
 }  // namespace ddp::comm

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "comm/shm_communicator.h"
 #include "common/error.h"
 
 namespace ddp::comm {
@@ -158,6 +159,13 @@ std::unique_ptr<Communicator> makeCommunicator(const c10::intrusive_ptr<c10d::St
 #else
         break;
 #endif
+      }
+      case Backend::kShm: {
+        ShmOptions shm;
+        shm.rank = options.rank;
+        shm.worldSize = options.worldSize;
+        shm.timeout = options.timeout;
+        return makeShmCommunicator(prefixed, shm);
       }
       case Backend::kAuto:
         break;

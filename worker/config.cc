@@ -179,8 +179,8 @@ void validate(const WorkerConfig& c) {
   require(c.data.syntheticTrain > 0, "data.synthetic_train", "must be > 0");
   require(c.data.syntheticTest > 0, "data.synthetic_test", "must be > 0");
   require(c.data.syntheticClasses >= 2, "data.synthetic_classes", "must be >= 2");
-  require(c.backend == "auto" || c.backend == "gloo" || c.backend == "nccl", "backend",
-          "is '" + c.backend + "'; use auto, gloo or nccl");
+  require(c.backend == "auto" || c.backend == "gloo" || c.backend == "nccl" || c.backend == "shm", "backend",
+          "is '" + c.backend + "'; use auto, gloo, nccl or shm");
   const bool cudaIndexed = c.device.rfind("cuda:", 0) == 0 && c.device.size() > 5 &&
                            c.device.find_first_not_of("0123456789", 5) == std::string::npos;
   require(c.device == "auto" || c.device == "cpu" || c.device == "cuda" || cudaIndexed, "device",

@@ -120,7 +120,8 @@ int runWorker(std::vector<std::string> args) {
   if (config.threads > 0) torch::set_num_threads(static_cast<int>(config.threads));
   const c10::Device device = selectDevice(config.device, env.localRank);
   const comm::Backend backend =
-      comm::resolveBackend(comm::parseBackend(config.backend), device.is_cuda());
+      comm::resolveBackend(comm::parseBackend(config.backend), device.is_cuda(),
+                           /*singleHost=*/env.localWorldSize == env.worldSize);
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(config.comm.timeoutS * 1000));
 
   // Data first: a missing data set fails fast, before anyone waits in a rendezvous.

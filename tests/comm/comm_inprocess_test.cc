@@ -2,7 +2,9 @@
 // TCPStore on loopback. Expected values come from closed-form sums.
 #include <gtest/gtest.h>
 
+#include <ATen/ops/arange.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/tensor.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
@@ -16,6 +18,8 @@
 #include "comm/gradient_sync.h"
 #include "comm/process_group.h"
 #include "comm/rendezvous.h"
+#include "comm/shm_communicator.h"
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include "tests/comm/thread_ranks.h"
 #include "common/error.h"
 
@@ -25,10 +29,19 @@ namespace {
 using test::freePort;
 using test::runRanks;
 
-class CommWorld : public ::testing::TestWithParam<int> {};
+struct WorldCase {
+  int world;
+  Backend backend;
+};
+
+std::ostream& operator<<(std::ostream& out, const WorldCase& c) {
+  return out << backendName(c.backend) << c.world;
+}
+
+class CommWorld : public ::testing::TestWithParam<WorldCase> {};
 
 TEST_P(CommWorld, AllReduceSumsOverRanks) {
-  const int world = GetParam();
+  const int world = GetParam().world;
   runRanks(world, [world](Communicator& comm) {
     EXPECT_EQ(comm.size(), world);
     at::Tensor t = at::full({1000}, static_cast<float>(comm.rank() + 1));
@@ -36,22 +49,22 @@ TEST_P(CommWorld, AllReduceSumsOverRanks) {
     // 1 + 2 + ... + world
     const float expected = world * (world + 1) / 2.0f;
     EXPECT_TRUE(t.eq(expected).all().item<bool>()) << t[0].item<float>();
-  });
+  }, GetParam().backend);
 }
 
 TEST_P(CommWorld, BroadcastCopiesRootEverywhere) {
-  const int world = GetParam();
+  const int world = GetParam().world;
   runRanks(world, [world](Communicator& comm) {
     at::Tensor a = at::full({3, 5}, static_cast<float>(comm.rank()));
     at::Tensor b = at::full({7}, static_cast<float>(10 * comm.rank()));
     broadcastTensors(comm, {a, b}, /*root=*/world - 1);
     EXPECT_TRUE(a.eq(static_cast<float>(world - 1)).all().item<bool>());
     EXPECT_TRUE(b.eq(static_cast<float>(10 * (world - 1))).all().item<bool>());
-  });
+  }, GetParam().backend);
 }
 
 TEST_P(CommWorld, GradientsAreAveragedAndMissingOnesCountAsZero) {
-  const int world = GetParam();
+  const int world = GetParam().world;
   runRanks(world, [world](Communicator& comm) {
     const int r = comm.rank();
     at::Tensor w = at::zeros({4, 3}).requires_grad_(true);
@@ -69,10 +82,63 @@ TEST_P(CommWorld, GradientsAreAveragedAndMissingOnesCountAsZero) {
     EXPECT_EQ(unused.grad().abs().sum().item<float>(), 0.0f);
     // mean of r^2 = (world-1)(2world-1)/6
     EXPECT_NEAR(loss.item<float>(), (world - 1) * (2 * world - 1) / 6.0f, 1e-5);
-  });
+  }, GetParam().backend);
 }
 
-INSTANTIATE_TEST_SUITE_P(Gloo, CommWorld, ::testing::Values(2, 3, 4));
+INSTANTIATE_TEST_SUITE_P(Backends, CommWorld,
+                         ::testing::Values(WorldCase{2, Backend::kGloo}, WorldCase{3, Backend::kGloo},
+                                           WorldCase{4, Backend::kGloo}, WorldCase{2, Backend::kShm},
+                                           WorldCase{3, Backend::kShm}, WorldCase{4, Backend::kShm}),
+                         [](const auto& info) {
+                           std::ostringstream name;
+                           name << info.param;
+                           return name.str();
+                         });
+
+TEST(Shm, LargeTensorsGoThroughInChunksAndEveryDtypeSums) {
+  runRanks(3, [](Communicator& comm) {
+    const int r = comm.rank();
+    // 3 M floats = 12 MB: three 4 MiB chunks, the last one partial.
+    at::Tensor big = at::arange(3'000'001, at::kFloat).mul_(r + 1);
+    comm.allReduceSum(big);
+    // (1 + 2 + 3) · i
+    EXPECT_TRUE(big.equal(at::arange(3'000'001, at::kFloat).mul_(6))) << big[2999999].item<float>();
+    at::Tensor counts = at::tensor({int64_t{r}, int64_t{1} << 40}, at::kLong);
+    comm.allReduceSum(counts);
+    EXPECT_EQ(counts[0].item<int64_t>(), 0 + 1 + 2);
+    EXPECT_EQ(counts[1].item<int64_t>(), 3 * (int64_t{1} << 40));
+    at::Tensor half = at::full({5}, 0.5 * (r + 1), at::kHalf);
+    comm.allReduceSum(half);
+    EXPECT_EQ(half[4].item<float>(), 3.0f);
+    // A non-contiguous tensor (a column) is reduced in place too.
+    at::Tensor matrix = at::full({4, 3}, static_cast<float>(r));
+    at::Tensor column = matrix.select(1, 1);
+    comm.allReduceSum(column);
+    EXPECT_EQ(matrix[2][1].item<float>(), 3.0f);
+    EXPECT_EQ(matrix[2][0].item<float>(), static_cast<float>(r));
+    // Broadcast larger than all slots together.
+    at::Tensor payload = r == 2 ? at::arange(5'000'000, at::kFloat) : at::zeros({5'000'000});
+    comm.broadcast(payload, 2);
+    EXPECT_TRUE(payload.equal(at::arange(5'000'000, at::kFloat)));
+  }, Backend::kShm);
+}
+
+TEST(Shm, ARankThatNeverComesIsATimeoutNotAHang) {
+  std::string error;
+  std::thread lonely([&] {
+    try {
+      auto store = c10::make_intrusive<c10d::HashStore>();
+      ShmOptions shm;
+      shm.worldSize = 2;  // rank 1 never comes
+      shm.timeout = std::chrono::milliseconds(1500);
+      makeShmCommunicator(store, shm);
+    } catch (const TimeoutError& e) {
+      error = e.what();
+    }
+  });
+  lonely.join();
+  EXPECT_NE(error.find("within 1.5 s"), std::string::npos) << error;
+}
 
 TEST(Rendezvous, TimeoutNamesTheMissingRanks) {
   const uint16_t port = freePort();
@@ -87,7 +153,8 @@ TEST(Rendezvous, TimeoutNamesTheMissingRanks) {
         rdv.rank = r;
         rdv.worldSize = 3;
         // Rank 0 hosts the store, so it waits longer: rank 1's own timeout is what is checked.
-        rdv.timeout = std::chrono::milliseconds(r == 0 ? 3500 : 1500);
+        // Generous enough that a loaded machine still connects well before rank 1 gives up.
+        rdv.timeout = std::chrono::milliseconds(r == 0 ? 6500 : 4000);
         rendezvous(rdv);
       } catch (const std::exception& e) {
         errors[r] = e.what();
@@ -125,8 +192,13 @@ TEST(ProcessGroup, WorldOfOneNeedsNoNetwork) {
 }
 
 TEST(Backend, AutoAndExplicitChoices) {
-  EXPECT_EQ(resolveBackend(Backend::kAuto, /*deviceIsCuda=*/false), Backend::kGloo);
-  EXPECT_EQ(resolveBackend(Backend::kGloo, false), Backend::kGloo);
+  EXPECT_EQ(resolveBackend(Backend::kAuto, /*deviceIsCuda=*/false, /*singleHost=*/false), Backend::kGloo);
+  EXPECT_EQ(resolveBackend(Backend::kAuto, false, /*singleHost=*/true), Backend::kShm);
+  EXPECT_EQ(resolveBackend(Backend::kGloo, false, true), Backend::kGloo);
+  EXPECT_EQ(resolveBackend(Backend::kShm, false, true), Backend::kShm);
+  EXPECT_THROW(resolveBackend(Backend::kShm, false, /*singleHost=*/false), ConfigError);
+  EXPECT_THROW(resolveBackend(Backend::kShm, /*deviceIsCuda=*/true, true), ConfigError);
+  EXPECT_EQ(parseBackend("shm"), Backend::kShm);
   EXPECT_THROW(resolveBackend(Backend::kNccl, false), ConfigError);
   EXPECT_THROW(parseBackend("mpi"), ConfigError);
   if (ncclCompiled()) {

@@ -30,9 +30,10 @@ inline uint16_t freePort() {
   return ntohs(addr.sin_port);
 }
 
-/// Runs `body(comm)` on `world` threads, each a rank of a fresh Gloo group;
-/// any rank's exception fails the test with its message.
-inline void runRanks(int world, const std::function<void(Communicator&)>& body) {
+/// Runs `body(comm)` on `world` threads, each a rank of a fresh group of
+/// `backend` (Gloo or shared memory); any rank's exception fails the test with its message.
+inline void runRanks(int world, const std::function<void(Communicator&)>& body,
+                     Backend backend = Backend::kGloo) {
   const uint16_t port = freePort();
   std::vector<std::thread> threads;
   std::vector<std::string> errors(world);
@@ -48,6 +49,7 @@ inline void runRanks(int world, const std::function<void(Communicator&)>& body) 
         ProcessGroupOptions pg;
         pg.rank = r;
         pg.worldSize = world;
+        pg.backend = backend;
         pg.timeout = std::chrono::seconds(30);
         auto comm = makeCommunicator(store, pg);
         body(*comm);

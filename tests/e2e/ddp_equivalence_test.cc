@@ -230,23 +230,31 @@ std::vector<Case> allCases() {
       }
     }
   }
-  for (int k : {1, 2}) cases.push_back(Case{2, "mlp", 160, 6, {"comm.reducer=flat", "train.accumulate_steps=" + std::to_string(k)}});
-  cases.push_back(Case{2, "mlp", 160, 12, {}});  // 10 steps per epoch: crosses an epoch boundary
-  cases.push_back(Case{4, "mlp", 150, 12, {}});  // 150 % 4 != 0: sampler pads; short last batch
-  cases.push_back(Case{4, "mlp", 192, 5, {"comm.gradient_as_bucket_view=true", tiny, "train.accumulate_steps=3"}});
-  cases.push_back(Case{4, "mlp", 150, 6, {"comm.reducer=flat"}});
-  cases.push_back(Case{2, "cnn", 64, 5, {}});
-  cases.push_back(Case{4, "cnn", 50, 3, {"comm.gradient_as_bucket_view=true"}});
+  // The rest run on both single-host CPU backends: shm (what auto picks) and gloo.
+  std::vector<Case> both;
+  for (int k : {1, 2}) both.push_back(Case{2, "mlp", 160, 6, {"comm.reducer=flat", "train.accumulate_steps=" + std::to_string(k)}});
+  both.push_back(Case{2, "mlp", 160, 12, {}});  // 10 steps per epoch: crosses an epoch boundary
+  both.push_back(Case{4, "mlp", 150, 12, {}});  // 150 % 4 != 0: sampler pads; short last batch
+  both.push_back(Case{4, "mlp", 192, 5, {"comm.gradient_as_bucket_view=true", tiny, "train.accumulate_steps=3"}});
+  both.push_back(Case{4, "mlp", 150, 6, {"comm.reducer=flat"}});
+  both.push_back(Case{2, "cnn", 64, 5, {}});
+  both.push_back(Case{4, "cnn", 50, 3, {"comm.gradient_as_bucket_view=true"}});
   for (const char* bcast : {"true", "false"}) {
     for (int k : {1, 2}) {
-      cases.push_back(Case{2, "cnn_bn", 64, 3, {std::string("comm.broadcast_buffers=") + bcast,
+      both.push_back(Case{2, "cnn_bn", 64, 3, {std::string("comm.broadcast_buffers=") + bcast,
                                                 "train.accumulate_steps=" + std::to_string(k)}});
     }
   }
-  cases.push_back(Case{4, "cnn_bn", 64, 2, {"comm.broadcast_buffers=true", tiny}});
+  both.push_back(Case{4, "cnn_bn", 64, 2, {"comm.broadcast_buffers=true", tiny}});
   // fp16 on the wire: gradients carry ~2^-11 relative error, so the bar is looser.
-  cases.push_back(Case{2, "mlp", 160, 6, {"comm.compression=fp16"}, 2e-3});
-  cases.push_back(Case{2, "cnn", 64, 3, {"comm.compression=fp16", "comm.gradient_as_bucket_view=true"}, 2e-3});
+  both.push_back(Case{2, "mlp", 160, 6, {"comm.compression=fp16"}, 2e-3});
+  both.push_back(Case{2, "cnn", 64, 3, {"comm.compression=fp16", "comm.gradient_as_bucket_view=true"}, 2e-3});
+  for (const auto& c : both) {
+    cases.push_back(c);
+    Case gloo = c;
+    gloo.options.push_back("backend=gloo");
+    cases.push_back(gloo);
+  }
   return cases;
 }
 

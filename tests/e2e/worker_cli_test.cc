@@ -29,21 +29,29 @@ test::CommandResult launch(int nproc, std::vector<std::string> workerArgs, int t
 TEST(WorkerCli, TwoJobsAtOnceOnOneHostBothSucceed) {
   const std::string a = tempDir();
   const std::string b = tempDir();
+  // Two jobs of each single-host backend: separate ports, separate shared-memory segments.
   auto jobA = std::async(std::launch::async, [&] {
-    return launch(2, {kConfig, "output.dir=" + a, "train.epochs=2", "train.max_steps=40"});
+    return launch(2, {kConfig, "output.dir=" + a, "train.epochs=2", "train.max_steps=40", "backend=gloo"});
   });
   auto jobB = std::async(std::launch::async, [&] {
     return launch(2, {kConfig, "output.dir=" + b, "train.epochs=2", "train.max_steps=40"});
   });
+  const std::string c = tempDir();
+  auto jobC = std::async(std::launch::async, [&] {
+    return launch(2, {kConfig, "output.dir=" + c, "train.epochs=2", "train.max_steps=40"});
+  });
   const auto ra = jobA.get();
   const auto rb = jobB.get();
+  const auto rc = jobC.get();
   ASSERT_EQ(ra.exitCode, 0) << ra.output;
   ASSERT_EQ(rb.exitCode, 0) << rb.output;
-  for (const auto& dir : {a, b}) {
+  ASSERT_EQ(rc.exitCode, 0) << rc.output;
+  for (const auto& dir : {a, b, c}) {
     const auto summary = nlohmann::json::parse(test::readFile(dir + "/summary.json"));
     EXPECT_EQ(summary["world_size"], 2);
     EXPECT_EQ(summary["steps"], 40);
-    EXPECT_EQ(summary["backend"], "gloo");
+    // backend: auto is shm for CPU ranks on one host.
+    EXPECT_EQ(summary["backend"], dir == a ? "gloo" : "shm");
     std::filesystem::remove_all(dir);
   }
 }

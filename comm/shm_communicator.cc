@@ -1,0 +1,237 @@
+#include "comm/shm_communicator.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <ATen/ops/from_blob.h>
+
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include "common/error.h"
+
+namespace ddp::comm {
+namespace {
+
+constexpr size_t kAlign = 64;
+
+size_t alignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+/// Lives at the start of the segment; everything after it is data.
+constexpr int kMaxRanks = 1024;
+
+struct Header {
+  std::atomic<uint32_t> arrived;
+  std::atomic<uint32_t> generation;  // futex word: bumps when the last rank arrives
+  std::atomic<uint32_t> broken;      // a rank timed out: the others fail fast too
+  std::atomic<int32_t> pids[kMaxRanks];  // so a waiting rank notices a dead peer at once
+};
+
+/// Dead, or a zombie its parent has not reaped yet (kill(pid, 0) still succeeds on those).
+bool processGone(pid_t pid) {
+  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  FILE* stat = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (stat == nullptr) return true;
+  char state = '?';
+  // "pid (comm) S ...": the state follows the last ')'.
+  char line[512];
+  const size_t n = std::fread(line, 1, sizeof line - 1, stat);
+  std::fclose(stat);
+  line[n] = '\0';
+  if (const char* close = std::strrchr(line, ')'); close != nullptr && close[1] == ' ') state = close[2];
+  return state == 'Z' || state == 'X';
+}
+
+int futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
+  return static_cast<int>(::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0));
+}
+
+class ShmCommunicator;
+
+class DeferredAllReduce final : public PendingWork {
+ public:
+  DeferredAllReduce(Communicator& comm, at::Tensor& tensor) : comm_(comm), tensor_(tensor) {}
+  void wait() override { comm_.allReduceSum(tensor_); }
+
+ private:
+  Communicator& comm_;
+  at::Tensor tensor_;  // shares storage with the caller's
+};
+
+class ShmCommunicator final : public Communicator {
+ public:
+  ShmCommunicator(const ShmOptions& options, void* base, size_t bytes)
+      : options_(options), base_(static_cast<char*>(base)), bytes_(bytes) {
+    header_ = reinterpret_cast<Header*>(base_);
+    slots_ = base_ + alignUp(sizeof(Header));
+    result_ = slots_ + options_.chunkBytes * static_cast<size_t>(options_.worldSize);
+  }
+  ~ShmCommunicator() override { ::munmap(base_, bytes_); }
+
+  int rank() const override { return options_.rank; }
+  int size() const override { return options_.worldSize; }
+  std::string backendName() const override { return "shm"; }
+
+  void allReduceSum(at::Tensor& tensor) override {
+    at::Tensor work = contiguousCpu(tensor, "all_reduce");
+    char* data = static_cast<char*>(work.data_ptr());
+    const size_t element = work.element_size();
+    const size_t total = static_cast<size_t>(work.numel()) * element;
+    const size_t chunkElems = options_.chunkBytes / element;
+    for (size_t offset = 0; offset < total; offset += chunkElems * element) {
+      const size_t bytes = std::min(chunkElems * element, total - offset);
+      const int64_t n = static_cast<int64_t>(bytes / element);
+      std::memcpy(slot(rank()), data + offset, bytes);
+      arrive("all_reduce");
+      // This rank reduces elements [lo, hi) of the chunk, over every slot in rank order:
+      // the same order on every rank, so the result is bitwise identical everywhere.
+      const int64_t lo = n * rank() / size();
+      const int64_t hi = n * (rank() + 1) / size();
+      if (hi > lo) {
+        const auto opts = at::TensorOptions().dtype(work.scalar_type());
+        at::Tensor out = at::from_blob(result_ + lo * element, {hi - lo}, opts);
+        out.copy_(at::from_blob(slot(0) + lo * element, {hi - lo}, opts));
+        for (int r = 1; r < size(); ++r) out.add_(at::from_blob(slot(r) + lo * element, {hi - lo}, opts));
+      }
+      arrive("all_reduce");
+      std::memcpy(data + offset, result_, bytes);
+      arrive("all_reduce");  // the slots and the result are reused next
+    }
+    if (!work.is_same(tensor)) tensor.copy_(work);
+  }
+
+  std::unique_ptr<PendingWork> allReduceSumAsync(at::Tensor& tensor) override {
+    // Deferred to wait(), on the caller's thread: with every core busy in backward a helper
+    // thread would only compete, and a rendezvous inside backward would stall both ranks.
+    // Works are waited in launch order on every rank, so the collectives still line up.
+    return std::make_unique<DeferredAllReduce>(*this, tensor);
+  }
+
+  void broadcast(at::Tensor& tensor, int root) override {
+    at::Tensor work = contiguousCpu(tensor, "broadcast");
+    char* data = static_cast<char*>(work.data_ptr());
+    const size_t total = work.nbytes();
+    const size_t chunk = options_.chunkBytes * static_cast<size_t>(size());  // the slots, as one buffer
+    for (size_t offset = 0; offset < total; offset += chunk) {
+      const size_t bytes = std::min(chunk, total - offset);
+      if (rank() == root) std::memcpy(slots_, data + offset, bytes);
+      arrive("broadcast");
+      if (rank() != root) std::memcpy(data + offset, slots_, bytes);
+      arrive("broadcast");
+    }
+    if (!work.is_same(tensor)) tensor.copy_(work);
+  }
+
+  void barrier() override { arrive("barrier"); }
+
+ private:
+  char* slot(int r) const { return slots_ + options_.chunkBytes * static_cast<size_t>(r); }
+
+  at::Tensor contiguousCpu(const at::Tensor& t, const char* op) const {
+    if (!t.device().is_cpu()) DDP_THROW(ConfigError, "backend 'shm' is for CPU tensors (", op, " got ", t.device().str(), "); use nccl on GPUs");
+    return t.is_contiguous() ? t : t.contiguous();
+  }
+
+  /// A reusable barrier: spin briefly, then sleep on the generation futex.
+  void arrive(const char* op) {
+    const uint32_t gen = header_->generation.load(std::memory_order_acquire);
+    if (header_->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(size())) {
+      header_->arrived.store(0, std::memory_order_relaxed);
+      header_->generation.fetch_add(1, std::memory_order_release);
+      futex(&header_->generation, FUTEX_WAKE, INT_MAX, nullptr);
+      return;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+    for (int spin = 0; header_->generation.load(std::memory_order_acquire) == gen; ++spin) {
+      if (header_->broken.load(std::memory_order_relaxed)) {
+        DDP_THROW(CommError, "shm ", op, " failed on rank ", rank(), "/", size(), ": another rank gave up waiting");
+      }
+      if (spin < 200) {
+        sched_yield();
+        continue;
+      }
+      const timespec tick{0, 20 * 1000 * 1000};
+      futex(&header_->generation, FUTEX_WAIT, gen, &tick);
+      // Same host: a peer that died (crash, OOM kill) is seen within a tick, not at the timeout.
+      for (int r = 0; r < size(); ++r) {
+        const pid_t pid = header_->pids[r].load(std::memory_order_relaxed);
+        if (pid > 0 && pid != ::getpid() && processGone(pid)) {
+          header_->broken.store(1);
+          futex(&header_->generation, FUTEX_WAKE, INT_MAX, nullptr);
+          DDP_THROW(CommError, "shm ", op, " failed on rank ", rank(), "/", size(), ": rank ", r, " (pid ", pid,
+                    ") is gone");
+        }
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        header_->broken.store(1);
+        futex(&header_->generation, FUTEX_WAKE, INT_MAX, nullptr);
+        DDP_THROW(TimeoutError, "shm ", op, " on rank ", rank(), "/", size(), " timed out after ",
+                  options_.timeout.count() / 1000.0, " s; another rank stopped answering or crashed");
+      }
+    }
+  }
+
+  ShmOptions options_;
+  char* base_;
+  size_t bytes_;
+  Header* header_ = nullptr;
+  char* slots_ = nullptr;
+  char* result_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> makeShmCommunicator(const c10::intrusive_ptr<c10d::Store>& store,
+                                                  const ShmOptions& options) {
+  if (options.worldSize > kMaxRanks) {
+    DDP_THROW(ConfigError, "backend 'shm' supports at most ", kMaxRanks, " ranks per host; use gloo");
+  }
+  const size_t bytes = alignUp(sizeof(Header)) + options.chunkBytes * static_cast<size_t>(options.worldSize + 1);
+  std::string name;
+  int fd = -1;
+  if (options.rank == 0) {
+    std::random_device entropy;
+    name = "/ddp-launch-" + std::to_string(::getpid()) + "-" + std::to_string(entropy());
+    fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      DDP_THROW(CommError, "shm: cannot create a ", bytes >> 20, " MiB segment in /dev/shm (", std::strerror(errno),
+                "); free /dev/shm or use backend: gloo");
+    }
+    store->set("ddp/shm/name", std::vector<uint8_t>(name.begin(), name.end()));
+  } else {
+    const auto value = store->get("ddp/shm/name");  // waits for rank 0, up to the store's timeout
+    name.assign(value.begin(), value.end());
+    fd = ::shm_open(name.c_str(), O_RDWR, 0600);
+    if (fd < 0) DDP_THROW(CommError, "shm: rank ", options.rank, " cannot open ", name, " (", std::strerror(errno), ")");
+  }
+  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (base == MAP_FAILED) DDP_THROW(CommError, "shm: cannot map ", name, " (", std::strerror(errno), ")");
+  // Everyone has it mapped: the name can go, the memory stays until the last unmap.
+  store->add("ddp/shm/mapped", 1);
+  const auto deadline = std::chrono::steady_clock::now() + options.timeout;
+  while (store->add("ddp/shm/mapped", 0) < options.worldSize) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::munmap(base, bytes);
+      if (options.rank == 0) ::shm_unlink(name.c_str());
+      DDP_THROW(TimeoutError, "shm: not every rank mapped the segment within ", options.timeout.count() / 1000.0, " s");
+    }
+    ::usleep(1000);
+  }
+  static_cast<Header*>(base)->pids[options.rank].store(::getpid());
+  auto comm = std::make_unique<ShmCommunicator>(options, base, bytes);
+  comm->barrier();
+  if (options.rank == 0) ::shm_unlink(name.c_str());
+  return comm;
+}
+
+}  // namespace ddp::comm
