@@ -14,6 +14,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "comm/backend.h"
 #include "comm/process_group.h"
 #include "comm/reducer.h"
 #include "comm/rendezvous.h"
@@ -37,6 +38,9 @@ std::unique_ptr<comm::Communicator> connect(int& rank, int& world) {
   comm::ProcessGroupOptions pg;
   pg.rank = rank;
   pg.worldSize = world;
+  // DDP_BENCH_BACKEND=gloo|shm (default gloo).
+  const char* backend = std::getenv("DDP_BENCH_BACKEND");
+  pg.backend = backend ? comm::parseBackend(backend) : comm::Backend::kGloo;
   c10::intrusive_ptr<c10d::Store> store;
   if (world > 1) store = comm::rendezvous(rdv);
   return comm::makeCommunicator(store, pg);
@@ -90,7 +94,7 @@ void overlap(comm::Communicator& comm, const std::string& hiddenCsv, int64_t bat
     sgd.step();
   });
   if (comm.rank() == 0) {
-    std::cout << nlohmann::json{{"bench", "overlap"}, {"params", numel}, {"world", comm.size()},
+    std::cout << nlohmann::json{{"bench", "overlap"}, {"backend", comm.backendName()}, {"params", numel}, {"world", comm.size()},
                                 {"local_s", a}, {"allreduce_s", b}, {"ddp_s", c},
                                 {"hidden_share", (a + b - c) / b},
                                 {"buckets", reducer.bucketIndices().size()}}.dump()
@@ -114,7 +118,7 @@ void collectives(comm::Communicator& comm) {
     const double ms = seconds(m) / iters;
     const double algbw = bytes / s / 1e9;
     if (comm.rank() == 0) {
-      std::cout << nlohmann::json{{"bench", "allreduce"}, {"bytes", bytes}, {"world", n},
+      std::cout << nlohmann::json{{"bench", "allreduce"}, {"backend", comm.backendName()}, {"bytes", bytes}, {"world", n},
                                   {"time_us", s * 1e6}, {"algbw_GBs", algbw},
                                   {"busbw_GBs", algbw * 2.0 * (n - 1) / n},
                                   {"memcpy_GBs", bytes / ms / 1e9}}.dump()

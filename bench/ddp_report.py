@@ -9,7 +9,7 @@ from collections import defaultdict
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 out = ["# DDP engine benchmarks (last run)", "",
        f"`bash bench/run_ddp_bench.sh` on {platform.node()} ({__import__('os').cpu_count()} cores), "
-       "gloo over loopback, OMP_NUM_THREADS=1 per rank, synthetic in-memory data, per-rank batch 64. "
+       "ours with `backend: auto` (= shm, shared memory, on one host) vs PyTorch DDP with gloo over TCP loopback (its only CPU backend), OpenBLAS, OMP_NUM_THREADS=1 per rank, synthetic in-memory data, per-rank batch 64. "
        "World 4 oversubscribes a 2-core machine.", "",
        "## Ours vs PyTorch DDP (median samples/s over repetitions, alternated)", "",
        "| model | world | ours | PyTorch DDP | ratio | target |", "|---|---|---|---|---|---|"]
@@ -24,19 +24,19 @@ for (model, world), (o, t) in vs.items():
     target = next((v for k, v in targets.items() if model == k or model.startswith(k + "-784-512")), 1.0)
     out.append(f"| {model} | {world} | {mo:.0f} | {mt:.0f} | {mo / mt:.2f}x | {target}x |")
 out += ["", "## Overlap (world 2; median step time)", "",
-        "| params | buckets | (a) local | (b) all-reduce alone | (c) DDP | hidden share (a+b-c)/b |",
-        "|---|---|---|---|---|---|"]
+        "| backend | params | buckets | (a) local | (b) all-reduce alone | (c) DDP | hidden share (a+b-c)/b |",
+        "|---|---|---|---|---|---|---|"]
 for r in rows:
     if r["bench"] == "overlap":
-        out.append(f"| {r['params']:,} | {r['buckets']} | {r['local_s']*1e3:.1f} ms | {r['allreduce_s']*1e3:.1f} ms "
+        out.append(f"| {r.get('backend', 'gloo')} | {r['params']:,} | {r['buckets']} | {r['local_s']*1e3:.1f} ms | {r['allreduce_s']*1e3:.1f} ms "
                    f"| {r['ddp_s']*1e3:.1f} ms | {r['hidden_share']:.2f} |")
-out += ["", "## All-reduce (our comm layer, gloo), nccl-tests style", "",
-        "| world | size | time | algbw GB/s | busbw GB/s | host memcpy GB/s |", "|---|---|---|---|---|---|"]
+out += ["", "## All-reduce (our comm layer: gloo over TCP loopback, shm over shared memory), nccl-tests style", "",
+        "| backend | world | size | time | algbw GB/s | busbw GB/s | host memcpy GB/s |", "|---|---|---|---|---|---|---|"]
 for r in rows:
     if r["bench"] == "allreduce":
         size = r["bytes"]
         label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
-        out.append(f"| {r['world']} | {label} | {r['time_us']:.0f} us | {r['algbw_GBs']:.2f} | "
+        out.append(f"| {r.get('backend', 'gloo')} | {r['world']} | {label} | {r['time_us']:.0f} us | {r['algbw_GBs']:.2f} | "
                    f"{r['busbw_GBs']:.2f} | {r['memcpy_GBs']:.1f} |")
 out += ["", "## Scaling (MLP 784-512-256-10, batch 64 per rank)", "",
         "| world | samples/s | efficiency vs 1 |", "|---|---|---|"]

@@ -36,11 +36,15 @@ for world in 2 4; do
     done
   done
 done
-"$LAUNCH" --nproc_per_node=2 "$BUILD/bench/ddp_bench" overlap 4096,4096 64 5 2>/dev/null | sed 's/^\[rank 0\] //' | tee -a "$RAW"
-"$LAUNCH" --nproc_per_node=2 "$BUILD/bench/ddp_bench" overlap 512,256 64 40 2>/dev/null | sed 's/^\[rank 0\] //' | tee -a "$RAW"
-for world in 2 4; do
-  "$LAUNCH" --nproc_per_node=$world "$BUILD/bench/ddp_bench" collectives 2>/dev/null | sed 's/^\[rank 0\] //' | tee -a "$RAW"
+for backend in gloo shm; do
+  export DDP_BENCH_BACKEND=$backend
+  "$LAUNCH" --nproc_per_node=2 "$BUILD/bench/ddp_bench" overlap 4096,4096 64 5 2>/dev/null | sed 's/^\[rank 0\] //' | tee -a "$RAW"
+  "$LAUNCH" --nproc_per_node=2 "$BUILD/bench/ddp_bench" overlap 512,256 64 40 2>/dev/null | sed 's/^\[rank 0\] //' | tee -a "$RAW"
+  for world in 2 4; do
+    "$LAUNCH" --nproc_per_node=$world "$BUILD/bench/ddp_bench" collectives 2>/dev/null | sed 's/^\[rank 0\] //' | tee -a "$RAW"
+  done
 done
+unset DDP_BENCH_BACKEND
 for world in 1 2 4; do
   for rep in $(seq "$REPS"); do
     echo "{\"bench\":\"scaling\",\"world\":$world,\"samples_per_s\":$(ours "$world" mlp 512,256 64 40)}" | tee -a "$RAW"
