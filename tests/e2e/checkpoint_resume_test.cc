@@ -83,6 +83,26 @@ TEST_P(ExactResume, StoppedAndResumedEqualsUninterruptedBitwise) {
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, ExactResume, ::testing::Values(1, 2));
 
+TEST(CheckpointSchedule, EveryEpochSavesAtEpochEndsAsTheStartOfTheNext) {
+  const std::string base = tempDir();
+  // 200 samples, 2 ranks × 8 per step: ceil(100 / 8) = 13 steps per epoch.
+  auto args = trainArgs(base + "/out", base + "/ckpt");
+  args.push_back("checkpoint.every_steps=0");
+  args.push_back("checkpoint.every_epochs=1");
+  args.push_back("checkpoint.keep_last=0");
+  args.push_back("train.max_steps=30");
+  const auto run = launch(2, args);
+  ASSERT_EQ(run.exitCode, 0) << run.output;
+  EXPECT_EQ(checkpoint::listCheckpoints(base + "/ckpt"),
+            (std::vector<std::string>{checkpoint::checkpointPath(base + "/ckpt", 13),
+                                      checkpoint::checkpointPath(base + "/ckpt", 26)}));
+  const auto second = checkpoint::loadTrainingCheckpoint(checkpoint::checkpointPath(base + "/ckpt", 26));
+  EXPECT_EQ(second.epoch, 2);
+  EXPECT_EQ(second.stepInEpoch, 0);
+  EXPECT_EQ(second.samples, 2 * 200);  // two whole epochs of the 200 samples (the last batch is short)
+  fs::remove_all(base);
+}
+
 TEST(CheckpointCrash, KilledDuringASaveLeavesTheLastCompleteCheckpoint) {
   // Saves every step; the moment a save's temporary file appears (a write in
   // progress), the whole job is SIGKILLed: no warning, no cleanup.
