@@ -21,10 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 const std::string kConfig = std::string(DDP_SOURCE_DIR) + "/configs/synthetic_mlp.yaml";
 
-std::string tempDir() {
-  std::string tmpl = (fs::temp_directory_path() / "ddp_resume_XXXXXX").string();
-  return ::mkdtemp(tmpl.data());
-}
+std::string tempDir() { return test::makeTempDir("resume"); }
 
 test::CommandResult launch(int nproc, const std::vector<std::string>& workerArgs, int timeout = 300) {
   std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nproc_per_node=" + std::to_string(nproc), DDP_WORKER_BIN};

@@ -28,10 +28,7 @@ namespace {
 
 using worker::WorkerConfig;
 
-std::string makeTempDir(const std::string& tag) {
-  std::string tmpl = (std::filesystem::temp_directory_path() / ("ddp_" + tag + "_XXXXXX")).string();
-  return ::mkdtemp(tmpl.data());
-}
+using test::makeTempDir;
 
 struct Reference {
   std::map<std::string, at::Tensor> state;                   // parameters and rank 0's buffers

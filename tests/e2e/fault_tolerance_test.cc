@@ -22,10 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 const std::string kConfig = std::string(DDP_SOURCE_DIR) + "/configs/synthetic_mlp.yaml";
 
-std::string tempDir() {
-  std::string tmpl = (fs::temp_directory_path() / "ddp_fault_XXXXXX").string();
-  return ::mkdtemp(tmpl.data());
-}
+std::string tempDir() { return test::makeTempDir("fault"); }
 
 /// A background launch whose output goes to a file we can watch.
 struct Background {

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -64,6 +65,12 @@ inline CommandResult runCommand(const std::vector<std::string>& argv, int timeou
   result.output = text.str();
   ::unlink(tmpl);
   return result;
+}
+
+/// A fresh directory under the system temp dir, "ddp_<tag>_XXXXXX".
+inline std::string makeTempDir(const std::string& tag) {
+  std::string tmpl = (std::filesystem::temp_directory_path() / ("ddp_" + tag + "_XXXXXX")).string();
+  return ::mkdtemp(tmpl.data());
 }
 
 inline std::string readFile(const std::string& path) {

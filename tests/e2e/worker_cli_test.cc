@@ -14,10 +14,7 @@ namespace {
 
 const std::string kConfig = std::string(DDP_SOURCE_DIR) + "/configs/synthetic_mlp.yaml";
 
-std::string tempDir() {
-  std::string tmpl = (std::filesystem::temp_directory_path() / "ddp_cli_XXXXXX").string();
-  return ::mkdtemp(tmpl.data());
-}
+std::string tempDir() { return test::makeTempDir("cli"); }
 
 test::CommandResult launch(int nproc, std::vector<std::string> workerArgs, int timeout = 120) {
   std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nproc_per_node=" + std::to_string(nproc),
