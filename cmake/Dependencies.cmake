@@ -1,4 +1,6 @@
-# Every dependency is a Debian package found here; scripts/setup.sh installs them.
+# Dependencies: Debian packages (scripts/setup.sh installs them) and LibTorch,
+# either LibTorch 2.x from the pinned PyPI torch wheel in .venv (the default,
+# CUDA + NCCL inside) or Debian's libtorch-dev 1.13 (CPU).
 find_package(Threads REQUIRED)
 
 if(DDP_USE_CCACHE)
@@ -13,29 +15,75 @@ find_package(cxxopts REQUIRED)
 find_package(spdlog REQUIRED)
 find_package(Boost 1.71 REQUIRED COMPONENTS filesystem)
 
-# Worker side.
+# Worker side. Pass -DCMAKE_PREFIX_PATH=<site-packages>/torch for the wheel
+# (scripts/build.sh does); it is searched before Debian's /usr copy.
 find_package(Torch REQUIRED)
 find_package(yaml-cpp REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
 find_package(ZLIB REQUIRED)
 
+# Debian's yaml-cpp, spdlog and Boost are built with the C++11 ABI; LibTorch must match
+# (every wheel since 2.7 and Debian's 1.13 do), or std::string crosses the boundary mangled.
+if(TORCH_CXX_FLAGS MATCHES "_GLIBCXX_USE_CXX11_ABI=0")
+  message(FATAL_ERROR "LibTorch ${Torch_VERSION} uses the pre-C++11 ABI (_GLIBCXX_USE_CXX11_ABI=0) but the "
+                      "Debian libraries use the C++11 ABI; use torch >= 2.7 (scripts/setup.sh pins one)")
+endif()
+
+# The wheel ships fmt 12 in its include dir; Debian's spdlog is built on Debian's fmt 9 and does not
+# compile against 12. An overlay dir that maps <fmt/...> to the fmt spdlog uses comes first on every
+# LibTorch target (fmt's inline namespaces, fmt::v9 vs v12, keep any torch-internal use apart).
+if(EXISTS "${TORCH_INSTALL_PREFIX}/include/fmt")
+  get_target_property(_fmt_include_dirs fmt::fmt INTERFACE_INCLUDE_DIRECTORIES)
+  find_path(DDP_SYSTEM_FMT_DIR fmt/core.h HINTS ${_fmt_include_dirs} NO_CMAKE_PATH NO_CMAKE_ENVIRONMENT_PATH)
+  set(DDP_FMT_OVERLAY "${CMAKE_BINARY_DIR}/fmt_overlay")
+  file(MAKE_DIRECTORY "${DDP_FMT_OVERLAY}")
+  file(CREATE_LINK "${DDP_SYSTEM_FMT_DIR}/fmt" "${DDP_FMT_OVERLAY}/fmt" SYMBOLIC)
+endif()
+
+# The wheel keeps CUDA, cuDNN and NCCL in site-packages/nvidia/*/lib and lets Python
+# preload them; a C++ program must find them itself.
+get_filename_component(DDP_TORCH_SITE "${TORCH_INSTALL_PREFIX}/.." ABSOLUTE)
+file(GLOB DDP_TORCH_NVIDIA_LIB_DIRS LIST_DIRECTORIES true "${DDP_TORCH_SITE}/nvidia/*/lib")
+
 # NCCL follows the LibTorch build: only CUDA builds ship ProcessGroupNCCL.
-if(TORCH_CUDA_LIBRARIES OR CUDA_FOUND OR CUDAToolkit_FOUND)
+if(TORCH_CUDA_LIBRARIES)
   set(DDP_TORCH_HAS_CUDA ON)
 else()
   set(DDP_TORCH_HAS_CUDA OFF)
 endif()
 option(DDP_WITH_NCCL "Compile the NCCL backend (needs a CUDA LibTorch)" ${DDP_TORCH_HAS_CUDA})
-message(STATUS "ddp-launch: LibTorch ${Torch_VERSION}, CUDA=${DDP_TORCH_HAS_CUDA}, NCCL=${DDP_WITH_NCCL}")
+if(DDP_WITH_NCCL)
+  # ProcessGroupNCCL.hpp includes <nccl.h>: the one LibTorch was built with (the wheel's) comes
+  # first, the CUDA toolkit's otherwise.
+  find_path(DDP_NCCL_INCLUDE_DIR nccl.h
+    HINTS "${DDP_TORCH_SITE}/nvidia/nccl/include" ${CUDAToolkit_INCLUDE_DIRS} ${CUDA_TOOLKIT_INCLUDE})
+  if(NOT DDP_NCCL_INCLUDE_DIR)
+    message(FATAL_ERROR "DDP_WITH_NCCL is on but nccl.h was not found; install NCCL or pass -DDDP_WITH_NCCL=OFF")
+  endif()
+endif()
+message(STATUS "ddp-launch: LibTorch ${Torch_VERSION} (${TORCH_INSTALL_PREFIX}), CUDA=${DDP_TORCH_HAS_CUDA}, "
+               "NCCL=${DDP_WITH_NCCL} ${DDP_NCCL_INCLUDE_DIR}")
 
 if(DDP_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()
 
-# LibTorch wants its own flags (ABI macro) but must stay out of the launcher.
+# LibTorch's flags stay on the targets that include it and the launcher never sees them.
+# The ABI flag is PUBLIC on purpose: it must equal what the Debian libraries use (checked above).
 function(ddp_link_torch target)
+  if(DDP_FMT_OVERLAY)
+    target_include_directories(${target} SYSTEM BEFORE PUBLIC ${DDP_FMT_OVERLAY})
+  endif()
   target_link_libraries(${target} PUBLIC ${TORCH_LIBRARIES})
   target_include_directories(${target} SYSTEM PUBLIC ${TORCH_INCLUDE_DIRS})
   separate_arguments(_torch_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
   target_compile_options(${target} PUBLIC ${_torch_flags})
+  target_compile_definitions(${target} PUBLIC $<$<BOOL:${DDP_TORCH_HAS_CUDA}>:DDP_WITH_CUDA=1>)
+  foreach(_dir ${DDP_TORCH_NVIDIA_LIB_DIRS})
+    # DT_RPATH (not RUNPATH) so that libtorch_cuda's own dependencies are found too.
+    target_link_options(${target} PUBLIC "LINKER:-rpath-link,${_dir}" "LINKER:-rpath,${_dir}")
+  endforeach()
+  if(DDP_TORCH_NVIDIA_LIB_DIRS)
+    target_link_options(${target} PUBLIC "LINKER:--disable-new-dtags")
+  endif()
 endfunction()

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <chrono>
 #include <memory>
@@ -33,6 +34,10 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string backendName() const = 0;
+  /// Where this group's collectives take their tensors: the rank's GPU for
+  /// NCCL (it accepts CUDA tensors only), the CPU otherwise. Control
+  /// collectives (flags, counters, the used-parameter map) allocate here.
+  virtual c10::Device device() const { return c10::Device(c10::kCPU); }
 
   /// In place: every rank ends with the element-wise sum over ranks.
   virtual void allReduceSum(at::Tensor& tensor) = 0;

@@ -9,6 +9,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <ATen/ops/ones.h>
+
 #include <cstdlib>
 #include <vector>
 
@@ -68,12 +70,14 @@ class C10dPendingWork final : public PendingWork {
 template <typename Group>
 class C10dCommunicator final : public Communicator {
  public:
-  C10dCommunicator(c10::intrusive_ptr<Group> group, std::string name, int rank, int size)
-      : group_(std::move(group)), name_(std::move(name)), rank_(rank), size_(size) {}
+  C10dCommunicator(c10::intrusive_ptr<Group> group, std::string name, int rank, int size,
+                   c10::Device device)
+      : group_(std::move(group)), name_(std::move(name)), rank_(rank), size_(size), device_(device) {}
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backendName() const override { return name_; }
+  c10::Device device() const override { return device_; }
 
   void allReduceSum(at::Tensor& tensor) override {
     std::vector<at::Tensor> tensors{tensor};
@@ -103,7 +107,19 @@ class C10dCommunicator final : public Communicator {
   }
 
   void barrier() override {
-    run("barrier", [&] { return group_->barrier(); });
+    if (device_.is_cpu()) {
+      run("barrier", [&] { return group_->barrier(); });
+      return;
+    }
+    // NCCL's own barrier guesses the GPU and returns before the GPU is done:
+    // a one-element all-reduce on our device, read back, blocks for real.
+    at::Tensor token = at::ones({1}, at::TensorOptions().device(device_));
+    allReduceSum(token);
+    try {
+      (void)token.item<float>();
+    } catch (const std::exception& e) {
+      rethrowAsCommError(name_, "barrier", rank_, size_, e);
+    }
   }
 
  private:
@@ -121,6 +137,7 @@ class C10dCommunicator final : public Communicator {
   std::string name_;
   int rank_;
   int size_;
+  c10::Device device_;
 };
 
 std::shared_ptr<::gloo::transport::Device> makeGlooDevice(const std::string& hostname) {
@@ -132,9 +149,13 @@ std::shared_ptr<::gloo::transport::Device> makeGlooDevice(const std::string& hos
 
 }  // namespace
 
+c10::Device collectiveDevice(Backend backend, c10::Device rankDevice) {
+  return backend == Backend::kNccl ? rankDevice : c10::Device(c10::kCPU);
+}
+
 std::unique_ptr<Communicator> makeCommunicator(const c10::intrusive_ptr<c10d::Store>& store,
                                                const ProcessGroupOptions& options) {
-  if (options.worldSize == 1) return std::make_unique<LocalCommunicator>();
+  if (options.worldSize == 1 && !options.groupForSingleRank) return std::make_unique<LocalCommunicator>();
   DDP_ENFORCE(store, "a world of ", options.worldSize, " ranks needs a rendezvous store");
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("default_pg", store);
   try {
@@ -146,16 +167,26 @@ std::unique_ptr<Communicator> makeCommunicator(const c10::intrusive_ptr<c10d::St
         auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, options.rank,
                                                                  options.worldSize, opts);
         return std::make_unique<C10dCommunicator<c10d::ProcessGroupGloo>>(
-            std::move(group), "gloo", options.rank, options.worldSize);
+            std::move(group), "gloo", options.rank, options.worldSize,
+            collectiveDevice(Backend::kGloo, options.device));
       }
       case Backend::kNccl: {
 #ifdef DDP_WITH_NCCL
+        DDP_ENFORCE(options.device.is_cuda() && options.device.has_index(),
+                    "nccl needs the rank's GPU, got device ", options.device.str());
+        // Blocking wait: wait() throws on timeout/error instead of the watchdog aborting the process.
+        // 2.x reads TORCH_NCCL_BLOCKING_WAIT, 1.13 NCCL_BLOCKING_WAIT; a user's setting of either wins.
+        if (!std::getenv("TORCH_NCCL_BLOCKING_WAIT") && !std::getenv("NCCL_BLOCKING_WAIT")) {
+          setenv("TORCH_NCCL_BLOCKING_WAIT", "1", 1);
+          setenv("NCCL_BLOCKING_WAIT", "1", 1);
+        }
         auto opts = c10d::ProcessGroupNCCL::Options::create();
         opts->timeout = options.timeout;
         auto group = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, options.rank,
                                                                  options.worldSize, opts);
         return std::make_unique<C10dCommunicator<c10d::ProcessGroupNCCL>>(
-            std::move(group), "nccl", options.rank, options.worldSize);
+            std::move(group), "nccl", options.rank, options.worldSize,
+            collectiveDevice(Backend::kNccl, options.device));
 #else
         break;
 #endif

@@ -22,10 +22,22 @@ struct ProcessGroupOptions {
   /// Address Gloo binds to; loopback for single-node jobs. GLOO_SOCKET_IFNAME overrides.
   std::string hostname = "127.0.0.1";
   int glooThreads = 2;  // like Python's ProcessGroupGloo default
+  /// The rank's compute device; NCCL runs its collectives there (set it current first).
+  c10::Device device{c10::kCPU};
+  /// World size 1 normally needs no group at all; an explicitly requested backend
+  /// still gets a real one (as torch.distributed.init_process_group does).
+  bool groupForSingleRank = false;
 };
 
+/// The device `backend`'s collectives take tensors on, for a rank computing on
+/// `rankDevice`: that GPU for NCCL, the CPU for Gloo, shm and world size 1.
+c10::Device collectiveDevice(Backend backend, c10::Device rankDevice);
+
 /// Creates the process group over `store` (from rendezvous()). World size 1
-/// returns a LocalCommunicator without touching the store.
+/// returns a LocalCommunicator without touching the store (unless
+/// groupForSingleRank). NCCL: wait() blocks until the collective is done or
+/// `timeout` passed (TORCH_NCCL_BLOCKING_WAIT, unless the user set it), so a
+/// stuck peer is a TimeoutError naming the collective, not a watchdog abort.
 std::unique_ptr<Communicator> makeCommunicator(const c10::intrusive_ptr<c10d::Store>& store,
                                                const ProcessGroupOptions& options);
 

@@ -53,8 +53,8 @@ Reducer::Reducer(Communicator& comm, std::vector<at::Tensor> params,
                 "' is not dense; sparse gradients are not supported");
   }
   c10::NoGradGuard noGrad;
-  // Gloo (LibTorch 1.13) has no bfloat16 sum: the all-reduce would fail and poison the group.
-  if (options_.compression == WireDtype::kBf16 && comm_.backendName() == "gloo") {
+  // Gloo of LibTorch 1.13 has no bfloat16 sum: the all-reduce would fail and poison the group.
+  if (!compat::kGlooSumsBFloat16 && options_.compression == WireDtype::kBf16 && comm_.backendName() == "gloo") {
     DDP_THROW(ConfigError, "config: 'comm.compression' is bf16 but the gloo backend cannot "
               "all-reduce bfloat16; use fp16 or none (bf16 needs nccl)");
   }
@@ -95,6 +95,7 @@ Reducer::Reducer(Communicator& comm, std::vector<at::Tensor> params,
             }));
   }
   if (options_.findUnusedParameters) {
+    // Written by the hooks on the host; all-reduced as a copy on comm_.device() (NCCL: the GPU).
     usedMap_ = at::zeros({static_cast<int64_t>(params_.size())}, at::kInt);
   }
 }
@@ -225,8 +226,10 @@ void Reducer::finalizeBackward() {
   const int* used = nullptr;
   if (options_.findUnusedParameters) {
     // A parameter no rank used keeps its .grad as it was, as in DDP.
-    usedMapWork_ = comm_.allReduceSumAsync(usedMap_);
+    at::Tensor usedEverywhere = usedMap_.to(comm_.device());
+    usedMapWork_ = comm_.allReduceSumAsync(usedEverywhere);
     std::move(usedMapWork_)->wait();
+    usedMap_.copy_(usedEverywhere);  // back on the host: blocks until the GPU is done
     used = usedMap_.data_ptr<int>();
   }
   for (size_t i = 0; i < params_.size(); ++i) {

@@ -13,10 +13,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
-
-namespace torch::autograd {
-struct Node;
-}
+#include "common/torch_compat.h"
 
 namespace ddp::comm {
 
@@ -74,7 +71,7 @@ class Reducer {
   struct Slot {
     size_t bucket = 0;
     size_t indexInBucket = 0;
-    std::shared_ptr<torch::autograd::Node> accumulator;  // kept alive: it owns our hook
+    compat::GradAccumulatorPtr accumulator;  // kept alive: it owns our hook
     uintptr_t hookKey = 0;
     bool ready = false;
   };

@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
-# Installs the Debian packages ddp-launch builds and tests with. Idempotent:
-# prints nothing and touches nothing when everything is already installed.
+# Installs what ddp-launch builds and tests with. Idempotent: prints nothing
+# and touches nothing when everything is already installed.
+#  1. Debian packages (compilers, libraries, Fashion-MNIST, LibTorch 1.13 for the second build).
+#  2. .venv/ in the project tree (ignored by git): the pinned PyPI torch of scripts/requirements.txt,
+#     whose LibTorch 2.x (CUDA + NCCL) is the default build and whose Python is the reference.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 packages=(
   build-essential cmake ccache pkg-config
-  libtorch-dev libgloo-dev          # LibTorch 1.13 (CPU, c10d + Gloo) and the Gloo headers c10d includes
-  libopenblas0-openmp               # LibTorch's GEMMs go through the system BLAS; Debian's default is the
+  python3 python3-venv              # makes .venv when no other python3 is on PATH
+  libtorch-dev libgloo-dev          # LibTorch 1.13 (CPU, c10d + Gloo): the second, Debian build
+  libopenblas0-openmp               # Debian LibTorch's GEMMs go through the system BLAS; Debian's default is the
                                     # reference BLAS, ~15x slower. OpenMP build: follows OMP_NUM_THREADS
   libcxxopts-dev libspdlog-dev libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev
   libboost-dev libboost-filesystem-dev   # Boost.Process v1 (header-only) needs boost_filesystem
   libgtest-dev
   dataset-fashion-mnist             # /usr/share/datasets/fashion-mnist
-  python3-torch python3-numpy       # the reference implementation for tests and benchmarks
-  python3-pil                       # bench/dp draws its PNG chart with PIL
 )
 
 missing=()
@@ -22,12 +25,21 @@ for p in "${packages[@]}"; do
     missing+=("$p")
   fi
 done
-[[ ${#missing[@]} -eq 0 ]] && exit 0
+if [[ ${#missing[@]} -gt 0 ]]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
 
-echo "setup: installing ${missing[*]}"
-SUDO=""
-if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
-echo "setup: done"
+# The virtual environment: re-installed only when requirements.txt changed since the last install.
+venv=.venv
+stamp=$venv/.requirements.installed
+if ! cmp -s scripts/requirements.txt "$stamp" 2>/dev/null; then
+  echo "setup: installing scripts/requirements.txt into $venv (torch with CUDA: a few GB, once)"
+  [[ -x $venv/bin/python ]] || python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r scripts/requirements.txt
+  cp scripts/requirements.txt "$stamp"
+fi

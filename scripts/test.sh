@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing, builds, runs every test with CTest.
+# The test command: installs what is missing, builds, runs every test with CTest,
+# for each LibTorch build: DDP_TORCH=pip (2.x, the default build), debian (1.13), or all (both; default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/build.sh "$@"
-build_dir=${DDP_BUILD_DIR:-build}
-cd "$build_dir"
-ctest --output-on-failure --timeout 900
+flavours=${DDP_TORCH:-all}
+[[ $flavours == all ]] && flavours="pip debian"
+for flavour in $flavours; do
+  echo "=== LibTorch build: $flavour ==="
+  DDP_TORCH=$flavour bash scripts/build.sh "$@"
+  build_dir=${DDP_BUILD_DIR:-$([[ $flavour == pip ]] && echo build || echo build-debian)}
+  (cd "$build_dir" && ctest --output-on-failure --timeout 900)
+done

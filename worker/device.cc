@@ -1,5 +1,6 @@
 #include "worker/device.h"
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/cuda.h>
 
 #include <cstdlib>
@@ -8,25 +9,40 @@
 
 namespace ddp::worker {
 
-c10::Device selectDevice(const std::string& requested, int localRank) {
-  if (requested == "cpu") return c10::Device(c10::kCPU);
-  const bool haveCuda = torch::cuda::is_available();
-  if (requested == "auto" && !haveCuda) return c10::Device(c10::kCPU);
-  if (!haveCuda) {
-    DDP_THROW(ConfigError, "config: device '", requested, "' but no GPU is visible to this process (or "
+c10::Device planDevice(const DeviceRequest& r) {
+  if (r.requested == "cpu") return c10::Device(c10::kCPU);
+  if (r.requested == "auto" && r.visibleGpus == 0) return c10::Device(c10::kCPU);
+  if (r.visibleGpus == 0) {
+    DDP_THROW(ConfigError, "config: device '", r.requested, "' but no GPU is visible to this process (or "
               "LibTorch was built without CUDA); use device: cpu or auto");
   }
   // cuda:N names a visible GPU explicitly; auto and cuda take the rank's own.
-  const int index = requested.rfind("cuda:", 0) == 0 ? std::stoi(requested.substr(5)) : localRank;
-  const auto count = static_cast<int>(torch::cuda::device_count());
-  if (index >= count) {
+  const bool fixed = r.requested.rfind("cuda:", 0) == 0;
+  const int index = fixed ? std::stoi(r.requested.substr(5)) : r.localRank;
+  if (fixed && r.localWorldSize > 1 && !r.ranksMayShareGpu) {
+    DDP_THROW(ConfigError, "config: device ", r.requested, " puts all ", r.localWorldSize,
+              " ranks of this host on one GPU, which NCCL refuses (Duplicate GPU detected); use "
+              "device: cuda (rank r takes cuda:LOCAL_RANK) and pick the GPUs with CUDA_VISIBLE_DEVICES, "
+              "or backend: gloo to share one GPU");
+  }
+  if (index >= r.visibleGpus) {
     const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-    DDP_THROW(ConfigError, requested.rfind("cuda:", 0) == 0 ? "device " + requested : "LOCAL_RANK " + std::to_string(localRank),
-              " needs GPU ", index, " but only ", count, " GPU(s) are visible (CUDA_VISIBLE_DEVICES=",
+    DDP_THROW(ConfigError, fixed ? "device " + r.requested : "LOCAL_RANK " + std::to_string(r.localRank),
+              " needs GPU ", index, " but only ", r.visibleGpus, " GPU(s) are visible (CUDA_VISIBLE_DEVICES=",
               visible ? visible : "<unset>", "); GPU numbers are logical, counted after CUDA_VISIBLE_DEVICES; "
-              "start at most ", count, " workers per node with --nproc_per_node");
+              "start at most ", r.visibleGpus, " workers per node with --nproc_per_node");
   }
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
+
+c10::Device selectDevice(DeviceRequest request) {
+  request.visibleGpus = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+  return planDevice(request);
+}
+
+void useDevice(c10::Device device) {
+  if (!device.is_cuda()) return;
+  c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(device);
 }
 
 }  // namespace ddp::worker

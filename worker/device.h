@@ -7,8 +7,25 @@
 
 namespace ddp::worker {
 
-/// `requested` is the config's device: auto | cpu | cuda. LOCAL_RANK indexes
-/// the *visible* GPUs (after CUDA_VISIBLE_DEVICES), as in PyTorch.
-c10::Device selectDevice(const std::string& requested, int localRank);
+/// What the device choice depends on; planDevice() is a pure function of it.
+struct DeviceRequest {
+  std::string requested = "auto";  // config device: auto | cpu | cuda | cuda:N
+  int localRank = 0;               // indexes the *visible* GPUs (after CUDA_VISIBLE_DEVICES)
+  int localWorldSize = 1;          // ranks on this host that compute (1 for single/eval)
+  int visibleGpus = 0;             // torch::cuda::device_count(), 0 without CUDA
+  bool ranksMayShareGpu = false;   // backend gloo: several ranks on one GPU work (NCCL refuses)
+};
+
+/// The rank's device, or a ConfigError saying what to change: no GPU for
+/// cuda, a LOCAL_RANK or cuda:N past the visible GPUs, or cuda:N for several
+/// ranks of a host with NCCL ("Duplicate GPU detected").
+c10::Device planDevice(const DeviceRequest& request);
+
+/// planDevice() with the GPUs this process sees.
+c10::Device selectDevice(DeviceRequest request);
+
+/// Makes a CUDA device the calling thread's current one (before NCCL or any
+/// CUDA work, so that nothing opens a context on GPU 0); no-op for CPU.
+void useDevice(c10::Device device);
 
 }  // namespace ddp::worker

@@ -19,7 +19,11 @@
 namespace ddp::worker {
 
 int runEvalMode(const WorkerConfig& config, int localRank) {
-  const c10::Device device = selectDevice(config.device, localRank);
+  DeviceRequest request;
+  request.requested = config.device;
+  request.localRank = localRank;
+  const c10::Device device = selectDevice(request);
+  useDevice(device);
   const Datasets data = loadDatasets(config.data, config.seed);
   auto model = makeModel(config.model, data.input);
   // Loaded on the CPU (every tensor is mapped there), then moved: map_location done right.

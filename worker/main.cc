@@ -118,9 +118,16 @@ int runWorker(std::vector<std::string> args) {
   const int rank = config.mode == Mode::kSingle ? 0 : env.rank;
 
   if (config.threads > 0) torch::set_num_threads(static_cast<int>(config.threads));
-  const c10::Device device = selectDevice(config.device, env.localRank);
+  const comm::Backend requestedBackend = comm::parseBackend(config.backend);
+  DeviceRequest deviceRequest;
+  deviceRequest.requested = config.device;
+  deviceRequest.localRank = env.localRank;
+  deviceRequest.localWorldSize = worldSize == 1 ? 1 : env.localWorldSize;
+  deviceRequest.ranksMayShareGpu = requestedBackend == comm::Backend::kGloo;
+  const c10::Device device = selectDevice(deviceRequest);
+  useDevice(device);  // before NCCL or any CUDA call: no rank opens a context on GPU 0
   const comm::Backend backend =
-      comm::resolveBackend(comm::parseBackend(config.backend), device.is_cuda(),
+      comm::resolveBackend(requestedBackend, device.is_cuda(),
                            /*singleHost=*/env.localWorldSize == env.worldSize);
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(config.comm.timeoutS * 1000));
 
@@ -128,7 +135,10 @@ int runWorker(std::vector<std::string> args) {
   const Datasets data = loadDatasets(config.data, config.seed);
 
   std::unique_ptr<comm::Communicator> comm;
-  if (worldSize == 1) {
+  // backend: nccl gets a real NCCL group even for one rank (as init_process_group does), so a
+  // one-GPU job exercises what a multi-GPU job runs; auto/gloo/shm take the network-free path.
+  const bool groupForSingleRank = requestedBackend == comm::Backend::kNccl && config.mode == Mode::kDdp;
+  if (worldSize == 1 && !groupForSingleRank) {
     comm = std::make_unique<comm::LocalCommunicator>();
   } else {
     comm::RendezvousOptions rdv;
@@ -143,6 +153,8 @@ int runWorker(std::vector<std::string> args) {
     pg.rank = rank;
     pg.worldSize = worldSize;
     pg.timeout = timeout;
+    pg.device = device;
+    pg.groupForSingleRank = groupForSingleRank;
     // Single node: loopback. Multi-node: the local address that routes to MASTER_ADDR
     // (GLOO_SOCKET_IFNAME overrides both).
     pg.hostname = env.localWorldSize == worldSize ? "127.0.0.1" : comm::localAddressFor(env.masterAddr);

@@ -144,7 +144,7 @@ TrainResult Trainer::run(const Datasets& data) {
   samplerOptions.dropLast = train.dropLast;
   sampler::DistributedSampler sampler(data.train.size(), samplerOptions);
 
-  TrainingCheckpointer checkpointer(config_, comm_);
+  TrainingCheckpointer checkpointer(config_, comm_, device_);
   const TrainPosition resumed = checkpointer.resume(module, optimizer);
 
   // A resumed run appends to the metrics of the run it continues.

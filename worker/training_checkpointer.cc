@@ -1,6 +1,7 @@
 #include "worker/training_checkpointer.h"
 
 #include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
 #include <spdlog/spdlog.h>
 #include <torch/nn/module.h>
 #include <torch/optim/sgd.h>
@@ -24,8 +25,23 @@ checkpoint::NamedTensors namedParameters(torch::nn::Module& module) {
 
 }  // namespace
 
-TrainingCheckpointer::TrainingCheckpointer(const WorkerConfig& config, comm::Communicator& comm)
-    : config_(config), comm_(comm), dir_(checkpointDir(config)) {}
+TrainingCheckpointer::TrainingCheckpointer(const WorkerConfig& config, comm::Communicator& comm,
+                                           c10::Device device)
+    : config_(config), comm_(comm), device_(device), dir_(checkpointDir(config)) {}
+
+std::vector<at::Tensor> TrainingCheckpointer::gatherCudaRngStates() {
+  const at::Tensor mine = checkpoint::cudaRngState(device_);
+  if (!mine.defined()) return {};
+  // Rank r fills row r only, so a SUM all-reduce is a gather (there is no gather in Communicator).
+  at::Tensor rows = at::zeros({comm_.size(), mine.numel()}, at::kLong);
+  rows[comm_.rank()].copy_(mine);
+  rows = rows.to(comm_.device());
+  comm_.allReduceSum(rows);
+  rows = rows.cpu();
+  std::vector<at::Tensor> out;
+  for (int r = 0; r < comm_.size(); ++r) out.push_back(rows[r].to(at::kByte).clone());
+  return out;
+}
 
 TrainPosition TrainingCheckpointer::resume(torch::nn::Module& module, torch::optim::SGD& optimizer) {
   if (config_.resume.empty()) return {};
@@ -41,8 +57,9 @@ TrainPosition TrainingCheckpointer::resume(torch::nn::Module& module, torch::opt
   const int64_t step = path.empty() ? -1 : state.globalStep;
 
   // Every rank must continue from the same step, or the collectives mismatch.
-  at::Tensor steps = at::tensor({step, int64_t{1}}, at::kLong);
+  at::Tensor steps = at::tensor({step, int64_t{1}}, at::kLong).to(comm_.device());
   comm_.allReduceSum(steps);
+  steps = steps.cpu();
   if (steps[0].item<int64_t>() != step * steps[1].item<int64_t>()) {
     DDP_THROW(CommError, "resume: ranks found different checkpoints (rank ", comm_.rank(), " has step ", step,
               " from '", path.empty() ? "<none>" : path, "'); point every rank at the same checkpoint.dir");
@@ -55,7 +72,13 @@ TrainPosition TrainingCheckpointer::resume(torch::nn::Module& module, torch::opt
   checkpoint::loadStateDictInto(module, state.model, path);
   checkpoint::restoreSgdMomentumBuffers(optimizer, namedParameters(module), state.optimizer, path);
   checkpoint::setCpuRngState(state.cpuRng);
-  checkpoint::setCudaRngStates(state.cudaRng);
+  const auto rank = static_cast<size_t>(comm_.rank());
+  if (device_.is_cuda() && rank < state.cudaRng.size()) {
+    checkpoint::setCudaRngState(device_, state.cudaRng[rank]);  // this rank's own generator
+  } else if (device_.is_cuda()) {
+    spdlog::warn("resume: {} holds no CUDA generator state for rank {}; its GPU generator keeps the seed",
+                 path, comm_.rank());
+  }
   TrainPosition position{state.epoch, state.stepInEpoch, state.globalStep, state.samples};
   if (state.worldSize != comm_.size()) {
     // The sampler's shards depend on the world size: the saved position means nothing now.
@@ -86,6 +109,7 @@ std::string TrainingCheckpointer::save(torch::nn::Module& module, torch::optim::
                                        const TrainPosition& position) {
   const std::string path = checkpoint::checkpointPath(dir_, position.globalStep);
   if (position.globalStep == lastSavedStep_) return path;  // this very step is on disk already
+  std::vector<at::Tensor> cudaRng = gatherCudaRngStates();  // collective: before rank 0 writes
   if (comm_.rank() == 0) {
     makeDirectories(dir_);
     checkpoint::TrainingState state;
@@ -98,7 +122,7 @@ std::string TrainingCheckpointer::save(torch::nn::Module& module, torch::optim::
     state.worldSize = comm_.size();
     state.seed = static_cast<int64_t>(config_.seed);
     state.cpuRng = checkpoint::cpuRngState();
-    state.cudaRng = checkpoint::cudaRngStates();
+    state.cudaRng = std::move(cudaRng);
     state.config = dumpConfig(config_);
     checkpoint::saveTrainingCheckpoint(state, path);
     checkpoint::pruneCheckpoints(dir_, config_.checkpoint.keepLast);

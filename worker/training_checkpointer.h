@@ -2,10 +2,12 @@
 // and maps to its own device), saves when due (rank 0 writes, all ranks wait).
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "worker/config.h"
@@ -29,7 +31,8 @@ struct TrainPosition {
 
 class TrainingCheckpointer {
  public:
-  TrainingCheckpointer(const WorkerConfig& config, comm::Communicator& comm);
+  /// `device` is this rank's compute device: its GPU's generator is saved and restored per rank.
+  TrainingCheckpointer(const WorkerConfig& config, comm::Communicator& comm, c10::Device device);
 
   /// Applies config.resume (auto | path) to `module` and `optimizer` and the RNGs;
   /// returns where to continue (the start when there is nothing to resume).
@@ -44,8 +47,11 @@ class TrainingCheckpointer {
   std::string save(torch::nn::Module& module, torch::optim::SGD& optimizer, const TrainPosition& position);
 
  private:
+  std::vector<at::Tensor> gatherCudaRngStates();
+
   const WorkerConfig& config_;
   comm::Communicator& comm_;
+  c10::Device device_;
   std::string dir_;
   int64_t lastSavedStep_ = -1;
 };

@@ -2,13 +2,13 @@
 
 #include <ATen/Context.h>
 #include <ATen/core/Generator.h>
-#include <torch/cuda.h>
 #include <torch/optim/sgd.h>
 
 #include <map>
 #include <mutex>
 
 #include "common/error.h"
+#include "common/torch_compat.h"
 
 namespace ddp::checkpoint {
 namespace {
@@ -16,7 +16,7 @@ namespace {
 constexpr const char* kPrefix = "momentum_buffer.";
 
 // LibTorch keys per-parameter optimizer state by the parameter's TensorImpl address.
-std::string stateKey(const at::Tensor& param) { return c10::guts::to_string(param.unsafeGetTensorImpl()); }
+compat::OptimizerStateKey stateKey(const at::Tensor& param) { return compat::optimizerStateKey(param); }
 
 }  // namespace
 
@@ -65,25 +65,18 @@ void setCpuRngState(const at::Tensor& state) {
   gen.set_state(state);
 }
 
-std::vector<at::Tensor> cudaRngStates() {
-  std::vector<at::Tensor> out;
-  if (!torch::cuda::is_available()) return out;
-  for (size_t i = 0; i < torch::cuda::device_count(); ++i) {
-    auto gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    out.push_back(gen.get_state());
-  }
-  return out;
+at::Tensor cudaRngState(c10::Device device) {
+  if (!device.is_cuda()) return {};
+  auto gen = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
 }
 
-void setCudaRngStates(const std::vector<at::Tensor>& states) {
-  if (!torch::cuda::is_available()) return;
-  const size_t n = std::min(states.size(), torch::cuda::device_count());
-  for (size_t i = 0; i < n; ++i) {
-    auto gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(states[i]);
-  }
+void setCudaRngState(c10::Device device, const at::Tensor& state) {
+  if (!device.is_cuda() || !state.defined()) return;
+  auto gen = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
 }
 
 }  // namespace ddp::checkpoint

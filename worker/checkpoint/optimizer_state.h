@@ -27,7 +27,9 @@ void restoreSgdMomentumBuffers(torch::optim::SGD& optimizer, const NamedTensors&
 /// The default CPU generator's state, and one per visible GPU.
 at::Tensor cpuRngState();
 void setCpuRngState(const at::Tensor& state);
-std::vector<at::Tensor> cudaRngStates();
-void setCudaRngStates(const std::vector<at::Tensor>& states);
+/// The state of `device`'s default CUDA generator (a rank's own GPU); undefined on CPU.
+at::Tensor cudaRngState(c10::Device device);
+/// Restores `device`'s generator; no-op for CPU devices or an undefined state.
+void setCudaRngState(c10::Device device, const at::Tensor& state);
 
 }  // namespace ddp::checkpoint

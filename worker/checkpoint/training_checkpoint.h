@@ -24,7 +24,7 @@ struct TrainingState {
   int64_t worldSize = 1;     // the sampler's shards depend on it
   int64_t seed = 0;
   at::Tensor cpuRng;                // the default CPU generator's state
-  std::vector<at::Tensor> cudaRng;  // one per visible GPU (empty on CPU)
+  std::vector<at::Tensor> cudaRng;  // rank r's own GPU generator at [r] (empty on CPU)
   std::string config;               // resolved YAML of the run that wrote it
 };
 

@@ -14,6 +14,7 @@
 #include <set>
 
 #include "common/error.h"
+#include "common/torch_compat.h"
 #include "worker/dp/replica_threads.h"
 
 namespace ddp::worker::dp {
@@ -283,8 +284,7 @@ at::Tensor DataParallel::forward(const at::Tensor& input) {
     gathered = parts.size() == 1 ? parts.front().clone() : at::cat(parts, 0);
   }
   if (!connect) return gathered;
-  std::shared_ptr<DataParallelBackward> node(
-      new DataParallelBackward(impl_, std::move(outputs), sizes), torch::autograd::deleteNode);
+  auto node = compat::makeNode<DataParallelBackward>(impl_, std::move(outputs), sizes);
   node->set_next_edges(torch::autograd::collect_next_edges(at::ArrayRef<at::Tensor>(s.masterParams)));
   torch::autograd::set_history(gathered, node);
   return gathered;

@@ -1,0 +1,47 @@
+// Every difference between the two LibTorch builds we support lives here:
+// LibTorch 2.x (the pinned PyPI wheel, the default) and Debian's 1.13.
+// Worker-side only: the launcher never includes LibTorch.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/version.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#define DDP_TORCH_2 (TORCH_VERSION_MAJOR >= 2)
+
+namespace ddp::compat {
+
+/// The key torch::optim keeps per-parameter state under: the TensorImpl
+/// address, as `void*` in 2.x and as its decimal string in 1.13.
+#if DDP_TORCH_2
+using OptimizerStateKey = void*;
+inline OptimizerStateKey optimizerStateKey(const at::Tensor& param) { return param.unsafeGetTensorImpl(); }
+#else
+using OptimizerStateKey = std::string;
+inline OptimizerStateKey optimizerStateKey(const at::Tensor& param) {
+  return c10::guts::to_string(param.unsafeGetTensorImpl());
+}
+#endif
+
+/// A leaf's AccumulateGrad node: intrusive_ptr in 2.x, shared_ptr in 1.13.
+using GradAccumulatorPtr = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+
+/// A new autograd Node: intrusive_ptr in 2.x; shared_ptr with autograd's deleter in 1.13.
+template <typename NodeT, typename... Args>
+auto makeNode(Args&&... args) {
+#if DDP_TORCH_2
+  return c10::make_intrusive<NodeT>(std::forward<Args>(args)...);
+#else
+  return std::shared_ptr<NodeT>(new NodeT(std::forward<Args>(args)...), torch::autograd::deleteNode);
+#endif
+}
+
+/// Gloo sums bfloat16 in 2.x (checked on 2.15); 1.13's Gloo cannot.
+constexpr bool kGlooSumsBFloat16 = DDP_TORCH_2;
+
+}  // namespace ddp::compat
