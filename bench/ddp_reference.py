@@ -2,6 +2,8 @@
 """The Python side of bench/run_ddp_bench.sh: PyTorch's own DistributedDataParallel
 (gloo) on the same model, synthetic in-memory data, per-rank batch and steps as
 our worker. Started by our ddp-launch, which sets torchrun's env contract.
+DDP_BENCH_DEVICE=cuda: NCCL, each rank on cuda:LOCAL_RANK, batches copied from
+host memory per step like our worker does (bench/gpu/run_gpu_bench.sh).
 
 usage: ddp_reference.py {mlp|cnn} HIDDEN(csv) BATCH WARMUP TIMED
 Rank 0 prints one JSON line: samples_per_s over the TIMED steps after WARMUP.
@@ -51,11 +53,16 @@ class Cnn(nn.Module):  # worker/models.cc
 def main():
     name, hidden, batch, warmup, timed = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    dist.init_process_group("gloo")  # env:// : RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+    cuda = os.environ.get("DDP_BENCH_DEVICE", "cpu") == "cuda"
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo")  # env:// : RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    model = Mlp([int(h) for h in hidden.split(",")]) if name == "mlp" else Cnn()
-    model = DDP(model)  # bucket_cap_mb=25, gloo, broadcast_buffers=True: the defaults we mirror
+    model = (Mlp([int(h) for h in hidden.split(",")]) if name == "mlp" else Cnn()).to(device)
+    # bucket_cap_mb=25, broadcast_buffers=True: the defaults we mirror
+    model = DDP(model, device_ids=[device.index] if cuda else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     # Same data style as our worker: an in-memory tensor, sampler indices, a gather per batch.
     n = 8192
@@ -73,15 +80,19 @@ def main():
             indices = list(sampler)
         idx = torch.tensor(indices[:batch])
         indices = indices[batch:]
-        x, y = images.index_select(0, idx), labels.index_select(0, idx)
+        x, y = images.index_select(0, idx).to(device), labels.index_select(0, idx).to(device)
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
         opt.step()
         step += 1
         if step == warmup:
             dist.barrier()
+            if cuda:
+                torch.cuda.synchronize(device)
             start = time.perf_counter()
     dist.barrier()
+    if cuda:
+        torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
     if rank == 0:
         print(json.dumps({"samples_per_s": timed * batch * world / seconds, "seconds": seconds}))

@@ -7,9 +7,12 @@ import sys
 from collections import defaultdict
 
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+versions = next((r for r in rows if r.get("bench") == "versions"), {})
 out = ["# DDP engine benchmarks (last run)", "",
        f"`bash bench/run_ddp_bench.sh` on {platform.node()} ({__import__('os').cpu_count()} cores), "
-       "ours with `backend: auto` (= shm, shared memory, on one host) vs PyTorch DDP with gloo over TCP loopback (its only CPU backend), OpenBLAS, OMP_NUM_THREADS=1 per rank, synthetic in-memory data, per-rank batch 64. "
+       f"ours built on LibTorch {versions.get('libtorch', '?')} vs Python PyTorch {versions.get('pytorch', '?')} DDP "
+       "(earlier LibTorch 1.13 figures: RESULTS_ddp_libtorch1.13.md). "
+       "Ours with `backend: auto` (= shm, shared memory, on one host) vs PyTorch DDP with gloo over TCP loopback (its only CPU backend), OMP_NUM_THREADS=1 per rank, synthetic in-memory data, per-rank batch 64. "
        "World 4 oversubscribes a 2-core machine.", "",
        "## Ours vs PyTorch DDP (median samples/s over repetitions, alternated)", "",
        "| model | world | ours | PyTorch DDP | ratio | target |", "|---|---|---|---|---|---|"]

@@ -6,11 +6,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 REPS=${REPS:-3}
-PY=/usr/bin/python3  # Debian's python3-torch lives here
+PY=${PY:-$PWD/.venv/bin/python}  # the reference PyTorch 2.x (scripts/setup.sh)
 export OMP_NUM_THREADS=1
 cmake --build "$BUILD" -j2 --target worker ddp-launch ddp_bench >/dev/null
 OUT=$(mktemp -d /tmp/ddp_bench_XXXXXX)
 RAW=$OUT/raw.jsonl
+libtorch=$(cat "$BUILD/libtorch_version.txt")  # written by cmake/Dependencies.cmake
+echo "{\"bench\":\"versions\",\"libtorch\":\"$libtorch\",\"pytorch\":\"$($PY -c 'import torch;print(torch.__version__)')\"}" >>"$RAW"
 LAUNCH="$BUILD/ddp-launch"
 
 # ours: the real worker on synthetic in-memory data; the rate of the window after WARM steps.

@@ -61,6 +61,7 @@ if(DDP_WITH_NCCL)
     message(FATAL_ERROR "DDP_WITH_NCCL is on but nccl.h was not found; install NCCL or pass -DDDP_WITH_NCCL=OFF")
   endif()
 endif()
+file(WRITE "${CMAKE_BINARY_DIR}/libtorch_version.txt" "${Torch_VERSION}\n")  # for bench/ reports
 message(STATUS "ddp-launch: LibTorch ${Torch_VERSION} (${TORCH_INSTALL_PREFIX}), CUDA=${DDP_TORCH_HAS_CUDA}, "
                "NCCL=${DDP_WITH_NCCL} ${DDP_NCCL_INCLUDE_DIR}")
 

@@ -18,7 +18,7 @@ launcher=$build/ddp-launch
 for b in "$worker" "$launcher"; do
   [[ -x $b ]] || { echo "run_dp_compare: $b not built; run: cmake --build $build --target worker ddp-launch" >&2; exit 2; }
 done
-python=/usr/bin/python3
+python=${PY:-$root/.venv/bin/python}  # the reference PyTorch 2.x (scripts/setup.sh)
 out=${DP_BENCH_OUT:-$root/out/bench_dp}
 rm -rf "$out" && mkdir -p "$out"
 

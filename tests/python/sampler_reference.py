@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Reference index lists from PyTorch's own DistributedSampler, printed as JSON.
 
-Run with Debian's /usr/bin/python3 (python3-torch). The C++ test
+Run with the reference PyTorch in .venv (DDP_PYTHON). The C++ test
 tests/sampler/sampler_reference_test.cc compares ddp::sampler::DistributedSampler
 against every case printed here.
 

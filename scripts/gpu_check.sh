@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The GPU checks, on a machine with a GPU, a pip PyTorch and no package registry
+# (the lent device machine): builds against that machine's torch with the Debian
+# -dev packages carried as .debs, then runs the GPU tests and the GPU benchmark.
+#   bash scripts/gpu_check.sh build|test|bench   (DEBS=dir of .deb files, DATA=Fashion-MNIST dir)
+# Prepare the carried files here with: bash scripts/gpu_check.sh pack
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DEBS=${DEBS:-.gpu/debs}
+DATA=${DATA:-$PWD/.gpu/fashion-mnist}
+DEPS=/tmp/ddp-deps
+BUILD=build-gpu
+OUT=${OUT:-/tmp/ddp-gpu-out}
+PY=$(command -v python3)
+mkdir -p "$OUT"
+
+case "${1:-}" in
+  pack)
+    mkdir -p "$DEBS" "$DATA"
+    (cd "$DEBS" && apt-get download libyaml-cpp-dev libyaml-cpp0.7 libspdlog-dev libspdlog1.10 libfmt-dev libfmt9 \
+      libcxxopts-dev nlohmann-json3-dev libboost1.74-dev libboost-dev libboost-filesystem-dev \
+      libboost-filesystem1.74-dev libboost-filesystem1.74.0 libboost-system1.74-dev libboost-system1.74.0 \
+      libboost-atomic1.74.0 libgtest-dev zlib1g-dev)
+    cp /usr/share/datasets/fashion-mnist/*.gz "$DATA/" ;;
+  build)
+    nvidia-smi --query-gpu=name,pci.bus_id,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+    "$PY" -c 'import torch; print("torch", torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))' | tee -a "$OUT/gpu.txt"
+    g++ --version | head -1 | tee -a "$OUT/gpu.txt"
+    mkdir -p "$DEPS"
+    for f in "$DEBS"/*.deb; do dpkg -x "$f" "$DEPS"; done
+    torch_prefix=$("$PY" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
+    cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDDP_USE_CCACHE=OFF -DDDP_PYTHON="$PY" \
+      -DCMAKE_PREFIX_PATH="$torch_prefix;$DEPS/usr" -DCMAKE_LIBRARY_ARCHITECTURE=x86_64-linux-gnu 2>&1 | tail -5
+    cmake --build "$BUILD" -j"$(nproc)" 2>&1 | tail -5 ;;
+  test)
+    export DDP_FASHION_MNIST_ROOT=$DATA
+    (cd "$BUILD" && ctest -R e2e_gpu --output-on-failure -V) 2>&1 | tee "$OUT/gpu_test.log" | tail -40 ;;
+  suite)
+    export DDP_FASHION_MNIST_ROOT=$DATA
+    (cd "$BUILD" && ctest -j6 --output-on-failure --timeout 600) 2>&1 | tee "$OUT/suite.log" | tail -30 ;;
+  bench)
+    BUILD=$BUILD PY="$PY" REPS=${REPS:-3} bash bench/gpu/run_gpu_bench.sh 2>&1 | tee "$OUT/gpu_bench.jsonl" ;;
+  *) echo "usage: gpu_check.sh pack|build|test|suite|bench" >&2; exit 2 ;;
+esac
