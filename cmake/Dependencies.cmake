@@ -22,6 +22,14 @@ find_package(yaml-cpp REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
 find_package(ZLIB REQUIRED)
 
+# c10d's ProcessGroupGloo.hpp includes Gloo's headers, which the torch wheel does not ship;
+# Debian's libgloo-dev provides them (c10d's header holds Gloo objects only through pointers).
+find_path(DDP_GLOO_INCLUDE_DIR gloo/algorithm.h HINTS ${TORCH_INCLUDE_DIRS})
+if(NOT DDP_GLOO_INCLUDE_DIR)
+  message(FATAL_ERROR "gloo/algorithm.h not found: c10d's ProcessGroupGloo.hpp needs Gloo's headers, which the "
+                      "torch wheel does not ship; install libgloo-dev (scripts/setup.sh does)")
+endif()
+
 # Debian's yaml-cpp, spdlog and Boost are built with the C++11 ABI; LibTorch must match
 # (every wheel since 2.7 and Debian's 1.13 do), or std::string crosses the boundary mangled.
 if(TORCH_CXX_FLAGS MATCHES "_GLIBCXX_USE_CXX11_ABI=0")

@@ -10,6 +10,7 @@
 
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #define DDP_TORCH_2 (TORCH_VERSION_MAJOR >= 2)
@@ -31,14 +32,15 @@ inline OptimizerStateKey optimizerStateKey(const at::Tensor& param) {
 /// A leaf's AccumulateGrad node: intrusive_ptr in 2.x, shared_ptr in 1.13.
 using GradAccumulatorPtr = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
 
-/// A new autograd Node: intrusive_ptr in 2.x; shared_ptr with autograd's deleter in 1.13.
+/// A new autograd Node, held the way this LibTorch holds nodes: shared_ptr up
+/// to 2.11 (checked on 1.13 and 2.11), intrusive_ptr in later 2.x (2.15).
 template <typename NodeT, typename... Args>
 auto makeNode(Args&&... args) {
-#if DDP_TORCH_2
-  return c10::make_intrusive<NodeT>(std::forward<Args>(args)...);
-#else
-  return std::shared_ptr<NodeT>(new NodeT(std::forward<Args>(args)...), torch::autograd::deleteNode);
-#endif
+  if constexpr (std::is_same_v<GradAccumulatorPtr, std::shared_ptr<torch::autograd::Node>>) {
+    return std::shared_ptr<NodeT>(new NodeT(std::forward<Args>(args)...));
+  } else {
+    return c10::make_intrusive<NodeT>(std::forward<Args>(args)...);
+  }
 }
 
 /// Gloo sums bfloat16 in 2.x (checked on 2.15); 1.13's Gloo cannot.

@@ -20,7 +20,7 @@ case "${1:-}" in
     (cd "$DEBS" && apt-get download libyaml-cpp-dev libyaml-cpp0.7 libspdlog-dev libspdlog1.10 libfmt-dev libfmt9 \
       libcxxopts-dev nlohmann-json3-dev libboost1.74-dev libboost-dev libboost-filesystem-dev \
       libboost-filesystem1.74-dev libboost-filesystem1.74.0 libboost-system1.74-dev libboost-system1.74.0 \
-      libboost-atomic1.74.0 libgtest-dev zlib1g-dev)
+      libboost-atomic1.74.0 libgtest-dev zlib1g-dev libgloo-dev)
     cp /usr/share/datasets/fashion-mnist/*.gz "$DATA/" ;;
   build)
     nvidia-smi --query-gpu=name,pci.bus_id,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
@@ -31,7 +31,7 @@ case "${1:-}" in
     torch_prefix=$("$PY" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
     cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDDP_USE_CCACHE=OFF -DDDP_PYTHON="$PY" \
       -DCMAKE_PREFIX_PATH="$torch_prefix;$DEPS/usr" -DCMAKE_LIBRARY_ARCHITECTURE=x86_64-linux-gnu 2>&1 | tail -5
-    cmake --build "$BUILD" -j"$(nproc)" 2>&1 | tail -5 ;;
+    cmake --build "$BUILD" -j"$(nproc)" -- -k 0 > "$OUT/build_full.log" 2>&1 || { grep -E -A5 "error|FAILED" "$OUT/build_full.log" | head -80; exit 1; } ;;
   test)
     export DDP_FASHION_MNIST_ROOT=$DATA
     (cd "$BUILD" && ctest -R e2e_gpu --output-on-failure -V) 2>&1 | tee "$OUT/gpu_test.log" | tail -40 ;;

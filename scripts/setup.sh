@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 packages=(
   build-essential cmake ccache pkg-config
   python3 python3-venv              # makes .venv when no other python3 is on PATH
-  libtorch-dev libgloo-dev          # LibTorch 1.13 (CPU, c10d + Gloo): the second, Debian build
+  libtorch-dev                      # LibTorch 1.13 (CPU, c10d + Gloo): the second, Debian build
+  libgloo-dev                       # Gloo headers: c10d's ProcessGroupGloo.hpp includes them, the torch wheel lacks them
   libopenblas0-openmp               # Debian LibTorch's GEMMs go through the system BLAS; Debian's default is the
                                     # reference BLAS, ~15x slower. OpenMP build: follows OMP_NUM_THREADS
   libcxxopts-dev libspdlog-dev libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev
