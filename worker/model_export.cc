@@ -1,14 +1,10 @@
 #include "worker/model_export.h"
 
 #include <torch/nn/module.h>
-#include <torch/serialize.h>
-
-#include <fstream>
-#include <iterator>
-#include <vector>
 
 #include "common/error.h"
-#include "worker/atomic_file.h"
+#include "worker/checkpoint/torch_file.h"
+#include "worker/checkpoint/torch_file_writer.h"
 
 namespace ddp::worker {
 namespace {
@@ -33,30 +29,23 @@ std::map<std::string, at::Tensor> stateDict(const torch::nn::Module& module) {
 }
 
 void exportStateDict(const std::map<std::string, at::Tensor>& state, const std::string& path) {
-  c10::Dict<std::string, at::Tensor> dict;
-  for (const auto& [key, tensor] : state) dict.insert(key, tensor);
-  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
-  writeFileAtomic(path, std::string_view(bytes.data(), bytes.size()));
+  // A plain dict of CPU tensors, as Python's torch.save(model.state_dict()) would hold.
+  auto dict = checkpoint::pyDict();
+  for (const auto& [key, tensor] : state) checkpoint::pySet(*dict, key, checkpoint::pyTensor(tensor));
+  checkpoint::writeTorchFile(*dict, path);
 }
 
 std::map<std::string, at::Tensor> readStateDict(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) DDP_THROW(CheckpointError, "cannot read model file '", path, "'");
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  c10::IValue value;
-  try {
-    value = torch::pickle_load(bytes);
-  } catch (const std::exception& e) {
-    std::string what = e.what();
-    DDP_THROW(CheckpointError, "'", path, "' is not a readable torch file: ", what.substr(0, what.find('\n')));
+  const checkpoint::PyValuePtr root = checkpoint::readTorchFile(path);
+  if (root->kind != checkpoint::PyValue::Kind::kDict) {
+    DDP_THROW(CheckpointError, "'", path, "' does not hold a dict of tensors");
   }
-  if (!value.isGenericDict()) DDP_THROW(CheckpointError, "'", path, "' does not hold a dict of tensors");
   std::map<std::string, at::Tensor> out;
-  for (const auto& item : value.toGenericDict()) {
-    if (!item.key().isString() || !item.value().isTensor()) {
+  for (const auto& [key, value] : root->entries) {
+    if (key->kind != checkpoint::PyValue::Kind::kString || value->kind != checkpoint::PyValue::Kind::kTensor) {
       DDP_THROW(CheckpointError, "'", path, "' has a non-tensor entry; expected a state_dict");
     }
-    out[item.key().toStringRef()] = item.value().toTensor();
+    out[key->text] = value->tensor;
   }
   return out;
 }

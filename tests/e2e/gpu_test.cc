@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
 
 #include "tests/e2e/run_command.h"
 
@@ -51,6 +52,7 @@ TEST_F(Gpu, OneRankOnNcclTrainsExportsAndEvaluates) {
                                     600);
   ASSERT_EQ(run.exitCode, 0) << run.output;
   const auto summary = summaryOf(dir);
+  std::cout << "nccl, 1 rank: " << summary.dump() << std::endl;  // figures for the GPU report
   EXPECT_EQ(summary["backend"], "nccl");
   EXPECT_EQ(summary["device"], "cuda:0");
   EXPECT_GT(summary["test_accuracy"].get<double>(), 0.7);
@@ -88,6 +90,7 @@ TEST_F(Gpu, TwoRanksShareOneGpuOverGlooLikeOnCpu) {
   ASSERT_EQ(cpu.exitCode, 0) << cpu.output;
   const auto g = summaryOf(gpuDir);
   const auto c = summaryOf(cpuDir);
+  std::cout << "gloo, 2 ranks on cuda:0: " << g.dump() << "\ngloo, 2 ranks on cpu: " << c.dump() << std::endl;
   EXPECT_EQ(g["device"], "cuda:0");
   EXPECT_EQ(g["backend"], "gloo");
   // Same seed, data and reducer; only the kernels differ (cuDNN vs CPU): results agree closely.
@@ -102,6 +105,7 @@ TEST_F(Gpu, DataParallelOnCuda) {
                                     600);
   ASSERT_EQ(run.exitCode, 0) << run.output;
   const auto summary = summaryOf(dir);
+  std::cout << "dp on cuda:0: " << summary.dump() << std::endl;
   EXPECT_EQ(summary["mode"], "dp");
   EXPECT_EQ(summary["dp_devices"][0], "cuda:0");
   EXPECT_GT(summary["test_accuracy"].get<double>(), 0.7);

@@ -1,5 +1,5 @@
 // Reads files written by Python's torch.save (zip format, PyTorch >= 1.6) and
-// by LibTorch's torch::pickle_save, mapping every tensor to CPU (like
+// by LibTorch's torch::pickle_save (older ddp-launch files), mapping every tensor to CPU (like
 // map_location="cpu"). LibTorch's own unpickler turns collections.OrderedDict
 // into None, so it cannot read a Python state_dict; this reader can.
 #pragma once

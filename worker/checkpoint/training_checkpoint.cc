@@ -1,14 +1,12 @@
 #include "worker/checkpoint/training_checkpoint.h"
 
-#include <ATen/core/Dict.h>
-#include <torch/serialize.h>
 #include <zlib.h>
 
 #include <cstdio>
 
 #include "common/error.h"
-#include "worker/atomic_file.h"
 #include "worker/checkpoint/torch_file.h"
+#include "worker/checkpoint/torch_file_writer.h"
 
 namespace ddp::checkpoint {
 namespace {
@@ -52,9 +50,9 @@ std::string hex(uint32_t v) {
   return buf;
 }
 
-c10::Dict<std::string, at::Tensor> toDict(const NamedTensors& tensors) {
-  c10::Dict<std::string, at::Tensor> d;
-  for (const auto& [k, t] : tensors) d.insert(k, t.detach().cpu().contiguous());
+PyValuePtr toDict(const NamedTensors& tensors) {
+  auto d = pyDict();
+  for (const auto& [k, t] : tensors) pySet(*d, k, pyTensor(t));
   return d;
 }
 
@@ -81,26 +79,26 @@ uint32_t checksumOf(const TrainingState& s) {
 }
 
 void saveTrainingCheckpoint(const TrainingState& s, const std::string& path) {
-  c10::impl::GenericDict root(c10::StringType::get(), c10::AnyType::get());
-  root.insert("format", std::string(kCheckpointFormat));
-  root.insert("model", toDict(s.model));
-  root.insert("optimizer", toDict(s.optimizer));
-  c10::Dict<std::string, int64_t> progress;
-  progress.insert("epoch", s.epoch);
-  progress.insert("step_in_epoch", s.stepInEpoch);
-  progress.insert("global_step", s.globalStep);
-  progress.insert("samples", s.samples);
-  progress.insert("world_size", s.worldSize);
-  progress.insert("seed", s.seed);
-  root.insert("progress", progress);
+  // Plain dicts, strings, ints and tensors: what torch.load(path) reads with weights_only=True.
+  auto root = pyDict();
+  pySet(*root, "format", pyString(kCheckpointFormat));
+  pySet(*root, "model", toDict(s.model));
+  pySet(*root, "optimizer", toDict(s.optimizer));
+  auto progress = pyDict();
+  pySet(*progress, "epoch", pyInt(s.epoch));
+  pySet(*progress, "step_in_epoch", pyInt(s.stepInEpoch));
+  pySet(*progress, "global_step", pyInt(s.globalStep));
+  pySet(*progress, "samples", pyInt(s.samples));
+  pySet(*progress, "world_size", pyInt(s.worldSize));
+  pySet(*progress, "seed", pyInt(s.seed));
+  pySet(*root, "progress", progress);
   NamedTensors rng;
   if (s.cpuRng.defined()) rng.emplace_back("cpu", s.cpuRng);
   for (size_t i = 0; i < s.cudaRng.size(); ++i) rng.emplace_back("cuda" + std::to_string(i), s.cudaRng[i]);
-  root.insert("rng", toDict(rng));
-  root.insert("config", s.config);
-  root.insert("checksum", "crc32:" + hex(checksumOf(s)));
-  const std::vector<char> bytes = torch::pickle_save(c10::IValue(root));
-  ddp::worker::writeFileAtomic(path, std::string_view(bytes.data(), bytes.size()));
+  pySet(*root, "rng", toDict(rng));
+  pySet(*root, "config", pyString(s.config));
+  pySet(*root, "checksum", pyString("crc32:" + hex(checksumOf(s))));
+  writeTorchFile(*root, path);
 }
 
 TrainingState loadTrainingCheckpoint(const std::string& path) {
