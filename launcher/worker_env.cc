@@ -42,9 +42,11 @@ EnvMap workerEnvironment(const LaunchOptions& options, int localRank, int master
   // Our output relay already prefixes "[rank N] "; the worker leaves it out of its own logs.
   env["DDP_LAUNCH_PREFIXED"] = "1";
   if (shouldDefaultOmpThreads(options, inherited)) env["OMP_NUM_THREADS"] = "1";
-  // LibTorch's own glog lines (c10d socket warnings and the like) would bury the worker's
-  // one-line errors; only FATAL passes unless the user asks for more (GLOG_minloglevel=0).
+  // LibTorch's own log lines (c10d socket retries with C++ stack traces and the like) would
+  // bury the worker's one-line errors; only FATAL passes unless the user asks for more.
+  // Debian's 1.13 logs through glog, the PyPI 2.x wheel through c10's own logger.
   if (inherited.count("GLOG_minloglevel") == 0) env["GLOG_minloglevel"] = "3";
+  if (inherited.count("TORCH_CPP_LOG_LEVEL") == 0) env["TORCH_CPP_LOG_LEVEL"] = "FATAL";
   return env;
 }
 

@@ -2,6 +2,7 @@
 // Slurm, mpirun) with the env contract; `worker config.yaml [key=value ...]`.
 #include <spdlog/spdlog.h>
 #include <ATen/ops/zeros.h>
+#include <c10/util/Logging.h>
 #include <torch/utils.h>
 
 #include <nlohmann/json.hpp>
@@ -209,6 +210,7 @@ int runWorker(std::vector<std::string> args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  c10::initLogging();  // applies TORCH_CPP_LOG_LEVEL (Python does this on import; C++ programs must)
   std::vector<std::string> args(argv + 1, argv + argc);
   try {
     return runWorker(std::move(args));

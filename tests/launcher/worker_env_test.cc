@@ -37,6 +37,7 @@ TEST(WorkerEnv, ContractFollowsTheTorchrunFormulas) {
       EXPECT_EQ(env.at("TORCHELASTIC_RESTART_COUNT"), "0");
       EXPECT_EQ(env.at("DDP_LAUNCH_PREFIXED"), "1");
       EXPECT_EQ(env.at("GLOG_minloglevel"), "3");
+      EXPECT_EQ(env.at("TORCH_CPP_LOG_LEVEL"), "FATAL");
     }
   }
 }
