@@ -83,7 +83,9 @@ function(ddp_link_torch target)
   if(DDP_FMT_OVERLAY)
     target_include_directories(${target} SYSTEM BEFORE PUBLIC ${DDP_FMT_OVERLAY})
   endif()
-  target_link_libraries(${target} PUBLIC ${TORCH_LIBRARIES})
+  # libstdc++ ahead of LibTorch in the programs' load order: some wheels (2.11) export their own
+  # copies of std::filesystem, which then interpose libstdc++'s and crash (seen: remove_all).
+  target_link_libraries(${target} PUBLIC stdc++ ${TORCH_LIBRARIES})
   target_include_directories(${target} SYSTEM PUBLIC ${TORCH_INCLUDE_DIRS})
   separate_arguments(_torch_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
   target_compile_options(${target} PUBLIC ${_torch_flags})
