@@ -18,6 +18,7 @@
 #include <random>
 
 #include "common/error.h"
+#include "common/shm_segment_name.h"
 
 namespace ddp::comm {
 namespace {
@@ -197,16 +198,32 @@ std::unique_ptr<Communicator> makeShmCommunicator(const c10::intrusive_ptr<c10d:
   }
   const size_t bytes = alignUp(sizeof(Header)) + options.chunkBytes * static_cast<size_t>(options.worldSize + 1);
   std::string name;
+  // Rank 0 removes the name on every way out of here, errors included; the memory stays
+  // until the last unmap. (The launcher removes what a killed rank 0 leaves.)
+  struct UnlinkOnExit {
+    std::string name;
+    ~UnlinkOnExit() {
+      if (!name.empty()) ::shm_unlink(name.c_str());
+    }
+  } unlinkOnExit;
   int fd = -1;
   if (options.rank == 0) {
     std::random_device entropy;
-    name = "/ddp-launch-" + std::to_string(::getpid()) + "-" + std::to_string(entropy());
+    name = "/" + shmSegmentPrefix(::getpid()) + std::to_string(entropy());
     fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd >= 0) unlinkOnExit.name = name;
     if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-      DDP_THROW(CommError, "shm: cannot create a ", bytes >> 20, " MiB segment in /dev/shm (", std::strerror(errno),
+      const int error = errno;
+      if (fd >= 0) ::close(fd);
+      DDP_THROW(CommError, "shm: cannot create a ", bytes >> 20, " MiB segment in /dev/shm (", std::strerror(error),
                 "); free /dev/shm or use backend: gloo");
     }
-    store->set("ddp/shm/name", std::vector<uint8_t>(name.begin(), name.end()));
+    try {
+      store->set("ddp/shm/name", std::vector<uint8_t>(name.begin(), name.end()));
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
   } else {
     const auto value = store->get("ddp/shm/name");  // waits for rank 0, up to the store's timeout
     name.assign(value.begin(), value.end());
@@ -216,21 +233,19 @@ std::unique_ptr<Communicator> makeShmCommunicator(const c10::intrusive_ptr<c10d:
   void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);
   if (base == MAP_FAILED) DDP_THROW(CommError, "shm: cannot map ", name, " (", std::strerror(errno), ")");
-  // Everyone has it mapped: the name can go, the memory stays until the last unmap.
+  // From here the communicator owns (and unmaps) the mapping, also when the start fails.
+  static_cast<Header*>(base)->pids[options.rank].store(::getpid());
+  auto comm = std::make_unique<ShmCommunicator>(options, base, bytes);
+  // Everyone has it mapped: the name can go.
   store->add("ddp/shm/mapped", 1);
   const auto deadline = std::chrono::steady_clock::now() + options.timeout;
   while (store->add("ddp/shm/mapped", 0) < options.worldSize) {
     if (std::chrono::steady_clock::now() > deadline) {
-      ::munmap(base, bytes);
-      if (options.rank == 0) ::shm_unlink(name.c_str());
       DDP_THROW(TimeoutError, "shm: not every rank mapped the segment within ", options.timeout.count() / 1000.0, " s");
     }
     ::usleep(1000);
   }
-  static_cast<Header*>(base)->pids[options.rank].store(::getpid());
-  auto comm = std::make_unique<ShmCommunicator>(options, base, bytes);
   comm->barrier();
-  if (options.rank == 0) ::shm_unlink(name.c_str());
   return comm;
 }
 

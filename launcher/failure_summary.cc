@@ -38,18 +38,27 @@ std::string padded(std::string text, size_t width) {
 }  // namespace
 
 std::string describeFailure(const RankReport& rank) {
+  if (rank.leftEarly) {
+    return "exited with code 0 before the job ended (the other ranks ran on without it and would wait for it "
+           "in their next collective)";
+  }
   if (!rank.status.signaled) return "failed with " + rank.status.describe();
   return "was " + killedBy(rank);
 }
 
 std::string describeState(const RankReport& rank, const AttemptReport& attempt) {
   if (!rank.stoppedByLauncher) {
+    if (rank.leftEarly) {
+      return "exit code 0 while the others still ran " + formatSeconds(attempt.earlyExitGraceS) + " s later";
+    }
     if (rank.status.success()) return "ok";
     return rank.status.signaled ? killedBy(rank) : rank.status.describe();
   }
   std::string when;
   if (attempt.firstFailure) {
-    when = "still running when rank " + std::to_string(attempt.ranks[*attempt.firstFailure].rank) + " failed";
+    const RankReport& first = attempt.ranks[*attempt.firstFailure];
+    when = "still running when rank " + std::to_string(first.rank) + (first.leftEarly ? " left early" : " failed");
+    if (rank.stoppedBySignal) when = "stopped (state T, e.g. by SIGSTOP) when rank " + std::to_string(first.rank) + " failed";
   } else {
     when = "still running when the launcher received " + signalName(attempt.launcherSignal);
   }
@@ -75,6 +84,7 @@ std::vector<std::string> formatFailureSummary(const AttemptReport& attempt) {
   lines.push_back(indent + padded("rank", rankWidth) + padded("pid", pidWidth + 2) + "state / last output lines");
   const std::string outputIndent = indent + std::string(rankWidth + pidWidth + 2, ' ') + "| ";
   std::vector<int> stuck;
+  std::vector<int> stopped;  // in state T: certainly not answering
   for (size_t i = 0; i < attempt.ranks.size(); ++i) {
     const RankReport& rank = attempt.ranks[i];
     std::string state = describeState(rank, attempt);
@@ -84,8 +94,21 @@ std::vector<std::string> formatFailureSummary(const AttemptReport& attempt) {
     if (rank.lastLines.empty()) lines.push_back(outputIndent + "(no output)");
     for (const std::string& line : rank.lastLines) lines.push_back(outputIndent + line);
     if (rank.stoppedByLauncher) stuck.push_back(rank.rank);
+    if (rank.stoppedBySignal) stopped.push_back(rank.rank);
   }
-  if (attempt.firstFailure && !stuck.empty()) {
+  if (attempt.firstFailure && attempt.ranks[*attempt.firstFailure].leftEarly) {
+    const int left = attempt.ranks[*attempt.firstFailure].rank;
+    lines.push_back("rank " + std::to_string(left) + " exited with code 0 while the others still ran " +
+                    formatSeconds(attempt.earlyExitGraceS) + " s later: a worker must not return before every "
+                    "rank is done (end with a barrier); --early_exit_grace_s sets how long the others may run on");
+  } else if (attempt.firstFailure && !stopped.empty()) {
+    const int failed = attempt.ranks[*attempt.firstFailure].rank;
+    const bool one = stopped.size() == 1;
+    lines.push_back((one ? "rank " : "ranks ") + joinRanks(stopped) + (one ? " was" : " were") +
+                    " stopped (state T) when rank " + std::to_string(failed) + " failed: " +
+                    (one ? "this is the rank" : "these are the ranks") +
+                    " that stopped answering (SIGCONT resumes a stopped process)");
+  } else if (attempt.firstFailure && !stuck.empty()) {
     const int failed = attempt.ranks[*attempt.firstFailure].rank;
     const bool one = stuck.size() == 1;
     lines.push_back((one ? "rank " : "ranks ") + joinRanks(stuck) + (one ? " was" : " were") +

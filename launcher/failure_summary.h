@@ -18,6 +18,8 @@ struct RankReport {
   ExitStatus status;
   bool stoppedByLauncher = false;  // still running when the launcher began stopping the group
   bool killedByLauncher = false;   // still running when the launcher sent SIGKILL to its group
+  bool leftEarly = false;          // exited 0 while the others ran on past the early-exit grace
+  bool stoppedBySignal = false;    // was stopped (SIGSTOP, state T) when the first failure came
   std::vector<std::string> lastLines;  // its last output lines, oldest first
 };
 
@@ -27,10 +29,12 @@ struct AttemptReport {
   std::optional<size_t> firstFailure;   // index into ranks: the rank whose failure stopped the group
   int launcherSignal = 0;               // SIGINT/SIGTERM/... the launcher received, 0 if none
   double shutdownGraceS = 0;            // SIGTERM-to-SIGKILL time used when stopping
+  double earlyExitGraceS = 0;           // how long the others ran on after a rank left early
 };
 
 /// Reads after "rank N ": "failed with exit code 3", "was killed by SIGSEGV", or for a SIGKILL
-/// the launcher did not send, "was killed by SIGKILL, possibly out of memory (check dmesg)".
+/// the launcher did not send, "was killed by SIGKILL, possibly out of memory (check dmesg)";
+/// for a rank that left early, "exited with code 0 while the other ranks ran on for 30 s".
 std::string describeFailure(const RankReport& rank);
 
 /// The state column: "ok", "exit code 3", "killed by SIGSEGV", "stopped by the launcher (...)".

@@ -47,6 +47,9 @@ cxxopts::Options makeOptions() {
     ("no_use_env", "Same as --use_env=false")
     ("shutdown_grace_s", "Seconds between SIGTERM and SIGKILL when stopping workers",
         cxxopts::value<std::string>()->default_value("5"), "SECONDS")
+    ("early_exit_grace_s", "A worker that exits 0 while others still run this many seconds later "
+        "left early: the job is stopped as failed (off: wait for every worker however long)",
+        cxxopts::value<std::string>()->default_value("30"), "SECONDS")
     ("max_restarts", "Times to restart the whole group after a worker fails (each attempt gets "
         "TORCHELASTIC_RESTART_COUNT and a fresh free port)",
         cxxopts::value<std::string>()->default_value("0"), "N")
@@ -135,6 +138,16 @@ int parseInt(const std::string& flag, const std::string& text, int min, int max,
               "'): ", hint);
   }
   return static_cast<int>(value);
+}
+
+double parseSeconds(const std::string& flag, const std::string& text, const std::string& example) {
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || !std::isfinite(value) || value < 0 || value > kMaxGraceS) {
+    DDP_THROW(ConfigError, "--", flag, " must be a number of seconds from 0 to ", kMaxGraceS, " (got '", text,
+              "'), e.g. --", flag, "=", example);
+  }
+  return value;
 }
 
 bool parseBool(const std::string& flag, const std::string& text) {
@@ -272,12 +285,12 @@ CommandLine parseCommandLine(const std::vector<std::string>& args) {
   }
   launch.useEnv = useEnv && !noUseEnv;
 
-  const std::string graceText = parsed["shutdown_grace_s"].as<std::string>();
-  char* end = nullptr;
-  launch.shutdownGraceS = std::strtod(graceText.c_str(), &end);
-  if (graceText.empty() || *end != '\0' || !std::isfinite(launch.shutdownGraceS) || launch.shutdownGraceS < 0) {
-    DDP_THROW(ConfigError, "--shutdown_grace_s must be a number of seconds >= 0 (got '", graceText,
-              "'), e.g. --shutdown_grace_s=5");
+  launch.shutdownGraceS = detail::parseSeconds("shutdown_grace_s", parsed["shutdown_grace_s"].as<std::string>(), "5");
+  const std::string earlyExitText = parsed["early_exit_grace_s"].as<std::string>();
+  if (earlyExitText == "off") {
+    launch.earlyExitGraceS.reset();
+  } else {
+    launch.earlyExitGraceS = detail::parseSeconds("early_exit_grace_s", earlyExitText, "30 (or off)");
   }
 
   launch.maxRestarts = parseInt("max_restarts", parsed["max_restarts"].as<std::string>(), 0, detail::kMaxRestartsLimit,

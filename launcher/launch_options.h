@@ -7,6 +7,9 @@
 
 namespace ddp::launcher {
 
+/// Largest --shutdown_grace_s and --early_exit_grace_s: a day is already no grace period.
+constexpr double kMaxGraceS = 86400;
+
 /// Port every node uses when a multi-node job names none (torchrun's default).
 constexpr int kDefaultMultiNodePort = 29500;
 
@@ -20,6 +23,9 @@ struct LaunchOptions {
   std::optional<int> masterPort;
   bool useEnv = true;                    // --use_env; off also passes --local_rank=N first
   double shutdownGraceS = 5.0;           // --shutdown_grace_s: SIGTERM, then SIGKILL after this
+  // --early_exit_grace_s: a rank that exits 0 while others still run this long after is a
+  // failure (it left them waiting in a collective); nullopt (--early_exit_grace_s=off) = never.
+  std::optional<double> earlyExitGraceS = 30.0;
   int maxRestarts = 0;                   // --max_restarts: restarts of the whole group after a failure
   std::string logDir;                    // --log_dir: empty = worker output to the console only
   bool tee = false;                      // --tee: with --log_dir, the console gets the lines too

@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "launcher/launch_options.h"
 #include "launcher/launch_plan.h"
+#include "launcher/master_address.h"
 #include "launcher/worker_env.h"
 #include "launcher/worker_supervisor.h"
 
@@ -42,8 +43,11 @@ int main(int argc, char** argv) {
       std::fputs(command.text.c_str(), stdout);
       return 0;
     }
+    checkMasterAddress(command.options.masterAddr);
     const LaunchPlan plan = makeLaunchPlan(command.options, currentEnvironment());
-    return runWorkers(plan);
+    SupervisionOptions supervision;
+    supervision.earlyExitGraceS = command.options.earlyExitGraceS;
+    return runWorkers(plan, supervision);
   } catch (const ddp::ConfigError& error) {
     spdlog::error("{}", error.what());
     return kUsageExitCode;

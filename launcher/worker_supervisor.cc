@@ -5,6 +5,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <fstream>
 #include <optional>
 #include <vector>
 
@@ -18,21 +19,34 @@
 #include "launcher/exit_status.h"
 #include "launcher/failure_summary.h"
 #include "launcher/output_relay.h"
+#include "launcher/shm_cleanup.h"
 #include "launcher/signal_watch.h"
 #include "launcher/worker_process.h"
 
 namespace ddp::launcher {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 // Upper bound on one wait, though SIGCHLD normally wakes the loop at once.
 constexpr std::chrono::milliseconds kPollInterval{1000};
 
 std::string workers(size_t count) { return std::to_string(count) + (count == 1 ? " worker" : " workers"); }
 
+// State 'T' or 't' in /proc/<pid>/stat: stopped by a signal or a debugger, so not answering.
+bool processStopped(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(in, line);
+  const size_t close = line.rfind(')');  // "pid (comm) S ...": the state follows the last ')'
+  return close != std::string::npos && close + 2 < line.size() &&
+         (line[close + 2] == 'T' || line[close + 2] == 't');
+}
+
 // The state machine behind runWorkers(), one instance per launch.
 class WorkerSupervisor {
  public:
-  WorkerSupervisor(SignalWatch& signals, double shutdownGraceS);
+  WorkerSupervisor(SignalWatch& signals, double shutdownGraceS, std::optional<double> earlyExitGraceS);
   // Kills (SIGKILL to each process group) and reaps whatever is still there.
   ~WorkerSupervisor();
   WorkerSupervisor(const WorkerSupervisor&) = delete;
@@ -55,12 +69,18 @@ class WorkerSupervisor {
     bool reaped = false;
     bool stoppedByLauncher = false;  // still running when beginStop() came
     bool killedByLauncher = false;   // still running when killAll() came
+    bool leftEarly = false;          // exited 0, and others ran on past the early-exit grace
+    bool stoppedBySignal = false;    // in state T when the first failure came
     ExitStatus status;
   };
 
   // Records exits of workers that have ended, without reaping them.
   void pollExits();
   void onExit(Worker& worker);
+  // A rank exited 0 while others still run: past the grace this is an early exit, a failure.
+  // Returns how long the loop may wait before the grace ends.
+  std::chrono::milliseconds checkEarlyExit(std::chrono::milliseconds timeout);
+  void fail(size_t index);
   void beginStop(int signal);
   void killAll();
   void reapAll();
@@ -68,7 +88,10 @@ class WorkerSupervisor {
 
   SignalWatch& signals_;
   std::chrono::duration<double> grace_;
+  std::optional<std::chrono::duration<double>> earlyExitGrace_;
   std::vector<Worker> workers_;
+  std::optional<size_t> firstCleanExit_;  // index of the first worker that exited 0
+  Clock::time_point firstCleanExitAt_;
   std::optional<size_t> firstFailure_;  // index into workers_
   int launcherSignal_ = 0;              // forwarded signal that started the stop, if any
   bool stopping_ = false;
@@ -76,8 +99,11 @@ class WorkerSupervisor {
   Clock::time_point killAt_;
 };
 
-WorkerSupervisor::WorkerSupervisor(SignalWatch& signals, double shutdownGraceS)
-    : signals_(signals), grace_(shutdownGraceS) {}
+WorkerSupervisor::WorkerSupervisor(SignalWatch& signals, double shutdownGraceS,
+                                   std::optional<double> earlyExitGraceS)
+    : signals_(signals), grace_(shutdownGraceS) {
+  if (earlyExitGraceS) earlyExitGrace_ = std::chrono::duration<double>(*earlyExitGraceS);
+}
 
 WorkerSupervisor::~WorkerSupervisor() {
   if (std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return !w.reaped; })) {
@@ -101,7 +127,7 @@ AttemptReport WorkerSupervisor::monitor() {
   while (true) {
     pollExits();
     if (running() == 0) break;
-    auto timeout = kPollInterval;
+    auto timeout = checkEarlyExit(kPollInterval);
     if (stopping_ && !killed_) {
       const auto now = Clock::now();
       if (now >= killAt_) {
@@ -133,12 +159,19 @@ AttemptReport WorkerSupervisor::monitor() {
   }
   // Children the workers left behind in their groups; the zombies keep the group ids ours.
   if (stopping_) killAll();
+  // Before reaping: the zombies keep the pids ours, so no other process's segment matches.
+  std::vector<pid_t> pids;
+  for (const Worker& worker : workers_) pids.push_back(worker.pid);
+  for (const std::string& name : removeShmSegments(pids)) {
+    spdlog::warn("removed the shared-memory segment /dev/shm/{} that a stopped worker left", name);
+  }
   reapAll();
 
   AttemptReport report;
   report.firstFailure = firstFailure_;
   report.launcherSignal = launcherSignal_;
   report.shutdownGraceS = grace_.count();
+  report.earlyExitGraceS = earlyExitGrace_ ? earlyExitGrace_->count() : 0;
   for (const Worker& worker : workers_) {
     RankReport rank;
     rank.rank = worker.rank;
@@ -146,6 +179,8 @@ AttemptReport WorkerSupervisor::monitor() {
     rank.status = worker.status;
     rank.stoppedByLauncher = worker.stoppedByLauncher;
     rank.killedByLauncher = worker.killedByLauncher;
+    rank.leftEarly = worker.leftEarly;
+    rank.stoppedBySignal = worker.stoppedBySignal;
     report.ranks.push_back(rank);
   }
   return report;
@@ -174,8 +209,46 @@ void WorkerSupervisor::pollExits() {
 void WorkerSupervisor::onExit(Worker& worker) {
   spdlog::debug("rank {} (pid {}) ended: {}", worker.rank, worker.pid, worker.status.describe());
   // Exits after a stop began are its consequence, not news.
-  if (worker.status.success() || stopping_) return;
-  firstFailure_ = static_cast<size_t>(&worker - workers_.data());
+  if (stopping_) return;
+  const size_t index = static_cast<size_t>(&worker - workers_.data());
+  if (worker.status.success()) {
+    if (!firstCleanExit_) {
+      firstCleanExit_ = index;
+      firstCleanExitAt_ = Clock::now();
+    }
+    return;
+  }
+  if (firstCleanExit_ && running() > 0) {
+    // Often the consequence: the others noticed their peer was gone.
+    const Worker& left = workers_[*firstCleanExit_];
+    spdlog::warn("rank {} (pid {}) had exited with code 0 {:.1f} s before rank {} failed, while other ranks still ran",
+                 left.rank, left.pid, std::chrono::duration<double>(Clock::now() - firstCleanExitAt_).count(),
+                 worker.rank);
+  }
+  fail(index);
+}
+
+std::chrono::milliseconds WorkerSupervisor::checkEarlyExit(std::chrono::milliseconds timeout) {
+  if (stopping_ || !firstCleanExit_ || !earlyExitGrace_ || running() == 0) return timeout;
+  const auto deadline = firstCleanExitAt_ + std::chrono::duration_cast<Clock::duration>(*earlyExitGrace_);
+  const auto now = Clock::now();
+  if (now < deadline) return std::min(timeout, std::chrono::ceil<std::chrono::milliseconds>(deadline - now));
+  Worker& left = workers_[*firstCleanExit_];
+  left.leftEarly = true;
+  std::string others;
+  for (const Worker& worker : workers_) {
+    if (!worker.exited) others += (others.empty() ? "" : ", ") + std::to_string(worker.rank);
+  }
+  spdlog::warn("rank {} (pid {}) exited with code 0 but rank(s) {} still run {} s later; stopping the job",
+               left.rank, left.pid, others, earlyExitGrace_->count());
+  fail(*firstCleanExit_);
+  return std::chrono::milliseconds(0);
+}
+
+void WorkerSupervisor::fail(size_t index) {
+  firstFailure_ = index;
+  // Before SIGTERM: a stopped rank stays stopped (state T) with it pending, until SIGKILL.
+  for (Worker& worker : workers_) worker.stoppedBySignal = !worker.exited && processStopped(worker.pid);
   beginStop(SIGTERM);
 }
 
@@ -235,7 +308,7 @@ int openRankLog(const LaunchPlan& plan, int rank) {
 }
 
 // One run of the whole group, from start to the last worker reaped.
-AttemptReport runAttempt(const LaunchPlan& plan, SignalWatch& signals) {
+AttemptReport runAttempt(const LaunchPlan& plan, const SupervisionOptions& options, SignalWatch& signals) {
   OutputRelayOptions relayOptions;
   relayOptions.console = plan.outputToConsole();
   // Declared before the supervisor so it outlives it: the final drain comes after reaping.
@@ -243,7 +316,7 @@ AttemptReport runAttempt(const LaunchPlan& plan, SignalWatch& signals) {
   if (!plan.logDir.empty()) {
     for (int rank : plan.ranks) relay.addLogFile(rank, openRankLog(plan, rank));
   }
-  WorkerSupervisor supervisor(signals, plan.shutdownGraceS);
+  WorkerSupervisor supervisor(signals, plan.shutdownGraceS, options.earlyExitGraceS);
   for (size_t i = 0; i < plan.commands.size(); ++i) supervisor.start(plan.ranks[i], plan.commands[i], relay);
   relay.start();
   AttemptReport report = supervisor.monitor();
@@ -260,26 +333,51 @@ int pendingSignal(SignalWatch& signals) {
   return 0;
 }
 
+// Waits `seconds` before a restart; returns a forwarded signal that cut it short, or 0.
+int waitBeforeRestart(SignalWatch& signals, double seconds, int restart, int maxRestarts) {
+  spdlog::warn("restart {}/{} in {} s (back-off doubles after each restart)", restart, maxRestarts, seconds);
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  for (auto now = Clock::now(); now < deadline; now = Clock::now()) {
+    const int signal = signals.wait(std::chrono::ceil<std::chrono::milliseconds>(deadline - now));
+    if (signal != 0 && signals.isForwarded(signal)) return signal;
+  }
+  return 0;
+}
+
 }  // namespace
 
-int runWorkers(const LaunchPlan& initialPlan) {
+double restartBackoffSeconds(const SupervisionOptions& options, int restart) {
+  double seconds = options.restartBackoffS;
+  for (int i = 1; i < restart && seconds < options.restartBackoffMaxS; ++i) seconds *= 2;
+  return std::min(seconds, options.restartBackoffMaxS);
+}
+
+int runWorkers(const LaunchPlan& initialPlan, const SupervisionOptions& options) {
   SignalWatch signals;
   LaunchPlan plan = initialPlan;
   while (true) {
     spdlog::debug("attempt {}: MASTER_PORT={}", plan.attempt, plan.masterPort);
-    const AttemptReport report = runAttempt(plan, signals);
+    const AttemptReport report = runAttempt(plan, options, signals);
     if (!report.firstFailure) return report.launcherSignal != 0 ? 128 + report.launcherSignal : 0;
 
     const RankReport& failed = report.ranks[*report.firstFailure];
-    const int signal = report.launcherSignal != 0 ? report.launcherSignal : pendingSignal(signals);
+    int signal = report.launcherSignal != 0 ? report.launcherSignal : pendingSignal(signals);
+    const bool configError = !failed.status.signaled && failed.status.code == kWorkerConfigErrorCode;
     if (plan.attempt < plan.maxRestarts) {
-      if (signal == 0) {
+      if (signal == 0 && configError) {
+        spdlog::warn("not restarting the group: rank {} exited with code {} (bad configuration), which every "
+                     "restart would repeat", failed.rank, kWorkerConfigErrorCode);
+      } else if (signal == 0) {
         spdlog::warn("rank {} {}; restarting the group (restart {}/{})", failed.rank, describeFailure(failed),
                      plan.attempt + 1, plan.maxRestarts);
-        plan = restartPlan(plan);
-        continue;
+        signal = waitBeforeRestart(signals, restartBackoffSeconds(options, plan.attempt + 1), plan.attempt + 1,
+                                   plan.maxRestarts);
+        if (signal == 0) {
+          plan = restartPlan(plan);
+          continue;
+        }
       }
-      spdlog::warn("not restarting the group: the launcher received {}", signalName(signal));
+      if (signal != 0) spdlog::warn("not restarting the group: the launcher received {}", signalName(signal));
     }
     const size_t stopped = static_cast<size_t>(std::count_if(
         report.ranks.begin(), report.ranks.end(), [](const RankReport& rank) { return rank.stoppedByLauncher; }));
@@ -289,7 +387,7 @@ int runWorkers(const LaunchPlan& initialPlan) {
                                          std::to_string(plan.maxRestarts) + " restarts)";
     spdlog::error("rank {} (pid {}) {}{}{}", failed.rank, failed.pid, describeFailure(failed), others, restarts);
     for (const std::string& line : formatFailureSummary(report)) spdlog::error("{}", line);
-    return failed.status.shellCode();
+    return failed.leftEarly ? kEarlyExitCode : failed.status.shellCode();
   }
 }
 

@@ -1,0 +1,253 @@
+// Runs the real ddp-launch on the faults of issue 15 that the launcher must handle: a bad
+// configuration (exit 2) is never restarted, restarts back off, a rank that exits 0 while the
+// others run on ends the job, a stopped rank is the one named, --master_addr is resolved first,
+// grace periods are range-checked, and shared-memory segments of killed workers are removed.
+#include <csignal>
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "common/shm_segment_name.h"
+#include "launcher/launch_options.h"
+#include "launcher/shm_cleanup.h"
+#include "launcher/worker_supervisor.h"
+#include "tests/launcher/launched_process.h"
+#include "tests/launcher/scratch_dir.h"
+
+namespace ddp::launcher::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+class LaunchSupervisionTest : public ::testing::Test {
+ protected:
+  void SetUp() override { becomeSubreaper(); }
+
+  LaunchResult run(std::vector<std::string> args, seconds timeout = seconds(30)) {
+    LaunchSpec spec;
+    spec.args = std::move(args);
+    spec.outputDir = dir_.path();
+    return runLauncher(spec, timeout);
+  }
+
+  // Lines of a file every attempt appends to.
+  std::vector<std::string> lines(const std::string& name) { return splitLines(readFile(dir_.file(name))); }
+
+  ScratchDir dir_;
+};
+
+// Seconds since boot, as the worker scripts record them (/proc/uptime, 10 ms resolution).
+double uptime(const std::string& line) { return std::stod(line); }
+
+TEST_F(LaunchSupervisionTest, ConfigurationErrorExitIsNeverRestarted) {
+  const std::string worker =
+      dir_.writeScript("worker", "echo $TORCHELASTIC_RESTART_COUNT >> \"" + dir_.file("attempts") + "\"\nexit 2");
+  const LaunchResult result = run({"--nproc_per_node=2", "--max_restarts=1000000", worker});
+  ASSERT_EQ(result.code, 2) << result.err;
+  // Attempt 0 only (a rank may be stopped before it writes its line).
+  const std::vector<std::string> attempts = lines("attempts");
+  EXPECT_FALSE(attempts.empty());
+  for (const std::string& attempt : attempts) EXPECT_EQ(attempt, "0") << result.err;
+  EXPECT_NE(result.err.find("not restarting the group: rank "), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("exited with code 2 (bad configuration), which every restart would repeat"),
+            std::string::npos)
+      << result.err;
+  EXPECT_LT(result.elapsed, seconds(5));
+}
+
+TEST_F(LaunchSupervisionTest, RestartsWaitOneSecondThenTwo) {
+  const std::string worker = dir_.writeScript(
+      "worker", "cut -d' ' -f1 /proc/uptime >> \"" + dir_.file("starts") + "\"\nexit 3");
+  const LaunchResult result = run({"--max_restarts=2", worker});
+  ASSERT_EQ(result.code, 3) << result.err;
+  const std::vector<std::string> starts = lines("starts");
+  ASSERT_EQ(starts.size(), 3u) << result.err;
+  // Lower bounds only: a slow machine may take longer, never shorter (10 ms clock resolution).
+  EXPECT_GE(uptime(starts[1]) - uptime(starts[0]), 0.99);
+  EXPECT_GE(uptime(starts[2]) - uptime(starts[1]), 1.99);
+  EXPECT_NE(result.err.find("ddp-launch: restart 1/2 in 1 s"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("ddp-launch: restart 2/2 in 2 s"), std::string::npos) << result.err;
+}
+
+TEST(RestartBackoff, DoublesFromOneSecondUpToTheCap) {
+  const SupervisionOptions options;  // the defaults ddp-launch uses
+  const std::vector<double> expected = {1, 2, 4, 8, 16, 30, 30};
+  for (int restart = 1; restart <= 7; ++restart) {
+    EXPECT_EQ(restartBackoffSeconds(options, restart), expected[restart - 1]) << "restart " << restart;
+  }
+  EXPECT_EQ(restartBackoffSeconds(options, 1000000), 30);
+}
+
+TEST_F(LaunchSupervisionTest, SigtermDuringTheBackOffEndsTheJobAtOnce) {
+  const std::string worker =
+      dir_.writeScript("worker", "echo $TORCHELASTIC_RESTART_COUNT >> \"" + dir_.file("attempts") + "\"\nexit 3");
+  LaunchSpec spec;
+  spec.args = {"--max_restarts=5", worker};
+  spec.outputDir = dir_.path();
+  LaunchedProcess launcher(spec);
+  // The third wait is 4 s: the signal lands inside it.
+  const auto deadline = std::chrono::steady_clock::now() + seconds(20);
+  while (launcher.stderrText().find("restart 3/5 in 4 s") == std::string::npos) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << launcher.stderrText();
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  const auto sent = std::chrono::steady_clock::now();
+  launcher.sendSignal(SIGTERM);
+  ASSERT_EQ(launcher.waitFor(seconds(10)), 3) << launcher.stderrText();
+  EXPECT_LT(std::chrono::steady_clock::now() - sent, seconds(2));
+  EXPECT_NE(launcher.stderrText().find("not restarting the group: the launcher received SIGTERM"), std::string::npos)
+      << launcher.stderrText();
+  EXPECT_EQ(lines("attempts").size(), 3u) << launcher.stderrText();
+}
+
+// Rank 1 returns 0 at once; the others would wait for it in their next collective.
+std::string earlyExitScript(const ScratchDir& dir, const std::string& othersWork) {
+  return dir.writeScript("worker", dir.publish("pid", "$$") + "if [ \"$RANK\" = 1 ]; then exit 0; fi\n" + othersWork);
+}
+
+TEST_F(LaunchSupervisionTest, RankThatExitsZeroWhileOthersRunOnEndsTheJob) {
+  const LaunchResult result =
+      run({"--nproc_per_node=3", "--early_exit_grace_s=1", earlyExitScript(dir_, "exec sleep 60")});
+  ASSERT_EQ(result.code, kEarlyExitCode) << result.err;
+  EXPECT_LT(result.elapsed, seconds(10));
+  const std::vector<pid_t> pids = dir_.readPids("pid", 3);
+  EXPECT_NE(result.err.find("ddp-launch: rank 1 (pid " + std::to_string(pids[1]) +
+                            ") exited with code 0 but rank(s) 0, 2 still run 1 s later; stopping the job"),
+            std::string::npos)
+      << result.err;
+  EXPECT_NE(result.err.find("rank 1 (pid " + std::to_string(pids[1]) + ") exited with code 0 before the job ended"),
+            std::string::npos)
+      << result.err;
+  EXPECT_NE(result.err.find("<- first failure"), std::string::npos) << result.err;
+  for (const pid_t pid : pids) EXPECT_TRUE(waitUntilGone(pid, seconds(2))) << pid;
+}
+
+TEST_F(LaunchSupervisionTest, RanksFinishingWithinTheGraceSucceed) {
+  // Rank 0 works on for 0.3 s after rank 1 has returned: a normal finish, not an early exit.
+  const LaunchResult result =
+      run({"--nproc_per_node=2", "--early_exit_grace_s=10", earlyExitScript(dir_, "sleep 0.3")});
+  EXPECT_EQ(result.code, 0) << result.err;
+  EXPECT_EQ(result.err.find("exited with code 0 but"), std::string::npos) << result.err;
+}
+
+TEST_F(LaunchSupervisionTest, EarlyExitCheckCanBeTurnedOff) {
+  const LaunchResult result =
+      run({"--nproc_per_node=2", "--early_exit_grace_s=off", earlyExitScript(dir_, "sleep 1.5")});
+  EXPECT_EQ(result.code, 0) << result.err;
+  EXPECT_GE(result.elapsed, milliseconds(1500));
+}
+
+TEST(EarlyExitGraceOption, DefaultsToThirtySecondsAndIsRangeChecked) {
+  const auto parse = [](std::vector<std::string> args) {
+    args.push_back("/bin/true");
+    return parseCommandLine(args).options;
+  };
+  EXPECT_EQ(parse({}).earlyExitGraceS, std::optional<double>(30.0));
+  EXPECT_EQ(parse({"--early_exit_grace_s=2.5"}).earlyExitGraceS, std::optional<double>(2.5));
+  EXPECT_EQ(parse({"--early-exit-grace-s=off"}).earlyExitGraceS, std::nullopt);
+  for (const std::string bad : {"-1", "1e308", "inf", "nan", "soon", ""}) {
+    try {
+      parse({"--early_exit_grace_s=" + bad});
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const ConfigError& error) {
+      EXPECT_NE(std::string(error.what()).find("--early_exit_grace_s must be a number of seconds from 0 to 86400"),
+                std::string::npos)
+          << error.what();
+    }
+  }
+}
+
+TEST(ShutdownGraceOption, HugeValuesAreRefusedNotTurnedIntoAnInstantKill) {
+  for (const std::string bad : {"1e308", "86401", "1e10"}) {
+    try {
+      parseCommandLine({"--shutdown_grace_s=" + bad, "/bin/true"});
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const ConfigError& error) {
+      EXPECT_EQ(std::string(error.what()), "--shutdown_grace_s must be a number of seconds from 0 to 86400 (got '" +
+                                               bad + "'), e.g. --shutdown_grace_s=5");
+    }
+  }
+  EXPECT_EQ(parseCommandLine({"--shutdown_grace_s=86400", "/bin/true"}).options.shutdownGraceS, 86400);
+}
+
+TEST_F(LaunchSupervisionTest, UnresolvableMasterAddressFailsAtOnceNamingIt) {
+  // .invalid never resolves (RFC 6761); an explicit port skips the free-port probe that resolved it before.
+  const LaunchResult result =
+      run({"--master_addr=not-a-host.invalid", "--master_port=29599", "/bin/sh", "-c", "touch \"" + dir_.file("started") + "\""});
+  ASSERT_EQ(result.code, 2) << result.err;
+  EXPECT_NE(result.err.find("ddp-launch: --master_addr 'not-a-host.invalid' cannot be resolved ("), std::string::npos)
+      << result.err;
+  EXPECT_LT(result.elapsed, seconds(10));
+  EXPECT_FALSE(fileExists(dir_.file("started")));
+}
+
+TEST_F(LaunchSupervisionTest, StoppedRankIsTheOneNamedWhenAnotherTimesOut) {
+  // Rank 2 stops itself; rank 0 then fails as a collective timeout would. Ranks 1 and 3 run on.
+  const std::string worker = dir_.writeScript(
+      "worker", dir_.publish("pid", "$$") +
+                    "if [ \"$RANK\" = 2 ]; then kill -STOP $$; fi\n"
+                    "if [ \"$RANK\" = 0 ]; then\n"
+                    "  while [ ! -f \"" + dir_.file("pid.2") + "\" ]; do sleep 0.01; done\n"
+                    "  P=$(cat \"" + dir_.file("pid.2") + "\")\n"
+                    "  until grep -q ') [Tt] ' /proc/$P/stat; do sleep 0.01; done\n"
+                    "  echo 'timed out waiting for the others'; exit 1\n"
+                    "fi\n"
+                    "exec sleep 60");
+  const LaunchResult result = run({"--nproc_per_node=4", "--shutdown_grace_s=1", worker});
+  ASSERT_EQ(result.code, 1) << result.err;
+  EXPECT_NE(result.err.find("rank 2 was stopped (state T) when rank 0 failed: this is the rank that stopped answering"),
+            std::string::npos)
+      << result.err;
+  EXPECT_EQ(result.err.find("ranks 1, 2, 3 were still running"), std::string::npos) << result.err;
+  for (const pid_t pid : dir_.readPids("pid", 4)) EXPECT_TRUE(waitUntilGone(pid, seconds(2))) << pid;
+}
+
+TEST(ShmCleanup, RemovesOnlyTheSegmentsOfTheGivenPids) {
+  ScratchDir shm;
+  for (const std::string& name : std::vector<std::string>{shmSegmentPrefix(123) + "1", shmSegmentPrefix(123) + "2", shmSegmentPrefix(1234) + "3",
+                                 shmSegmentPrefix(456) + "4", "other-123"}) {
+    std::ofstream(shm.file(name)) << "x";
+  }
+  std::vector<std::string> removed = removeShmSegments({123, 456}, shm.path());
+  std::sort(removed.begin(), removed.end());
+  EXPECT_EQ(removed, (std::vector<std::string>{shmSegmentPrefix(123) + "1", shmSegmentPrefix(123) + "2",
+                                               shmSegmentPrefix(456) + "4"}));
+  EXPECT_TRUE(fileExists(shm.file(shmSegmentPrefix(1234) + "3")));
+  EXPECT_TRUE(fileExists(shm.file("other-123")));
+  EXPECT_FALSE(fileExists(shm.file(shmSegmentPrefix(123) + "1")));
+}
+
+TEST_F(LaunchSupervisionTest, SegmentOfAWorkerKilledDuringStartUpIsRemoved) {
+  // Rank 0 creates its segment as the shm backend names it, then is stopped by rank 1's failure
+  // before it could unlink it (SIGTERM kills a worker that has not started training).
+  const std::string worker = dir_.writeScript(
+      "worker", "if [ \"$RANK\" = 0 ]; then echo x > /dev/shm/ddp-launch-$$-1234; fi\n" + dir_.publish("pid", "$$") +
+                    "if [ \"$RANK\" = 1 ]; then\n"
+                    "  while [ ! -f \"" + dir_.file("pid.0") + "\" ]; do sleep 0.01; done\n"
+                    "  exit 1\n"
+                    "fi\n"
+                    "exec sleep 60");
+  const std::string unrelated = "/dev/shm/" + shmSegmentPrefix(getpid()) + "unrelated";
+  std::ofstream(unrelated) << "x";
+  const LaunchResult result = run({"--nproc_per_node=2", worker});
+  ASSERT_EQ(result.code, 1) << result.err;
+  const pid_t rank0 = dir_.readPids("pid", 1)[0];
+  ASSERT_GT(rank0, 0);
+  EXPECT_FALSE(fileExists("/dev/shm/" + shmSegmentPrefix(rank0) + "1234")) << result.err;
+  EXPECT_NE(result.err.find("removed the shared-memory segment /dev/shm/" + shmSegmentPrefix(rank0) + "1234"),
+            std::string::npos)
+      << result.err;
+  EXPECT_TRUE(fileExists(unrelated));  // not the job's
+  ::unlink(unrelated.c_str());
+}
+
+}  // namespace
+}  // namespace ddp::launcher::testing
