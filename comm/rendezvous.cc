@@ -24,7 +24,8 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const RendezvousOptions& options) {
 
   c10d::TCPStoreOptions storeOptions;
   storeOptions.port = options.masterPort;
-  storeOptions.isServer = options.rank == 0;
+  const bool serve = options.rank == 0 && !options.storeServedElsewhere;
+  storeOptions.isServer = serve;
   storeOptions.numWorkers = options.worldSize;
   // We count joins ourselves so a timeout can name the missing ranks.
   storeOptions.waitWorkers = false;
@@ -37,12 +38,13 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const RendezvousOptions& options) {
     std::string reason = e.what();
     reason = reason.substr(0, reason.find('\n'));
     if (reason.find("Address already in use") != std::string::npos) reason = "address already in use";
-    if (options.rank == 0) {
+    if (serve) {
       DDP_THROW(CommError, "rendezvous: rank 0 could not listen on ", where, " (", reason,
                 "); is another job using MASTER_PORT? Pick a free --master_port or let "
                 "ddp-launch choose one");
     }
-    DDP_THROW(TimeoutError, "rendezvous: rank ", options.rank, " could not reach rank 0 at ", where,
+    DDP_THROW(TimeoutError, "rendezvous: rank ", options.rank, " could not reach ",
+              options.storeServedElsewhere ? "the store" : "rank 0", " at ", where,
               " within ", seconds(options.timeout), " s (", reason,
               "); is rank 0 running and MASTER_ADDR reachable?");
   }

@@ -17,6 +17,9 @@ struct RendezvousOptions {
   int rank = 0;
   int worldSize = 1;
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // like c10d's default
+  /// Another process already serves the store at masterAddr:masterPort (torchrun's agent,
+  /// TORCHELASTIC_USE_AGENT_STORE=True, or a test harness): every rank, rank 0 too, is a client.
+  bool storeServedElsewhere = false;
 };
 
 /// Returns a store shared by all ranks once every rank has joined; throws

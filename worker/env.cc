@@ -74,6 +74,8 @@ DistEnv readDistEnv(const EnvLookup& env, std::optional<int> legacyLocalRank) {
     out.masterPort = *port;
   }
   out.restartCount = intVar(env, "TORCHELASTIC_RESTART_COUNT", 0).value_or(0);
+  // torch.distributed.rendezvous reads it the same way: the literal "True".
+  out.agentStore = env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
 
   if (out.rank >= out.worldSize) {
     DDP_THROW(ConfigError, "environment: rank ", out.rank, " (from ", out.source,

@@ -148,6 +148,9 @@ int runWorker(std::vector<std::string> args) {
     rdv.rank = rank;
     rdv.worldSize = worldSize;
     rdv.timeout = timeout;
+    // torchrun's static rendezvous: its agent hosts a fresh store per attempt at MASTER_ADDR:PORT
+    // (torch.distributed.rendezvous._create_c10d_store does the same).
+    rdv.storeServedElsewhere = env.agentStore;
     auto store = comm::rendezvous(rdv);
     comm::ProcessGroupOptions pg;
     pg.backend = backend;

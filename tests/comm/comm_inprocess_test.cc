@@ -18,6 +18,7 @@
 #include "comm/gradient_sync.h"
 #include "comm/process_group.h"
 #include "comm/rendezvous.h"
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include "comm/shm_communicator.h"
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include "tests/comm/thread_ranks.h"
@@ -141,7 +142,14 @@ TEST(Shm, ARankThatNeverComesIsATimeoutNotAHang) {
 }
 
 TEST(Rendezvous, TimeoutNamesTheMissingRanks) {
-  const uint16_t port = freePort();
+  // The store is hosted here on a kernel-chosen port (as torchrun's agent hosts it), so both ranks
+  // are clients with the same timeout and nothing can take the port in between.
+  c10d::TCPStoreOptions server;
+  server.port = 0;
+  server.isServer = true;
+  server.waitWorkers = false;
+  auto host = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", server);
+  const uint16_t port = host->getPort();
   std::vector<std::string> errors(2);
   std::vector<std::thread> threads;
   // World of 3, only ranks 0 and 1 come.
@@ -152,9 +160,8 @@ TEST(Rendezvous, TimeoutNamesTheMissingRanks) {
         rdv.masterPort = port;
         rdv.rank = r;
         rdv.worldSize = 3;
-        // Rank 0 hosts the store, so it waits longer: rank 1's own timeout is what is checked.
-        // Generous enough that a loaded machine still connects well before rank 1 gives up.
-        rdv.timeout = std::chrono::milliseconds(r == 0 ? 6500 : 4000);
+        rdv.storeServedElsewhere = true;
+        rdv.timeout = std::chrono::seconds(3);
         rendezvous(rdv);
       } catch (const std::exception& e) {
         errors[r] = e.what();

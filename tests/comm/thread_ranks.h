@@ -15,9 +15,12 @@
 
 #include "comm/process_group.h"
 #include "comm/rendezvous.h"
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 namespace ddp::comm::test {
 
+/// A port that was free a moment ago. Racy (another process may take it before it is used):
+/// only for tests that need a port nobody listens on; runRanks() does not use it.
 inline uint16_t freePort() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -34,7 +37,15 @@ inline uint16_t freePort() {
 /// `backend` (Gloo or shared memory); any rank's exception fails the test with its message.
 inline void runRanks(int world, const std::function<void(Communicator&)>& body,
                      Backend backend = Backend::kGloo) {
-  const uint16_t port = freePort();
+  // The test hosts the store on a port the kernel picks (0) and keeps it bound, as torchrun's
+  // agent does; every rank joins as a client. No window where another process can take the port.
+  c10d::TCPStoreOptions server;
+  server.port = 0;
+  server.isServer = true;
+  server.waitWorkers = false;
+  server.timeout = std::chrono::seconds(30);
+  auto host = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", server);
+  const uint16_t port = host->getPort();
   std::vector<std::thread> threads;
   std::vector<std::string> errors(world);
   for (int r = 0; r < world; ++r) {
@@ -42,6 +53,7 @@ inline void runRanks(int world, const std::function<void(Communicator&)>& body,
       try {
         RendezvousOptions rdv;
         rdv.masterPort = port;
+        rdv.storeServedElsewhere = true;
         rdv.rank = r;
         rdv.worldSize = world;
         rdv.timeout = std::chrono::seconds(30);

@@ -137,12 +137,16 @@ TEST_F(OutputRelayTest, ClosedDestinationDoesNotBlockTheWorkers) {
   Pipe out2;
   relay.add(out2.read, 2, false);
   relay.start();
-  // More than a pipe holds: only returns if the relay keeps reading.
-  writeText(out2.write, std::string(1 << 20, 'y') + "\n");
+  // More than a pipe holds (a full write only returns if the relay keeps reading), then a last line.
+  writeText(out2.write, std::string(1 << 20, 'y') + "\nthe end\n");
   ::close(out2.write);
   relay.finish();
   ::close(sink.write);
   ::sigaction(SIGPIPE, &previous, nullptr);
+  // Every line was still read and processed although no write to the destination succeeded.
+  const auto tail = relay.lastLines(2);
+  ASSERT_FALSE(tail.empty());
+  EXPECT_EQ(tail.back(), "the end");
 }
 
 }  // namespace
