@@ -80,7 +80,8 @@ TEST_P(LaunchSignalTest, SecondSignalSkipsTheGracePeriod) {
   auto launcher = startReady("trap '' TERM INT HUP\n", "30");
   const auto sent = std::chrono::steady_clock::now();
   launcher->sendSignal(signal);
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // The second signal must find the launcher already in its grace period: wait until it says so.
+  ASSERT_TRUE(launcher->waitForStderr("received " + signalName(signal), seconds(10))) << launcher->stderrText();
   launcher->sendSignal(signal);
   ASSERT_EQ(launcher->waitFor(seconds(10)), 128 + signal) << launcher->stderrText();
   EXPECT_LT(std::chrono::steady_clock::now() - sent, seconds(5));

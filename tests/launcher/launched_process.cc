@@ -100,6 +100,14 @@ void LaunchedProcess::sendSignal(int signal) const {
 std::string LaunchedProcess::stdoutText() const { return readFile(stdoutPath_); }
 std::string LaunchedProcess::stderrText() const { return readFile(stderrPath_); }
 
+bool LaunchedProcess::waitForStderr(const std::string& text, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (stderrText().find(text) == std::string::npos) {
+    if (std::chrono::steady_clock::now() >= deadline || waitFor(std::chrono::milliseconds(5))) return false;
+  }
+  return true;
+}
+
 LaunchResult runLauncher(const LaunchSpec& spec, std::chrono::milliseconds timeout) {
   const auto start = std::chrono::steady_clock::now();
   LaunchResult result;

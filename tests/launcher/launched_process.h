@@ -41,6 +41,10 @@ class LaunchedProcess {
   std::string stdoutText() const;
   std::string stderrText() const;
 
+  /// Waits until the launcher's stderr contains `text` (an event it reports, e.g. that it
+  /// received a signal); false if it has not after `timeout` or the launcher exited first.
+  bool waitForStderr(const std::string& text, std::chrono::milliseconds timeout);
+
  private:
   pid_t pid_ = -1;
   bool reaped_ = false;
