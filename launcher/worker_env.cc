@@ -50,10 +50,39 @@ EnvMap workerEnvironment(const LaunchOptions& options, int localRank, int master
   return env;
 }
 
+bool isPythonInterpreter(const std::string& worker) {
+  const std::string name = worker.substr(worker.rfind('/') + 1);
+  if (name.rfind("python", 0) != 0) return false;
+  const std::string version = name.substr(6);  // "", "3", "3.11"
+  return version.find_first_not_of("0123456789.") == std::string::npos;
+}
+
+namespace {
+
+// Index in the interpreter's arguments just past the script (or `-m module`), as CPython parses
+// them: options come first; -X, -W, -Q take a value; `-c cmd` also ends the interpreter's part.
+size_t pastPythonScript(const std::vector<std::string>& args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "-m" || a == "-c") return std::min(i + 2, args.size());
+    if (a.rfind("-m", 0) == 0 || a.rfind("-c", 0) == 0) return i + 1;  // -mmodule
+    if (a == "-X" || a == "-W" || a == "--check-hash-based-pycs") {
+      ++i;
+      continue;
+    }
+    if (a == "-" || a.empty() || a[0] != '-') return i + 1;  // the script
+  }
+  return args.size();
+}
+
+}  // namespace
+
 std::vector<std::string> workerArguments(const LaunchOptions& options, int localRank) {
-  std::vector<std::string> args;
-  if (!options.useEnv) args.push_back("--local_rank=" + std::to_string(localRank));
-  args.insert(args.end(), options.workerArgs.begin(), options.workerArgs.end());
+  std::vector<std::string> args = options.workerArgs;
+  if (options.useEnv) return args;
+  const std::string flag = "--local_rank=" + std::to_string(localRank);
+  const size_t at = isPythonInterpreter(options.worker) ? pastPythonScript(args) : 0;
+  args.insert(args.begin() + static_cast<std::ptrdiff_t>(at), flag);
   return args;
 }
 

@@ -24,8 +24,12 @@ bool shouldDefaultOmpThreads(const LaunchOptions& options, const EnvMap& inherit
 /// when shouldDefaultOmpThreads(). The contract's variables override inherited ones.
 EnvMap workerEnvironment(const LaunchOptions& options, int localRank, int masterPort, const EnvMap& inherited);
 
-/// The worker's argv after argv[0]: `--local_rank=N` first when !useEnv (torch.distributed.launch's
-/// legacy contract), then the user's worker arguments untouched.
+/// The worker's argv after argv[0]: the user's worker arguments untouched, plus `--local_rank=N`
+/// when !useEnv (torch.distributed.launch's legacy contract): first for a program, and right
+/// after the script (or `-m module`) when WORKER is a Python interpreter, where the script reads it.
 std::vector<std::string> workerArguments(const LaunchOptions& options, int localRank);
+
+/// True for python, python3, python3.11, ... (any directory): WORKER runs a script.
+bool isPythonInterpreter(const std::string& worker);
 
 }  // namespace ddp::launcher

@@ -68,6 +68,27 @@ TEST(WorkerEnv, LegacyLocalRankArgumentOnlyWithoutUseEnv) {
   EXPECT_EQ(workerArguments(launch, 1), (std::vector<std::string>{"--local_rank=1", "config.yaml", "--local_rank=7"}));
 }
 
+TEST(WorkerEnv, LegacyLocalRankGoesAfterThePythonScriptAsTorchDistributedLaunchDoes) {
+  LaunchOptions launch = options(1, 0, 2);
+  launch.useEnv = false;
+  using Args = std::vector<std::string>;
+  launch.worker = "/usr/bin/python3.11";
+  launch.workerArgs = {"-u", "-X", "dev", "-W", "ignore", "train.py", "--epochs", "2"};
+  EXPECT_EQ(workerArguments(launch, 1), (Args{"-u", "-X", "dev", "-W", "ignore", "train.py", "--local_rank=1", "--epochs", "2"}));
+  launch.worker = "python";
+  launch.workerArgs = {"-m", "pkg.train", "cfg"};
+  EXPECT_EQ(workerArguments(launch, 0), (Args{"-m", "pkg.train", "--local_rank=0", "cfg"}));
+  launch.workerArgs = {"train.py"};
+  EXPECT_EQ(workerArguments(launch, 3), (Args{"train.py", "--local_rank=3"}));
+  // Not an interpreter: first, as before.
+  launch.worker = "./python_trainer";
+  EXPECT_EQ(workerArguments(launch, 3), (Args{"--local_rank=3", "train.py"}));
+  EXPECT_TRUE(isPythonInterpreter("python"));
+  EXPECT_TRUE(isPythonInterpreter("/opt/venv/bin/python3.12"));
+  EXPECT_FALSE(isPythonInterpreter("pythonista"));
+  EXPECT_FALSE(isPythonInterpreter("./worker"));
+}
+
 TEST(WorkerEnv, CurrentEnvironmentReadsEnviron) {
   ::setenv("DDP_WORKER_ENV_TEST", "a=b", 1);
   EXPECT_EQ(currentEnvironment().at("DDP_WORKER_ENV_TEST"), "a=b");
