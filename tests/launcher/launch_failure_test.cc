@@ -89,8 +89,14 @@ TEST_F(LaunchFailureTest, WorkersIgnoringSigtermAreKilledAfterTheGracePeriod) {
 }
 
 TEST_F(LaunchFailureTest, LateFailureAfterTheOthersSucceeded) {
-  const LaunchResult result = run(
-      {"--nproc_per_node=3", dir_.writeScript("late", "if [ \"$RANK\" = 1 ]; then sleep 0.3; exit 4; fi\nexit 0")});
+  // Rank 1 fails only once the launcher has reaped ranks 0 and 2 (their pids are gone), so the
+  // others have certainly finished: a condition, not a delay.
+  const std::string pidOf = "$(cat \"" + dir_.path() + "/pid.";
+  const std::string late = dir_.publish("pid", "$$") + "if [ \"$RANK\" = 1 ]; then\n" +
+                           "  while [ $(ls \"" + dir_.path() + "\" | grep -c '^pid\\.') -lt 3 ]; do sleep 0.01; done\n" +
+                           "  while kill -0 " + pidOf + "0\")\" 2>/dev/null || kill -0 " + pidOf +
+                           "2\")\" 2>/dev/null; do sleep 0.01; done\n  exit 4\nfi\nexit 0";
+  const LaunchResult result = run({"--nproc_per_node=3", dir_.writeScript("late", late)});
   ASSERT_EQ(result.code, 4) << result.err;
   EXPECT_NE(result.err.find("rank 1 (pid"), std::string::npos) << result.err;
   EXPECT_EQ(result.err.find("stopped the other"), std::string::npos) << result.err;  // none were left running
