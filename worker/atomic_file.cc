@@ -16,10 +16,14 @@ std::string errnoText() { return std::strerror(errno); }
 
 }  // namespace
 
-void makeDirectories(const std::string& dir) {
+void makeDirectories(const std::string& dir, const std::string& key) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  if (ec) DDP_THROW(ConfigError, "output: cannot create directory '", dir, "': ", ec.message(), "; set output.dir to a writable path");
+  if (!ec && !std::filesystem::is_directory(dir, ec)) ec = std::make_error_code(std::errc::not_a_directory);
+  if (ec) {
+    DDP_THROW(ConfigError, key == "output.dir" ? "output" : key, ": cannot create directory '", dir, "': ",
+              ec.message(), "; set ", key, " to a writable path");
+  }
 }
 
 void writeFileAtomic(const std::string& path, std::string_view bytes) {

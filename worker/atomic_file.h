@@ -10,7 +10,8 @@ namespace ddp::worker {
 /// fsync, rename, and fsync of the directory. Throws CheckpointError.
 void writeFileAtomic(const std::string& path, std::string_view bytes);
 
-/// Creates `dir` and its parents; throws ConfigError naming the path on failure.
-void makeDirectories(const std::string& dir);
+/// Creates `dir` and its parents; throws ConfigError naming the path and `key`, the config
+/// key that set it, on failure.
+void makeDirectories(const std::string& dir, const std::string& key = "output.dir");
 
 }  // namespace ddp::worker

@@ -2,11 +2,18 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <sstream>
+#include <thread>
 
 #include "common/error.h"
 
@@ -80,6 +87,7 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("train.drop_last", "boolean", c.train.dropLast),
       bindField("train.log_every", "integer", c.train.logEvery),
       bindField("train.accumulate_steps", "integer", c.train.accumulateSteps),
+      bindField("train.skip_nonfinite_steps", "boolean", c.train.skipNonfiniteSteps),
       bindField("eval.enabled", "boolean", c.eval.enabled),
       bindField("eval.batch_size", "integer", c.eval.batchSize),
       bindField("eval.model_path", "string", c.eval.modelPath),
@@ -147,16 +155,26 @@ void setField(const Field& field, const YAML::Node& value, const std::string& or
   }
 }
 
-// Walks maps only: a list or a scalar is one key's value.
+// Walks maps only: a list or a scalar is one key's value. yaml-cpp keeps every entry of a
+// map with a repeated key (lookups see the first, iteration all), so repeats are caught here.
 void flatten(const YAML::Node& node, const std::string& prefix,
-             std::vector<std::pair<std::string, YAML::Node>>& out) {
+             std::vector<std::pair<std::string, YAML::Node>>& out, const std::string& origin,
+             std::set<std::string>& seen) {
+  const auto once = [&](const std::string& key) {
+    if (!seen.insert(key).second) {
+      const std::string shown = key.back() == ':' ? key.substr(0, key.size() - 1) : key;
+      DDP_THROW(ConfigError, "config: key '", shown, "' is given twice", origin, "; keep one of them");
+    }
+  };
   if (node.IsMap()) {
+    if (!prefix.empty()) once(prefix + ":");  // a section given twice ("train:" ... "train:")
     for (const auto& kv : node) {
       const std::string key = kv.first.as<std::string>();
-      flatten(kv.second, prefix.empty() ? key : prefix + "." + key, out);
+      flatten(kv.second, prefix.empty() ? key : prefix + "." + key, out, origin, seen);
     }
     return;
   }
+  once(prefix);
   out.emplace_back(prefix, node);
 }
 
@@ -164,6 +182,13 @@ const Field* findField(const std::vector<Field>& fields, const std::string& key)
   auto it = std::find_if(fields.begin(), fields.end(), [&](const Field& f) { return f.key == key; });
   return it == fields.end() ? nullptr : &*it;
 }
+
+// A config is a short YAML file; anything larger is the wrong path (/dev/zero, a data file).
+constexpr size_t kMaxConfigBytes = 1u << 20;
+// More intra-op threads than this per core only adds scheduling overhead.
+constexpr int64_t kThreadsPerCore = 4;
+// Timeouts become std::chrono::milliseconds; far beyond any real wait, far below overflow.
+constexpr double kMaxTimeoutS = 7 * 24 * 3600;
 
 void validate(const WorkerConfig& c) {
   auto require = [](bool ok, const std::string& key, const std::string& rule) {
@@ -192,11 +217,18 @@ void validate(const WorkerConfig& c) {
   require(c.checkpoint.everyEpochs >= 0, "checkpoint.every_epochs", "must be >= 0 (0 = off)");
   require(c.checkpoint.keepLast >= 0, "checkpoint.keep_last", "must be >= 0 (0 = keep all)");
   require(c.threads >= 0, "threads", "must be >= 0 (0 = default)");
+  const int64_t maxThreads = kThreadsPerCore * std::max<int64_t>(1, std::thread::hardware_concurrency());
+  require(c.threads <= maxThreads, "threads",
+          "is " + std::to_string(c.threads) + " but this machine has " +
+              std::to_string(std::max<unsigned>(1, std::thread::hardware_concurrency())) +
+              " cores; use at most " + std::to_string(maxThreads) + " (0 = default)");
   require(c.train.epochs >= 1, "train.epochs", "must be >= 1");
   require(c.train.batchSize >= 1, "train.batch_size", "must be >= 1");
   require(c.train.lr > 0, "train.lr", "must be > 0");
+  require(std::isfinite(c.train.lr), "train.lr", "must be a finite number, e.g. 0.05");
   require(c.train.momentum >= 0 && c.train.momentum < 1, "train.momentum", "must be in [0, 1)");
   require(c.train.weightDecay >= 0, "train.weight_decay", "must be >= 0");
+  require(std::isfinite(c.train.weightDecay), "train.weight_decay", "must be a finite number, e.g. 1e-4");
   require(c.train.maxSteps >= 0, "train.max_steps", "must be >= 0 (0 = no limit)");
   require(c.train.logEvery >= 1, "train.log_every", "must be >= 1");
   require(c.eval.batchSize >= 1, "eval.batch_size", "must be >= 1");
@@ -204,6 +236,8 @@ void validate(const WorkerConfig& c) {
   require(!c.output.exportName.empty() && c.output.exportName.find('/') == std::string::npos,
           "output.export", "must be a file name inside output.dir");
   require(c.comm.timeoutS > 0, "comm.timeout_s", "must be > 0");
+  require(c.comm.timeoutS <= kMaxTimeoutS, "comm.timeout_s",
+          "must be at most " + std::to_string(static_cast<int64_t>(kMaxTimeoutS)) + " (7 days)");
   require(c.comm.reducer == "bucketed" || c.comm.reducer == "flat", "comm.reducer",
           "is '" + c.comm.reducer + "'; use bucketed or flat");
   require(c.comm.bucketCapMb > 0, "comm.bucket_cap_mb", "must be > 0");
@@ -223,7 +257,8 @@ WorkerConfig build(const YAML::Node& root, const std::vector<std::string>& overr
   if (root && !root.IsNull()) {
     if (!root.IsMap()) DDP_THROW(ConfigError, "config", origin, ": the top level must be a map of keys");
     std::vector<std::pair<std::string, YAML::Node>> flat;
-    flatten(root, "", flat);
+    std::set<std::string> seen;
+    flatten(root, "", flat, origin, seen);
     for (const auto& [key, value] : flat) {
       const Field* f = findField(fields, key);
       if (f == nullptr) unknownKey(key, fields, origin);
@@ -279,11 +314,22 @@ WorkerConfig parseConfig(const std::string& yamlText, const std::vector<std::str
 WorkerConfig loadConfig(const std::string& path, const std::vector<std::string>& overrides) {
   std::ifstream in(path);
   if (!in) DDP_THROW(ConfigError, "config: cannot read '", path, "'; pass the path of a YAML config such as configs/fmnist_cnn_ddp.yaml");
-  std::stringstream text;
-  text << in.rdbuf();
+  struct stat info {};
+  if (::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
+    DDP_THROW(ConfigError, "config: '", path, "' is a directory; pass the path of a YAML config such as configs/fmnist_cnn_ddp.yaml");
+  }
+  // Read one byte past the limit: /dev/zero or a FIFO has no size to check beforehand.
+  std::string text(kMaxConfigBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad()) DDP_THROW(ConfigError, "config: cannot read '", path, "' (", std::strerror(errno), ")");
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxConfigBytes) {
+    DDP_THROW(ConfigError, "config: '", path, "' is larger than ", kMaxConfigBytes >> 20,
+              " MiB; a config is a short YAML file (is this the right path?)");
+  }
   YAML::Node root;
   try {
-    root = YAML::Load(text.str());
+    root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
     DDP_THROW(ConfigError, "config: ", path, ":", e.mark.line + 1, ": YAML syntax error: ", e.msg);
   }
@@ -315,6 +361,17 @@ std::string dumpConfig(const WorkerConfig& config) {
   if (!openSection.empty()) out << YAML::EndMap;
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
+}
+
+std::vector<std::pair<std::string, std::string>> configValues(const WorkerConfig& config) {
+  WorkerConfig copy = config;
+  std::vector<std::pair<std::string, std::string>> values;
+  for (const auto& f : fieldsOf(copy)) {
+    YAML::Emitter out;
+    out << YAML::Flow << f.get();
+    values.emplace_back(f.key, out.c_str());
+  }
+  return values;
 }
 
 std::vector<std::string> configKeys() {

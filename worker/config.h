@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ddp::worker {
@@ -37,6 +38,7 @@ struct TrainConfig {
   bool dropLast = false;   // DistributedSampler drop_last
   int64_t logEvery = 20;   // steps between metrics.jsonl records
   int64_t accumulateSteps = 1;  // micro-batches per optimizer step; no communication until the last (no_sync)
+  bool skipNonfiniteSteps = false;  // a NaN/Inf gradient skips that step (up to 10 in a row) instead of failing
 };
 
 struct EvalConfig {
@@ -107,6 +109,9 @@ WorkerConfig parseConfig(const std::string& yamlText, const std::vector<std::str
 
 /// The resolved configuration as YAML, every key present.
 std::string dumpConfig(const WorkerConfig& config);
+
+/// Every key with its resolved value as YAML text (lists in flow style), in configKeys() order.
+std::vector<std::pair<std::string, std::string>> configValues(const WorkerConfig& config);
 
 /// Every key the config accepts, dotted.
 std::vector<std::string> configKeys();

@@ -2,6 +2,7 @@
 // Slurm, mpirun) with the env contract; `worker config.yaml [key=value ...]`.
 #include <spdlog/spdlog.h>
 #include <ATen/ops/zeros.h>
+#include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
 #include <torch/utils.h>
 
@@ -20,6 +21,7 @@
 #include "common/error.h"
 #include "worker/atomic_file.h"
 #include "worker/config.h"
+#include "worker/config_agreement.h"
 #include "worker/device.h"
 #include "worker/dp/dp_trainer.h"
 #include "worker/dp/memory_stats.h"
@@ -27,6 +29,8 @@
 #include "worker/eval_mode.h"
 #include "worker/stop_signal.h"
 #include "worker/metrics.h"
+#include "worker/model_size.h"
+#include "worker/startup_checks.h"
 #include "worker/trainer.h"
 
 namespace {
@@ -45,6 +49,8 @@ int runDataParallel(const ddp::worker::WorkerConfig& config) {
   if (config.threads > 0) torch::set_num_threads(static_cast<int>(config.threads));
   const dp::DpPlacement placement = dp::resolveDpPlacement(config);
   const Datasets data = loadDatasets(config.data, config.seed);
+  checkModelFits(config.model, data.input, static_cast<int>(placement.devices.size()), hostMemoryBytes());
+  checkOutputPaths(config);
   std::vector<std::string> deviceNames;
   std::string deviceList;
   for (const auto& d : placement.devices) {
@@ -95,6 +101,7 @@ int runWorker(std::vector<std::string> args) {
 
   const std::vector<std::string> overrides(args.begin() + 1, args.end());
   WorkerConfig config = loadConfig(args[0], overrides);
+  checkInputPaths(config);
 
   if (config.mode == Mode::kEval) {
     if (env.worldSize > 1) {
@@ -134,6 +141,9 @@ int runWorker(std::vector<std::string> args) {
 
   // Data first: a missing data set fails fast, before anyone waits in a rendezvous.
   const Datasets data = loadDatasets(config.data, config.seed);
+  // And a model that cannot fit: one line now, not an allocator's stack trace later.
+  checkModelFits(config.model, data.input, worldSize == 1 ? 1 : env.localWorldSize, hostMemoryBytes());
+  if (rank == 0) checkOutputPaths(config);  // rank 0 writes every output
 
   std::unique_ptr<comm::Communicator> comm;
   // backend: nccl gets a real NCCL group even for one rank (as init_process_group does), so a
@@ -164,6 +174,7 @@ int runWorker(std::vector<std::string> args) {
     pg.hostname = env.localWorldSize == worldSize ? "127.0.0.1" : comm::localAddressFor(env.masterAddr);
     comm = comm::makeCommunicator(store, pg);
   }
+  checkConfigAgreement(config, *comm);
   if (rank == 0) {
     spdlog::info("mode {} world {} backend {} device {} model {} data {} ({} train / {} test)",
                  modeName(config.mode), worldSize, comm->backendName(), device.str(),
@@ -220,6 +231,18 @@ int main(int argc, char** argv) {
   } catch (const ddp::ConfigError& e) {
     std::cerr << "worker: " << e.what() << std::endl;
     return 2;
+  } catch (const c10::Error& e) {
+    // LibTorch's own errors: the message without its C++ backtrace, on one line.
+    std::string what = e.what_without_backtrace();
+    what = what.substr(0, what.find('\n'));
+    const bool outOfMemory = dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr ||
+                             what.find("can't allocate memory") != std::string::npos;
+    std::cerr << "worker: " << (outOfMemory ? "out of memory: " : "") << what
+              << (outOfMemory ? "; use a smaller model (model.hidden) or train.batch_size" : "") << std::endl;
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "worker: out of memory; use a smaller model (model.hidden) or train.batch_size" << std::endl;
+    return 1;
   } catch (const std::exception& e) {
     std::string what = e.what();
     std::cerr << "worker: " << what.substr(0, what.find("\nException raised from")) << std::endl;

@@ -24,6 +24,7 @@
 #include "worker/data/gather_batch.h"
 #include "worker/data/synthetic.h"
 #include "worker/evaluate.h"
+#include "worker/finite_check.h"
 #include "worker/metrics.h"
 #include "worker/model_export.h"
 #include "worker/stop_signal.h"
@@ -46,6 +47,17 @@ std::vector<std::string> parameterNames(const torch::nn::Module& module) {
   std::vector<std::string> names;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) names.push_back(item.key());
   return names;
+}
+
+// train.skip_nonfinite_steps skips at most this many steps in a row: more means the
+// weights themselves went bad, and skipping on would only hide it.
+constexpr int64_t kMaxSkippedInARow = 10;
+
+// One line for a diverged run: where, why, and where the last good state is.
+[[noreturn]] void throwDiverged(const WorkerConfig& config, const std::string& what) {
+  DDP_THROW(Error, "training diverged: ", what, "; lower train.lr (", config.train.lr,
+            ") or check the data; the checkpoints in ", checkpointDir(config),
+            " (if any) hold the last good state (resume=auto)");
 }
 
 // Steps between the all-reduces that agree on a stop request (SIGTERM): the
@@ -159,6 +171,7 @@ TrainResult Trainer::run(const Datasets& data) {
   const auto start = Clock::now();
   auto windowStart = start;
   int64_t windowSamples = 0;
+  int64_t skippedInARow = 0;
   bool done = train.maxSteps > 0 && result.steps >= train.maxSteps;
   for (int64_t epoch = resumed.epoch; epoch < train.epochs && !done; ++epoch) {
     sampler.setEpoch(epoch);
@@ -193,7 +206,24 @@ TrainResult Trainer::run(const Datasets& data) {
         loss.backward();
       }
       if (world > 1 && !reducer) comm::allReduceGradients(comm_, params, lossForLog);
-      optimizer.step();
+      // The all-reduced gradients are equal on every rank, so every rank decides alike; a NaN
+      // loss on any rank reaches them through backward and the all-reduce.
+      if (allFinite(gradientsOf(params))) {
+        optimizer.step();
+        skippedInARow = 0;
+      } else if (train.skipNonfiniteSteps && skippedInARow < kMaxSkippedInARow) {
+        ++skippedInARow;
+        if (rank == 0) {
+          spdlog::warn("step {} (epoch {}): a gradient is NaN or infinite; step skipped (train.skip_nonfinite_steps)",
+                       result.steps + 1, epoch);
+        }
+      } else {
+        throwDiverged(config_, "a gradient is NaN or infinite at step " + std::to_string(result.steps + 1) +
+                                   " (epoch " + std::to_string(epoch) + ")" +
+                                   (skippedInARow > 0 ? ", " + std::to_string(skippedInARow + 1) + " steps in a row"
+                                                      : std::string()) +
+                                   ", so it was not applied");
+      }
 
       ++result.steps;
       // Every rank's batch has the same size (the sampler pads), so this is exact.
@@ -261,6 +291,11 @@ TrainResult Trainer::run(const Datasets& data) {
   result.samplesPerSecond = result.trainSeconds > 0 ? runSamples / result.trainSeconds : 0;
   if (result.stopSignal != 0) return result;  // preempted: the checkpoint is the record
   result.finalLoss = lossForLog.item<double>();
+  // Finite gradients can still overflow the weights (a huge train.lr) on the last step.
+  if (!allFinite(params)) {
+    throwDiverged(config_, "the weights are no longer finite after step " + std::to_string(result.steps) +
+                               ", the last one, so nothing is exported");
+  }
 
   if (config_.eval.enabled) {
     const EvalCounts counts = evaluate(model, data.test, device_, config_.eval.batchSize, comm_);

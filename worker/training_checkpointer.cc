@@ -111,7 +111,7 @@ std::string TrainingCheckpointer::save(torch::nn::Module& module, torch::optim::
   if (position.globalStep == lastSavedStep_) return path;  // this very step is on disk already
   std::vector<at::Tensor> cudaRng = gatherCudaRngStates();  // collective: before rank 0 writes
   if (comm_.rank() == 0) {
-    makeDirectories(dir_);
+    makeDirectories(dir_, "checkpoint.dir");
     checkpoint::TrainingState state;
     for (auto& [key, tensor] : stateDict(module)) state.model.emplace_back(key, tensor);
     state.optimizer = checkpoint::sgdMomentumBuffers(optimizer, namedParameters(module));
