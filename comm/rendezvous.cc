@@ -1,5 +1,6 @@
 #include "comm/rendezvous.h"
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <thread>
@@ -43,10 +44,13 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const RendezvousOptions& options) {
                 "); is another job using MASTER_PORT? Pick a free --master_port or let "
                 "ddp-launch choose one");
     }
-    DDP_THROW(TimeoutError, "rendezvous: rank ", options.rank, " could not reach ",
-              options.storeServedElsewhere ? "the store" : "rank 0", " at ", where,
-              " within ", seconds(options.timeout), " s (", reason,
-              "); is rank 0 running and MASTER_ADDR reachable?");
+    const char* host = options.storeServedElsewhere ? "the launcher's store" : "rank 0";
+    DDP_THROW(TimeoutError, "rendezvous: rank ", options.rank, " could not reach ", host, " at ", where,
+              " within ", seconds(options.timeout), " s (", reason, "); is ", host,
+              " running and MASTER_ADDR reachable?");
+  }
+  if (options.storeServedElsewhere) {
+    store = c10::make_intrusive<c10d::PrefixStore>("ddp/attempt_" + std::to_string(options.attempt), store);
   }
 
   try {
@@ -78,8 +82,9 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const RendezvousOptions& options) {
   } catch (const std::exception& e) {
     // Rank 0 hosts the store: when it gives up (or dies) the others lose the connection.
     std::string reason = e.what();
-    DDP_THROW(CommError, "rendezvous: rank ", options.rank, " lost the connection to rank 0's store at ",
-              where, " (", reason.substr(0, reason.find('\n')), "); did rank 0 fail or time out?");
+    const char* host = options.storeServedElsewhere ? "the launcher" : "rank 0";
+    DDP_THROW(CommError, "rendezvous: rank ", options.rank, " lost the connection to the store at ",
+              where, " (", reason.substr(0, reason.find('\n')), "); did ", host, " fail or time out?");
   }
   return store;
 }

@@ -1,5 +1,6 @@
-// TCP rendezvous: rank 0 hosts a c10d TCPStore at MASTER_ADDR:MASTER_PORT,
-// every rank connects and announces itself, and all wait until the world is complete.
+// TCP rendezvous: rank 0 hosts a c10d TCPStore at MASTER_ADDR:MASTER_PORT (or, under torchrun's
+// agent store, nobody does: the agent serves it), every rank connects and announces itself, and
+// all wait until the world is complete.
 #pragma once
 
 #include <chrono>
@@ -20,6 +21,10 @@ struct RendezvousOptions {
   /// Another process already serves the store at masterAddr:masterPort (torchrun's agent,
   /// TORCHELASTIC_USE_AGENT_STORE=True, or a test harness): every rank, rank 0 too, is a client.
   bool storeServedElsewhere = false;
+  /// The launcher's restart count (TORCHELASTIC_RESTART_COUNT). A store served elsewhere outlives
+  /// one attempt (torchrun's static agent keeps its store across restarts), so the returned store
+  /// keeps this attempt's keys under "ddp/attempt_N/", away from a failed attempt's stale ones.
+  int attempt = 0;
 };
 
 /// Returns a store shared by all ranks once every rank has joined; throws

@@ -74,8 +74,11 @@ DistEnv readDistEnv(const EnvLookup& env, std::optional<int> legacyLocalRank) {
     out.masterPort = *port;
   }
   out.restartCount = intVar(env, "TORCHELASTIC_RESTART_COUNT", 0).value_or(0);
-  // torch.distributed.rendezvous reads it the same way: the literal "True".
-  out.agentStore = env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+  // torch.distributed.rendezvous._agent_store_serves: the literal "True", and the agent only
+  // promises a server at the MASTER_ADDR:MASTER_PORT it exported, which is where we connect.
+  const auto masterAddr = env("MASTER_ADDR");
+  out.agentStore = env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True" && masterAddr &&
+                   !masterAddr->empty() && env("MASTER_PORT").has_value();
 
   if (out.rank >= out.worldSize) {
     DDP_THROW(ConfigError, "environment: rank ", out.rank, " (from ", out.source,

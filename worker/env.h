@@ -18,8 +18,8 @@ struct DistEnv {
   std::string masterAddr = "127.0.0.1";
   int masterPort = 29500;
   int restartCount = 0;
-  /// TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent already serves the store at
-  /// MASTER_ADDR:MASTER_PORT, so every rank, rank 0 included, connects as a client.
+  /// TORCHELASTIC_USE_AGENT_STORE=True with MASTER_ADDR and MASTER_PORT set: torchrun's agent
+  /// already serves the store there, so every rank, rank 0 included, connects as a client.
   bool agentStore = false;
   std::string source = "default";  // torchrun | slurm | openmpi | default
 };

@@ -27,7 +27,8 @@
 namespace ddp::comm {
 namespace {
 
-using test::freePort;
+using test::hostStore;
+using test::SilentPort;
 using test::runRanks;
 
 struct WorldCase {
@@ -144,11 +145,7 @@ TEST(Shm, ARankThatNeverComesIsATimeoutNotAHang) {
 TEST(Rendezvous, TimeoutNamesTheMissingRanks) {
   // The store is hosted here on a kernel-chosen port (as torchrun's agent hosts it), so both ranks
   // are clients with the same timeout and nothing can take the port in between.
-  c10d::TCPStoreOptions server;
-  server.port = 0;
-  server.isServer = true;
-  server.waitWorkers = false;
-  auto host = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", server);
+  auto host = hostStore();
   const uint16_t port = host->getPort();
   std::vector<std::string> errors(2);
   std::vector<std::thread> threads;
@@ -174,8 +171,34 @@ TEST(Rendezvous, TimeoutNamesTheMissingRanks) {
   }
 }
 
+TEST(Rendezvous, AStoreServedElsewhereKeepsEachAttemptApart) {
+  // torchrun's static agent keeps one store across restarts: attempt 0's joins must not count
+  // for attempt 1, where rank 1 never comes.
+  auto host = hostStore();
+  auto join = [&](int rank, int attempt, std::chrono::milliseconds timeout) {
+    RendezvousOptions rdv;
+    rdv.masterPort = host->getPort();
+    rdv.rank = rank;
+    rdv.worldSize = 2;
+    rdv.storeServedElsewhere = true;
+    rdv.attempt = attempt;
+    rdv.timeout = timeout;
+    return rendezvous(rdv);
+  };
+  std::thread other([&] { join(1, 0, std::chrono::seconds(30)); });
+  join(0, 0, std::chrono::seconds(30));
+  other.join();
+  try {
+    join(0, 1, std::chrono::seconds(1));
+    FAIL() << "attempt 1 completed with attempt 0's joins";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("1/2 ranks joined (missing: 1)"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Rendezvous, UnreachableMasterIsATimeoutThatSaysWhere) {
-  const uint16_t port = freePort();  // nobody listens there
+  SilentPort silent;  // bound, nobody listens: connections are refused until the timeout
+  const uint16_t port = silent.port();
   RendezvousOptions rdv;
   rdv.masterPort = port;
   rdv.rank = 1;

@@ -1,5 +1,5 @@
 // Tier 2 test support: ranks as threads in one process, each a real Gloo
-// process group over a real TCPStore on a free loopback port.
+// process group over a real TCPStore on a kernel-chosen loopback port.
 #pragma once
 
 #include <arpa/inet.h>
@@ -19,18 +19,43 @@
 
 namespace ddp::comm::test {
 
-/// A port that was free a moment ago. Racy (another process may take it before it is used):
-/// only for tests that need a port nobody listens on; runRanks() does not use it.
-inline uint16_t freePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
+/// A loopback port held bound but not listening for the object's lifetime: connecting to it is
+/// refused, and no other process can take it meanwhile (a released "free" port could be).
+class SilentPort {
+ public:
+  SilentPort() : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      ADD_FAILURE() << "could not bind a loopback port";
+      return;
+    }
+    socklen_t len = sizeof(addr);
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+  }
+  ~SilentPort() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  SilentPort(const SilentPort&) = delete;
+  SilentPort& operator=(const SilentPort&) = delete;
+  uint16_t port() const { return port_; }
+
+ private:
+  int fd_;
+  uint16_t port_ = 0;
+};
+
+/// A TCPStore server on a port the kernel picks (0), kept bound for the test: it stands in for
+/// torchrun's agent store, and the ranks join as clients (RendezvousOptions::storeServedElsewhere).
+inline c10::intrusive_ptr<c10d::TCPStore> hostStore() {
+  c10d::TCPStoreOptions server;
+  server.port = 0;
+  server.isServer = true;
+  server.waitWorkers = false;
+  server.timeout = std::chrono::seconds(30);
+  return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", server);
 }
 
 /// Runs `body(comm)` on `world` threads, each a rank of a fresh group of
@@ -39,12 +64,7 @@ inline void runRanks(int world, const std::function<void(Communicator&)>& body,
                      Backend backend = Backend::kGloo) {
   // The test hosts the store on a port the kernel picks (0) and keeps it bound, as torchrun's
   // agent does; every rank joins as a client. No window where another process can take the port.
-  c10d::TCPStoreOptions server;
-  server.port = 0;
-  server.isServer = true;
-  server.waitWorkers = false;
-  server.timeout = std::chrono::seconds(30);
-  auto host = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", server);
+  auto host = hostStore();
   const uint16_t port = host->getPort();
   std::vector<std::thread> threads;
   std::vector<std::string> errors(world);
