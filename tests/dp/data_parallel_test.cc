@@ -11,6 +11,7 @@
 #include <torch/utils.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <mutex>
 #include <numeric>
 #include <set>
@@ -149,6 +150,10 @@ struct ProbeLog {
   std::mutex mutex;
   std::set<std::thread::id> threads;
   std::vector<int> intraOp;
+  std::condition_variable arrivedChanged;
+  int arrived = 0;
+  int expected = 0;     // replicas that must meet in forward
+  bool allMet = true;   // every replica saw all the others arrive
 };
 ProbeLog gProbe;
 
@@ -162,8 +167,17 @@ class ProbeImpl : public torch::nn::Cloneable<ProbeImpl> {
       gProbe.threads.insert(std::this_thread::get_id());
       gProbe.intraOp.push_back(at::get_num_threads());
     }
-    // Hold every replica here briefly so they must overlap to finish together.
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    // A rendezvous of the replicas: each waits here until all of them have arrived, which
+    // happens only if they run at the same time (a generous bound turns a serial run into a
+    // recorded failure instead of a hang).
+    {
+      std::unique_lock<std::mutex> lock(gProbe.mutex);
+      ++gProbe.arrived;
+      gProbe.arrivedChanged.notify_all();
+      const bool together = gProbe.arrivedChanged.wait_for(lock, std::chrono::seconds(20),
+                                                           [] { return gProbe.arrived >= gProbe.expected; });
+      gProbe.allMet = gProbe.allMet && together;
+    }
     return lin_->forward(x);
   }
 
@@ -175,13 +189,13 @@ TORCH_MODULE(Probe);
 TEST(ReplicaThreads, OneThreadPerReplicaWithOneIntraOpThreadEachAndCallerUnchanged) {
   at::set_num_threads(2);
   DataParallel dp(torch::nn::AnyModule(Probe()), cpuReplicas(4));
-  const auto start = std::chrono::steady_clock::now();
+  gProbe.expected = 4;
   dp.forward(at::randn({8, 4})).sum().backward();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(gProbe.threads.size(), 4u);
   EXPECT_EQ(gProbe.threads.count(std::this_thread::get_id()), 0u);
   for (int n : gProbe.intraOp) EXPECT_EQ(n, 1);
-  EXPECT_LT(seconds, 0.075) << "4 replicas sleeping 20 ms each did not run in parallel";
+  EXPECT_EQ(gProbe.arrived, 4);
+  EXPECT_TRUE(gProbe.allMet) << "the 4 replicas' forwards did not run at the same time";
   EXPECT_EQ(at::get_num_threads(), 2) << "the caller's intra-op setting changed";
 }
 
