@@ -59,18 +59,26 @@ bool isPythonInterpreter(const std::string& worker) {
 
 namespace {
 
-// Index in the interpreter's arguments just past the script (or `-m module`), as CPython parses
-// them: options come first; -X, -W, -Q take a value; `-c cmd` also ends the interpreter's part.
+// Index in the interpreter's arguments just past the script, `-m module` or `-c command`, as
+// CPython's getopt reads them: options first, clustered or not (-uX dev, -Wignore); c, m, W and
+// X take a value (the rest of the cluster, else the next argument); `--` ends the options.
 size_t pastPythonScript(const std::vector<std::string>& args) {
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    if (a == "-m" || a == "-c") return std::min(i + 2, args.size());
-    if (a.rfind("-m", 0) == 0 || a.rfind("-c", 0) == 0) return i + 1;  // -mmodule
-    if (a == "-X" || a == "-W" || a == "--check-hash-based-pycs") {
-      ++i;
+    if (a == "--") return std::min(i + 2, args.size());      // `-- script.py`
+    if (a == "-" || a.size() < 2 || a[0] != '-') return i + 1;  // the script (or `-` for stdin)
+    if (a[1] == '-') {                                        // --long options
+      if (a == "--check-hash-based-pycs") ++i;
       continue;
     }
-    if (a == "-" || a.empty() || a[0] != '-') return i + 1;  // the script
+    for (size_t j = 1; j < a.size(); ++j) {
+      const char c = a[j];
+      if (c != 'c' && c != 'm' && c != 'W' && c != 'X') continue;  // a flag without value
+      const size_t valueAt = j + 1 < a.size() ? i : i + 1;
+      if (c == 'c' || c == 'm') return std::min(valueAt + 1, args.size());
+      i = valueAt;
+      break;
+    }
   }
   return args.size();
 }

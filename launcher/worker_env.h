@@ -26,7 +26,8 @@ EnvMap workerEnvironment(const LaunchOptions& options, int localRank, int master
 
 /// The worker's argv after argv[0]: the user's worker arguments untouched, plus `--local_rank=N`
 /// when !useEnv (torch.distributed.launch's legacy contract): first for a program, and right
-/// after the script (or `-m module`) when WORKER is a Python interpreter, where the script reads it.
+/// after the script (or `-m module`, `-c command`) when WORKER is a Python interpreter, where the
+/// script reads it (an option before the script would be the interpreter's, and rejected).
 std::vector<std::string> workerArguments(const LaunchOptions& options, int localRank);
 
 /// True for python, python3, python3.11, ... (any directory): WORKER runs a script.

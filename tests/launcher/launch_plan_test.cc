@@ -93,6 +93,45 @@ TEST(LaunchPlan, OneCommandPerLocalRankWithItsGlobalRank) {
   }
 }
 
+// The argv each rank gets under --use_env=false for `WORKER ARGS...`.
+std::vector<std::string> legacyArgs(const std::string& worker, std::vector<std::string> args) {
+  LaunchOptions options;
+  options.nprocPerNode = 2;
+  options.worker = worker;
+  options.workerArgs = std::move(args);
+  options.useEnv = false;
+  const LaunchPlan plan = makeLaunchPlan(options, {});
+  EXPECT_EQ(plan.commands[1].args[0] == "--local_rank=1", plan.commands[0].args[0] == "--local_rank=0");
+  return plan.commands[0].args;
+}
+
+TEST(LaunchPlan, LegacyLocalRankGoesAfterThePythonScriptAsTorchDistributedLaunchPutsIt) {
+  // CPython reads options up to the script (or -m module, -c command); an unknown --local_rank
+  // before it is an error ("unknown option --local_rank"). The script's argparse reads it after.
+  ScratchDir dir;
+  using Args = std::vector<std::string>;
+  for (const std::string name : {"python", "python3", "python3.11"}) {
+    const std::string python = dir.writeScript(name, "exit 0");
+    EXPECT_EQ(legacyArgs(python, {"train.py", "--epochs=2"}), (Args{"train.py", "--local_rank=0", "--epochs=2"}))
+        << name;
+  }
+  const std::string python = dir.file("python3");
+  EXPECT_EQ(legacyArgs(python, {"-u", "-X", "dev", "-W", "ignore", "-B", "train.py", "x"}),
+            (Args{"-u", "-X", "dev", "-W", "ignore", "-B", "train.py", "--local_rank=0", "x"}));
+  EXPECT_EQ(legacyArgs(python, {"-uXdev", "-Wignore", "train.py"}), (Args{"-uXdev", "-Wignore", "train.py", "--local_rank=0"}));
+  EXPECT_EQ(legacyArgs(python, {"-uW", "ignore", "train.py"}), (Args{"-uW", "ignore", "train.py", "--local_rank=0"}));
+  EXPECT_EQ(legacyArgs(python, {"-m", "pkg.train", "cfg"}), (Args{"-m", "pkg.train", "--local_rank=0", "cfg"}));
+  EXPECT_EQ(legacyArgs(python, {"-um", "pkg.train"}), (Args{"-um", "pkg.train", "--local_rank=0"}));
+  EXPECT_EQ(legacyArgs(python, {"-mpkg.train", "cfg"}), (Args{"-mpkg.train", "--local_rank=0", "cfg"}));
+  EXPECT_EQ(legacyArgs(python, {"-c", "import sys", "a"}), (Args{"-c", "import sys", "--local_rank=0", "a"}));
+  EXPECT_EQ(legacyArgs(python, {"--check-hash-based-pycs", "never", "t.py"}),
+            (Args{"--check-hash-based-pycs", "never", "t.py", "--local_rank=0"}));
+  EXPECT_EQ(legacyArgs(python, {"--", "-odd-name.py"}), (Args{"--", "-odd-name.py", "--local_rank=0"}));
+  // Not an interpreter (a name that only starts with "python", or a program): first, as before.
+  EXPECT_EQ(legacyArgs(dir.writeScript("python-trainer", "exit 0"), {"train.py"}), (Args{"--local_rank=0", "train.py"}));
+  EXPECT_EQ(legacyArgs(dir.writeScript("worker", "exit 0"), {"cfg.yaml"}), (Args{"--local_rank=0", "cfg.yaml"}));
+}
+
 TEST(LaunchPlan, PortIsTheGivenOneOrAFreeOneOnSingleNode) {
   LaunchOptions options;
   options.worker = "sh";
