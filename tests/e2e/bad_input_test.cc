@@ -34,9 +34,13 @@ struct BadInput {
 
 std::ostream& operator<<(std::ostream& out, const BadInput& c) { return out << c.name; }
 
-std::vector<std::string> worker(std::vector<std::string> extra, const Fixture& f, int nproc = 2) {
-  std::vector<std::string> a = {"--nproc_per_node=" + std::to_string(nproc), DDP_WORKER_BIN, kConfig,
-                                "output.dir=" + f.dir + "/out"};
+std::vector<std::string> worker(std::vector<std::string> extra, const Fixture& f, int nproc = 2,
+                                std::vector<std::string> launcherFlags = {}) {
+  std::vector<std::string> a = launcherFlags;
+  for (const std::string& arg : {"--nproc_per_node=" + std::to_string(nproc), std::string(DDP_WORKER_BIN), kConfig,
+                                 "output.dir=" + f.dir + "/out"}) {
+    a.push_back(arg);
+  }
   a.insert(a.end(), extra.begin(), extra.end());
   return a;
 }
@@ -171,7 +175,60 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"BadDeviceName", [](const Fixture& f) { return worker({"device=gpu0"}, f); }, "use auto, cpu, cuda or cuda:N", 2},
         BadInput{"NcclOnCpu", [](const Fixture& f) { return worker({"backend=nccl", "device=cpu"}, f); }, "backend 'nccl'", 2},
         BadInput{"DpWithManyRanks", [](const Fixture& f) { return worker({"mode=dp"}, f); }, "start it with --nproc_per_node=1", 2},
-        BadInput{"EvalWithoutModelPath", [](const Fixture& f) { return worker({"mode=eval"}, f, 1); }, "'eval.model_path' must name the model file", 2}),
+        BadInput{"EvalWithoutModelPath", [](const Fixture& f) { return worker({"mode=eval"}, f, 1); }, "'eval.model_path' must name the model file", 2},
+        // Issue 15: wrong results reported as success.
+        BadInput{"DivergingLearningRate", [](const Fixture& f) { return worker({"train.lr=1e30"}, f); },
+                 "training diverged: a gradient is NaN or infinite at step 2 (epoch 0), so it was not applied", 1},
+        BadInput{"InfiniteLearningRate", [](const Fixture& f) { return worker({"train.lr=.inf"}, f); }, "'train.lr' must be a finite number", 2},
+        BadInput{"InfiniteWeightDecay", [](const Fixture& f) { return worker({"train.weight_decay=.inf"}, f); },
+                 "'train.weight_decay' must be a finite number", 2},
+        BadInput{"ConfigIsADirectory", [](const Fixture& f) { return std::vector<std::string>{"--nproc_per_node=2", DDP_WORKER_BIN, f.dir}; },
+                 "' is a directory; pass the path of a YAML config", 2},
+        BadInput{"ConfigIsDevZero", [](const Fixture& f) {
+                   return std::vector<std::string>{"--nproc_per_node=2", DDP_WORKER_BIN, "/dev/zero", "output.dir=" + f.dir + "/out"};
+                 }, "config: '/dev/zero' is larger than 1 MiB", 2},
+        BadInput{"DuplicateKey", [](const Fixture& f) {
+                   return std::vector<std::string>{"--nproc_per_node=2", DDP_WORKER_BIN,
+                                                   writeFile(f.dir + "/dup.yaml", "train:\n  lr: 0.1\n  lr: 0.2\n")};
+                 }, "config: key 'train.lr' is given twice", 2},
+        BadInput{"DuplicateSection", [](const Fixture& f) {
+                   return std::vector<std::string>{"--nproc_per_node=2", DDP_WORKER_BIN,
+                                                   writeFile(f.dir + "/dup.yaml", "train:\n  lr: 0.1\ntrain:\n  epochs: 2\n")};
+                 }, "config: key 'train' is given twice", 2},
+        BadInput{"RanksDisagreeOnMaxSteps", [](const Fixture& f) {
+                   // Each rank gets its own train.max_steps (10 + RANK), as a broken job script would do.
+                   return std::vector<std::string>{"--nproc_per_node=2", "/bin/sh", "-c",
+                                                   std::string("exec ") + DDP_WORKER_BIN + " " + kConfig + " output.dir=" + f.dir +
+                                                       "/out train.max_steps=$((10 + RANK))"};
+                 }, "config: rank 1 resolved another config than rank 0: train.max_steps=11 here", 2},
+        // Hangs and storms.
+        BadInput{"RankExitsZeroAtOnce", [](const Fixture& f) {
+                   return std::vector<std::string>{"--nproc_per_node=2", "--early_exit_grace_s=2", "/bin/sh", "-c",
+                                                   std::string("if [ \"$RANK\" = 1 ]; then exit 0; fi; exec ") + DDP_WORKER_BIN + " " +
+                                                       kConfig + " output.dir=" + f.dir + "/out"};
+                 }, "ddp-launch: rank 1 (pid", 1},
+        BadInput{"ConfigErrorWithManyRestarts", [](const Fixture& f) { return worker({"trian.lr=0.1"}, f, 2, {"--max_restarts=1000000"}); },
+                 "not restarting the group: rank", 2},
+        BadInput{"UnresolvableMasterAddr", [](const Fixture& f) {
+                   return std::vector<std::string>{"--master_addr=not-a-host.invalid", "--master_port=" + std::to_string(f.deadPort),
+                                                   DDP_WORKER_BIN, kConfig, "output.dir=" + f.dir + "/out"};
+                 }, "--master_addr 'not-a-host.invalid' cannot be resolved", 2},
+        BadInput{"TooManyThreads", [](const Fixture& f) { return worker({"threads=100000"}, f); }, "'threads' is 100000 but this machine has", 2},
+        BadInput{"HugeModel", [](const Fixture& f) { return worker({"model.hidden=[100000000,100000000]"}, f); },
+                 "has 1e+16 parameters: training needs about", 2},
+        BadInput{"TimeoutBeyondRange", [](const Fixture& f) { return worker({"comm.timeout_s=1e10"}, f); },
+                 "'comm.timeout_s' must be at most 604800 (7 days)", 2},
+        BadInput{"ShutdownGraceBeyondRange", [](const Fixture& f) { return worker({}, f, 2, {"--shutdown_grace_s=1e308"}); },
+                 "--shutdown_grace_s must be a number of seconds from 0 to 86400", 2},
+        // Messages that pointed the wrong way.
+        BadInput{"CheckpointDirIsAFile", [](const Fixture& f) {
+                   return worker({"checkpoint.every_steps=5", "checkpoint.dir=" + writeFile(f.dir + "/file", "x")}, f);
+                 }, "checkpoint.dir: cannot create directory", 2},
+        BadInput{"ResumeIsADirectory", [](const Fixture& f) { return worker({"resume=" + f.dir}, f); }, "config: 'resume' is the directory", 2},
+        BadInput{"EvalModelPathIsADirectory", [](const Fixture& f) { return worker({"mode=eval", "eval.model_path=" + f.dir}, f, 1); },
+                 "config: 'eval.model_path' is the directory", 2},
+        BadInput{"ExportNameTooLong", [](const Fixture& f) { return worker({"output.export=" + std::string(300, 'x')}, f); },
+                 "config: 'output.export': cannot create", 2}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace
