@@ -7,8 +7,14 @@
 #include <ATen/ops/equal.h>
 #include <nlohmann/json.hpp>
 
+#include <poll.h>
+#include <signal.h>
+#include <sys/inotify.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <filesystem>
-#include <thread>
 
 #include "tests/e2e/run_command.h"
 #include "worker/checkpoint/checkpoint_dir.h"
@@ -111,6 +117,13 @@ TEST(CheckpointCrash, KilledDuringASaveLeavesTheLastCompleteCheckpoint) {
   std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nproc_per_node=1", DDP_WORKER_BIN};
   argv.insert(argv.end(), common.begin(), common.end());
   argv.push_back("checkpoint.every_steps=1");
+  fs::create_directories(ckpt);
+  struct Watch {
+    int fd = ::inotify_init1(IN_CLOEXEC);
+    ~Watch() { ::close(fd); }
+  } watch;
+  ASSERT_GE(watch.fd, 0);
+  ASSERT_GE(::inotify_add_watch(watch.fd, ckpt.c_str(), IN_CREATE), 0);
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::setpgid(0, 0);
@@ -122,17 +135,24 @@ TEST(CheckpointCrash, KilledDuringASaveLeavesTheLastCompleteCheckpoint) {
     ::execv(a[0], a.data());
     ::_exit(127);
   }
+  // Each file created in the checkpoint dir arrives as an inotify event (a blocking read, no
+  // polling); the kill follows the creation of a save's temporary file at once.
   std::string interrupted;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (interrupted.empty() && std::chrono::steady_clock::now() < deadline) {
-    std::error_code ec;
-    // Only after two complete checkpoints, so "the previous one" exists.
-    if (checkpoint::listCheckpoints(ckpt).size() >= 2) {
-      for (const auto& e : fs::directory_iterator(ckpt, ec)) {
-        if (e.path().filename().string().find(".tmp.") != std::string::npos) interrupted = e.path().string();
+  while (interrupted.empty()) {
+    pollfd ready{watch.fd, POLLIN, 0};
+    if (::poll(&ready, 1, 60000) <= 0) break;  // 60 s without a new file: the assert below reports it
+    alignas(inotify_event) char buffer[4096];
+    const ssize_t n = ::read(watch.fd, buffer, sizeof buffer);
+    for (ssize_t at = 0; at < n && interrupted.empty();) {
+      const auto* event = reinterpret_cast<const inotify_event*>(buffer + at);
+      const std::string name = event->len ? event->name : "";
+      // Only after two complete checkpoints, so "the previous one" exists.
+      if (name.find(".tmp.") != std::string::npos && checkpoint::listCheckpoints(ckpt).size() >= 2) {
+        ::kill(-pid, SIGKILL);
+        interrupted = ckpt + "/" + name;
       }
+      at += static_cast<ssize_t>(sizeof(inotify_event) + event->len);
     }
-    if (interrupted.empty()) std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   ::kill(-pid, SIGKILL);
   ::waitpid(pid, nullptr, 0);
@@ -168,30 +188,43 @@ TEST(Preemption, SigtermFinishesTheStepSavesAndResumesExactly) {
   // A long run on 2 ranks, SIGTERM to the launcher once it is well into training.
   std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nproc_per_node=2", DDP_WORKER_BIN};
   for (auto& a : args("stopped", {"train.epochs=100000", "train.log_every=1"})) argv.push_back(a);
-  char tmpl[] = "/tmp/ddp_preempt_out_XXXXXX";
-  const int outFd = ::mkstemp(tmpl);
+  int out[2];
+  ASSERT_EQ(::pipe(out), 0);
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::setpgid(0, 0);
-    ::dup2(outFd, 1);
-    ::dup2(outFd, 2);
+    ::dup2(out[1], 1);
+    ::dup2(out[1], 2);
+    ::close(out[0]);
+    ::close(out[1]);
     std::vector<char*> a;
     for (auto& s : argv) a.push_back(s.data());
     a.push_back(nullptr);
     ::execv(a[0], a.data());
     ::_exit(127);
   }
-  ::close(outFd);
-  // Wait for step 25 in the log, then preempt.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (test::readFile(tmpl).find("step 25 ") == std::string::npos && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ::close(out[1]);
+  // Blocking reads of the job's output: preempt once step 25 is logged, then read to the end
+  // (every writer gone) so no process blocks on a full pipe.
+  std::string output;
+  bool preempted = false;
+  char chunk[4096];
+  for (ssize_t n; (n = ::read(out[0], chunk, sizeof chunk)) != 0;) {
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    output.append(chunk, static_cast<size_t>(n));
+    if (!preempted && output.find("step 25 ") != std::string::npos) {
+      ::kill(pid, SIGTERM);
+      preempted = true;
+    }
   }
-  ::kill(pid, SIGTERM);
+  ::close(out[0]);
+  if (!preempted) ::kill(pid, SIGKILL);
   int status = 0;
   ::waitpid(pid, &status, 0);
-  const std::string output = test::readFile(tmpl);
-  ::unlink(tmpl);
+  ASSERT_TRUE(preempted) << "the job ended before step 25:\n" << output;
   ASSERT_TRUE(WIFEXITED(status)) << output;
   EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM) << output;
   ASSERT_NE(output.find("stopping after step"), std::string::npos) << output;
