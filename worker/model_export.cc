@@ -29,8 +29,8 @@ std::map<std::string, at::Tensor> stateDict(const torch::nn::Module& module) {
 }
 
 void exportStateDict(const std::map<std::string, at::Tensor>& state, const std::string& path) {
-  // A plain dict of CPU tensors, as Python's torch.save(model.state_dict()) would hold.
-  auto dict = checkpoint::pyDict();
+  // An OrderedDict of CPU tensors, as Python's torch.save(model.state_dict()) holds.
+  auto dict = checkpoint::pyOrderedDict();
   for (const auto& [key, tensor] : state) checkpoint::pySet(*dict, key, checkpoint::pyTensor(tensor));
   checkpoint::writeTorchFile(*dict, path);
 }

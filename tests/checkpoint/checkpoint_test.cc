@@ -131,10 +131,59 @@ TEST_F(Checkpoint, TrainingCheckpointRoundTripsExactly) {
   EXPECT_TRUE(at::equal(r.cpuRng, s.cpuRng));
   EXPECT_EQ(r.config, s.config);
   EXPECT_EQ(checksumOf(r), checksumOf(s));
-  // Python reads it as a plain dict too.
-  const std::string py = run(std::string(DDP_PYTHON) + " -c \"import torch; c = torch.load('" + path +
-                             "'); print(c['format'], c['progress']['global_step'], sorted(c['model']))\"");
-  EXPECT_EQ(py, "ddp-launch-checkpoint/1 17 ['fc1.bias', 'fc1.weight']\n");
+}
+
+// {"__dict__": [[k, v], ...]} (read_torch_file.py's JSON for a dict) → {k: v}.
+nlohmann::json pyDictOf(const nlohmann::json& dict) {
+  nlohmann::json out = nlohmann::json::object();
+  if (!dict.contains("__dict__")) {
+    ADD_FAILURE() << "not a dict: " << dict.dump().substr(0, 200);
+    return out;
+  }
+  for (const auto& kv : dict["__dict__"]) out[kv[0].get<std::string>()] = kv[1];
+  return out;
+}
+
+void expectTensorIs(const nlohmann::json& py, const at::Tensor& t, const std::string& name) {
+  EXPECT_EQ(py["shape"].get<std::vector<int64_t>>(), t.sizes().vec()) << name;
+  const at::Tensor flat = t.to(at::kDouble).flatten().contiguous();
+  const auto values = py["values"].get<std::vector<double>>();
+  ASSERT_EQ(static_cast<int64_t>(values.size()), flat.numel()) << name;
+  for (size_t i = 0; i < values.size(); ++i) EXPECT_EQ(values[i], flat[i].item<double>()) << name << "[" << i << "]";
+}
+
+TEST_F(Checkpoint, PythonsPlainTorchLoadReadsEverySection) {
+  TrainingState s = sampleState();
+  s.cudaRng = {at::arange(8).to(at::kByte)};
+  const std::string path = dir_ + "/python.pt";
+  saveTrainingCheckpoint(s, path);
+  // read_torch_file.py: torch.load(path) without weights_only on PyTorch >= 2.6 (it asserts the version).
+  const std::string out = run(std::string(DDP_PYTHON) + " " + DDP_SOURCE_DIR + "/tests/python/read_torch_file.py " +
+                              path + " 2>&1");
+  nlohmann::json py;
+  ASSERT_NO_THROW(py = nlohmann::json::parse(out)) << out;
+  const nlohmann::json c = pyDictOf(py);
+  std::vector<std::string> sections;
+  for (const auto& kv : py["__dict__"]) sections.push_back(kv[0]);
+  EXPECT_EQ(sections, (std::vector<std::string>{"format", "model", "optimizer", "progress", "rng", "config", "checksum"}));
+  EXPECT_EQ(c["format"], kCheckpointFormat);
+  const nlohmann::json model = pyDictOf(c["model"]);
+  ASSERT_EQ(model.size(), s.model.size());
+  for (const auto& [name, t] : s.model) expectTensorIs(model[name], t, name);
+  const nlohmann::json optimizer = pyDictOf(c["optimizer"]);
+  ASSERT_EQ(optimizer.size(), s.optimizer.size());
+  for (const auto& [name, t] : s.optimizer) expectTensorIs(optimizer[name], t, name);
+  const nlohmann::json progress = pyDictOf(c["progress"]);
+  EXPECT_EQ(progress, (nlohmann::json{{"epoch", 2}, {"step_in_epoch", 5}, {"global_step", 17}, {"samples", 17 * 64},
+                                      {"world_size", 2}, {"seed", 42}}));
+  const nlohmann::json rng = pyDictOf(c["rng"]);
+  EXPECT_EQ(rng["cpu"]["dtype"], "uint8");
+  expectTensorIs(rng["cpu"], s.cpuRng, "rng.cpu");
+  expectTensorIs(rng["cuda0"], s.cudaRng[0], "rng.cuda0");
+  EXPECT_EQ(c["config"], s.config);
+  char crc[16];
+  std::snprintf(crc, sizeof crc, "%08x", checksumOf(s));
+  EXPECT_EQ(c["checksum"], std::string("crc32:") + crc);
 }
 
 TEST_F(Checkpoint, ChecksumChangesWithAnyField) {

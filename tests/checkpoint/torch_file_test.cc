@@ -6,6 +6,7 @@
 #include <ATen/ops/tensor.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -55,12 +56,24 @@ class TorchFile : public ::testing::Test {
   static inline nlohmann::ordered_json manifest_;
 };
 
-TEST_F(TorchFile, ReadsADataParallelStateDictWithModulePrefixes) {
-  const auto v = readTorchFile(dir_ + "/dp_state_dict.pt");
-  ASSERT_EQ(v->kind, PyValue::Kind::kDict);
-  const auto entries = tensorEntries(*v);
-  expectMatches(entries, manifest_["dp_state_dict.pt"]);
-  EXPECT_EQ(entries[0].first.rfind("module.", 0), 0u);
+TEST_F(TorchFile, ReadsPlainDataParallelAndDdpStateDicts) {
+  for (const std::string file : {"plain_state_dict.pt", "dp_state_dict.pt", "ddp_state_dict.pt"}) {
+    SCOPED_TRACE(file);
+    const auto v = readTorchFile(dir_ + "/" + file);
+    ASSERT_EQ(v->kind, PyValue::Kind::kDict);
+    EXPECT_TRUE(v->ordered) << "state_dict() is an OrderedDict";
+    const auto entries = tensorEntries(*v);
+    ASSERT_FALSE(entries.empty());
+    expectMatches(entries, manifest_[file]);
+    EXPECT_EQ(entries[0].first.rfind("module.", 0) == 0, file != "plain_state_dict.pt") << entries[0].first;
+    // BatchNorm's num_batches_tracked is an int64 0-dim tensor.
+    const auto tracked = std::find_if(entries.begin(), entries.end(), [](const auto& e) {
+      return e.first.find("num_batches_tracked") != std::string::npos;
+    });
+    ASSERT_NE(tracked, entries.end());
+    EXPECT_EQ(tracked->second.scalar_type(), at::kLong);
+    EXPECT_EQ(tracked->second.dim(), 0);
+  }
 }
 
 TEST_F(TorchFile, ReadsANestedCheckpointWithScalars) {

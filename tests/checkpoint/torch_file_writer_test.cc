@@ -72,9 +72,13 @@ const nlohmann::json& entry(const nlohmann::json& dict, const std::string& key) 
 TEST(TorchFileWriter, PythonTorchLoadReadsEveryDtypeToTheValuesWritten) {
   const std::string dir = tempDir();
   auto root = pyDict();
-  for (const auto& c : kDtypes) pySet(*root, c.pythonName, pyTensor(sample(c.dtype)));
-  // A transposed view (non-contiguous), a 0-dim tensor and an empty one.
+  for (const auto& c : kDtypes) {
+    pySet(*root, c.pythonName, pyTensor(sample(c.dtype)));
+    pySet(*root, std::string(c.pythonName) + " 0-dim", pyTensor(sample(c.dtype)[1][3]));  // element 7
+  }
+  // A transposed view (non-contiguous), a view at a storage offset, a 0-dim tensor and an empty one.
   pySet(*root, "transposed", pyTensor(sample(c10::kFloat).t()));
+  pySet(*root, "offset view", pyTensor(at::arange(12, at::kFloat).slice(0, 2, 8).view({2, 3})));
   pySet(*root, "scalar", pyTensor(at::scalar_tensor(2.5)));
   pySet(*root, "empty", pyTensor(at::arange(0, at::kFloat)));
   writeTorchFile(*root, dir + "/all.pt");
@@ -90,7 +94,12 @@ TEST(TorchFileWriter, PythonTorchLoadReadsEveryDtypeToTheValuesWritten) {
     for (int i = 0; i < 12; ++i) {
       EXPECT_EQ(t["values"][i].get<double>(), c.dtype == c10::kBool ? i % 2 : i) << c.pythonName << "[" << i << "]";
     }
+    const auto& scalar = entry(py, std::string(c.pythonName) + " 0-dim");
+    EXPECT_EQ(scalar["dtype"], c.pythonName);
+    EXPECT_EQ(scalar["shape"], nlohmann::json::array()) << c.pythonName;
+    EXPECT_EQ(scalar["values"][0].get<double>(), c.dtype == c10::kBool ? 1 : 7) << c.pythonName;
   }
+  EXPECT_EQ(entry(py, "offset view")["values"], nlohmann::json({2.0, 3.0, 4.0, 5.0, 6.0, 7.0}));
   const auto& tr = entry(py, "transposed");
   EXPECT_EQ(tr["shape"], nlohmann::json({4, 3}));
   for (int r = 0; r < 4; ++r) {
@@ -141,25 +150,82 @@ TEST(TorchFileWriter, PythonReadsScalarsStringsAndNestedContainers) {
 
 TEST(TorchFileWriter, OurReaderRoundTripsWhatWeWrite) {
   const std::string dir = tempDir();
-  auto root = pyDict();
-  for (const auto& c : kDtypes) pySet(*root, c.pythonName, pyTensor(sample(c.dtype)));
-  pySet(*root, "step", pyInt(-7));
-  writeTorchFile(*root, dir + "/round.pt");
-  const PyValuePtr back = readTorchFile(dir + "/round.pt");
+  auto root = pyOrderedDict();
   for (const auto& c : kDtypes) {
-    const PyValue* t = back->get(c.pythonName);
-    ASSERT_NE(t, nullptr) << c.pythonName;
-    EXPECT_EQ(t->tensor.scalar_type(), c.dtype);
-    EXPECT_TRUE(at::equal(t->tensor, sample(c.dtype))) << c.pythonName;
+    const std::string name = c.pythonName;
+    pySet(*root, name, pyTensor(sample(c.dtype)));
+    pySet(*root, name + " transposed", pyTensor(sample(c.dtype).t()));  // non-contiguous
+    pySet(*root, name + " 0-dim", pyTensor(sample(c.dtype)[2][3]));       // a 0-dim view at an offset
+    pySet(*root, name + " empty", pyTensor(sample(c.dtype).slice(0, 0, 0)));
   }
-  EXPECT_EQ(back->get("step")->integer, -7);
+  const at::Tensor base = at::arange(12, at::kFloat);
+  pySet(*root, "offset view", pyTensor(base.slice(0, 2, 8).view({2, 3})));  // contiguous, storage offset 2
+  pySet(*root, "expanded", pyTensor(base.slice(0, 0, 3).unsqueeze(0).expand({2, 3})));  // stride 0
+  auto inner = pyDict();
+  pySet(*inner, "step", pyInt(-7));
+  auto pair = pyTuple();
+  pair->items = {pyFloat(0.5), pyNone()};
+  pySet(*inner, "pair", pair);
+  pySet(*root, "inner", inner);
+  writeTorchFile(*root, dir + "/round.pt");
+
+  const PyValuePtr back = readTorchFile(dir + "/round.pt");
+  EXPECT_TRUE(back->ordered);
+  for (const auto& c : kDtypes) {
+    const std::string name = c.pythonName;
+    for (const auto& [key, expected] : {std::pair{name, sample(c.dtype)}, std::pair{name + " transposed", sample(c.dtype).t()},
+                                        std::pair{name + " 0-dim", sample(c.dtype)[2][3]},
+                                        std::pair{name + " empty", sample(c.dtype).slice(0, 0, 0)}}) {
+      const PyValue* t = back->get(key);
+      ASSERT_NE(t, nullptr) << key;
+      ASSERT_EQ(t->kind, PyValue::Kind::kTensor) << key;
+      EXPECT_EQ(t->tensor.scalar_type(), c.dtype) << key;
+      EXPECT_EQ(t->tensor.sizes(), expected.sizes()) << key;
+      EXPECT_TRUE(at::equal(t->tensor, expected)) << key;
+    }
+    EXPECT_EQ(back->get(name + " 0-dim")->tensor.dim(), 0) << name;
+  }
+  // Formulas: base[2:8] = 2..7; each row of the expanded tensor is 0, 1, 2.
+  EXPECT_TRUE(at::equal(back->get("offset view")->tensor, at::arange(2, 8, at::kFloat).view({2, 3})));
+  EXPECT_TRUE(at::equal(back->get("expanded")->tensor, at::arange(3, at::kFloat).repeat({2, 1})));
+  const PyValue* in = back->get("inner");
+  ASSERT_NE(in, nullptr);
+  EXPECT_FALSE(in->ordered);
+  EXPECT_EQ(in->get("step")->integer, -7);
+  ASSERT_EQ(in->get("pair")->kind, PyValue::Kind::kTuple);
+  EXPECT_EQ(in->get("pair")->items.at(0)->real, 0.5);
+  EXPECT_EQ(in->get("pair")->items.at(1)->kind, PyValue::Kind::kNone);
   fs::remove_all(dir);
 }
 
 TEST(TorchFileWriter, RefusesWhatTorchSaveWouldNotWrite) {
-  auto root = pyDict();
-  pySet(*root, "c", pyTensor(at::arange(3, at::kFloat).to(c10::kComplexFloat)));
-  EXPECT_THROW(torchFileBytes(*root), ddp::CheckpointError);
+  auto complex = pyDict();
+  pySet(*complex, "c", pyTensor(at::arange(3, at::kFloat).to(c10::kComplexFloat)));
+  EXPECT_THROW(torchFileBytes(*complex), ddp::CheckpointError);
+  auto sparse = pyDict();
+  pySet(*sparse, "s", pyTensor(at::arange(3, at::kFloat).to_sparse()));
+  EXPECT_THROW(torchFileBytes(*sparse), ddp::CheckpointError);
+  auto other = pyDict();
+  auto opaque = std::make_shared<PyValue>();
+  opaque->kind = PyValue::Kind::kOther;
+  opaque->text = "builtins.set";
+  pySet(*other, "o", opaque);
+  EXPECT_THROW(torchFileBytes(*other), ddp::CheckpointError);
+}
+
+TEST(TorchFileWriter, AFailedWriteLeavesTheOldFile) {
+  const std::string dir = tempDir();
+  auto good = pyDict();
+  pySet(*good, "w", pyTensor(at::arange(4, at::kFloat)));
+  writeTorchFile(*good, dir + "/model.pt");
+  auto bad = pyDict();
+  pySet(*bad, "w", pyTensor(at::arange(4, at::kFloat)));
+  pySet(*bad, "c", pyTensor(at::arange(3, at::kFloat).to(c10::kComplexFloat)));  // refused mid-pickle
+  EXPECT_THROW(writeTorchFile(*bad, dir + "/model.pt"), ddp::CheckpointError);
+  EXPECT_THROW(writeTorchFile(*good, dir + "/no-such-dir/model.pt"), ddp::CheckpointError);
+  EXPECT_TRUE(at::equal(readTorchFile(dir + "/model.pt")->get("w")->tensor, at::arange(4, at::kFloat)));
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1) << "no temporary left";
+  fs::remove_all(dir);
 }
 
 }  // namespace

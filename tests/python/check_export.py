@@ -1,15 +1,22 @@
-#!/usr/bin/python3
-"""Loads a ddp-launch export with plain PyTorch and measures its test accuracy.
+#!/usr/bin/env python3
+"""Loads a ddp-launch export with plain PyTorch (torch.load(path) with its
+default weights_only=True, PyTorch >= 2.6) and measures its test accuracy, or
+prints the values the model holds after loading.
 
 The modules below are the Python twins of worker/models.cc (same parameter
 names); load_state_dict(strict=True) fails on any missing, extra or
-"module."-prefixed key. Prints one JSON object.
+"module."-prefixed key. Prints one JSON object. Run it with the reference
+interpreter (the tests' DDP_PYTHON, .venv/bin/python).
 
 usage: check_export.py MODEL.pt {mlp|cnn} HIDDEN(comma list) FASHION_MNIST_ROOT
+       check_export.py MODEL.pt {mlp|cnn} HIDDEN(comma list) --values
 """
+import collections
 import gzip
+import io
 import json
 import os
+import pickle
 import struct
 import sys
 
@@ -63,13 +70,46 @@ def read_idx(path):
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
+class _Probe:
+    """An arbitrary class: the weights_only unpickler must refuse it."""
+
+
+def require_weights_only_default():
+    """Asserts that a plain torch.load(path), the call users make, is the
+    weights_only=True load: PyTorch >= 2.6, not overridden by the environment,
+    and refusing a pickled object of an arbitrary class."""
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    assert (major, minor) >= (2, 6), f"the reference must default to weights_only=True, got torch {torch.__version__}"
+    assert os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "0").lower() in ("", "0", "false"), \
+        "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD is set: torch.load would not default to weights_only=True"
+    probe = io.BytesIO()
+    torch.save(_Probe(), probe)
+    probe.seek(0)
+    try:
+        torch.load(probe)  # no weights_only argument: the default
+    except pickle.UnpicklingError:
+        return
+    raise AssertionError("plain torch.load accepted an arbitrary class: weights_only=True is not the default")
+
+
+def describe(state):
+    return {k: {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape),
+                "values": v.detach().double().flatten().tolist()} for k, v in state.items()}
+
+
 def main():
     path, name, hidden, root = sys.argv[1:5]
-    state = torch.load(path, map_location="cpu")
-    assert isinstance(state, dict), type(state)
+    require_weights_only_default()
+    state = torch.load(path, map_location="cpu")  # no weights_only argument: the default users get
+    assert isinstance(state, collections.OrderedDict), f"a state_dict is an OrderedDict, got {type(state)}"
     model = (Mlp([int(h) for h in hidden.split(",")]) if name == "mlp"
              else Cnn(batch_norm="bn1.weight" in state))  # worker: model.batch_norm
     model.load_state_dict(state, strict=True)
+    if root == "--values":
+        # What the model holds after the strict load, in its own state_dict order.
+        print(json.dumps({"type": type(state).__name__, "keys": list(state.keys()),
+                          "state": describe(model.state_dict())}))
+        return
     model.eval()
     images = read_idx(os.path.join(root, "t10k-images-idx3-ubyte.gz"))
     labels = read_idx(os.path.join(root, "t10k-labels-idx1-ubyte.gz"))

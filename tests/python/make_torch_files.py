@@ -1,12 +1,14 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Writes torch.save files the way users produce them, plus a JSON manifest of
 what each holds (key, dtype, shape, and the values as float lists), for the C++
-reader tests. usage: make_torch_files.py OUT_DIR"""
+reader tests. Run it with the reference interpreter (the tests' DDP_PYTHON,
+.venv/bin/python, PyTorch 2.x). usage: make_torch_files.py OUT_DIR"""
 import json
 import os
 import sys
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 
@@ -17,15 +19,29 @@ def describe(state):
 
 def main():
     out = sys.argv[1]
+    assert int(torch.__version__.split(".")[0]) >= 2, f"the reference is PyTorch 2.x, got {torch.__version__}"
     torch.manual_seed(0)
     manifest = {}
 
-    # nn.DataParallel-wrapped model: every key starts with "module.", BatchNorm buffers included.
+    # A plain model's state_dict, BatchNorm buffers (num_batches_tracked: int64) included.
     net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 2))
     net(torch.randn(5, 3))  # moves running stats off their initial values
+    torch.save(net.state_dict(), os.path.join(out, "plain_state_dict.pt"))
+    manifest["plain_state_dict.pt"] = describe(net.state_dict())
+
+    # nn.DataParallel-wrapped model: every key starts with "module.".
     dp = nn.DataParallel(net)
     torch.save(dp.state_dict(), os.path.join(out, "dp_state_dict.pt"))
     manifest["dp_state_dict.pt"] = describe(dp.state_dict())
+
+    # DistributedDataParallel (a world-1 gloo group): "module."-prefixed too.
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        ddp = nn.parallel.DistributedDataParallel(net)
+        torch.save(ddp.state_dict(), os.path.join(out, "ddp_state_dict.pt"))
+        manifest["ddp_state_dict.pt"] = describe(ddp.state_dict())
+    finally:
+        dist.destroy_process_group()
 
     # A training checkpoint dict with nested state_dict and scalars.
     torch.save({"model": net.state_dict(), "epoch": 3, "lr": 0.125, "name": "run-1",

@@ -269,7 +269,9 @@ class Unpickler {
     } else if (f == "torch._utils._rebuild_parameter" || f == "torch.jit._pickle.restore_type_tag") {
       push(args->items.at(0));  // a Parameter's data; a typed container's value
     } else if (f == "collections.OrderedDict") {
-      push(make(Kind::kDict));
+      auto v = make(Kind::kDict);
+      v->ordered = true;
+      push(v);
     } else if (f.rfind("torch.jit._pickle.build_", 0) == 0) {
       auto v = make(Kind::kList);
       v->items = args->items.at(0)->items;

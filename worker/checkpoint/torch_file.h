@@ -24,6 +24,7 @@ struct PyValue {
   std::string text;                      // kString; kOther: "module.name" of what it was
   std::vector<std::shared_ptr<PyValue>> items;  // kTuple, kList
   std::vector<std::pair<std::shared_ptr<PyValue>, std::shared_ptr<PyValue>>> entries;  // kDict, in order
+  bool ordered = false;                  // kDict: a collections.OrderedDict (what state_dict() returns)
   at::Tensor tensor;                     // kTensor, CPU
 
   /// Dict lookup by string key; nullptr when absent or not a dict.

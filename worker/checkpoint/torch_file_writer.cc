@@ -59,7 +59,13 @@ class Pickler {
         }
         break;
       case Kind::kDict:
-        op('}');
+        if (v.ordered) {
+          global("collections", "OrderedDict");  // OrderedDict(): allowed by the weights_only unpickler
+          op(')');
+          op('R');
+        } else {
+          op('}');
+        }
         if (!v.entries.empty()) {
           op('(');
           for (const auto& [key, item] : v.entries) {
@@ -125,6 +131,10 @@ class Pickler {
   }
   void tensor(const at::Tensor& t) {
     DDP_ENFORCE(t.defined(), "cannot write an undefined tensor into a torch file");
+    if (t.layout() != c10::kStrided) {
+      DDP_THROW(CheckpointError, "cannot write a tensor with layout ", t.layout(),
+                " into a torch file; convert it with .to_dense() first");
+    }
     const char* cls = storageClass(t.scalar_type());
     if (cls == nullptr) DDP_THROW(CheckpointError, "cannot write a tensor of dtype ", t.scalar_type(), " into a torch file");
     at::Tensor data = t.detach().to(at::kCPU).contiguous();  // written before the caller gets control back
@@ -182,7 +192,13 @@ PyValuePtr pyTensor(const at::Tensor& tensor) {
   return v;
 }
 PyValuePtr pyDict() { return make(Kind::kDict); }
+PyValuePtr pyOrderedDict() {
+  auto v = make(Kind::kDict);
+  v->ordered = true;
+  return v;
+}
 PyValuePtr pyList() { return make(Kind::kList); }
+PyValuePtr pyTuple() { return make(Kind::kTuple); }
 
 void pySet(PyValue& dict, const std::string& key, PyValuePtr value) {
   DDP_ENFORCE(dict.kind == Kind::kDict, "pySet on a value that is not a dict (key '", key, "')");

@@ -19,15 +19,21 @@ PyValuePtr pyInt(int64_t value);
 PyValuePtr pyFloat(double value);
 PyValuePtr pyBool(bool value);
 PyValuePtr pyNone();
-/// Detached, copied to CPU and made contiguous when written.
+/// Detached, copied to CPU and made contiguous when written; strided layout only.
 PyValuePtr pyTensor(const at::Tensor& tensor);
+/// A plain dict (`{}` in Python).
 PyValuePtr pyDict();
+/// A collections.OrderedDict, the type Python's module.state_dict() returns.
+PyValuePtr pyOrderedDict();
 PyValuePtr pyList();
+PyValuePtr pyTuple();
 /// Appends `key: value` to a kDict, keeping insertion order (as Python dicts do).
 void pySet(PyValue& dict, const std::string& key, PyValuePtr value);
 
-/// The bytes of the torch.save zip archive for `root`. Throws CheckpointError
-/// for values torch.save would not produce here (kOther, unsupported dtypes).
+/// The bytes of the torch.save zip archive for `root`: records data.pkl, byteorder
+/// and data/<n> per tensor (the stream writer adds version). Throws CheckpointError
+/// for values torch.load(weights_only=True) would refuse or that we cannot write
+/// (kOther, sparse or quantized tensors, dtypes without a typed storage class).
 std::string torchFileBytes(const PyValue& root);
 
 /// torchFileBytes() written atomically to `path`: a failed write leaves the old file or none.

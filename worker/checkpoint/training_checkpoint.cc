@@ -50,8 +50,8 @@ std::string hex(uint32_t v) {
   return buf;
 }
 
-PyValuePtr toDict(const NamedTensors& tensors) {
-  auto d = pyDict();
+PyValuePtr toDict(const NamedTensors& tensors, bool stateDict = false) {
+  auto d = stateDict ? pyOrderedDict() : pyDict();  // model: an OrderedDict, as model.state_dict() in Python
   for (const auto& [k, t] : tensors) pySet(*d, k, pyTensor(t));
   return d;
 }
@@ -82,7 +82,7 @@ void saveTrainingCheckpoint(const TrainingState& s, const std::string& path) {
   // Plain dicts, strings, ints and tensors: what torch.load(path) reads with weights_only=True.
   auto root = pyDict();
   pySet(*root, "format", pyString(kCheckpointFormat));
-  pySet(*root, "model", toDict(s.model));
+  pySet(*root, "model", toDict(s.model, /*stateDict=*/true));
   pySet(*root, "optimizer", toDict(s.optimizer));
   auto progress = pyDict();
   pySet(*progress, "epoch", pyInt(s.epoch));

@@ -1,0 +1,126 @@
+// The model export against the reference: Python PyTorch's plain torch.load
+// (weights_only by default) loads it into the Python twin of our model with
+// load_state_dict(strict=True) to the values we wrote; readStateDict reads the
+// state_dicts Python's torch.save writes (plain, DataParallel, DDP).
+#include <gtest/gtest.h>
+
+#include <ATen/ops/equal.h>
+#include <ATen/ops/randn.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "worker/model_export.h"
+#include "worker/models.h"
+
+namespace ddp::worker {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string run(const std::string& cmd) {
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (pipe && std::fgets(buf, sizeof buf, pipe)) out += buf;
+  if (pipe) ::pclose(pipe);
+  return out;
+}
+
+std::string tempDir() {
+  std::string tmpl = (fs::temp_directory_path() / "ddp_export_XXXXXX").string();
+  return ::mkdtemp(tmpl.data());
+}
+
+const char* pythonDtype(c10::ScalarType t) {
+  switch (t) {
+    case c10::kFloat: return "float32";
+    case c10::kLong: return "int64";
+    default: return "other";
+  }
+}
+
+// Every entry of `state` equals, exactly, what Python's model holds after the strict load.
+void expectPythonHolds(const nlohmann::json& py, const std::map<std::string, at::Tensor>& state) {
+  ASSERT_EQ(py["type"], "OrderedDict") << "torch.save(model.state_dict()) writes an OrderedDict";
+  const auto& got = py["state"];
+  ASSERT_EQ(got.size(), state.size());
+  for (const auto& [name, t] : state) {
+    ASSERT_TRUE(got.contains(name)) << name;
+    const auto& e = got[name];
+    EXPECT_EQ(e["dtype"], pythonDtype(t.scalar_type())) << name;
+    EXPECT_EQ(e["shape"].get<std::vector<int64_t>>(), t.sizes().vec()) << name;
+    const auto values = e["values"].get<std::vector<double>>();
+    const at::Tensor flat = t.to(at::kDouble).flatten().contiguous();
+    ASSERT_EQ(static_cast<int64_t>(values.size()), flat.numel()) << name;
+    const double* ours = flat.data_ptr<double>();
+    size_t differing = 0;
+    for (size_t i = 0; i < values.size(); ++i) differing += values[i] != ours[i];
+    EXPECT_EQ(differing, 0u) << name << ": values differ from those written";
+  }
+}
+
+nlohmann::json checkInPython(const std::string& path, const std::string& model, const std::string& hidden) {
+  const std::string out = run(std::string(DDP_PYTHON) + " " + DDP_SOURCE_DIR + "/tests/python/check_export.py " +
+                              path + " " + model + " " + hidden + " --values 2>&1");
+  try {
+    return nlohmann::json::parse(out);
+  } catch (const std::exception&) {
+    ADD_FAILURE() << "Python could not load " << path << ":\n" << out.substr(0, 4000);
+    return {};
+  }
+}
+
+TEST(ModelExport, MlpLoadsStrictlyInPythonToTheValuesWritten) {
+  const std::string dir = tempDir();
+  Mlp mlp(InputSpec{1, 28, 28, 10}, std::vector<int64_t>{16, 8});
+  const auto state = stateDict(*mlp);
+  exportStateDict(state, dir + "/model.pt");
+  const nlohmann::json py = checkInPython(dir + "/model.pt", "mlp", "16,8");
+  if (!py.is_null()) expectPythonHolds(py, state);
+  fs::remove_all(dir);
+}
+
+TEST(ModelExport, BatchNormCnnLoadsStrictlyInPythonWithItsBuffers) {
+  const std::string dir = tempDir();
+  Cnn cnn(InputSpec{1, 28, 28, 10}, /*batchNorm=*/true);
+  cnn->train();
+  cnn->forward(at::randn({4, 1, 28, 28}));  // running stats off their start, num_batches_tracked = 1
+  const auto state = stateDict(*cnn);
+  ASSERT_EQ(state.at("bn1.num_batches_tracked").item<int64_t>(), 1);
+  exportStateDict(state, dir + "/model.pt");
+  const nlohmann::json py = checkInPython(dir + "/model.pt", "cnn", "0");
+  if (!py.is_null()) expectPythonHolds(py, state);
+  fs::remove_all(dir);
+}
+
+TEST(ModelExport, ReadStateDictReadsOurExportAndPythonsStateDicts) {
+  const std::string dir = tempDir();
+  Mlp mlp(InputSpec{1, 28, 28, 10}, std::vector<int64_t>{16});
+  const auto state = stateDict(*mlp);
+  exportStateDict(state, dir + "/model.pt");
+  const auto back = readStateDict(dir + "/model.pt");
+  ASSERT_EQ(back.size(), state.size());
+  for (const auto& [name, t] : state) EXPECT_TRUE(at::equal(back.at(name), t)) << name;
+
+  const auto manifest = nlohmann::json::parse(
+      run(std::string(DDP_PYTHON) + " " + DDP_SOURCE_DIR + "/tests/python/make_torch_files.py " + dir));
+  for (const std::string file : {"plain_state_dict.pt", "dp_state_dict.pt", "ddp_state_dict.pt"}) {
+    const auto read = readStateDict(dir + "/" + file);
+    const auto& expected = manifest.at(file);
+    ASSERT_EQ(read.size(), expected.size()) << file;
+    for (const auto& [name, e] : expected.items()) {
+      ASSERT_EQ(read.count(name), 1u) << file << ": " << name;
+      const at::Tensor flat = read.at(name).to(at::kDouble).flatten().contiguous();
+      EXPECT_EQ(read.at(name).sizes().vec(), e["shape"].get<std::vector<int64_t>>()) << file << ": " << name;
+      const auto values = e["values"].get<std::vector<double>>();
+      ASSERT_EQ(flat.numel(), static_cast<int64_t>(values.size())) << name;
+      for (size_t i = 0; i < values.size(); ++i) EXPECT_EQ(flat[i].item<double>(), values[i]) << file << ": " << name;
+    }
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace ddp::worker
