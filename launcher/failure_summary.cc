@@ -55,7 +55,7 @@ std::string describeState(const RankReport& rank, const AttemptReport& attempt) 
     return rank.status.signaled ? killedBy(rank) : rank.status.describe();
   }
   std::string when;
-  if (attempt.firstFailure) {
+  if (attempt.firstFailure && !attempt.failedWhileStopping) {
     const RankReport& first = attempt.ranks[*attempt.firstFailure];
     when = "still running when rank " + std::to_string(first.rank) + (first.leftEarly ? " left early" : " failed");
     if (rank.stoppedBySignal) when = "stopped (state T, e.g. by SIGSTOP) when rank " + std::to_string(first.rank) + " failed";
@@ -108,7 +108,7 @@ std::vector<std::string> formatFailureSummary(const AttemptReport& attempt) {
                     " stopped (state T) when rank " + std::to_string(failed) + " failed: " +
                     (one ? "this is the rank" : "these are the ranks") +
                     " that stopped answering (SIGCONT resumes a stopped process)");
-  } else if (attempt.firstFailure && !stuck.empty()) {
+  } else if (attempt.firstFailure && !attempt.failedWhileStopping && !stuck.empty()) {
     const int failed = attempt.ranks[*attempt.firstFailure].rank;
     const bool one = stuck.size() == 1;
     lines.push_back((one ? "rank " : "ranks ") + joinRanks(stuck) + (one ? " was" : " were") +

@@ -28,6 +28,7 @@ struct AttemptReport {
   std::vector<RankReport> ranks;        // by local rank
   std::optional<size_t> firstFailure;   // index into ranks: the rank whose failure stopped the group
   int launcherSignal = 0;               // SIGINT/SIGTERM/... the launcher received, 0 if none
+  bool failedWhileStopping = false;     // firstFailure came while stopping on launcherSignal
   double shutdownGraceS = 0;            // SIGTERM-to-SIGKILL time used when stopping
   double earlyExitGraceS = 0;           // how long the others ran on after a rank left early
 };

@@ -81,6 +81,8 @@ class WorkerSupervisor {
   // Returns how long the loop may wait before the grace ends.
   std::chrono::milliseconds checkEarlyExit(std::chrono::milliseconds timeout);
   void fail(size_t index);
+  // Exited 0 or 128 + the forwarded signal, or was ended by that signal or the launcher's SIGKILL.
+  bool endedBySignalAsAsked(const Worker& worker) const;
   void beginStop(int signal);
   void killAll();
   void reapAll();
@@ -94,6 +96,7 @@ class WorkerSupervisor {
   Clock::time_point firstCleanExitAt_;
   std::optional<size_t> firstFailure_;  // index into workers_
   int launcherSignal_ = 0;              // forwarded signal that started the stop, if any
+  bool failedWhileStopping_ = false;    // firstFailure_ came during a signal's stop
   bool stopping_ = false;
   bool killed_ = false;                 // SIGKILL sent to every group
   Clock::time_point killAt_;
@@ -170,6 +173,7 @@ AttemptReport WorkerSupervisor::monitor() {
   AttemptReport report;
   report.firstFailure = firstFailure_;
   report.launcherSignal = launcherSignal_;
+  report.failedWhileStopping = failedWhileStopping_;
   report.shutdownGraceS = grace_.count();
   report.earlyExitGraceS = earlyExitGrace_ ? earlyExitGrace_->count() : 0;
   for (const Worker& worker : workers_) {
@@ -208,8 +212,19 @@ void WorkerSupervisor::pollExits() {
 
 void WorkerSupervisor::onExit(Worker& worker) {
   spdlog::debug("rank {} (pid {}) ended: {}", worker.rank, worker.pid, worker.status.describe());
-  // Exits after a stop began are its consequence, not news.
-  if (stopping_) return;
+  // Exits after a stop began are its consequence, not news, unless a worker that was asked to
+  // stop by a forwarded signal fails at it (e.g. its preemption checkpoint hit a full disk).
+  if (stopping_) {
+    if (launcherSignal_ != 0 && !firstFailure_ && !endedBySignalAsAsked(worker)) {
+      firstFailure_ = static_cast<size_t>(&worker - workers_.data());
+      failedWhileStopping_ = true;
+      spdlog::error("rank {} (pid {}) {} while stopping on {}; what it was saving may be incomplete", worker.rank,
+                    worker.pid, worker.status.signaled ? "was killed by " + worker.status.describe()
+                                                       : "failed with " + worker.status.describe(),
+                    signalName(launcherSignal_));
+    }
+    return;
+  }
   const size_t index = static_cast<size_t>(&worker - workers_.data());
   if (worker.status.success()) {
     if (!firstCleanExit_) {
@@ -243,6 +258,12 @@ std::chrono::milliseconds WorkerSupervisor::checkEarlyExit(std::chrono::millisec
                left.rank, left.pid, others, earlyExitGrace_->count());
   fail(*firstCleanExit_);
   return std::chrono::milliseconds(0);
+}
+
+bool WorkerSupervisor::endedBySignalAsAsked(const Worker& worker) const {
+  const ExitStatus& status = worker.status;
+  if (status.signaled) return status.signal == launcherSignal_ || status.signal == SIGKILL;
+  return status.code == 0 || status.code == 128 + launcherSignal_;
 }
 
 void WorkerSupervisor::fail(size_t index) {
@@ -381,7 +402,10 @@ int runWorkers(const LaunchPlan& initialPlan, const SupervisionOptions& options)
     }
     const size_t stopped = static_cast<size_t>(std::count_if(
         report.ranks.begin(), report.ranks.end(), [](const RankReport& rank) { return rank.stoppedByLauncher; }));
-    const std::string others = stopped == 0 ? "" : "; stopped the other " + workers(stopped);
+    const std::string others =
+        report.failedWhileStopping ? " while the job stopped on " + signalName(report.launcherSignal)
+        : stopped == 0             ? ""
+                                   : "; stopped the other " + workers(stopped);
     const std::string restarts =
         plan.maxRestarts == 0 ? "" : " (after " + std::to_string(plan.attempt) + " of " +
                                          std::to_string(plan.maxRestarts) + " restarts)";

@@ -210,6 +210,43 @@ TEST_F(LaunchSupervisionTest, StoppedRankIsTheOneNamedWhenAnotherTimesOut) {
   for (const pid_t pid : dir_.readPids("pid", 4)) EXPECT_TRUE(waitUntilGone(pid, seconds(2))) << pid;
 }
 
+// A worker that fails at stopping (its preemption checkpoint hit a full disk) is not a clean
+// preemption: the launcher's exit code is the worker's, not 128 + SIGTERM.
+TEST_F(LaunchSupervisionTest, WorkerFailingAtItsPreemptionSaveIsNotReportedAsAPreemption) {
+  const std::string worker = dir_.writeScript(
+      "worker", "if [ \"$RANK\" = 0 ]; then trap 'echo cannot save: No space left on device; exit 1' TERM;\n"
+                "else trap 'exit 143' TERM; fi\n" +
+                    dir_.publish("pid", "$$") + "while true; do sleep 0.05; done");
+  LaunchSpec spec;
+  spec.args = {"--nproc_per_node=2", worker};
+  spec.outputDir = dir_.path();
+  LaunchedProcess launcher(spec);
+  ASSERT_TRUE(dir_.waitForFiles({"pid.0", "pid.1"}, seconds(10))) << launcher.stderrText();
+  launcher.sendSignal(SIGTERM);
+  ASSERT_EQ(launcher.waitFor(seconds(10)), 1) << launcher.stderrText();
+  const std::string err = launcher.stderrText();
+  const pid_t rank0 = dir_.readPids("pid", 1)[0];
+  EXPECT_NE(err.find("ddp-launch: rank 0 (pid " + std::to_string(rank0) +
+                     ") failed with exit code 1 while stopping on SIGTERM; what it was saving may be incomplete"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("failed with exit code 1 while the job stopped on SIGTERM"), std::string::npos) << err;
+  EXPECT_NE(err.find("cannot save: No space left on device"), std::string::npos) << err;
+}
+
+TEST_F(LaunchSupervisionTest, WorkersThatStopCleanlyOnSigtermGive143) {
+  const std::string worker = dir_.writeScript(
+      "worker", "trap 'exit 143' TERM\n" + dir_.publish("pid", "$$") + "while true; do sleep 0.05; done");
+  LaunchSpec spec;
+  spec.args = {"--nproc_per_node=2", worker};
+  spec.outputDir = dir_.path();
+  LaunchedProcess launcher(spec);
+  ASSERT_TRUE(dir_.waitForFiles({"pid.0", "pid.1"}, seconds(10))) << launcher.stderrText();
+  launcher.sendSignal(SIGTERM);
+  ASSERT_EQ(launcher.waitFor(seconds(10)), 128 + SIGTERM) << launcher.stderrText();
+  EXPECT_EQ(launcher.stderrText().find("summary"), std::string::npos) << launcher.stderrText();
+}
+
 TEST(ShmCleanup, RemovesOnlyTheSegmentsOfTheGivenPids) {
   ScratchDir shm;
   for (const std::string& name : std::vector<std::string>{shmSegmentPrefix(123) + "1", shmSegmentPrefix(123) + "2", shmSegmentPrefix(1234) + "3",
