@@ -5,8 +5,14 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <fstream>
 
 #include <nlohmann/json.hpp>
 
@@ -81,6 +87,84 @@ TEST_P(TorchrunStartsOurWorker, TrainsAndExportsLikeUnderDdpLaunch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Rendezvous, TorchrunStartsOurWorker, ::testing::Values("static", "standalone", "c10d"));
+
+// torchrun's direct children running our worker (the agent starts them with --no_python).
+std::vector<pid_t> workersOf(pid_t agent) {
+  std::vector<pid_t> out;
+  for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(agent) + "/task")) {
+    std::ifstream in(task.path() / "children");
+    for (pid_t p; in >> p;) {
+      std::error_code ec;
+      if (fs::read_symlink("/proc/" + std::to_string(p) + "/exe", ec) == fs::path(DDP_WORKER_BIN)) out.push_back(p);
+    }
+  }
+  return out;
+}
+
+TEST(TorchrunRestarts, AKilledRankRestartsTheGroupOnTheAgentsStoreAndResumes) {
+  // The static agent keeps one store across restarts: attempt 1 must not meet attempt 0's keys.
+  const std::string dir = test::makeTempDir("torchrun_restart");
+  std::vector<std::string> argv{torchrun(), "--nproc_per_node=2", "--max_restarts=1",
+                                "--master_port=" + std::to_string(unusedPort()), "--no_python", DDP_WORKER_BIN,
+                                config(), "output.dir=" + dir, "train.max_steps=30", "train.log_every=1",
+                                "train.epochs=1000", "checkpoint.dir=" + dir + "/ckpt", "checkpoint.every_steps=5",
+                                "resume=auto", "comm.timeout_s=60"};
+  int out[2];
+  ASSERT_EQ(::pipe(out), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::dup2(out[1], 1);
+    ::dup2(out[1], 2);
+    ::close(out[0]);
+    ::close(out[1]);
+    std::vector<char*> a;
+    for (auto& x : argv) a.push_back(x.data());
+    a.push_back(nullptr);
+    ::execv(a[0], a.data());
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  // Blocking reads of the job's output: kill rank 1 once step 12 is logged (two checkpoints
+  // behind it), then read to the end so nothing blocks on a full pipe.
+  std::string output;
+  size_t killed = 0;
+  char chunk[4096];
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(300);
+  while (true) {
+    // A hung job is a failure (reported below), not a test that never ends.
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd ready{out[0], POLLIN, 0};
+    if (left.count() <= 0 || ::poll(&ready, 1, static_cast<int>(left.count())) == 0) {
+      ::kill(-pid, SIGKILL);
+      output += "\n[test] the job hung; killed after 300 s";
+      break;
+    }
+    const ssize_t n = ::read(out[0], chunk, sizeof chunk);
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    output.append(chunk, static_cast<size_t>(n));
+    if (killed == 0 && output.find("step 12 ") != std::string::npos) {
+      const auto workers = workersOf(pid);
+      for (pid_t w : workers) ::kill(w, SIGKILL);  // the whole attempt dies, as on a node loss
+      killed = workers.size();
+    }
+  }
+  ::close(out[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ::kill(-pid, SIGKILL);  // anything left of the job
+  ASSERT_EQ(killed, 2u) << output;
+  ASSERT_TRUE(WIFEXITED(status)) << output;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << output;
+  EXPECT_NE(output.find("resumed from"), std::string::npos) << output;
+  const auto summary = summaryOf(dir);
+  EXPECT_EQ(summary["steps"], 30);
+  EXPECT_EQ(summary["world_size"], 2);
+}
 
 class DdpLaunchStartsAPythonScript : public ::testing::TestWithParam<bool> {};
 
