@@ -1,6 +1,8 @@
-// The rank-0 export of a real 2-rank DDP run on Fashion-MNIST loads into the
-// equivalent Python module with load_state_dict(strict=True), and Python's test
-// accuracy equals the one the worker reported.
+// The rank-0 export of a real 2-rank DDP run on Fashion-MNIST loads with
+// Python PyTorch's plain torch.load(path) (weights_only=True by default since
+// 2.6; check_export.py asserts it) into the equivalent Python module with
+// load_state_dict(strict=True), and Python's test accuracy equals the one the
+// worker reported.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
