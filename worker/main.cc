@@ -158,9 +158,10 @@ int runWorker(std::vector<std::string> args) {
     rdv.rank = rank;
     rdv.worldSize = worldSize;
     rdv.timeout = timeout;
-    // torchrun's static rendezvous: its agent hosts a fresh store per attempt at MASTER_ADDR:PORT
-    // (torch.distributed.rendezvous._create_c10d_store does the same).
+    // torchrun's static rendezvous: its agent hosts the store at MASTER_ADDR:PORT and keeps it
+    // across restarts, so each attempt keeps its keys apart.
     rdv.storeServedElsewhere = env.agentStore;
+    rdv.attempt = env.restartCount;
     auto store = comm::rendezvous(rdv);
     comm::ProcessGroupOptions pg;
     pg.backend = backend;
