@@ -89,16 +89,22 @@ TEST_F(LaunchFailureTest, WorkersIgnoringSigtermAreKilledAfterTheGracePeriod) {
 }
 
 TEST_F(LaunchFailureTest, LateFailureAfterTheOthersSucceeded) {
-  // Rank 1 fails only once the launcher has reaped ranks 0 and 2 (their pids are gone), so the
-  // others have certainly finished: a condition, not a delay.
-  const std::string pidOf = "$(cat \"" + dir_.path() + "/pid.";
+  // Rank 1 fails only once the launcher has recorded that ranks 0 and 2 ended: with SPDLOG_LEVEL=
+  // debug it logs "rank N (pid P) ended" as it records an exit, and rank 1 reads its stderr file.
+  // (Their pids never go away before the end: the launcher keeps exited workers as zombies.)
+  const std::string err = dir_.file("launch.err");
   const std::string late = dir_.publish("pid", "$$") + "if [ \"$RANK\" = 1 ]; then\n" +
-                           "  while [ $(ls \"" + dir_.path() + "\" | grep -c '^pid\\.') -lt 3 ]; do sleep 0.01; done\n" +
-                           "  while kill -0 " + pidOf + "0\")\" 2>/dev/null || kill -0 " + pidOf +
-                           "2\")\" 2>/dev/null; do sleep 0.01; done\n  exit 4\nfi\nexit 0";
-  const LaunchResult result = run({"--nproc_per_node=3", dir_.writeScript("late", late)});
+                           "  until grep -q 'rank 0 (pid [0-9]*) ended' \"" + err + "\" && grep -q 'rank 2 (pid [0-9]*) ended' \"" +
+                           err + "\"; do sleep 0.01; done\n  exit 4\nfi\nexit 0";
+  LaunchSpec spec;
+  spec.args = {"--nproc_per_node=3", dir_.writeScript("late", late)};
+  spec.env["SPDLOG_LEVEL"] = "debug";
+  spec.outputDir = dir_.path();
+  const LaunchResult result = runLauncher(spec);
   ASSERT_EQ(result.code, 4) << result.err;
-  EXPECT_NE(result.err.find("rank 1 (pid"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("rank 1 (pid " + std::to_string(dir_.readPids("pid", 3)[1]) + ") failed with exit code 4"),
+            std::string::npos)
+      << result.err;
   EXPECT_EQ(result.err.find("stopped the other"), std::string::npos) << result.err;  // none were left running
 }
 

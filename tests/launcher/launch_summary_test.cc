@@ -26,6 +26,15 @@ class LaunchSummaryTest : public ::testing::Test {
                                           " ]; do sleep 0.01; done\n" + action + "\n");
   }
 
+  // run() with the launcher's debug log on, which records each worker's end as it sees it.
+  LaunchResult runDebug(std::vector<std::string> args) {
+    LaunchSpec spec;
+    spec.args = std::move(args);
+    spec.env["SPDLOG_LEVEL"] = "debug";
+    spec.outputDir = dir_.path();
+    return runLauncher(spec);
+  }
+
   LaunchResult run(std::vector<std::string> args) {
     LaunchSpec spec;
     spec.args = std::move(args);
@@ -46,13 +55,15 @@ class LaunchSummaryTest : public ::testing::Test {
 };
 
 TEST_F(LaunchSummaryTest, ExitCodeOkAndStuckRanksWithTheirLastLines) {
-  // Rank 0 finishes; rank 1 prints 7 lines and fails once rank 0 is done; rank 2 hangs.
-  const std::string done = dir_.file("done.0");
-  const LaunchResult result = run(
+  // Rank 0 finishes; rank 1 prints 7 lines and fails once the launcher has recorded rank 0's end
+  // (SPDLOG_LEVEL=debug: it logs "rank 0 (pid P) ended" then, to the stderr file rank 1 reads);
+  // rank 2 hangs.
+  const std::string errFile = dir_.file("launch.err");
+  const LaunchResult result = runDebug(
       {"--nproc_per_node=3",
        script(3, "case $RANK in\n"
-                 "0) echo 'rank 0 finished'; touch \"" + done + "\"; exit 0;;\n"
-                 "1) while [ ! -e \"" + done + "\" ]; do sleep 0.01; done\n"
+                 "0) echo 'rank 0 finished'; exit 0;;\n"
+                 "1) until grep -q 'rank 0 (pid [0-9]*) ended' \"" + errFile + "\"; do sleep 0.01; done\n"
                  "   for i in 1 2 3 4 5 6; do echo \"step $i\"; done; echo 'collective timed out' >&2; exit 3;;\n"
                  "*) exec sleep 60;;\n"
                  "esac",
