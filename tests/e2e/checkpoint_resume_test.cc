@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/inotify.h>
 #include <sys/wait.h>
@@ -15,6 +16,7 @@
 
 #include <cerrno>
 #include <filesystem>
+#include <fstream>
 
 #include "tests/e2e/run_command.h"
 #include "worker/checkpoint/checkpoint_dir.h"
@@ -106,6 +108,30 @@ TEST(CheckpointSchedule, EveryEpochSavesAtEpochEndsAsTheStartOfTheNext) {
   fs::remove_all(base);
 }
 
+// The launcher's children (its workers), from /proc.
+std::vector<pid_t> childrenOf(pid_t parent) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(parent) + "/task", ec)) {
+    std::ifstream in(task.path() / "children");
+    for (pid_t p; in >> p;) out.push_back(p);
+  }
+  return out;
+}
+
+// SIGSTOP is delivered asynchronously: returns once /proc shows the process stopped (state T) or gone.
+void waitUntilStopped(pid_t pid) {
+  while (true) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos || close + 2 >= stat.size()) return;  // gone
+    const char state = stat[close + 2];
+    if (state == 'T' || state == 't' || state == 'Z' || state == 'X') return;
+    sched_yield();
+  }
+}
+
 TEST(CheckpointCrash, KilledDuringASaveLeavesTheLastCompleteCheckpoint) {
   // Saves every step; the moment a save's temporary file appears (a write in
   // progress), the whole job is SIGKILLed: no warning, no cleanup.
@@ -136,7 +162,9 @@ TEST(CheckpointCrash, KilledDuringASaveLeavesTheLastCompleteCheckpoint) {
     ::_exit(127);
   }
   // Each file created in the checkpoint dir arrives as an inotify event (a blocking read, no
-  // polling); the kill follows the creation of a save's temporary file at once.
+  // polling). On a save's temporary file the worker is frozen (SIGSTOP) and the file looked at:
+  // still there, the save is in progress and SIGKILL ends it mid-write; already renamed (the test
+  // was slower than the save), the worker resumes and the next save is tried. No race decides it.
   std::string interrupted;
   while (interrupted.empty()) {
     pollfd ready{watch.fd, POLLIN, 0};
@@ -146,12 +174,19 @@ TEST(CheckpointCrash, KilledDuringASaveLeavesTheLastCompleteCheckpoint) {
     for (ssize_t at = 0; at < n && interrupted.empty();) {
       const auto* event = reinterpret_cast<const inotify_event*>(buffer + at);
       const std::string name = event->len ? event->name : "";
-      // Only after two complete checkpoints, so "the previous one" exists.
-      if (name.find(".tmp.") != std::string::npos && checkpoint::listCheckpoints(ckpt).size() >= 2) {
-        ::kill(-pid, SIGKILL);
-        interrupted = ckpt + "/" + name;
-      }
       at += static_cast<ssize_t>(sizeof(inotify_event) + event->len);
+      // Only after two complete checkpoints, so "the previous one" exists.
+      if (name.find(".tmp.") == std::string::npos || checkpoint::listCheckpoints(ckpt).size() < 2) continue;
+      const std::vector<pid_t> workers = childrenOf(pid);
+      if (workers.size() != 1) continue;  // the launcher is starting or ending its worker
+      ::kill(workers[0], SIGSTOP);
+      waitUntilStopped(workers[0]);
+      if (fs::exists(ckpt + "/" + name)) {
+        ::kill(workers[0], SIGKILL);
+        interrupted = ckpt + "/" + name;
+      } else {
+        ::kill(workers[0], SIGCONT);
+      }
     }
   }
   ::kill(-pid, SIGKILL);
