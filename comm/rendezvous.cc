@@ -3,6 +3,8 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <torch/version.h>
+
 #include <thread>
 #include <vector>
 
@@ -15,6 +17,21 @@ std::string joinedKey(int rank) { return "ddp/rendezvous/rank/" + std::to_string
 constexpr const char* kCountKey = "ddp/rendezvous/count";
 
 double seconds(std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
+
+// LibTorch 1.x's store client and PyTorch 2.x's store server number their requests differently
+// (2.x added a validation request first): a 1.x rank under a 2.x torchrun gets no answer.
+std::string protocolHint(const RendezvousOptions& options) {
+#if TORCH_VERSION_MAJOR < 2
+  if (options.storeServedElsewhere) {
+    return "; this worker is built on LibTorch " + std::to_string(TORCH_VERSION_MAJOR) + "." +
+           std::to_string(TORCH_VERSION_MINOR) +
+           ", whose store client cannot talk to a PyTorch 2.x store (torchrun 2.x serves one): start the "
+           "job with ddp-launch, or build the worker against the PyTorch that runs torchrun";
+  }
+#endif
+  (void)options;
+  return "";
+}
 
 }  // namespace
 
@@ -47,7 +64,7 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const RendezvousOptions& options) {
     const char* host = options.storeServedElsewhere ? "the launcher's store" : "rank 0";
     DDP_THROW(TimeoutError, "rendezvous: rank ", options.rank, " could not reach ", host, " at ", where,
               " within ", seconds(options.timeout), " s (", reason, "); is ", host,
-              " running and MASTER_ADDR reachable?");
+              " running and MASTER_ADDR reachable?", protocolHint(options));
   }
   if (options.storeServedElsewhere) {
     store = c10::make_intrusive<c10d::PrefixStore>("ddp/attempt_" + std::to_string(options.attempt), store);
@@ -84,9 +101,21 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const RendezvousOptions& options) {
     std::string reason = e.what();
     const char* host = options.storeServedElsewhere ? "the launcher" : "rank 0";
     DDP_THROW(CommError, "rendezvous: rank ", options.rank, " lost the connection to the store at ",
-              where, " (", reason.substr(0, reason.find('\n')), "); did ", host, " fail or time out?");
+              where, " (", reason.substr(0, reason.find('\n')), "); did ", host, " fail or time out?",
+              protocolHint(options));
   }
   return store;
+}
+
+std::string unansweredStoreMessage(const RendezvousOptions& options) {
+  const std::string where = options.masterAddr + ":" + std::to_string(options.masterPort);
+  const bool served = options.rank == 0 && !options.storeServedElsewhere;
+  const std::string hint = protocolHint(options);
+  return "start-up: rank " + std::to_string(options.rank) + " got no answer from the store at " + where +
+         (served ? " (its own)" : options.storeServedElsewhere ? " (served by the launcher)" : " (served by rank 0)") +
+         " within comm.timeout_s=" + detail::concat(seconds(options.timeout)) + " s" +
+         (hint.empty() ? "; is it a c10d store of the same PyTorch version, and is every rank's network up?"
+                       : hint);
 }
 
 }  // namespace ddp::comm

@@ -31,4 +31,10 @@ struct RendezvousOptions {
 /// TimeoutError naming the missing ranks, or CommError when the address is unusable.
 c10::intrusive_ptr<c10d::Store> rendezvous(const RendezvousOptions& options);
 
+/// The line for a start-up that got no answer from the store within options.timeout (LibTorch's
+/// client can block past its own timeout; a caller's watchdog reports it with this). Names the
+/// store, the rank and the likely cause: on a LibTorch 1.x build served by another process, the
+/// store protocol that PyTorch 2.x changed.
+std::string unansweredStoreMessage(const RendezvousOptions& options);
+
 }  // namespace ddp::comm

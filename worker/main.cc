@@ -26,6 +26,7 @@
 #include "worker/dp/dp_trainer.h"
 #include "worker/dp/memory_stats.h"
 #include "worker/env.h"
+#include "worker/startup_watchdog.h"
 #include "worker/eval_mode.h"
 #include "worker/stop_signal.h"
 #include "worker/metrics.h"
@@ -162,7 +163,14 @@ int runWorker(std::vector<std::string> args) {
     // across restarts, so each attempt keeps its keys apart.
     rdv.storeServedElsewhere = env.agentStore;
     rdv.attempt = env.restartCount;
-    auto store = comm::rendezvous(rdv);
+    // Each start-up phase honours comm.timeout_s even where LibTorch's store client would block
+    // past it; the grace lets the phase's own, more precise error come first.
+    const auto phaseLimit = timeout + std::chrono::seconds(5);
+    c10::intrusive_ptr<c10d::Store> store;
+    {
+      StartupWatchdog watchdog(phaseLimit, [&rdv] { return comm::unansweredStoreMessage(rdv); });
+      store = comm::rendezvous(rdv);
+    }
     comm::ProcessGroupOptions pg;
     pg.backend = backend;
     pg.rank = rank;
@@ -173,7 +181,15 @@ int runWorker(std::vector<std::string> args) {
     // Single node: loopback. Multi-node: the local address that routes to MASTER_ADDR
     // (GLOO_SOCKET_IFNAME overrides both).
     pg.hostname = env.localWorldSize == worldSize ? "127.0.0.1" : comm::localAddressFor(env.masterAddr);
+    StartupWatchdog watchdog(phaseLimit, [&rdv, &pg, timeoutS = config.comm.timeoutS] {
+      return "start-up: rank " + std::to_string(rdv.rank) + " could not create its " +
+             comm::backendName(pg.backend) + " process group within comm.timeout_s=" +
+             detail::concat(timeoutS) +
+             " s (the store at " + rdv.masterAddr + ":" + std::to_string(rdv.masterPort) +
+             " stopped answering); did another rank fail?";
+    });
     comm = comm::makeCommunicator(store, pg);
+    watchdog.disarm();
   }
   checkConfigAgreement(config, *comm);
   if (rank == 0) {

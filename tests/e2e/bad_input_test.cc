@@ -108,6 +108,32 @@ TEST_P(BadInputTable, OneClearLineNonZeroExitNothingWrittenNothingLeft) {
   fs::remove_all(f.dir);
 }
 
+// Issue 15 (7): a store that takes the connection but never answers (a peer left half a request
+// on it, or it speaks another protocol version) held the rank forever. Here the "store" is a
+// socket that listens and never accepts: the kernel completes the connection, nothing replies.
+// The rank must end within comm.timeout_s (plus the start-up grace) with one line naming the store.
+TEST(StartUp, AStoreThatNeverAnswersEndsTheRankWithinTheTimeout) {
+  const std::string dir = test::makeTempDir("ddp_silent_store");
+  const int silent = listenOn(0);
+  const std::string where = "127.0.0.1:" + std::to_string(portOf(silent));
+  // This node is rank 1 of 2: its worker is a client of "rank 0's" store at the silent port.
+  const auto r = test::runCommand({DDP_LAUNCH_BIN, "--nnodes=2", "--node_rank=1", "--nproc_per_node=1",
+                                   "--master_port=" + std::to_string(portOf(silent)), DDP_WORKER_BIN, kConfig,
+                                   "output.dir=" + dir + "/out", "comm.timeout_s=3"},
+                                  60);
+  ::close(silent);
+  EXPECT_FALSE(r.timedOut) << "the rank hung on a store that never answers:\n" << r.output;
+  EXPECT_NE(r.exitCode, 0) << r.output;
+  // LibTorch 2.x's client times out its own read ("could not reach"); 1.13's blocks, and the
+  // start-up watchdog ends it ("got no answer"). Either way: one line naming the store's address.
+  const bool named = r.output.find("could not reach rank 0 at " + where) != std::string::npos ||
+                     r.output.find("got no answer from the store at " + where) != std::string::npos;
+  EXPECT_TRUE(named) << r.output;
+  EXPECT_EQ(r.output.find("Exception raised from"), std::string::npos) << r.output;
+  EXPECT_EQ(processesMentioning(dir), 0) << "a process outlived the launcher";
+  fs::remove_all(dir);
+}
+
 std::string writeFile(const std::string& path, const std::string& text) {
   std::ofstream(path) << text;
   return path;
