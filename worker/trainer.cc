@@ -20,6 +20,7 @@
 #include "sampler/batching.h"
 #include "sampler/distributed_sampler.h"
 #include "worker/atomic_file.h"
+#include "worker/checkpoint/checkpoint_dir.h"
 #include "worker/data/fashion_mnist.h"
 #include "worker/data/gather_batch.h"
 #include "worker/data/synthetic.h"
@@ -58,6 +59,42 @@ constexpr int64_t kMaxSkippedInARow = 10;
   DDP_THROW(Error, "training diverged: ", what, "; lower train.lr (", config.train.lr,
             ") or check the data; the checkpoints in ", checkpointDir(config),
             " (if any) hold the last good state (resume=auto)");
+}
+
+// Rank 0's export of the trained model. When it cannot be written where asked (a full disk, a
+// directory gone), the training is not thrown away: the export goes to the checkpoint directory,
+// else the temporary directory, and the error line names where it went (or, failing all, the
+// newest training checkpoint left).
+void exportTrainedModel(const WorkerConfig& config, const std::map<std::string, at::Tensor>& state,
+                        const std::string& path) {
+  try {
+    exportStateDict(state, path);
+    return;
+  } catch (const CheckpointError& e) {
+    namespace fs = std::filesystem;
+    const std::string name = fs::path(path).filename().string() + ".rescued";
+    std::error_code ec;
+    const std::string tmp = fs::temp_directory_path(ec).string();
+    for (const std::string& dir : {checkpointDir(config), tmp}) {
+      if (dir.empty()) continue;
+      const std::string rescue = (fs::path(dir) / name).string();
+      if (fs::weakly_canonical(rescue, ec) == fs::weakly_canonical(path, ec)) continue;
+      try {
+        makeDirectories(dir, "checkpoint.dir");
+        exportStateDict(state, rescue);
+      } catch (const Error&) {
+        continue;
+      }
+      DDP_THROW(CheckpointError, "export failed: ", e.what(), "; the trained model was saved to '", rescue,
+                "' instead (load it like model.pt); free space or fix output.dir and move it there");
+    }
+    const auto saved = checkpoint::listCheckpoints(checkpointDir(config));
+    DDP_THROW(CheckpointError, "export failed: ", e.what(), "; no other place took the model either (",
+              checkpointDir(config), ", ", tmp, ")",
+              saved.empty() ? std::string("; no training checkpoint was saved: set checkpoint.every_steps to keep one")
+                            : "; the newest training checkpoint is '" + saved.back() +
+                                  "': free space, then resume=" + saved.back() + " to redo only the steps after it");
+  }
 }
 
 // Steps between the all-reduces that agree on a stop request (SIGTERM): the
@@ -310,7 +347,7 @@ TrainResult Trainer::run(const Datasets& data) {
   }
   if (rank == 0) {
     result.exportPath = (std::filesystem::path(outDir) / config_.output.exportName).string();
-    exportStateDict(stateDict(module), result.exportPath);
+    exportTrainedModel(config_, stateDict(module), result.exportPath);
   }
   return result;
 }

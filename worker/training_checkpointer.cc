@@ -1,5 +1,9 @@
 #include "worker/training_checkpointer.h"
 
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 #include <spdlog/spdlog.h>
@@ -124,7 +128,22 @@ std::string TrainingCheckpointer::save(torch::nn::Module& module, torch::optim::
     state.cpuRng = checkpoint::cpuRngState();
     state.cudaRng = std::move(cudaRng);
     state.config = dumpConfig(config_);
-    checkpoint::saveTrainingCheckpoint(state, path);
+    try {
+      checkpoint::saveTrainingCheckpoint(state, path);
+    } catch (const CheckpointError& e) {
+      // The new checkpoint is written before the oldest is removed: keep_last=N needs room for N+1.
+      if (std::string(e.what()).find(std::strerror(ENOSPC)) == std::string::npos) throw;
+      const auto kept = checkpoint::listCheckpoints(dir_);
+      std::error_code ec;
+      const auto bytes = kept.empty() ? 0 : std::filesystem::file_size(kept.back(), ec);
+      const int64_t keep = config_.checkpoint.keepLast;
+      const std::string size = ec || bytes == 0 ? std::string() : " of " + std::to_string(bytes >> 20) + " MiB";
+      DDP_THROW(CheckpointError, e.what(), "; checkpoint.keep_last=", keep,
+                keep > 0 ? " needs room for " + std::to_string(keep + 1) + " checkpoints" + size +
+                               " (the new one is written before the oldest is removed)"
+                         : " keeps every checkpoint" + size,
+                ": free space in ", dir_, " or lower checkpoint.keep_last");
+    }
     checkpoint::pruneCheckpoints(dir_, config_.checkpoint.keepLast);
     spdlog::info("checkpoint {} (epoch {} step {})", path, position.epoch, position.stepInEpoch);
   }
