@@ -50,53 +50,6 @@ std::vector<std::string> parameterNames(const torch::nn::Module& module) {
   return names;
 }
 
-// train.skip_nonfinite_steps skips at most this many steps in a row: more means the
-// weights themselves went bad, and skipping on would only hide it.
-constexpr int64_t kMaxSkippedInARow = 10;
-
-// One line for a diverged run: where, why, and where the last good state is.
-[[noreturn]] void throwDiverged(const WorkerConfig& config, const std::string& what) {
-  DDP_THROW(Error, "training diverged: ", what, "; lower train.lr (", config.train.lr,
-            ") or check the data; the checkpoints in ", checkpointDir(config),
-            " (if any) hold the last good state (resume=auto)");
-}
-
-// Rank 0's export of the trained model. When it cannot be written where asked (a full disk, a
-// directory gone), the training is not thrown away: the export goes to the checkpoint directory,
-// else the temporary directory, and the error line names where it went (or, failing all, the
-// newest training checkpoint left).
-void exportTrainedModel(const WorkerConfig& config, const std::map<std::string, at::Tensor>& state,
-                        const std::string& path) {
-  try {
-    exportStateDict(state, path);
-    return;
-  } catch (const CheckpointError& e) {
-    namespace fs = std::filesystem;
-    const std::string name = fs::path(path).filename().string() + ".rescued";
-    std::error_code ec;
-    const std::string tmp = fs::temp_directory_path(ec).string();
-    for (const std::string& dir : {checkpointDir(config), tmp}) {
-      if (dir.empty()) continue;
-      const std::string rescue = (fs::path(dir) / name).string();
-      if (fs::weakly_canonical(rescue, ec) == fs::weakly_canonical(path, ec)) continue;
-      try {
-        makeDirectories(dir, "checkpoint.dir");
-        exportStateDict(state, rescue);
-      } catch (const Error&) {
-        continue;
-      }
-      DDP_THROW(CheckpointError, "export failed: ", e.what(), "; the trained model was saved to '", rescue,
-                "' instead (load it like model.pt); free space or fix output.dir and move it there");
-    }
-    const auto saved = checkpoint::listCheckpoints(checkpointDir(config));
-    DDP_THROW(CheckpointError, "export failed: ", e.what(), "; no other place took the model either (",
-              checkpointDir(config), ", ", tmp, ")",
-              saved.empty() ? std::string("; no training checkpoint was saved: set checkpoint.every_steps to keep one")
-                            : "; the newest training checkpoint is '" + saved.back() +
-                                  "': free space, then resume=" + saved.back() + " to redo only the steps after it");
-  }
-}
-
 // Steps between the all-reduces that agree on a stop request (SIGTERM): the
 // reaction time is this many steps, the cost one 4-byte collective per period.
 constexpr int64_t kStopCheckEvery = 10;
@@ -132,6 +85,45 @@ std::vector<at::Tensor> parametersAndBuffers(const torch::nn::Module& module) {
 }
 
 }  // namespace
+
+[[noreturn]] void throwDiverged(const WorkerConfig& config, const std::string& what) {
+  DDP_THROW(Error, "training diverged: ", what, "; lower train.lr (", config.train.lr,
+            ") or check the data; the checkpoints in ", checkpointDir(config),
+            " (if any) hold the last good state (resume=auto)");
+}
+
+void exportTrainedModel(const WorkerConfig& config, const std::map<std::string, at::Tensor>& state,
+                        const std::string& path) {
+  try {
+    exportStateDict(state, path);
+    return;
+  } catch (const CheckpointError& e) {
+    namespace fs = std::filesystem;
+    const std::string name = fs::path(path).filename().string() + ".rescued";
+    std::error_code ec;
+    const std::string tmp = fs::temp_directory_path(ec).string();
+    for (const std::string& dir : {checkpointDir(config), tmp}) {
+      if (dir.empty()) continue;
+      const std::string rescue = (fs::path(dir) / name).string();
+      if (fs::weakly_canonical(rescue, ec) == fs::weakly_canonical(path, ec)) continue;
+      try {
+        makeDirectories(dir, "checkpoint.dir");
+        exportStateDict(state, rescue);
+      } catch (const Error&) {
+        continue;
+      }
+      DDP_THROW(CheckpointError, "export failed: ", e.what(), "; the trained model was saved to '", rescue,
+                "' instead (load it like model.pt); free space or fix output.dir and move it there");
+    }
+    const auto saved = checkpoint::listCheckpoints(checkpointDir(config));
+    DDP_THROW(CheckpointError, "export failed: ", e.what(), "; no other place took the model either (",
+              checkpointDir(config), ", ", tmp, ")",
+              saved.empty() ? std::string("; no training checkpoint was saved: set checkpoint.every_steps to keep one")
+                            : "; the newest training checkpoint is '" + saved.back() +
+                                  "': free space, then resume=" + saved.back() + " to redo only the steps after it");
+  }
+}
+
 
 Datasets loadDatasets(const DataConfig& config, uint64_t seed) {
   Datasets d;

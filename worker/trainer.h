@@ -4,6 +4,8 @@
 
 #include <c10/core/Device.h>
 
+#include <cstdint>
+#include <map>
 #include <string>
 
 #include "comm/communicator.h"
@@ -35,6 +37,19 @@ struct Datasets {
 
 /// Loads the configured data set (every rank reads it whole; the sampler picks the shard).
 Datasets loadDatasets(const DataConfig& config, uint64_t seed);
+
+/// Stops training with one line: what diverged, and where the last good state is.
+[[noreturn]] void throwDiverged(const WorkerConfig& config, const std::string& what);
+
+/// train.skip_nonfinite_steps skips at most this many steps in a row: more means the weights
+/// themselves went bad, and skipping on would only hide it.
+constexpr int64_t kMaxSkippedInARow = 10;
+
+/// Writes the trained model to `path`. When it cannot be written there (a full disk, a directory
+/// gone) the training is not thrown away: the model goes to checkpoint.dir, else the temporary
+/// directory, and the CheckpointError names where it went (or, failing all, the newest checkpoint).
+void exportTrainedModel(const WorkerConfig& config, const std::map<std::string, at::Tensor>& state,
+                        const std::string& path);
 
 class Trainer {
  public:

@@ -205,6 +205,8 @@ INSTANTIATE_TEST_SUITE_P(
         // Issue 15: wrong results reported as success.
         BadInput{"DivergingLearningRate", [](const Fixture& f) { return worker({"train.lr=1e30"}, f); },
                  "training diverged: a gradient is NaN or infinite at step 2 (epoch 0), so it was not applied", 1},
+        BadInput{"DivergingLearningRateInDataParallel", [](const Fixture& f) { return worker({"mode=dp", "train.lr=1e30"}, f, 1); },
+                 "training diverged: a gradient is NaN or infinite at step", 1},
         BadInput{"InfiniteLearningRate", [](const Fixture& f) { return worker({"train.lr=.inf"}, f); }, "'train.lr' must be a finite number", 2},
         BadInput{"InfiniteWeightDecay", [](const Fixture& f) { return worker({"train.weight_decay=.inf"}, f); },
                  "'train.weight_decay' must be a finite number", 2},

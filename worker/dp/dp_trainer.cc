@@ -19,6 +19,7 @@
 #include "worker/data/gather_batch.h"
 #include "worker/dp/data_parallel.h"
 #include "worker/dp/memory_stats.h"
+#include "worker/finite_check.h"
 #include "worker/metrics.h"
 #include "worker/model_export.h"
 
@@ -123,6 +124,7 @@ DpResult DpTrainer::run(const Datasets& data) {
   auto windowStart = start;
   int64_t windowSamples = 0;
   bool done = false;
+  int64_t skippedInARow = 0;
   const int64_t accumulate = std::max<int64_t>(1, train.accumulateSteps);
   for (int64_t epoch = 0; epoch < train.epochs && !done; ++epoch) {
     sampler.setEpoch(epoch);
@@ -143,7 +145,21 @@ DpResult DpTrainer::run(const Datasets& data) {
         lastLoss = loss.detach() * static_cast<double>(end - b);
         stepSamples += static_cast<int64_t>(batch.size());
       }
-      optimizer.step();
+      // As in ddp mode: a NaN or infinite gradient never reaches the weights.
+      if (allFinite(gradientsOf(params))) {
+        optimizer.step();
+        skippedInARow = 0;
+      } else if (train.skipNonfiniteSteps && skippedInARow < kMaxSkippedInARow) {
+        ++skippedInARow;
+        spdlog::warn("step {} (epoch {}): a gradient is NaN or infinite; step skipped (train.skip_nonfinite_steps)",
+                     result.steps + 1, epoch);
+      } else {
+        throwDiverged(config_, "a gradient is NaN or infinite at step " + std::to_string(result.steps + 1) +
+                                   " (epoch " + std::to_string(epoch) + ")" +
+                                   (skippedInARow > 0 ? ", " + std::to_string(skippedInARow + 1) + " steps in a row"
+                                                      : std::string()) +
+                                   ", so it was not applied");
+      }
 
       ++result.steps;
       result.samples += stepSamples;
@@ -170,6 +186,10 @@ DpResult DpTrainer::run(const Datasets& data) {
   result.trainSeconds = secondsSince(start);
   result.samplesPerSecond = result.trainSeconds > 0 ? result.samples / result.trainSeconds : 0;
   result.finalLoss = lastLoss.defined() ? lastLoss.item<double>() : 0.0;
+  if (!allFinite(params)) {
+    throwDiverged(config_, "the weights are no longer finite after step " + std::to_string(result.steps) +
+                               ", the last one, so nothing is exported");
+  }
 
   if (config_.eval.enabled) {
     c10::NoGradGuard noGrad;
@@ -191,7 +211,7 @@ DpResult DpTrainer::run(const Datasets& data) {
   const auto state = stateDict(module);
   if (config_.output.dumpRankParams) exportStateDict(state, outDir + "/rank0_params.pt");
   result.exportPath = (std::filesystem::path(outDir) / config_.output.exportName).string();
-  exportStateDict(state, result.exportPath);
+  exportTrainedModel(config_, state, result.exportPath);
   for (const auto& d : placement_.devices) {
     if (d.is_cuda()) out.peakAllocatedBytes.push_back(cudaPeakAllocatedBytes(d));
   }
