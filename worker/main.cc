@@ -184,7 +184,7 @@ int runWorker(std::vector<std::string> args) {
     StartupWatchdog watchdog(phaseLimit, [&rdv, &pg, timeoutS = config.comm.timeoutS] {
       return "start-up: rank " + std::to_string(rdv.rank) + " could not create its " +
              comm::backendName(pg.backend) + " process group within comm.timeout_s=" +
-             detail::concat(timeoutS) +
+             ::ddp::detail::concat(timeoutS) +
              " s (the store at " + rdv.masterAddr + ":" + std::to_string(rdv.masterPort) +
              " stopped answering); did another rank fail?";
     });

@@ -294,10 +294,18 @@ struct SmallDisk {
     mounted = ::geteuid() == 0 &&
               std::system(("mount -t tmpfs -o size=" + size + " ddp-test " + path + " 2>/dev/null").c_str()) == 0;
   }
-  ~SmallDisk() {
+  void unmount() {
     if (mounted) std::system(("umount " + path).c_str());
+    mounted = false;
   }
+  ~SmallDisk() { unmount(); }
 };
+
+// The test's scratch directory, removed after its small disks are unmounted.
+void removeAfter(const std::string& base, std::initializer_list<SmallDisk*> disks) {
+  for (SmallDisk* d : disks) d->unmount();
+  fs::remove_all(base);
+}
 
 // 784×512 + 512×10 parameters: a 1.6 MB export, a 3.2 MB training checkpoint (weights + momentum).
 std::vector<std::string> largerModel(const std::string& out) {
@@ -327,7 +335,7 @@ TEST(FullDisk, AnExportThatDoesNotFitIsKeptInTheCheckpointDirectoryAndNamed) {
   const auto got = worker::readStateDict(rescued);
   ASSERT_EQ(got.size(), expected.size());
   for (const auto& [key, value] : expected) EXPECT_TRUE(at::equal(value, got.at(key))) << key;
-  fs::remove_all(base);
+  removeAfter(base, {&disk});
 }
 
 // Nowhere to put the model (output, checkpoint directory and TMPDIR all full): the line names the
@@ -349,7 +357,7 @@ TEST(FullDisk, WithNoRoomAnywhereTheLineNamesTheNewestCheckpoint) {
   EXPECT_NE(run.output.find("the newest training checkpoint is '" + step7 + "': free space, then resume=" + step7),
             std::string::npos)
       << run.output;
-  fs::remove_all(base);
+  removeAfter(base, {&out, &ckpt});
 }
 
 // Issue 15 (12): keep_last=N writes the new checkpoint before removing the oldest, so it needs room
@@ -371,7 +379,7 @@ TEST(FullDisk, KeepLastNeedsRoomForOneMoreAndTheLineSaysSo) {
   for (const auto& entry : fs::directory_iterator(disk.path)) {
     EXPECT_EQ(entry.path().filename().string().find(".tmp."), std::string::npos) << entry.path();
   }
-  fs::remove_all(base);
+  removeAfter(base, {&disk});
 }
 
 TEST(CheckpointErrors, DamagedFilesGiveTheDocumentedErrorAndExitNonZero) {
