@@ -11,10 +11,13 @@
 
 #include <ATen/ops/ones.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <memory>
 #include <vector>
 
 #include "comm/shm_communicator.h"
+#include "comm/timeout_census.h"
 #include "common/error.h"
 
 namespace ddp::comm {
@@ -23,14 +26,18 @@ namespace {
 std::string firstLine(const std::string& text) { return text.substr(0, text.find('\n')); }
 
 // Maps c10d's exceptions to our family, naming the backend, the collective and the rank.
+// On a timeout, the census (when given) names the ranks that did not answer.
 [[noreturn]] void rethrowAsCommError(const std::string& backend, const char* op, int rank,
-                                     int size, const std::exception& e) {
+                                     int size, const std::exception& e,
+                                     const std::shared_ptr<TimeoutCensus>& census = nullptr) {
   const std::string what = firstLine(e.what());
   const bool timedOut =
       what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos;
   if (timedOut) {
-    DDP_THROW(TimeoutError, backend, " ", op, " on rank ", rank, "/", size, " timed out (", what,
-              "); another rank stopped answering or crashed");
+    const std::string missing = census ? census->missingRanks() : "";
+    DDP_THROW(TimeoutError, backend, " ", op, " on rank ", rank, "/", size, " timed out (", what, ")",
+              missing.empty() ? std::string("; another rank stopped answering or crashed")
+                              : " (" + missing + "); that rank stopped answering or crashed");
   }
   DDP_THROW(CommError, backend, " ", op, " failed on rank ", rank, "/", size, ": ", what);
 }
@@ -39,8 +46,8 @@ std::string firstLine(const std::string& text) { return text.substr(0, text.find
 template <typename WorkPtr>
 class C10dPendingWork final : public PendingWork {
  public:
-  C10dPendingWork(WorkPtr work, std::string backend, int rank, int size)
-      : work_(std::move(work)), backend_(std::move(backend)), rank_(rank), size_(size) {}
+  C10dPendingWork(WorkPtr work, std::string backend, int rank, int size, std::shared_ptr<TimeoutCensus> census)
+      : work_(std::move(work)), backend_(std::move(backend)), rank_(rank), size_(size), census_(std::move(census)) {}
   ~C10dPendingWork() override {
     // Never abandon a collective the peers are running: its buffer would be freed under it.
     if (work_) {
@@ -56,7 +63,7 @@ class C10dPendingWork final : public PendingWork {
     try {
       work->wait();
     } catch (const std::exception& e) {
-      rethrowAsCommError(backend_, "all_reduce", rank_, size_, e);
+      rethrowAsCommError(backend_, "all_reduce", rank_, size_, e, census_);
     }
   }
 
@@ -65,14 +72,16 @@ class C10dPendingWork final : public PendingWork {
   std::string backend_;
   int rank_;
   int size_;
+  std::shared_ptr<TimeoutCensus> census_;
 };
 
 template <typename Group>
 class C10dCommunicator final : public Communicator {
  public:
   C10dCommunicator(c10::intrusive_ptr<Group> group, std::string name, int rank, int size,
-                   c10::Device device)
-      : group_(std::move(group)), name_(std::move(name)), rank_(rank), size_(size), device_(device) {}
+                   c10::Device device, std::shared_ptr<TimeoutCensus> census)
+      : group_(std::move(group)), name_(std::move(name)), rank_(rank), size_(size), device_(device),
+        census_(std::move(census)) {}
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -93,7 +102,7 @@ class C10dCommunicator final : public Communicator {
     try {
       auto work = group_->allreduce(tensors, opts);
       return std::make_unique<C10dPendingWork<decltype(work)>>(std::move(work), name_, rank_,
-                                                               size_);
+                                                               size_, census_);
     } catch (const std::exception& e) {
       rethrowAsCommError(name_, "all_reduce", rank_, size_, e);
     }
@@ -118,7 +127,7 @@ class C10dCommunicator final : public Communicator {
     try {
       (void)token.item<float>();
     } catch (const std::exception& e) {
-      rethrowAsCommError(name_, "barrier", rank_, size_, e);
+      rethrowAsCommError(name_, "barrier", rank_, size_, e, census_);
     }
   }
 
@@ -129,7 +138,7 @@ class C10dCommunicator final : public Communicator {
       auto work = launch();
       work->wait();
     } catch (const std::exception& e) {
-      rethrowAsCommError(name_, op, rank_, size_, e);
+      rethrowAsCommError(name_, op, rank_, size_, e, census_);
     }
   }
 
@@ -138,6 +147,7 @@ class C10dCommunicator final : public Communicator {
   int rank_;
   int size_;
   c10::Device device_;
+  std::shared_ptr<TimeoutCensus> census_;
 };
 
 std::shared_ptr<::gloo::transport::Device> makeGlooDevice(const std::string& hostname) {
@@ -158,6 +168,9 @@ std::unique_ptr<Communicator> makeCommunicator(const c10::intrusive_ptr<c10d::St
   if (options.worldSize == 1 && !options.groupForSingleRank) return std::make_unique<LocalCommunicator>();
   DDP_ENFORCE(store, "a world of ", options.worldSize, " ranks needs a rendezvous store");
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("default_pg", store);
+  // Survivors of a timeout sign in within a few seconds of each other (they wait on the same collective).
+  const auto census = std::make_shared<TimeoutCensus>(
+      store, options.rank, options.worldSize, std::min(options.timeout, std::chrono::milliseconds(3000)));
   try {
     switch (options.backend) {
       case Backend::kGloo: {
@@ -168,7 +181,7 @@ std::unique_ptr<Communicator> makeCommunicator(const c10::intrusive_ptr<c10d::St
                                                                  options.worldSize, opts);
         return std::make_unique<C10dCommunicator<c10d::ProcessGroupGloo>>(
             std::move(group), "gloo", options.rank, options.worldSize,
-            collectiveDevice(Backend::kGloo, options.device));
+            collectiveDevice(Backend::kGloo, options.device), census);
       }
       case Backend::kNccl: {
 #ifdef DDP_WITH_NCCL
@@ -186,7 +199,7 @@ std::unique_ptr<Communicator> makeCommunicator(const c10::intrusive_ptr<c10d::St
                                                                  options.worldSize, opts);
         return std::make_unique<C10dCommunicator<c10d::ProcessGroupNCCL>>(
             std::move(group), "nccl", options.rank, options.worldSize,
-            collectiveDevice(Backend::kNccl, options.device));
+            collectiveDevice(Backend::kNccl, options.device), census);
 #else
         break;
 #endif

@@ -35,6 +35,7 @@ struct Header {
   std::atomic<uint32_t> generation;  // futex word: bumps when the last rank arrives
   std::atomic<uint32_t> broken;      // a rank timed out: the others fail fast too
   std::atomic<int32_t> pids[kMaxRanks];  // so a waiting rank notices a dead peer at once
+  std::atomic<uint32_t> entered[kMaxRanks];  // generation + 1 once the rank arrived: a timeout names who did not
 };
 
 /// Dead, or a zombie its parent has not reaped yet (kill(pid, 0) still succeeds on those).
@@ -145,6 +146,7 @@ class ShmCommunicator final : public Communicator {
   /// A reusable barrier: spin briefly, then sleep on the generation futex.
   void arrive(const char* op) {
     const uint32_t gen = header_->generation.load(std::memory_order_acquire);
+    header_->entered[rank()].store(gen + 1, std::memory_order_relaxed);
     if (header_->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(size())) {
       header_->arrived.store(0, std::memory_order_relaxed);
       header_->generation.fetch_add(1, std::memory_order_release);
@@ -175,8 +177,19 @@ class ShmCommunicator final : public Communicator {
       if (std::chrono::steady_clock::now() > deadline) {
         header_->broken.store(1);
         futex(&header_->generation, FUTEX_WAKE, INT_MAX, nullptr);
+        std::string missing;
+        int joined = 0;
+        for (int r = 0; r < size(); ++r) {
+          if (header_->entered[r].load(std::memory_order_relaxed) == gen + 1) {
+            ++joined;
+          } else {
+            missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+          }
+        }
         DDP_THROW(TimeoutError, "shm ", op, " on rank ", rank(), "/", size(), " timed out after ",
-                  options_.timeout.count() / 1000.0, " s; another rank stopped answering or crashed");
+                  options_.timeout.count() / 1000.0, " s: ", joined, "/", size(), " ranks joined",
+                  missing.empty() ? std::string("; another rank stopped answering or crashed")
+                                  : " (missing: " + missing + "); that rank stopped answering or crashed");
       }
     }
   }

@@ -9,6 +9,7 @@
 
 #include <csignal>
 #include <filesystem>
+#include <sstream>
 #include <fstream>
 #include <random>
 #include <thread>
@@ -127,32 +128,59 @@ TEST(FaultTolerance, CrashedRankRestartsTheGroupAndTrainingResumesExactly) {
   fs::remove_all(base);
 }
 
-TEST(FaultTolerance, AStuckRankMakesTheOthersFailWithinTheTimeoutAndIsNamed) {
+struct StuckCase {
+  std::string backend;
+  int ranks;
+  int stopped;  // the rank that gets SIGSTOP
+};
+
+std::ostream& operator<<(std::ostream& out, const StuckCase& c) {
+  return out << c.backend << "_" << c.ranks << "_ranks_stop_" << c.stopped;
+}
+
+class StuckRank : public ::testing::TestWithParam<StuckCase> {};
+
+TEST_P(StuckRank, TheOthersFailWithinTheTimeoutAndNameIt) {
+  const StuckCase c = GetParam();
   const std::string base = tempDir();
-  std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nproc_per_node=2", "--shutdown_grace_s=1", DDP_WORKER_BIN};
+  std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nproc_per_node=" + std::to_string(c.ranks), "--shutdown_grace_s=1",
+                                   DDP_WORKER_BIN};
   for (auto& a : trainArgs(base + "/out")) argv.push_back(a);
   argv.push_back("train.max_steps=100000");
   argv.push_back("comm.timeout_s=3");
+  argv.push_back("backend=" + c.backend);
   Background job(argv, base + "/job.log");
   ASSERT_TRUE(job.waitFor("step 10 ", 120)) << test::readFile(job.log);
   const auto workers = childrenOf(job.pid);
-  ASSERT_EQ(workers.size(), 2u);
+  ASSERT_EQ(workers.size(), static_cast<size_t>(c.ranks));
   const auto stoppedAt = std::chrono::steady_clock::now();
-  ::kill(workers[1], SIGSTOP);  // alive but silent: the hang torchrun users know
+  ::kill(workers[c.stopped], SIGSTOP);  // alive but silent: the hang torchrun users know
   const int code = job.wait(60);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stoppedAt).count();
   const std::string output = test::readFile(job.log);
   EXPECT_NE(code, 0) << output;
   EXPECT_NE(code, -1) << "the job hung: " << output;
-  EXPECT_LT(seconds, 3 + 1 + 10) << output;  // timeout + grace + slack
+  EXPECT_LT(seconds, 3 + 3 + 1 + 10) << output;  // timeout + the survivors' census + grace + slack
   EXPECT_NE(output.find("timed out"), std::string::npos) << output;
-  // The launcher's summary names rank 1, seen in state T, as the one that stopped answering.
-  EXPECT_NE(output.find("rank 1 was stopped (state T) when rank 0 failed: this is the rank that stopped answering"),
-            std::string::npos) << output;
+  // The workers name the rank that did not join the collective...
+  EXPECT_NE(output.find("(missing: " + std::to_string(c.stopped) + "); that rank stopped answering"), std::string::npos)
+      << output;
+  // ...and the launcher's summary names it too, seen in state T.
+  EXPECT_NE(output.find("rank " + std::to_string(c.stopped) + " was stopped (state T) when rank "), std::string::npos)
+      << output;
   EXPECT_NE(output.find("stopped by the launcher"), std::string::npos) << output;
-  EXPECT_EQ(::kill(workers[1], 0), -1) << "the stuck worker survived";
+  EXPECT_EQ(::kill(workers[c.stopped], 0), -1) << "the stuck worker survived";
   fs::remove_all(base);
 }
+
+INSTANTIATE_TEST_SUITE_P(FaultTolerance, StuckRank,
+                         ::testing::Values(StuckCase{"shm", 2, 1}, StuckCase{"gloo", 2, 1}, StuckCase{"shm", 4, 2},
+                                           StuckCase{"gloo", 4, 2}),
+                         [](const auto& info) {
+                           std::ostringstream name;
+                           name << info.param;
+                           return name.str();
+                         });
 
 bool sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0; }
 

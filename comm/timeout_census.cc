@@ -1,0 +1,67 @@
+#include "comm/timeout_census.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace ddp::comm {
+namespace {
+
+std::string signedKey(int rank) { return "signed/" + std::to_string(rank); }
+
+struct Shared {
+  std::mutex mutex;
+  std::condition_variable done;
+  bool finished = false;
+  std::string answer;
+};
+
+}  // namespace
+
+TimeoutCensus::TimeoutCensus(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
+                             std::chrono::milliseconds window)
+    : store_(store ? c10::make_intrusive<c10d::PrefixStore>("ddp/timeout_census", std::move(store)) : nullptr),
+      rank_(rank),
+      size_(size),
+      window_(window) {}
+
+std::string TimeoutCensus::missingRanks() const {
+  if (!store_ || size_ <= 1) return "";
+  auto shared = std::make_shared<Shared>();
+  // Detached: a store call blocked on a stopped host cannot be interrupted; the thread owns
+  // what it touches (the store and the shared state), and the process is about to fail anyway.
+  std::thread([shared, store = store_, rank = rank_, size = size_, window = window_] {
+    std::string answer;
+    try {
+      store->set(signedKey(rank), std::vector<uint8_t>{1});
+      const auto deadline = std::chrono::steady_clock::now() + window;
+      std::vector<int> missing;
+      while (true) {
+        missing.clear();
+        for (int r = 0; r < size; ++r) {
+          if (r != rank && !store->check({signedKey(r)})) missing.push_back(r);
+        }
+        if (missing.empty() || std::chrono::steady_clock::now() >= deadline) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      for (size_t i = 0; i < missing.size(); ++i) answer += (i ? ", " : "missing: ") + std::to_string(missing[i]);
+    } catch (const std::exception&) {
+      answer = "missing: unknown, the store's host left or stopped";
+    }
+    std::lock_guard<std::mutex> lock(shared->mutex);
+    shared->answer = answer;
+    shared->finished = true;
+    shared->done.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(shared->mutex);
+  if (!shared->done.wait_for(lock, window_ + std::chrono::seconds(1), [&] { return shared->finished; })) {
+    return "missing: unknown, the store's host left or stopped";
+  }
+  return shared->answer;
+}
+
+}  // namespace ddp::comm
