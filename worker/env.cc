@@ -1,5 +1,6 @@
 #include "worker/env.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "common/error.h"
@@ -27,6 +28,45 @@ std::optional<int> intVar(const EnvLookup& env, const std::string& name, int min
   return parseInt(name, *v, minimum);
 }
 
+// Slurm's compressed tasks-per-node list: "2(x3),1" is 2, 2, 2, 1 (one entry per node).
+std::vector<int> expandTasksPerNode(const std::string& name, const std::string& value) {
+  std::vector<int> out;
+  std::size_t at = 0;
+  while (at <= value.size()) {
+    const std::size_t comma = std::min(value.find(',', at), value.size());
+    const std::string item = value.substr(at, comma - at);
+    const std::size_t paren = item.find("(x");
+    const int tasks = parseInt(name, item.substr(0, paren), 0);
+    int repeat = 1;
+    if (paren != std::string::npos) {
+      if (item.back() != ')') DDP_THROW(ConfigError, "environment: ", name, "='", value, "' is not like 2(x3),1");
+      repeat = parseInt(name, item.substr(paren + 2, item.size() - paren - 3), 1);
+    }
+    if (repeat > 1 << 20) DDP_THROW(ConfigError, "environment: ", name, "='", value, "' is not like 2(x3),1");
+    out.insert(out.end(), static_cast<std::size_t>(repeat), tasks);
+    at = comma + 1;
+  }
+  return out;
+}
+
+// Ranks of this step on this node. srun sets SLURM_STEP_TASKS_PER_NODE (the step's layout) and
+// SLURM_NODEID (this node's index in the step); SLURM_NTASKS_PER_NODE is set only when the user
+// asked for --ntasks-per-node, so it cannot be the only source (plain `srun -N2 -n4` lacks it).
+std::optional<int> slurmTasksOnThisNode(const EnvLookup& env) {
+  const int node = intVar(env, "SLURM_NODEID", 0).value_or(0);
+  for (const char* name : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
+    if (auto v = env(name); v && !v->empty()) {
+      const auto perNode = expandTasksPerNode(name, *v);
+      if (node >= static_cast<int>(perNode.size())) {
+        DDP_THROW(ConfigError, "environment: SLURM_NODEID=", node, " but ", name, "='", *v, "' lists ",
+                  perNode.size(), " node(s)");
+      }
+      return perNode[static_cast<std::size_t>(node)];
+    }
+  }
+  return intVar(env, "SLURM_NTASKS_PER_NODE", 1);
+}
+
 }  // namespace
 
 EnvLookup processEnv() {
@@ -49,9 +89,9 @@ DistEnv readDistEnv(const EnvLookup& env, std::optional<int> legacyLocalRank) {
   } else if (env("SLURM_PROCID") && env("SLURM_NTASKS")) {
     out.source = "slurm";
     out.rank = *intVar(env, "SLURM_PROCID", 0);
-    out.worldSize = *intVar(env, "SLURM_NTASKS", 1);
+    out.worldSize = intVar(env, "SLURM_STEP_NUM_TASKS", 1).value_or(*intVar(env, "SLURM_NTASKS", 1));
     out.localRank = intVar(env, "SLURM_LOCALID", 0).value_or(0);
-    out.localWorldSize = intVar(env, "SLURM_NTASKS_PER_NODE", 1).value_or(out.worldSize);
+    out.localWorldSize = slurmTasksOnThisNode(env).value_or(out.worldSize);
     out.groupRank = intVar(env, "SLURM_NODEID", 0).value_or(0);
   } else if (env("OMPI_COMM_WORLD_RANK")) {
     out.source = "openmpi";

@@ -8,11 +8,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sched.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <thread>
 
 #include "comm/backend.h"
 #include "comm/local_address.h"
@@ -85,6 +89,23 @@ int runDataParallel(const ddp::worker::WorkerConfig& config) {
   return 0;
 }
 
+// srun and mpirun leave OMP_NUM_THREADS unset (ddp-launch and torchrun set it), so every rank
+// would use every core: with several ranks on this host and no threads setting, each gets its
+// share of the cores this process may run on, said once per host.
+int threadsPerLocalRank(const ddp::worker::DistEnv& env, int worldSize) {
+  if (std::getenv("OMP_NUM_THREADS") != nullptr || worldSize <= 1 || env.localWorldSize <= 1) return 0;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cores = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
+                                                                  : static_cast<int>(std::thread::hardware_concurrency());
+  const int share = std::max(1, cores / env.localWorldSize);
+  if (env.localRank == 0) {
+    spdlog::info("threads: {} per rank ({} cores / {} ranks on this host; OMP_NUM_THREADS is unset under {})",
+                 share, cores, env.localWorldSize, env.source);
+  }
+  return share;
+}
+
 int runWorker(std::vector<std::string> args) {
   using namespace ddp;
   using namespace ddp::worker;
@@ -126,7 +147,11 @@ int runWorker(std::vector<std::string> args) {
   const int worldSize = config.mode == Mode::kSingle ? 1 : env.worldSize;
   const int rank = config.mode == Mode::kSingle ? 0 : env.rank;
 
-  if (config.threads > 0) torch::set_num_threads(static_cast<int>(config.threads));
+  if (config.threads > 0) {
+    torch::set_num_threads(static_cast<int>(config.threads));
+  } else if (const int share = threadsPerLocalRank(env, worldSize); share > 0) {
+    torch::set_num_threads(share);
+  }
   const comm::Backend requestedBackend = comm::parseBackend(config.backend);
   DeviceRequest deviceRequest;
   deviceRequest.requested = config.device;

@@ -2,12 +2,16 @@
 // and its whole process group killed and reaped if the test gives up on it.
 #pragma once
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <cstdio>
 #include <fstream>
@@ -71,6 +75,20 @@ inline CommandResult runCommand(const std::vector<std::string>& argv, int timeou
 inline std::string makeTempDir(const std::string& tag) {
   std::string tmpl = (std::filesystem::temp_directory_path() / ("ddp_" + tag + "_XXXXXX")).string();
   return ::mkdtemp(tmpl.data());
+}
+
+/// A loopback port the kernel just chose and released: free unless another process races for it
+/// (for programs that need a port number up front and bind it themselves).
+inline uint16_t freePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
 }
 
 inline std::string readFile(const std::string& path) {

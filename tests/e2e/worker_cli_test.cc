@@ -4,6 +4,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sched.h>
+
+#include <algorithm>
 #include <filesystem>
 #include <future>
 
@@ -51,6 +54,35 @@ TEST(WorkerCli, TwoJobsAtOnceOnOneHostBothSucceed) {
     EXPECT_EQ(summary["backend"], dir == a ? "gloo" : "shm");
     std::filesystem::remove_all(dir);
   }
+}
+
+// Issue 14 (6): srun and mpirun do not set OMP_NUM_THREADS, so each of several ranks on a host
+// would use every core. Two ranks started as srun starts them (its env, no launcher): each takes
+// its share of the cores, and local rank 0 says so once.
+TEST(WorkerCli, UnderSlurmEachLocalRankTakesItsShareOfTheCores) {
+  const std::string dir = tempDir();
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof set, &set), 0);
+  const int cores = CPU_COUNT(&set);
+  const int share = std::max(1, cores / 2);
+  const uint16_t port = test::freePort();
+  auto rank = [&](int r) {
+    return "env -u OMP_NUM_THREADS -u RANK -u WORLD_SIZE -u LOCAL_RANK SLURM_PROCID=" + std::to_string(r) +
+           " SLURM_NTASKS=2 SLURM_STEP_NUM_TASKS=2 SLURM_NODEID=0 SLURM_LOCALID=" + std::to_string(r) +
+           " SLURM_STEP_TASKS_PER_NODE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " " +
+           DDP_WORKER_BIN + " " + kConfig + " output.dir=" + dir + " train.max_steps=5";
+  };
+  const auto run = test::runCommand(
+      {"/bin/sh", "-c", rank(0) + " & first=$!; " + rank(1) + "; second=$?; wait $first; [ $? = 0 ] && [ $second = 0 ]"},
+      120);
+  ASSERT_EQ(run.exitCode, 0) << run.output;
+  const std::string line = "threads: " + std::to_string(share) + " per rank (" + std::to_string(cores) +
+                           " cores / 2 ranks on this host; OMP_NUM_THREADS is unset under slurm)";
+  const size_t first = run.output.find(line);
+  EXPECT_NE(first, std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find(line, first + 1), std::string::npos) << "said more than once:\n" << run.output;
+  std::filesystem::remove_all(dir);
 }
 
 TEST(WorkerCli, MetricsAndSummaryAreWritten) {

@@ -52,6 +52,57 @@ TEST(Env, SlurmAndOpenMpiWhenRankIsAbsent) {
   EXPECT_EQ(m.localRank, 2);
 }
 
+// Slurm's per-node layout, as srun sets it for a step (sbatch/srun man pages, OUTPUT ENVIRONMENT):
+// SLURM_STEP_TASKS_PER_NODE "2(x3),1" means nodes 0-2 run 2 tasks each and node 3 runs 1;
+// SLURM_NODEID is this node's index in the step.
+DistEnv slurmTask(int procid, int nodeid, int localid, const std::string& perNode, int ntasks) {
+  return readDistEnv(fakeEnv({{"SLURM_PROCID", std::to_string(procid)}, {"SLURM_NTASKS", std::to_string(ntasks)},
+                              {"SLURM_STEP_NUM_TASKS", std::to_string(ntasks)}, {"SLURM_NODEID", std::to_string(nodeid)},
+                              {"SLURM_LOCALID", std::to_string(localid)}, {"SLURM_STEP_TASKS_PER_NODE", perNode}}));
+}
+
+TEST(Env, SlurmTasksPerNodeComeFromTheStepLayoutNotTheJobSize) {
+  // Plain `srun -N2 -n4` (no --ntasks-per-node, so no SLURM_NTASKS_PER_NODE): 2 ranks per host,
+  // not 4 — the worker must not believe every rank shares one host (shm, loopback).
+  const DistEnv even = slurmTask(3, 1, 1, "2(x2)", 4);
+  EXPECT_EQ(even.worldSize, 4);
+  EXPECT_EQ(even.localWorldSize, 2);
+  EXPECT_EQ(even.localRank, 1);
+  EXPECT_EQ(even.groupRank, 1);
+  // Uneven: `srun -N4 -n7` lays out 2,2,2,1.
+  EXPECT_EQ(slurmTask(0, 0, 0, "2(x3),1", 7).localWorldSize, 2);
+  EXPECT_EQ(slurmTask(5, 2, 1, "2(x3),1", 7).localWorldSize, 2);
+  EXPECT_EQ(slurmTask(6, 3, 0, "2(x3),1", 7).localWorldSize, 1);
+  EXPECT_EQ(slurmTask(3, 1, 0, "3,1", 4).localWorldSize, 1);
+  // The allocation's SLURM_TASKS_PER_NODE when the step's is absent; SLURM_NTASKS_PER_NODE last.
+  EXPECT_EQ(readDistEnv(fakeEnv({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "3"}, {"SLURM_NODEID", "1"},
+                                 {"SLURM_TASKS_PER_NODE", "2,1"}}))
+                .localWorldSize,
+            1);
+  EXPECT_EQ(readDistEnv(fakeEnv({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}, {"SLURM_NTASKS_PER_NODE", "2"}}))
+                .localWorldSize,
+            2);
+  // One node, nothing per node: the whole step is local.
+  EXPECT_EQ(readDistEnv(fakeEnv({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}})).localWorldSize, 2);
+}
+
+TEST(Env, MalformedSlurmLayoutsNameTheVariable) {
+  for (const std::string bad : {"2(x", "2(x0)", "x,1", "2(y3)", "2,,1"}) {
+    try {
+      slurmTask(0, 0, 0, bad, 2);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("SLURM_STEP_TASKS_PER_NODE"), std::string::npos) << e.what();
+    }
+  }
+  try {
+    slurmTask(0, 5, 0, "2(x2)", 4);
+    ADD_FAILURE() << "accepted a node id past the layout";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("SLURM_NODEID=5"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Env, MalformedOrInconsistentValuesNameTheVariable) {
   auto message = [](std::map<std::string, std::string> vars) {
     try {
