@@ -24,10 +24,9 @@ struct Shared {
 
 TimeoutCensus::TimeoutCensus(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
                              std::chrono::milliseconds window)
-    : store_(store ? c10::make_intrusive<c10d::PrefixStore>("ddp/timeout_census", std::move(store)) : nullptr),
-      rank_(rank),
-      size_(size),
-      window_(window) {}
+    : rank_(rank), size_(size), window_(window) {
+  if (store) store_ = c10::make_intrusive<c10d::PrefixStore>("ddp/timeout_census", std::move(store));
+}
 
 std::string TimeoutCensus::missingRanks() const {
   if (!store_ || size_ <= 1) return "";
