@@ -266,6 +266,10 @@ int runWorker(std::vector<std::string> args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // LibTorch's own log lines (c10d's socket retries, with C++ stack traces) would bury the one-line
+  // error; ddp-launch already turns them down, and so must a worker that srun, mpirun or a shell
+  // starts. Only FATAL passes unless the user asks for more.
+  ::setenv("TORCH_CPP_LOG_LEVEL", "FATAL", /*overwrite=*/0);
   c10::initLogging();  // applies TORCH_CPP_LOG_LEVEL (Python does this on import; C++ programs must)
   std::vector<std::string> args(argv + 1, argv + argc);
   try {

@@ -5,7 +5,11 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
+
+#include <atomic>
+#include <thread>
 
 #include <filesystem>
 #include <fstream>
@@ -131,6 +135,40 @@ TEST(StartUp, AStoreThatNeverAnswersEndsTheRankWithinTheTimeout) {
   EXPECT_TRUE(named) << r.output;
   EXPECT_EQ(r.output.find("Exception raised from"), std::string::npos) << r.output;
   EXPECT_EQ(processesMentioning(dir), 0) << "a process outlived the launcher";
+  fs::remove_all(dir);
+}
+
+// Issue 14 (2): a rank other than 0 started without a launcher (as srun starts it) meets a port
+// whose owner accepts and at once closes every connection. One "worker:" line and exit 1: no
+// std::terminate from a background thread, no c10d warning with a C++ stack trace.
+TEST(StartUp, ARankWithoutALauncherReportsADroppedStoreInOneLine) {
+  const int closer = listenOn(0);
+  const int port = portOf(closer);
+  std::atomic<bool> done{false};
+  std::thread acceptor([&] {
+    while (!done) {
+      pollfd p{closer, POLLIN, 0};
+      if (::poll(&p, 1, 100) > 0) {
+        const int c = ::accept(closer, nullptr, nullptr);
+        if (c >= 0) ::close(c);
+      }
+    }
+  });
+  const std::string dir = test::makeTempDir("ddp_dropped_store");
+  const auto r = test::runCommand({"/usr/bin/env", "-u", "TORCH_CPP_LOG_LEVEL", "RANK=1", "WORLD_SIZE=2",
+                                   "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port), DDP_WORKER_BIN,
+                                   kConfig, "output.dir=" + dir + "/out", "comm.timeout_s=3"},
+                                  60);
+  done = true;
+  acceptor.join();
+  ::close(closer);
+  EXPECT_FALSE(r.timedOut) << r.output;
+  EXPECT_EQ(r.exitCode, 1) << r.output;
+  EXPECT_NE(r.output.find("worker: rendezvous: rank 1 "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("127.0.0.1:" + std::to_string(port)), std::string::npos) << r.output;
+  for (const char* noise : {"terminate called", "Exception raised from", "frame #", "[W"}) {
+    EXPECT_EQ(r.output.find(noise), std::string::npos) << noise << " in:\n" << r.output;
+  }
   fs::remove_all(dir);
 }
 
