@@ -67,6 +67,7 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("seed", "non-negative integer", c.seed),
       bindField("resume", "string", c.resume),
       bindField("threads", "integer", c.threads),
+      bindField("init.model_path", "string", c.init.modelPath),
       bindField("model.name", "string", c.model.name),
       bindField("model.hidden", "list of integers", c.model.hidden),
       bindField("model.batch_norm", "boolean", c.model.batchNorm),

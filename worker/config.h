@@ -78,6 +78,12 @@ struct DpConfig {
   int64_t replicas = 2;            // CPU: replicas, one thread each
 };
 
+struct InitConfig {
+  // Initial weights from a model file (our export, a Python state_dict with or without "module.",
+  // a checkpoint dict); not a resume: optimizer and position start fresh. "" = seeded init.
+  std::string modelPath;
+};
+
 struct WorkerConfig {
   Mode mode = Mode::kDdp;
   std::string backend = "auto";  // auto | gloo | nccl
@@ -93,6 +99,7 @@ struct WorkerConfig {
   CommConfig comm;
   DpConfig dp;
   CheckpointConfig checkpoint;
+  InitConfig init;
 };
 
 /// checkpoint.dir, or <output.dir>/checkpoints when it is empty.

@@ -39,6 +39,10 @@ void checkInputPaths(const WorkerConfig& config) {
     DDP_THROW(ConfigError, "config: 'resume' is the directory '", config.resume,
               "'; give a checkpoint file in it, or resume=auto to take the newest valid one in checkpoint.dir");
   }
+  if (!config.init.modelPath.empty() && isDirectory(config.init.modelPath)) {
+    DDP_THROW(ConfigError, "config: 'init.model_path' is the directory '", config.init.modelPath,
+              "'; give the model file in it, e.g. ", config.init.modelPath, "/model.pt");
+  }
   if (config.mode == Mode::kEval && isDirectory(config.eval.modelPath)) {
     DDP_THROW(ConfigError, "config: 'eval.model_path' is the directory '", config.eval.modelPath,
               "'; give the model file in it, e.g. ", config.eval.modelPath, "/model.pt");

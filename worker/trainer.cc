@@ -21,6 +21,7 @@
 #include "sampler/distributed_sampler.h"
 #include "worker/atomic_file.h"
 #include "worker/checkpoint/checkpoint_dir.h"
+#include "worker/checkpoint/state_dict_loader.h"
 #include "worker/data/fashion_mnist.h"
 #include "worker/data/gather_batch.h"
 #include "worker/data/synthetic.h"
@@ -165,6 +166,12 @@ TrainResult Trainer::run(const Datasets& data) {
   auto model = makeModel(config_.model, data.input);
   auto& module = *model.ptr();
   module.to(device_);
+  // init.model_path: rank 0 reads the file (the others need not see it), the broadcast hands its
+  // weights to every rank. A checkpoint that resume finds below still takes precedence.
+  if (rank == 0 && !config_.init.modelPath.empty()) {
+    checkpoint::loadModelFile(module, config_.init.modelPath);
+    spdlog::info("initial weights from {}", config_.init.modelPath);
+  }
   comm::broadcastTensors(comm_, parametersAndBuffers(module), /*root=*/0);
   const auto params = parametersOf(module);
   const auto buffers = module.buffers(/*recurse=*/true);

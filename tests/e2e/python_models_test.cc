@@ -38,6 +38,21 @@ TEST_P(PythonModelFile, EvaluatesToPythonsAccuracy) {
   EXPECT_EQ(summary["test_total"], 10000);
   // Same weights, same data, same kernels: at most a rounding-level tie may flip.
   EXPECT_NEAR(summary["test_correct"].get<int64_t>(), expected["correct"].get<int64_t>(), 2);
+
+  // init.model_path (issue 14, 3): two DDP ranks start from the Python file. One step with a
+  // learning rate far below the weights' float spacing (1e-30) leaves them exactly as loaded, so
+  // the job's test accuracy is Python's too (a seeded start would be near 10 %).
+  const auto init = test::runCommand({DDP_LAUNCH_BIN, "--nproc_per_node=2", DDP_WORKER_BIN,
+                                      std::string(DDP_SOURCE_DIR) + "/configs/fmnist_mlp_ddp.yaml",
+                                      "init.model_path=" + model, "model.name=mlp", "model.hidden=[64]",
+                                      "data.root=" + dataRoot, "device=cpu", "train.max_steps=1", "train.lr=1e-30",
+                                      "train.momentum=0", "output.dir=" + base + "/init"},
+                                     300);
+  ASSERT_EQ(init.exitCode, 0) << init.output;
+  EXPECT_NE(init.output.find("initial weights from " + model), std::string::npos) << init.output;
+  const auto trained = nlohmann::json::parse(test::readFile(base + "/init/summary.json"));
+  EXPECT_EQ(trained["steps"], 1);
+  EXPECT_NEAR(trained["test_correct"].get<int64_t>(), expected["correct"].get<int64_t>(), 2);
   std::filesystem::remove_all(base);
 }
 

@@ -16,6 +16,7 @@
 #include "sampler/batching.h"
 #include "sampler/distributed_sampler.h"
 #include "worker/atomic_file.h"
+#include "worker/checkpoint/state_dict_loader.h"
 #include "worker/data/gather_batch.h"
 #include "worker/dp/data_parallel.h"
 #include "worker/dp/memory_stats.h"
@@ -96,6 +97,10 @@ DpResult DpTrainer::run(const Datasets& data) {
   torch::manual_seed(config_.seed);
   auto model = makeModel(config_.model, data.input);
   auto& module = *model.ptr();
+  if (!config_.init.modelPath.empty()) {
+    checkpoint::loadModelFile(module, config_.init.modelPath);
+    spdlog::info("initial weights from {}", config_.init.modelPath);
+  }
   module.to(placement_.devices.front());  // DataParallel wants the master on device_ids[0]
   DataParallelOptions dpOptions;
   dpOptions.devices = placement_.devices;
