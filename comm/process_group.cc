@@ -26,20 +26,24 @@ namespace {
 std::string firstLine(const std::string& text) { return text.substr(0, text.find('\n')); }
 
 // Maps c10d's exceptions to our family, naming the backend, the collective and the rank.
-// On a timeout, the census (when given) names the ranks that did not answer.
+// The census (when given) names the ranks that did not answer.
 [[noreturn]] void rethrowAsCommError(const std::string& backend, const char* op, int rank,
                                      int size, const std::exception& e,
                                      const std::shared_ptr<TimeoutCensus>& census = nullptr) {
   const std::string what = firstLine(e.what());
   const bool timedOut =
       what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos;
+  // Every rank whose collective failed takes part, not only those that timed out: Gloo closes a
+  // timed-out rank's connections, so its peers fail at once with "connection closed"; were they to
+  // leave without signing in, the store (rank 0's) could be gone before the others ask it.
+  const std::string missing = census ? census->missingRanks() : "";
   if (timedOut) {
-    const std::string missing = census ? census->missingRanks() : "";
     DDP_THROW(TimeoutError, backend, " ", op, " on rank ", rank, "/", size, " timed out (", what, ")",
               missing.empty() ? std::string("; another rank stopped answering or crashed")
                               : " (" + missing + "); that rank stopped answering or crashed");
   }
-  DDP_THROW(CommError, backend, " ", op, " failed on rank ", rank, "/", size, ": ", what);
+  DDP_THROW(CommError, backend, " ", op, " failed on rank ", rank, "/", size, ": ", what,
+            missing.empty() ? std::string() : " (" + missing + ")");
 }
 
 // WorkPtr is c10::intrusive_ptr<ProcessGroup::Work> in 1.13 and <c10d::Work> in 2.x.
