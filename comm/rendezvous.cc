@@ -8,7 +8,11 @@
 #include <thread>
 #include <vector>
 
+#include "comm/ddp_store.h"
+#include "comm/store_server.h"
 #include "common/error.h"
+#include "common/job_token.h"
+#include "common/listen_socket.h"
 
 namespace ddp::comm {
 namespace {
@@ -33,17 +37,12 @@ std::string protocolHint(const RendezvousOptions& options) {
   return "";
 }
 
-}  // namespace
-
-c10::intrusive_ptr<c10d::Store> rendezvous(const RendezvousOptions& options) {
-  DDP_ENFORCE(options.worldSize >= 1 && options.rank >= 0 && options.rank < options.worldSize,
-              "rank ", options.rank, " world size ", options.worldSize);
+// torchrun's agent serves a c10d TCPStore: every rank, rank 0 too, is its client.
+c10::intrusive_ptr<c10d::Store> connectToAgentStore(const RendezvousOptions& options) {
   const std::string where = options.masterAddr + ":" + std::to_string(options.masterPort);
-
   c10d::TCPStoreOptions storeOptions;
   storeOptions.port = options.masterPort;
-  const bool serve = options.rank == 0 && !options.storeServedElsewhere;
-  storeOptions.isServer = serve;
+  storeOptions.isServer = false;
   storeOptions.numWorkers = options.worldSize;
   // We count joins ourselves so a timeout can name the missing ranks.
   storeOptions.waitWorkers = false;
@@ -55,19 +54,66 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const RendezvousOptions& options) {
   } catch (const std::exception& e) {
     std::string reason = e.what();
     reason = reason.substr(0, reason.find('\n'));
-    if (reason.find("Address already in use") != std::string::npos) reason = "address already in use";
-    if (serve) {
-      DDP_THROW(CommError, "rendezvous: rank 0 could not listen on ", where, " (", reason,
-                "); is another job using MASTER_PORT? Pick a free --master_port or let "
-                "ddp-launch choose one");
-    }
-    const char* host = options.storeServedElsewhere ? "the launcher's store" : "rank 0";
-    DDP_THROW(TimeoutError, "rendezvous: rank ", options.rank, " could not reach ", host, " at ", where,
-              " within ", seconds(options.timeout), " s (", reason, "); is ", host,
-              " running and MASTER_ADDR reachable?", protocolHint(options));
+    DDP_THROW(TimeoutError, "rendezvous: rank ", options.rank, " could not reach the launcher's store at ", where,
+              " within ", seconds(options.timeout), " s (", reason,
+              "); is the launcher running and MASTER_ADDR reachable?", protocolHint(options));
   }
-  if (options.storeServedElsewhere) {
-    store = c10::make_intrusive<c10d::PrefixStore>("ddp/attempt_" + std::to_string(options.attempt), store);
+  return c10::make_intrusive<c10d::PrefixStore>("ddp/attempt_" + std::to_string(options.attempt), store);
+}
+
+// Rank 0 serves the job's store on the socket ddp-launch handed it, or on one it binds itself.
+std::shared_ptr<StoreServer> serveStore(const RendezvousOptions& options) {
+  try {
+    ListenSocket socket = options.listenFd >= 0
+                              ? ListenSocket::adopt(options.listenFd, kStoreFdEnv)
+                              : ListenSocket(options.bindAddr.empty() ? options.masterAddr : options.bindAddr,
+                                             options.masterPort);
+    if (socket.port() != options.masterPort) {
+      DDP_THROW(ConfigError, kStoreFdEnv, "=", options.listenFd, " listens on port ", socket.port(),
+                ", not MASTER_PORT=", options.masterPort, "; unset ", kStoreFdEnv, " or fix MASTER_PORT");
+    }
+    StoreServerOptions serverOptions;
+    serverOptions.token = options.token;
+    return std::make_shared<StoreServer>(socket.release(), serverOptions);
+  } catch (const ConfigError& e) {
+    DDP_THROW(CommError, "rendezvous: rank 0 ", e.what());
+  }
+}
+
+c10::intrusive_ptr<c10d::Store> connectToJobStore(const RendezvousOptions& options) {
+  const std::string where = options.masterAddr + ":" + std::to_string(options.masterPort);
+  std::shared_ptr<StoreServer> server;
+  if (options.rank == 0) server = serveStore(options);
+  DdpStoreOptions client;
+  client.host = options.masterAddr;
+  client.port = options.masterPort;
+  client.token = options.token;
+  client.timeout = options.timeout;
+  try {
+    return c10::make_intrusive<DdpStore>(client, server);
+  } catch (const StoreAuthError& e) {
+    DDP_THROW(ConfigError, "rendezvous: rank ", options.rank, ": ", e.what(),
+              "; every rank needs the job's token: ddp-launch gives it to its workers, and a job started "
+              "otherwise needs the same DDP_RDZV_TOKEN_FILE on every rank (README: Security)");
+  } catch (const StoreUnreachableError& e) {
+    DDP_THROW(TimeoutError, "rendezvous: rank ", options.rank, " could not reach rank 0 at ", where, " within ",
+              seconds(options.timeout), " s (", e.reason(), "); is rank 0 running and MASTER_ADDR reachable?");
+  } catch (const CommError& e) {
+    DDP_THROW(CommError, "rendezvous: rank ", options.rank, ": ", e.what());
+  }
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Store> rendezvous(const RendezvousOptions& options) {
+  DDP_ENFORCE(options.worldSize >= 1 && options.rank >= 0 && options.rank < options.worldSize,
+              "rank ", options.rank, " world size ", options.worldSize);
+  const std::string where = options.masterAddr + ":" + std::to_string(options.masterPort);
+  c10::intrusive_ptr<c10d::Store> store;
+  if (!options.storeServedElsewhere) {
+    store = connectToJobStore(options);
+  } else {
+    store = connectToAgentStore(options);
   }
 
   try {

@@ -1,6 +1,7 @@
-// TCP rendezvous: rank 0 hosts a c10d TCPStore at MASTER_ADDR:MASTER_PORT (or, under torchrun's
-// agent store, nobody does: the agent serves it), every rank connects and announces itself, and
-// all wait until the world is complete.
+// TCP rendezvous: rank 0 serves the job's store (comm/store_server) at MASTER_ADDR:MASTER_PORT,
+// bound to that address only and admitting only clients that prove the job's token; every rank
+// connects (comm/ddp_store), announces itself, and all wait until the world is complete. Under
+// torchrun's agent store nobody of ours serves: every rank is a client of the agent's TCPStore.
 #pragma once
 
 #include <chrono>
@@ -25,6 +26,12 @@ struct RendezvousOptions {
   /// one attempt (torchrun's static agent keeps its store across restarts), so the returned store
   /// keeps this attempt's keys under "ddp/attempt_N/", away from a failed attempt's stale ones.
   int attempt = 0;
+  /// The job's token (see common/job_token.h); empty: the store admits any client.
+  std::string token;
+  /// Rank 0: the listening socket ddp-launch bound for it (DDP_STORE_FD), else -1 (rank 0 binds).
+  int listenFd = -1;
+  /// Rank 0 without listenFd: the address to bind (DDP_RDZV_BIND); empty: masterAddr.
+  std::string bindAddr;
 };
 
 /// Returns a store shared by all ranks once every rank has joined; throws

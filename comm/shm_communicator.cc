@@ -4,6 +4,7 @@
 #include <linux/futex.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 #include <random>
 
 #include "common/error.h"
+#include "common/sha256.h"
 #include "common/shm_segment_name.h"
 
 namespace ddp::comm {
@@ -221,8 +223,8 @@ std::unique_ptr<Communicator> makeShmCommunicator(const c10::intrusive_ptr<c10d:
   } unlinkOnExit;
   int fd = -1;
   if (options.rank == 0) {
-    std::random_device entropy;
-    name = "/" + shmSegmentPrefix(::getpid()) + std::to_string(entropy());
+    // 128 random bits: another user cannot guess the name (and the store only tells the job's ranks).
+    name = "/" + shmSegmentPrefix(::getpid()) + crypto::toHex(crypto::randomBytes(16));
     fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd >= 0) unlinkOnExit.name = name;
     if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
@@ -242,6 +244,14 @@ std::unique_ptr<Communicator> makeShmCommunicator(const c10::intrusive_ptr<c10d:
     name.assign(value.begin(), value.end());
     fd = ::shm_open(name.c_str(), O_RDWR, 0600);
     if (fd < 0) DDP_THROW(CommError, "shm: rank ", options.rank, " cannot open ", name, " (", std::strerror(errno), ")");
+    // Map only what rank 0 made: ours, private, and of the size this job needs.
+    struct stat info {};
+    if (::fstat(fd, &info) != 0 || info.st_uid != ::geteuid() || (info.st_mode & 077) != 0 ||
+        static_cast<size_t>(info.st_size) != bytes) {
+      ::close(fd);
+      DDP_THROW(CommError, "shm: rank ", options.rank, " will not map ", name,
+                ": it is not the job's segment (owner, mode or size differ); is another program using the name?");
+    }
   }
   void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);

@@ -56,6 +56,11 @@ cxxopts::Options makeOptions() {
     ("log_dir", "Write each rank's output to DIR/rank_N.log (DIR/attempt_K/rank_N.log with "
         "--max_restarts > 0) instead of the console", cxxopts::value<std::string>(), "DIR")
     ("tee", "With --log_dir, copy the workers' output to the console as well")
+    ("rdzv_token_file", "File (mode 600) with the job's secret token, the same on every node; "
+        "needed with --nnodes > 1 (default: DDP_RDZV_TOKEN_FILE; single-node jobs make a fresh one)",
+        cxxopts::value<std::string>(), "PATH")
+    ("rdzv_bind", "Address node 0 binds the job's store to (default: --master_addr), e.g. 0.0.0.0 "
+        "behind NAT", cxxopts::value<std::string>(), "ADDR")
     ("h,help", "Print this help and exit")
     ("version", "Print the version and exit");
   // clang-format on
@@ -305,6 +310,19 @@ CommandLine parseCommandLine(const std::vector<std::string>& args) {
   if (launch.tee && launch.logDir.empty()) {
     DDP_THROW(ConfigError, "--tee copies the output that --log_dir writes to files back to the console, "
               "but no --log_dir was given; add --log_dir=DIR or drop --tee");
+  }
+
+  if (parsed.count("rdzv_token_file") != 0) {
+    launch.rdzvTokenFile = parsed["rdzv_token_file"].as<std::string>();
+    if (launch.rdzvTokenFile.empty()) {
+      DDP_THROW(ConfigError, "--rdzv_token_file is empty: give the path of the job's token file");
+    }
+  }
+  if (parsed.count("rdzv_bind") != 0) {
+    launch.rdzvBind = parsed["rdzv_bind"].as<std::string>();
+    if (launch.rdzvBind.empty()) {
+      DDP_THROW(ConfigError, "--rdzv_bind is empty: give an address of this machine, or drop it to bind --master_addr");
+    }
   }
 
   if (!split.worker || split.worker->empty()) {

@@ -29,6 +29,10 @@ struct LaunchOptions {
   int maxRestarts = 0;                   // --max_restarts: restarts of the whole group after a failure
   std::string logDir;                    // --log_dir: empty = worker output to the console only
   bool tee = false;                      // --tee: with --log_dir, the console gets the lines too
+  // --rdzv_token_file: the job's token for multi-node jobs (single-node jobs make their own).
+  std::string rdzvTokenFile;
+  // --rdzv_bind: where node 0 binds the store; empty: masterAddr.
+  std::string rdzvBind;
   std::string worker;                    // WORKER, as given (resolved later)
   std::vector<std::string> workerArgs;   // everything after WORKER, untouched
 

@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
+#include "common/job_token.h"
 #include "launcher/free_port.h"
 #include "launcher/worker_path.h"
 
@@ -26,6 +27,27 @@ int choosePort(const LaunchOptions& options) {
   if (options.nnodes > 1) return kDefaultMultiNodePort;
   return pickFreePort(options.masterAddr);
 }
+
+// The job's token: the user's file (--rdzv_token_file, else DDP_RDZV_TOKEN_FILE, else an inherited
+// DDP_RDZV_TOKEN), or for a single-node job a fresh one. Multi-node jobs must share one.
+std::string jobToken(const LaunchOptions& options, const EnvMap& inherited) {
+  if (!options.rdzvTokenFile.empty()) return readTokenFile(options.rdzvTokenFile);
+  if (auto file = inherited.find(kTokenFileEnv); file != inherited.end() && !file->second.empty()) {
+    return readTokenFile(file->second);
+  }
+  if (auto token = inherited.find(kTokenEnv); token != inherited.end() && !token->second.empty()) {
+    return checkedToken(token->second, kTokenEnv);
+  }
+  if (options.nnodes == 1) return newJobToken();
+  DDP_THROW(ConfigError, "--nnodes=", options.nnodes,
+            ": the nodes of a job share a secret token, so nothing else can join it; put one in a file "
+            "every node can read (mode 600) and pass --rdzv_token_file=PATH on each node, e.g. "
+            "(umask 077; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n' > ~/.ddp_token)");
+}
+
+// Workers that bind MASTER_PORT themselves (torch.distributed's rank 0 hosts its own TCPStore)
+// must find it free: for them the launcher only picks a port.
+bool workerServesItsOwnStore(const LaunchOptions& options) { return isPythonInterpreter(options.worker); }
 
 // mkdir -p, then a write check, so a bad --log_dir stops the launch before any worker starts.
 void createLogDir(const std::string& dir) {
@@ -62,9 +84,18 @@ LaunchPlan makeLaunchPlan(const LaunchOptions& options, const EnvMap& inherited)
   const auto path = inherited.find("PATH");
   const std::string workerPath =
       resolveWorkerPath(options.worker, path != inherited.end() ? path->second : kDefaultPath);
-  plan.masterPort = choosePort(options);
-  plan.portPicked = !options.masterPort && options.nnodes == 1;
+  const std::string token = jobToken(options, inherited);
   plan.masterAddr = options.masterAddr;
+  plan.portPicked = !options.masterPort && options.nnodes == 1;
+  if (options.nodeRank == 0 && !workerServesItsOwnStore(options)) {
+    // Taken now and kept: nothing can take the port between this check and rank 0 serving it.
+    plan.storeBindAddr = options.rdzvBind.empty() ? options.masterAddr : options.rdzvBind;
+    const int port = options.masterPort ? *options.masterPort : options.nnodes > 1 ? kDefaultMultiNodePort : 0;
+    plan.storeSocket = std::make_shared<ListenSocket>(plan.storeBindAddr, port);
+    plan.masterPort = plan.storeSocket->port();
+  } else {
+    plan.masterPort = choosePort(options);
+  }
   plan.shutdownGraceS = options.shutdownGraceS;
   plan.maxRestarts = options.maxRestarts;
   plan.tee = options.tee;
@@ -83,6 +114,11 @@ LaunchPlan makeLaunchPlan(const LaunchOptions& options, const EnvMap& inherited)
     command.path = workerPath;
     command.args = workerArguments(options, localRank);
     command.env = workerEnvironment(options, localRank, plan.masterPort, inherited);
+    command.env[kTokenEnv] = token;  // the environment, never argv: only this user can read it
+    if (plan.storeSocket && options.globalRank(localRank) == 0) {
+      command.inheritFd = plan.storeSocket->fd();
+      command.env[kStoreFdEnv] = std::to_string(command.inheritFd);
+    }
     plan.commands.push_back(std::move(command));
     plan.ranks.push_back(options.globalRank(localRank));
   }
@@ -92,7 +128,11 @@ LaunchPlan makeLaunchPlan(const LaunchOptions& options, const EnvMap& inherited)
 LaunchPlan restartPlan(const LaunchPlan& previous) {
   LaunchPlan plan = previous;
   ++plan.attempt;
-  if (plan.portPicked) {
+  if (plan.portPicked && plan.storeSocket) {
+    // The old socket is still bound, so the kernel picks another port.
+    plan.storeSocket = std::make_shared<ListenSocket>(plan.storeBindAddr, 0);
+    plan.masterPort = plan.storeSocket->port();
+  } else if (plan.portPicked) {
     for (int tries = 0; tries < kFreshPortTries && plan.masterPort == previous.masterPort; ++tries) {
       plan.masterPort = pickFreePort(plan.masterAddr);
     }
@@ -102,6 +142,10 @@ LaunchPlan restartPlan(const LaunchPlan& previous) {
     command.env["TORCHELASTIC_RESTART_COUNT"] = attempt;
     command.env["DDP_RESTART_COUNT"] = attempt;
     command.env["MASTER_PORT"] = std::to_string(plan.masterPort);
+    if (command.inheritFd >= 0) {
+      command.inheritFd = plan.storeSocket->fd();
+      command.env[kStoreFdEnv] = std::to_string(command.inheritFd);
+    }
   }
   return plan;
 }

@@ -1,8 +1,11 @@
 // Turning the parsed options into the exact commands to start, before starting any.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "common/listen_socket.h"
 
 #include "launcher/launch_options.h"
 #include "launcher/worker_env.h"
@@ -22,14 +25,20 @@ struct LaunchPlan {
   std::string masterAddr;               // where the port is picked
   std::string logDir;                   // --log_dir (created); empty: no log files
   bool tee = false;                     // --tee
+  /// Node 0 with a ddp worker: the store's socket, bound at MASTER_ADDR:MASTER_PORT before any
+  /// worker starts and handed to rank 0 (DDP_STORE_FD). Shared by the attempts that keep the port.
+  std::shared_ptr<ListenSocket> storeSocket;
+  std::string storeBindAddr;            // where storeSocket is bound
 
   /// Worker output goes to the console: always without --log_dir, with it only under --tee.
   bool outputToConsole() const { return logDir.empty() || tee; }
 };
 
-/// Resolves the worker program, picks MASTER_PORT (a free one for single-node jobs without
-/// --master_port), creates --log_dir and builds each worker's argv and environment from
-/// `inherited`. Logs the OMP_NUM_THREADS default once. Throws ddp::ConfigError; starts nothing.
+/// Resolves the worker program, takes MASTER_PORT (node 0 binds the store's socket there, a free
+/// port for single-node jobs without --master_port), settles the job's token (a fresh one for a
+/// single-node job, the --rdzv_token_file one for a multi-node job), creates --log_dir and builds
+/// each worker's argv and environment from `inherited`. Logs the OMP_NUM_THREADS default once.
+/// Throws ddp::ConfigError; starts nothing.
 LaunchPlan makeLaunchPlan(const LaunchOptions& options, const EnvMap& inherited);
 
 /// The plan for the next restart of `previous`: attempt + 1 in TORCHELASTIC_RESTART_COUNT and

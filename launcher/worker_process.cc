@@ -28,8 +28,9 @@ namespace {
 // Runs between fork and exec, so only async-signal-safe calls.
 struct WorkerExecSetup : bp::extend::handler {
   pid_t launcherPid;
+  int inheritFd;
 
-  explicit WorkerExecSetup(pid_t launcher) : launcherPid(launcher) {}
+  WorkerExecSetup(pid_t launcher, int keepFd) : launcherPid(launcher), inheritFd(keepFd) {}
 
   template <typename Executor>
   void on_exec_setup(Executor& exec) const {
@@ -41,6 +42,7 @@ struct WorkerExecSetup : bp::extend::handler {
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
     ::signal(SIGPIPE, SIG_DFL);
+    if (inheritFd >= 0 && ::fcntl(inheritFd, F_SETFD, 0) != 0) fail(exec, "fcntl(F_SETFD) failed");
   }
 
   // Boost.Process does not reap a child whose exec failed.
@@ -80,7 +82,7 @@ StartedWorker startWorker(const WorkerCommand& command) {
   bp::pipe err = detail::makePipe();
   std::error_code error;
   bp::child child(bp::exe = command.path, bp::args = command.args, env, bp::std_out > out, bp::std_err > err,
-                  detail::WorkerExecSetup(::getpid()), error);
+                  detail::WorkerExecSetup(::getpid(), command.inheritFd), error);
   if (error) {
     DDP_THROW(ConfigError, "could not start worker '", command.path, "': ", error.message(),
               "; is it a program for this machine (a script needs a #! line)?");

@@ -15,6 +15,7 @@ struct WorkerCommand {
   std::string path;               // resolved program path (see resolveWorkerPath)
   std::vector<std::string> args;  // argv[1..]
   EnvMap env;                     // the complete environment
+  int inheritFd = -1;             // a close-on-exec fd the worker keeps across exec (rank 0's store socket)
 };
 
 /// A started worker. Its pid is also its process-group id. The caller owns the fds.

@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "common/error.h"
+#include "common/job_token.h"
 
 namespace ddp::worker {
 namespace {
@@ -119,6 +120,16 @@ DistEnv readDistEnv(const EnvLookup& env, std::optional<int> legacyLocalRank) {
   const auto masterAddr = env("MASTER_ADDR");
   out.agentStore = env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True" && masterAddr &&
                    !masterAddr->empty() && env("MASTER_PORT").has_value();
+
+  if (auto token = env(kTokenEnv); token && !token->empty()) {
+    out.token = checkedToken(*token, kTokenEnv);
+    out.tokenSource = kTokenEnv;
+  } else if (auto file = env(kTokenFileEnv); file && !file->empty()) {
+    out.token = readTokenFile(*file);
+    out.tokenSource = std::string(kTokenFileEnv) + "=" + *file;
+  }
+  if (out.rank == 0) out.storeFd = intVar(env, kStoreFdEnv, 0).value_or(-1);
+  out.rdzvBind = env("DDP_RDZV_BIND").value_or("");
 
   if (out.rank >= out.worldSize) {
     DDP_THROW(ConfigError, "environment: rank ", out.rank, " (from ", out.source,

@@ -22,6 +22,14 @@ struct DistEnv {
   /// already serves the store there, so every rank, rank 0 included, connects as a client.
   bool agentStore = false;
   std::string source = "default";  // torchrun | slurm | openmpi | default
+  /// The job's token: DDP_RDZV_TOKEN (ddp-launch sets it), else the file DDP_RDZV_TOKEN_FILE names;
+  /// empty when neither is set (the store then admits any client).
+  std::string token;
+  std::string tokenSource;  // where the token came from, for messages
+  /// DDP_STORE_FD: the listening socket ddp-launch bound for rank 0, else -1.
+  int storeFd = -1;
+  /// DDP_RDZV_BIND: where rank 0 binds the store when it binds it itself; empty: MASTER_ADDR.
+  std::string rdzvBind;
 };
 
 using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;

@@ -23,6 +23,7 @@
 #include "comm/process_group.h"
 #include "comm/rendezvous.h"
 #include "common/error.h"
+#include "common/job_token.h"
 #include "worker/atomic_file.h"
 #include "worker/config.h"
 #include "worker/config_agreement.h"
@@ -116,6 +117,9 @@ int runWorker(std::vector<std::string> args) {
     return args.empty() ? 2 : 0;
   }
   const DistEnv env = readDistEnv(processEnv(), legacyLocalRank);
+  // The secret stays in this process: programs it may start (a data loader's helpers) do not get it.
+  ::unsetenv(kTokenEnv);
+  ::unsetenv(kStoreFdEnv);
 
   const bool prefixed = std::getenv("DDP_LAUNCH_PREFIXED") != nullptr;
   spdlog::set_pattern(prefixed ? "%H:%M:%S.%e %^%l%$ %v"
@@ -188,6 +192,14 @@ int runWorker(std::vector<std::string> args) {
     // across restarts, so each attempt keeps its keys apart.
     rdv.storeServedElsewhere = env.agentStore;
     rdv.attempt = env.restartCount;
+    rdv.token = env.token;
+    rdv.listenFd = env.storeFd;
+    rdv.bindAddr = env.rdzvBind;
+    if (rank == 0 && !env.agentStore && env.token.empty()) {
+      spdlog::warn("the job's store at {}:{} admits any client that reaches it: no {} or {} is set (ddp-launch "
+                   "sets one; see README: Security)",
+                   env.rdzvBind.empty() ? env.masterAddr : env.rdzvBind, env.masterPort, kTokenEnv, kTokenFileEnv);
+    }
     // Each start-up phase honours comm.timeout_s even where LibTorch's store client would block
     // past it; the grace lets the phase's own, more precise error come first.
     const auto phaseLimit = timeout + std::chrono::seconds(5);

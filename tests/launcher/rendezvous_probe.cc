@@ -1,6 +1,7 @@
-// Test worker for concurrent launches: rank 0 listens on MASTER_ADDR:MASTER_PORT without
-// SO_REUSEADDR (so a port two jobs share fails loudly), every other rank connects and
-// swaps one byte with it. Exit 0 only if all of WORLD_SIZE took part.
+// Test worker for concurrent launches: rank 0 listens on MASTER_ADDR:MASTER_PORT, on the socket
+// ddp-launch bound there and handed over (DDP_STORE_FD), else binding it itself without
+// SO_REUSEADDR (so a port two jobs share fails loudly); every other rank connects and swaps one
+// byte with it. Exit 0 only if all of WORLD_SIZE took part.
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -41,9 +42,11 @@ addrinfo* resolve(const std::string& host, const std::string& port) {
 }
 
 int serve(const std::string& host, const std::string& port, int worldSize) {
-  addrinfo* address = resolve(host, port);
-  const int listener = ::socket(address->ai_family, SOCK_STREAM, 0);
-  if (::bind(listener, address->ai_addr, address->ai_addrlen) != 0 || ::listen(listener, worldSize) != 0) {
+  const char* handed = std::getenv("DDP_STORE_FD");
+  addrinfo* address = handed ? nullptr : resolve(host, port);
+  const int listener = handed ? std::atoi(handed) : ::socket(address->ai_family, SOCK_STREAM, 0);
+  if (!handed &&
+      (::bind(listener, address->ai_addr, address->ai_addrlen) != 0 || ::listen(listener, worldSize) != 0)) {
     std::fprintf(stderr, "probe: rank 0 cannot listen on %s:%s: %s\n", host.c_str(), port.c_str(),
                  std::strerror(errno));
     return 10;
