@@ -2,6 +2,7 @@
 // must end with a clear one-line error naming the problem, a non-zero exit,
 // nothing half-written in the output directory and no process left behind.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -37,6 +38,14 @@ struct BadInput {
 };
 
 std::ostream& operator<<(std::ostream& out, const BadInput& c) { return out << c.name; }
+
+// A token file for the multi-node cases (the nodes of a job share one), with `mode`.
+std::string tokenFile(const Fixture& f, mode_t mode = 0600) {
+  const std::string path = f.dir + "/job.token";
+  std::ofstream(path) << "bad-input-job-token-0123456789\n";
+  ::chmod(path.c_str(), mode);
+  return path;
+}
 
 std::vector<std::string> worker(std::vector<std::string> extra, const Fixture& f, int nproc = 2,
                                 std::vector<std::string> launcherFlags = {}) {
@@ -121,8 +130,11 @@ TEST(StartUp, AStoreThatNeverAnswersEndsTheRankWithinTheTimeout) {
   const int silent = listenOn(0);
   const std::string where = "127.0.0.1:" + std::to_string(portOf(silent));
   // This node is rank 1 of 2: its worker is a client of "rank 0's" store at the silent port.
+  Fixture f;
+  f.dir = dir;
   const auto r = test::runCommand({DDP_LAUNCH_BIN, "--nnodes=2", "--node_rank=1", "--nproc_per_node=1",
-                                   "--master_port=" + std::to_string(portOf(silent)), DDP_WORKER_BIN, kConfig,
+                                   "--master_port=" + std::to_string(portOf(silent)), "--rdzv_token_file=" + tokenFile(f),
+                                   DDP_WORKER_BIN, kConfig,
                                    "output.dir=" + dir + "/out", "comm.timeout_s=3"},
                                   60);
   ::close(silent);
@@ -208,8 +220,28 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"UnreachableMaster", [](const Fixture& f) {
                    // This node is rank 1 of 2; rank 0 never comes.
                    return std::vector<std::string>{"--nnodes=2", "--node_rank=1", "--nproc_per_node=1", "--master_port=" + std::to_string(f.deadPort),
-                                                   DDP_WORKER_BIN, kConfig, "output.dir=" + f.dir + "/out", "comm.timeout_s=2"};
+                                                   "--rdzv_token_file=" + tokenFile(f), DDP_WORKER_BIN, kConfig,
+                                                   "output.dir=" + f.dir + "/out", "comm.timeout_s=2"};
                  }, "could not reach rank 0 at 127.0.0.1:"},
+        // Issue 12: the nodes of a job prove a shared secret; without one, or with one others can read, no start.
+        BadInput{"MultiNodeWithoutToken", [](const Fixture& f) {
+                   return std::vector<std::string>{"--nnodes=2", "--node_rank=1", "--master_port=" + std::to_string(f.deadPort),
+                                                   DDP_WORKER_BIN, kConfig, "output.dir=" + f.dir + "/out"};
+                 }, "pass --rdzv_token_file=PATH on each node", 2},
+        BadInput{"TokenFileReadableByOthers", [](const Fixture& f) {
+                   return std::vector<std::string>{"--nnodes=2", "--node_rank=1", "--master_port=" + std::to_string(f.deadPort),
+                                                   "--rdzv_token_file=" + tokenFile(f, 0644), DDP_WORKER_BIN, kConfig,
+                                                   "output.dir=" + f.dir + "/out"};
+                 }, "has mode 0644: others on this machine could read the job's secret; run: chmod 600", 2},
+        BadInput{"TokenFileMissing", [](const Fixture& f) {
+                   return std::vector<std::string>{"--nnodes=2", "--node_rank=1", "--master_port=" + std::to_string(f.deadPort),
+                                                   "--rdzv_token_file=" + f.dir + "/none.token", DDP_WORKER_BIN, kConfig,
+                                                   "output.dir=" + f.dir + "/out"};
+                 }, "none.token': No such file or directory", 2},
+        BadInput{"MasterAddrNotOnThisMachine", [](const Fixture& f) {
+                   return std::vector<std::string>{"--nproc_per_node=2", "--master_addr=192.0.2.1", DDP_WORKER_BIN, kConfig,
+                                                   "output.dir=" + f.dir + "/out"};
+                 }, "'192.0.2.1' is not an address of this machine", 2},
         BadInput{"PortInUse", [](const Fixture& f) {
                    return std::vector<std::string>{"--nproc_per_node=2", "--master_port=" + std::to_string(f.heldPort), DDP_WORKER_BIN, kConfig,
                                                    "output.dir=" + f.dir + "/out", "comm.timeout_s=3"};

@@ -3,6 +3,7 @@
 // makes the others fail within comm.timeout_s and the launcher names it; and a
 // two-node job across two network namespaces (skipped where they cannot be made).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <ATen/ops/equal.h>
 #include <nlohmann/json.hpp>
@@ -26,53 +27,7 @@ const std::string kConfig = std::string(DDP_SOURCE_DIR) + "/configs/synthetic_ml
 std::string tempDir() { return test::makeTempDir("fault"); }
 
 /// A background launch whose output goes to a file we can watch.
-struct Background {
-  pid_t pid = -1;
-  std::string log;
-  Background(const std::vector<std::string>& argv, const std::string& logPath) : log(logPath) {
-    pid = ::fork();
-    if (pid == 0) {
-      ::setpgid(0, 0);
-      const int fd = ::open(logPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      std::vector<char*> a;
-      for (auto s : argv) a.push_back(::strdup(s.c_str()));
-      a.push_back(nullptr);
-      ::execv(a[0], a.data());
-      ::_exit(127);
-    }
-  }
-  bool waitFor(const std::string& text, int seconds) const {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (test::readFile(log).find(text) != std::string::npos) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return false;
-  }
-  int wait(int seconds) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
-    int status = 0;
-    while (::waitpid(pid, &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        ::kill(-pid, SIGKILL);
-        ::waitpid(pid, &status, 0);
-        pid = -1;
-        return -1;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    pid = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-  ~Background() {
-    if (pid > 0) {
-      ::kill(-pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-  }
-};
+using test::Background;
 
 /// The worker processes the launcher started (its direct children), by rank order of start.
 std::vector<pid_t> childrenOf(pid_t parent) {
@@ -201,10 +156,15 @@ TEST(FaultTolerance, TwoNodesInTwoNetworkNamespaces) {
   if (!ok) GTEST_SKIP() << "could not wire the namespaces";
 
   const std::string base = tempDir();
+  // The nodes share the job's token through a file, as on a shared file system.
+  const std::string token = base + "/job.token";
+  std::ofstream(token) << "two-namespaces-job-token-42\n";
+  ::chmod(token.c_str(), 0600);
   auto node = [&](int rank, const std::string& ns) {
     std::vector<std::string> argv = {"/usr/bin/ip", "netns", "exec", ns, DDP_LAUNCH_BIN, "--nnodes=2",
                                      "--node_rank=" + std::to_string(rank), "--nproc_per_node=2",
-                                     "--master_addr=10.231.77.1", "--master_port=29631", DDP_WORKER_BIN};
+                                     "--master_addr=10.231.77.1", "--master_port=29631",
+                                     "--rdzv_token_file=" + token, DDP_WORKER_BIN};
     // One output dir for both nodes, as on a shared file system: every rank must resolve the same
     // config (the worker checks), and ranks write distinct per-rank files.
     for (auto& x : trainArgs(base + "/out")) argv.push_back(x);

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -97,5 +98,55 @@ inline std::string readFile(const std::string& path) {
   text << in.rdbuf();
   return text.str();
 }
+
+/// A program running in its own process group while the test goes on, its output in `log`;
+/// killed with its group and reaped if the test leaves it behind.
+struct Background {
+  pid_t pid = -1;
+  std::string log;
+  Background(const std::vector<std::string>& argv, const std::string& logPath) : log(logPath) {
+    pid = ::fork();
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      const int fd = ::open(logPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      std::vector<char*> a;
+      for (auto s : argv) a.push_back(::strdup(s.c_str()));
+      a.push_back(nullptr);
+      ::execv(a[0], a.data());
+      ::_exit(127);
+    }
+  }
+  bool waitFor(const std::string& text, int seconds) const {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (readFile(log).find(text) != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+  int wait(int seconds) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+    int status = 0;
+    while (::waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        ::kill(-pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        pid = -1;
+        return -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    pid = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  ~Background() {
+    if (pid > 0) {
+      ::kill(-pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  }
+};
 
 }  // namespace ddp::test

@@ -76,7 +76,7 @@ TEST_F(LaunchEnvTest, EachOfThreeWorkersSeesTheTorchrunContract) {
 TEST_F(LaunchEnvTest, MultiNodeRanksAndAPresetOmpNumThreads) {
   const LaunchResult result = run({"--nnodes=3", "--node-rank=2", "--nproc-per-node=2", "--master_addr", "10.9.8.7",
                                    envDumpScript()},
-                                  {{"OMP_NUM_THREADS", "7"}});
+                                  {{"OMP_NUM_THREADS", "7"}, {"DDP_RDZV_TOKEN", "multi-node-job-token-0123"}});
   ASSERT_EQ(result.code, 0) << result.err;
   for (int local = 0; local < 2; ++local) {
     const int rank = 2 * 2 + local;  // node_rank * nproc + local_rank

@@ -78,9 +78,12 @@ TEST(LaunchPlan, OneCommandPerLocalRankWithItsGlobalRank) {
   options.workerArgs = {"-c", "true"};
   options.useEnv = false;
   options.shutdownGraceS = 1.5;
-  const LaunchPlan plan = makeLaunchPlan(options, {{"PATH", "/bin:/usr/bin"}});
+  // The nodes of a multi-node job share a token; here the inherited DDP_RDZV_TOKEN.
+  const LaunchPlan plan =
+      makeLaunchPlan(options, {{"PATH", "/bin:/usr/bin"}, {"DDP_RDZV_TOKEN", "shared-multi-node-token"}});
   ASSERT_EQ(plan.commands.size(), 3u);
   EXPECT_EQ(plan.ranks, (std::vector<int>{3, 4, 5}));
+  EXPECT_FALSE(plan.storeSocket) << "only node 0 serves the store";
   EXPECT_EQ(plan.masterPort, kDefaultMultiNodePort);  // multi-node without --master_port
   EXPECT_DOUBLE_EQ(plan.shutdownGraceS, 1.5);
   for (int local = 0; local < 3; ++local) {
@@ -90,7 +93,58 @@ TEST(LaunchPlan, OneCommandPerLocalRankWithItsGlobalRank) {
     EXPECT_EQ(command.env.at("RANK"), std::to_string(3 + local));
     EXPECT_EQ(command.env.at("MASTER_PORT"), std::to_string(kDefaultMultiNodePort));
     EXPECT_EQ(command.env.at("PATH"), "/bin:/usr/bin");
+    EXPECT_EQ(command.env.at("DDP_RDZV_TOKEN"), "shared-multi-node-token");
+    EXPECT_EQ(command.env.count("DDP_STORE_FD"), 0u);
+    EXPECT_EQ(command.inheritFd, -1);
   }
+}
+
+TEST(LaunchPlan, MultiNodeWithoutATokenStartsNothing) {
+  LaunchOptions options;
+  options.nnodes = 2;
+  options.worker = "sh";
+  try {
+    makeLaunchPlan(options, {{"PATH", "/bin:/usr/bin"}});
+    FAIL() << "a multi-node plan without a token";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--rdzv_token_file"), std::string::npos) << e.what();
+  }
+}
+
+TEST(LaunchPlan, ASingleNodeJobGetsAFreshTokenAndRankZeroTheBoundStoreSocket) {
+  LaunchOptions options;
+  options.nprocPerNode = 3;
+  options.worker = "sh";
+  const LaunchPlan plan = makeLaunchPlan(options, {{"PATH", "/bin:/usr/bin"}});
+  ASSERT_TRUE(plan.storeSocket);
+  EXPECT_EQ(plan.storeSocket->port(), plan.masterPort);
+  const std::string token = plan.commands[0].env.at("DDP_RDZV_TOKEN");
+  EXPECT_EQ(token.size(), 32u);
+  EXPECT_EQ(token.find_first_not_of("0123456789abcdef"), std::string::npos);
+  for (const WorkerCommand& command : plan.commands) EXPECT_EQ(command.env.at("DDP_RDZV_TOKEN"), token);
+  EXPECT_EQ(plan.commands[0].inheritFd, plan.storeSocket->fd());
+  EXPECT_EQ(plan.commands[0].env.at("DDP_STORE_FD"), std::to_string(plan.storeSocket->fd()));
+  for (int local : {1, 2}) EXPECT_EQ(plan.commands[local].inheritFd, -1);
+  // Another job's plan has another token.
+  EXPECT_NE(makeLaunchPlan(options, {{"PATH", "/bin:/usr/bin"}}).commands[0].env.at("DDP_RDZV_TOKEN"), token);
+  // A restart with a picked port binds a fresh socket on another port and hands that one over.
+  const LaunchPlan next = restartPlan(plan);
+  ASSERT_TRUE(next.storeSocket);
+  EXPECT_NE(next.masterPort, plan.masterPort);
+  EXPECT_EQ(next.commands[0].inheritFd, next.storeSocket->fd());
+  EXPECT_EQ(next.commands[0].env.at("DDP_STORE_FD"), std::to_string(next.storeSocket->fd()));
+  EXPECT_EQ(next.commands[0].env.at("DDP_RDZV_TOKEN"), token);
+}
+
+TEST(LaunchPlan, APythonWorkerBindsItsOwnPort) {
+  // torch.distributed's rank 0 hosts its own TCPStore on MASTER_PORT: the launcher keeps it free.
+  LaunchOptions options;
+  options.nprocPerNode = 2;
+  options.worker = "/usr/bin/python3";
+  const LaunchPlan plan = makeLaunchPlan(options, {{"PATH", "/bin:/usr/bin"}});
+  EXPECT_FALSE(plan.storeSocket);
+  EXPECT_EQ(plan.commands[0].inheritFd, -1);
+  EXPECT_GT(plan.masterPort, 0);
 }
 
 // The argv each rank gets under --use_env=false for `WORKER ARGS...`.
