@@ -13,6 +13,7 @@
 #include "launcher/launch_options.h"
 #include "launcher/launch_plan.h"
 #include "launcher/master_address.h"
+#include "launcher/slurm_step.h"
 #include "launcher/worker_env.h"
 #include "launcher/worker_supervisor.h"
 
@@ -44,7 +45,9 @@ int main(int argc, char** argv) {
       return 0;
     }
     checkMasterAddress(command.options.masterAddr);
-    const LaunchPlan plan = makeLaunchPlan(command.options, currentEnvironment());
+    const EnvMap environment = currentEnvironment();
+    checkSrunLayout(command.options, environment);
+    const LaunchPlan plan = makeLaunchPlan(command.options, environment);
     SupervisionOptions supervision;
     supervision.earlyExitGraceS = command.options.earlyExitGraceS;
     return runWorkers(plan, supervision);

@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "common/job_token.h"
+#include "common/slurm_layout.h"
 
 namespace ddp::worker {
 namespace {
@@ -27,27 +28,6 @@ std::optional<int> intVar(const EnvLookup& env, const std::string& name, int min
   auto v = env(name);
   if (!v) return std::nullopt;
   return parseInt(name, *v, minimum);
-}
-
-// Slurm's compressed tasks-per-node list: "2(x3),1" is 2, 2, 2, 1 (one entry per node).
-std::vector<int> expandTasksPerNode(const std::string& name, const std::string& value) {
-  std::vector<int> out;
-  std::size_t at = 0;
-  while (at <= value.size()) {
-    const std::size_t comma = std::min(value.find(',', at), value.size());
-    const std::string item = value.substr(at, comma - at);
-    const std::size_t paren = item.find("(x");
-    const int tasks = parseInt(name, item.substr(0, paren), 0);
-    int repeat = 1;
-    if (paren != std::string::npos) {
-      if (item.back() != ')') DDP_THROW(ConfigError, "environment: ", name, "='", value, "' is not like 2(x3),1");
-      repeat = parseInt(name, item.substr(paren + 2, item.size() - paren - 3), 1);
-    }
-    if (repeat > 1 << 20) DDP_THROW(ConfigError, "environment: ", name, "='", value, "' is not like 2(x3),1");
-    out.insert(out.end(), static_cast<std::size_t>(repeat), tasks);
-    at = comma + 1;
-  }
-  return out;
 }
 
 // Ranks of this step on this node. srun sets SLURM_STEP_TASKS_PER_NODE (the step's layout) and
