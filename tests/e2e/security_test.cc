@@ -3,7 +3,7 @@
 // store is attacked by PyTorch's own store client using the old key names, by garbage bytes, by
 // 1000 connections held open, and by a rank with the wrong token. Then the genuine second node
 // joins: the job must finish with exit 0 and exactly the result of an undisturbed run. Also
-// checked: every listening socket of the job is on loopback, and a single-node job's token never
+// checked: every socket of a single-node job is on loopback, and a single-node job's token never
 // shows on a command line.
 #include <gtest/gtest.h>
 
@@ -154,7 +154,7 @@ TEST(Security, AnAttackedJobFinishesAsAnUndisturbedOne) {
   fs::remove_all(base);
 }
 
-TEST(Security, EveryListeningSocketOfASingleNodeJobIsOnLoopbackAndTheTokenIsNotOnAnyCommandLine) {
+TEST(Security, EverySocketOfASingleNodeJobIsOnLoopbackAndTheTokenIsNotOnAnyCommandLine) {
   const std::string base = test::makeTempDir("security_listen");
   const uint16_t port = test::freePort();
   // Gloo opens its data-plane listeners per rank; a job of many epochs runs while its sockets are
@@ -182,7 +182,10 @@ TEST(Security, EveryListeningSocketOfASingleNodeJobIsOnLoopbackAndTheTokenIsNotO
     const std::string cmdline = test::readFile("/proc/" + pid + "/cmdline");
     EXPECT_EQ(cmdline.find("TOKEN"), std::string::npos) << cmdline;
   }
-  int listeners = 0;
+  // Every TCP socket of the job (listening or connected: the store, its clients, Gloo's pairs)
+  // has a loopback local address. (Gloo 1.13 closes its listeners once the pairs connect; 2.x
+  // keeps one per device: so the listeners counted are at least the store's.)
+  int listeners = 0, connected = 0;
   for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
     std::istringstream lines(test::readFile(table));
     std::string line;
@@ -191,14 +194,15 @@ TEST(Security, EveryListeningSocketOfASingleNodeJobIsOnLoopbackAndTheTokenIsNotO
       std::istringstream fields(line);
       std::vector<std::string> f;
       for (std::string x; fields >> x;) f.push_back(x);
-      if (f.size() < 10 || f[3] != "0A" || inodes.count(f[9]) == 0) continue;
-      ++listeners;
+      if (f.size() < 10 || inodes.count(f[9]) == 0) continue;
+      (f[3] == "0A" ? listeners : connected) += 1;
       const std::string address = f[1].substr(0, f[1].find(':'));
       EXPECT_TRUE(address == "0100007F" || address == "00000000000000000000000001000000")
-          << table << ": " << line << " listens beyond loopback";
+          << table << ": " << line << " is bound beyond loopback";
     }
   }
-  EXPECT_GE(listeners, 3) << "the store and one Gloo listener per rank, at least";
+  EXPECT_GE(listeners, 1) << "the store listens";
+  EXPECT_GE(connected, 2) << "each rank's connection to the store, at least";
   ::kill(-job.pid, SIGTERM);
   job.wait(60);
   fs::remove_all(base);
