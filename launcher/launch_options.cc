@@ -268,6 +268,10 @@ CommandLine parseCommandLine(const std::vector<std::string>& args) {
               "; drop one of them");
   }
 
+  launch.nprocPerNodeGiven = parsed.count("nproc_per_node") != 0;
+  launch.nnodesGiven = parsed.count("nnodes") != 0 || parsed["standalone"].as<bool>();
+  launch.nodeRankGiven = parsed.count("node_rank") != 0;
+  launch.masterAddrGiven = parsed.count("master_addr") != 0;
   launch.masterAddr = parsed["master_addr"].as<std::string>();
   if (launch.masterAddr.empty()) {
     DDP_THROW(ConfigError, "--master_addr is empty: give the host of rank 0, e.g. --master_addr=10.0.0.1");

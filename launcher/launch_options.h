@@ -33,6 +33,11 @@ struct LaunchOptions {
   std::string rdzvTokenFile;
   // --rdzv_bind: where node 0 binds the store; empty: masterAddr.
   std::string rdzvBind;
+  // Which of the above the command line set explicitly (under srun the rest come from Slurm).
+  bool nprocPerNodeGiven = false;
+  bool nnodesGiven = false;
+  bool nodeRankGiven = false;
+  bool masterAddrGiven = false;
   std::string worker;                    // WORKER, as given (resolved later)
   std::vector<std::string> workerArgs;   // everything after WORKER, untouched
 

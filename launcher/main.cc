@@ -44,12 +44,16 @@ int main(int argc, char** argv) {
       std::fputs(command.text.c_str(), stdout);
       return 0;
     }
-    checkMasterAddress(command.options.masterAddr);
     const EnvMap environment = currentEnvironment();
-    checkSrunLayout(command.options, environment);
-    const LaunchPlan plan = makeLaunchPlan(command.options, environment);
+    LaunchOptions options = command.options;
+    if (const std::string derived = applySrunStep(options, environment); !derived.empty()) {
+      spdlog::info("{}", derived);
+    }
+    checkSrunLayout(options, environment);
+    checkMasterAddress(options.masterAddr);
+    const LaunchPlan plan = makeLaunchPlan(options, environment);
     SupervisionOptions supervision;
-    supervision.earlyExitGraceS = command.options.earlyExitGraceS;
+    supervision.earlyExitGraceS = options.earlyExitGraceS;
     return runWorkers(plan, supervision);
   } catch (const ddp::ConfigError& error) {
     spdlog::error("{}", error.what());

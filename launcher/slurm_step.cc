@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "common/cluster_env.h"
 #include "common/error.h"
 #include "common/slurm_layout.h"
 
@@ -19,15 +20,96 @@ int number(const EnvMap& env, const char* name, int fallback) {
   return std::stoi(text);
 }
 
+// A task of an srun step: srun sets SLURM_STEP_TASKS_PER_NODE for its tasks. An sbatch script's
+// own shell (the batch step, SLURM_STEP_ID 4294967294) has only SLURM_TASKS_PER_NODE: a
+// ddp-launch run there directly is one launcher, as it should be.
+bool inSrunStep(const EnvMap& env) {
+  const std::string step = get(env, "SLURM_STEP_ID");
+  return !get(env, "SLURM_STEP_TASKS_PER_NODE").empty() && !get(env, "SLURM_PROCID").empty() &&
+         step != "4294967294" && step != "batch";
+}
+
+// Entries of a comma-separated list such as SLURM_STEP_GPUS="0,1,3"; 0 when empty.
+int listLength(const std::string& list) {
+  if (list.empty()) return 0;
+  int n = 1;
+  for (char c : list) n += c == ',' ? 1 : 0;
+  return n;
+}
+
 }  // namespace
 
-void checkSrunLayout(const LaunchOptions& options, const EnvMap& env) {
-  // A task of an srun step: srun sets SLURM_STEP_TASKS_PER_NODE for its tasks. An sbatch script's
-  // own shell (the batch step, SLURM_STEP_ID 4294967294) has only SLURM_TASKS_PER_NODE: a
-  // ddp-launch run there directly is one launcher, as it should be.
+std::string applySrunStep(LaunchOptions& options, const EnvMap& env) {
+  if (!inSrunStep(env)) return "";
   const std::string layoutValue = get(env, "SLURM_STEP_TASKS_PER_NODE");
-  const std::string step = get(env, "SLURM_STEP_ID");
-  if (layoutValue.empty() || get(env, "SLURM_PROCID").empty() || step == "4294967294" || step == "batch") return;
+  const auto perNode = expandTasksPerNode("SLURM_STEP_TASKS_PER_NODE", layoutValue);
+  const int node = number(env, "SLURM_NODEID", 0);
+  if (node >= static_cast<int>(perNode.size()) || perNode[static_cast<std::size_t>(node)] != 1) return "";
+
+  std::string derived;
+  auto note = [&derived](const std::string& text) { derived += (derived.empty() ? "" : " ") + text; };
+  const int nodes = number(env, "SLURM_STEP_NUM_NODES", static_cast<int>(perNode.size()));
+  if (!options.nnodesGiven) {
+    options.nnodes = nodes;
+    note("--nnodes=" + std::to_string(nodes));
+  }
+  if (!options.nodeRankGiven) {
+    options.nodeRank = node;
+    note("--node_rank=" + std::to_string(node));
+  }
+  if (options.nodeRank >= options.nnodes) {
+    DDP_THROW(ConfigError, "--node_rank ", options.nodeRank, " is out of range for --nnodes ", options.nnodes,
+              " (under srun: SLURM_NODEID=", node, ", SLURM_STEP_NUM_NODES=", nodes,
+              "); drop --nnodes/--node_rank and ddp-launch takes them from the step");
+  }
+  if (options.nnodes > 1 && !options.masterAddrGiven) {
+    bool found = false;
+    for (const char* name : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+      const std::string list = get(env, name);
+      if (list.empty()) continue;
+      options.masterAddr = firstHost(name, list);
+      note("--master_addr=" + options.masterAddr);
+      found = true;
+      break;
+    }
+    if (!found) {
+      DDP_THROW(ConfigError, "under srun with ", options.nnodes, " nodes but neither SLURM_STEP_NODELIST nor "
+                "SLURM_JOB_NODELIST is set: pass --master_addr=<host of node 0>");
+    }
+  }
+  if (options.nnodes > 1 && !options.masterPort) {
+    const std::string job = get(env, "SLURM_JOB_ID");
+    if (!job.empty() && job.find_first_not_of("0123456789") == std::string::npos && job.size() < 19) {
+      options.masterPort = clusterJobPort(std::stoull(job));
+      note("--master_port=" + std::to_string(*options.masterPort));
+    }
+  }
+  if (!options.nprocPerNodeGiven) {
+    int gpus = number(env, "SLURM_GPUS_ON_NODE", 0);
+    std::string from = "SLURM_GPUS_ON_NODE";
+    for (const char* name : {"SLURM_STEP_GPUS", "SLURM_JOB_GPUS"}) {
+      if (gpus > 0) break;
+      gpus = listLength(get(env, name));
+      from = name;
+    }
+    int nproc = gpus;
+    if (gpus <= 0) {
+      from = get(env, "SLURM_CPUS_PER_TASK").empty() ? "SLURM_CPUS_ON_NODE" : "SLURM_CPUS_PER_TASK";
+      nproc = number(env, from.c_str(), 1);
+    }
+    if (nproc >= 1) {
+      options.nprocPerNode = nproc;
+      note("--nproc_per_node=" + std::to_string(nproc) + " (" + from + "=" + get(env, from.c_str()) + ")");
+    }
+  }
+  if (derived.empty()) return "";
+  return "under srun (job " + get(env, "SLURM_JOB_ID") + " step " + get(env, "SLURM_STEP_ID") + ", node " +
+         std::to_string(node) + " of " + std::to_string(nodes) + "): " + derived;
+}
+
+void checkSrunLayout(const LaunchOptions& options, const EnvMap& env) {
+  if (!inSrunStep(env)) return;
+  const std::string layoutValue = get(env, "SLURM_STEP_TASKS_PER_NODE");
   const int node = number(env, "SLURM_NODEID", 0);
   const auto perNode = expandTasksPerNode("SLURM_STEP_TASKS_PER_NODE", layoutValue);
   const int tasksHere = node < static_cast<int>(perNode.size()) ? perNode[static_cast<std::size_t>(node)] : 1;
@@ -41,8 +123,8 @@ void checkSrunLayout(const LaunchOptions& options, const EnvMap& env) {
   if (tasks > 1 && (options.nnodes != tasks || options.nodeRank != node)) {
     DDP_THROW(ConfigError, "ddp-launch runs on ", tasks, " nodes of this srun step (SLURM_NODEID=", node,
               ") but was given --nnodes=", options.nnodes, " --node_rank=", options.nodeRank,
-              ", so the nodes would not form one job; pass --nnodes=$SLURM_NNODES --node_rank=$SLURM_NODEID "
-              "--master_addr=<first host of $SLURM_JOB_NODELIST> --rdzv_token_file=<a file on shared storage>");
+              ", so the nodes would not form one job; drop --nnodes and --node_rank (ddp-launch takes them "
+              "from the step) or pass --nnodes=$SLURM_STEP_NUM_NODES --node_rank=$SLURM_NODEID");
   }
 }
 

@@ -18,6 +18,8 @@ packages=(
   libboost-dev libboost-filesystem-dev   # Boost.Process v1 (header-only) needs boost_filesystem
   libgtest-dev
   dataset-fashion-mnist             # /usr/share/datasets/fashion-mnist
+  slurm-wlm munge                   # a real Slurm for tests/e2e/cluster_test.cc (scripts/slurm_cluster.sh)
+  openmpi-bin                       # a real mpirun for the same tests
 )
 
 missing=()

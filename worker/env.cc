@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "common/cluster_env.h"
 #include "common/error.h"
 #include "common/job_token.h"
 #include "common/slurm_layout.h"
@@ -22,6 +23,13 @@ int parseInt(const std::string& name, const std::string& value, int minimum) {
     DDP_THROW(ConfigError, "environment: ", name, "='", value, "' is not an integer >= ", minimum);
   }
   return static_cast<int>(parsed);
+}
+
+unsigned long long jobId(const std::string& name, const std::string& value) {
+  if (value.empty() || value.size() > 19 || value.find_first_not_of("0123456789") != std::string::npos) {
+    DDP_THROW(ConfigError, "environment: ", name, "='", value, "' is not a job id (a whole number)");
+  }
+  return std::stoull(value);
 }
 
 std::optional<int> intVar(const EnvLookup& env, const std::string& name, int minimum) {
@@ -67,6 +75,25 @@ DistEnv readDistEnv(const EnvLookup& env, std::optional<int> legacyLocalRank) {
     out.localRank = intVar(env, "LOCAL_RANK", 0).value_or(legacyLocalRank.value_or(out.rank));
     out.localWorldSize = intVar(env, "LOCAL_WORLD_SIZE", 1).value_or(out.worldSize);
     out.groupRank = intVar(env, "GROUP_RANK", 0).value_or(0);
+  } else if (env("OMPI_COMM_WORLD_RANK")) {
+    // Before Slurm's: mpirun inside an allocation starts its daemons with srun, so its ranks
+    // inherit SLURM_PROCID (the daemon's node) as well.
+    out.source = "openmpi";
+    out.rank = *intVar(env, "OMPI_COMM_WORLD_RANK", 0);
+    out.worldSize = intVar(env, "OMPI_COMM_WORLD_SIZE", 1).value_or(1);
+    out.localRank = intVar(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0).value_or(0);
+    out.localWorldSize = intVar(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1).value_or(out.worldSize);
+    out.groupRank = intVar(env, "OMPI_COMM_WORLD_NODE_RANK", 0).value_or(0);
+    const int nodes = intVar(env, "OMPI_MCA_orte_num_nodes", 1).value_or(out.localWorldSize < out.worldSize ? 2 : 1);
+    if (nodes > 1 && !env("MASTER_ADDR")) {
+      // Open MPI's environment names mpirun's host (orte_hnp_uri), not the host of rank 0.
+      DDP_THROW(ConfigError, "environment: mpirun started the ", out.worldSize, " ranks on ", nodes,
+                " hosts and Open MPI does not tell which one runs rank 0; export MASTER_ADDR=<host of rank 0> "
+                "MASTER_PORT=<free port> and pass them on: mpirun -x MASTER_ADDR -x MASTER_PORT ...");
+    }
+    if (auto job = env("OMPI_MCA_ess_base_jobid"); job && !job->empty()) {
+      out.masterPort = clusterJobPort(jobId("OMPI_MCA_ess_base_jobid", *job));
+    }
   } else if (env("SLURM_PROCID") && env("SLURM_NTASKS")) {
     out.source = "slurm";
     out.rank = *intVar(env, "SLURM_PROCID", 0);
@@ -74,13 +101,20 @@ DistEnv readDistEnv(const EnvLookup& env, std::optional<int> legacyLocalRank) {
     out.localRank = intVar(env, "SLURM_LOCALID", 0).value_or(0);
     out.localWorldSize = slurmTasksOnThisNode(env).value_or(out.worldSize);
     out.groupRank = intVar(env, "SLURM_NODEID", 0).value_or(0);
-  } else if (env("OMPI_COMM_WORLD_RANK")) {
-    out.source = "openmpi";
-    out.rank = *intVar(env, "OMPI_COMM_WORLD_RANK", 0);
-    out.worldSize = intVar(env, "OMPI_COMM_WORLD_SIZE", 1).value_or(1);
-    out.localRank = intVar(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0).value_or(0);
-    out.localWorldSize = intVar(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1).value_or(out.worldSize);
-    out.groupRank = intVar(env, "OMPI_COMM_WORLD_NODE_RANK", 0).value_or(0);
+    // Rank 0 runs on node 0 of the step, the first host of its node list (srun's block layout
+    // gives the lowest ranks to the first node); the port depends only on the job.
+    const int nodes = intVar(env, "SLURM_STEP_NUM_NODES", 1).value_or(out.localWorldSize < out.worldSize ? 2 : 1);
+    if (nodes > 1) {
+      for (const char* name : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+        if (auto list = env(name); list && !list->empty()) {
+          out.masterAddr = firstHost(name, *list);
+          break;
+        }
+      }
+    }
+    if (auto job = env("SLURM_JOB_ID"); job && !job->empty()) {
+      out.masterPort = clusterJobPort(jobId("SLURM_JOB_ID", *job));
+    }
   } else if (legacyLocalRank) {
     out.source = "torchrun";
     out.localRank = *legacyLocalRank;

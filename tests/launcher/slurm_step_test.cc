@@ -56,5 +56,93 @@ TEST(SrunLayout, OutsideAnSrunStepNothingIsChecked) {
   EXPECT_EQ(errorOf(options, srunTask(0, 0, "1", 1)), "");
 }
 
+// The environment srun gave the task on node 1 of `srun -N2 --ntasks-per-node=1 ddp-launch ...`
+// (Slurm 22.05, captured from scripts/slurm_cluster.sh's two-node cluster), plus the GPU
+// variables a node with gres/gpu adds.
+EnvMap twoNodeStep(int nodeId) {
+  return {{"SLURM_JOB_ID", "123456"},          {"SLURM_STEP_ID", "0"},
+          {"SLURM_PROCID", std::to_string(nodeId)}, {"SLURM_NODEID", std::to_string(nodeId)},
+          {"SLURM_LOCALID", "0"},              {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"},
+          {"SLURM_STEP_NUM_TASKS", "2"},       {"SLURM_STEP_NUM_NODES", "2"},
+          {"SLURM_STEP_NODELIST", "gpu[07-08]"}, {"SLURM_JOB_NODELIST", "gpu[03,07-08]"},
+          {"SLURM_CPUS_ON_NODE", "16"}};
+}
+
+TEST(SrunStep, OneLauncherPerNodeTakesTheJobFromTheStep) {
+  LaunchOptions options;
+  const std::string line = applySrunStep(options, twoNodeStep(1));
+  EXPECT_EQ(options.nnodes, 2);
+  EXPECT_EQ(options.nodeRank, 1);
+  EXPECT_EQ(options.masterAddr, "gpu07");  // node 0 of the step, not of the job
+  ASSERT_TRUE(options.masterPort.has_value());
+  EXPECT_EQ(*options.masterPort, 20000 + 123456 % 10000);
+  EXPECT_EQ(options.nprocPerNode, 16);  // no GPUs: one worker per CPU, as torchrun's auto
+  EXPECT_EQ(line, "under srun (job 123456 step 0, node 1 of 2): --nnodes=2 --node_rank=1 --master_addr=gpu07 "
+                  "--master_port=23456 --nproc_per_node=16 (SLURM_CPUS_ON_NODE=16)");
+  EXPECT_NO_THROW(checkSrunLayout(options, twoNodeStep(1)));
+}
+
+TEST(SrunStep, GpusOutrankCpusAndCpusPerTaskOutranksTheNode) {
+  EnvMap env = twoNodeStep(0);
+  env["SLURM_CPUS_PER_TASK"] = "4";
+  LaunchOptions cpus;
+  applySrunStep(cpus, env);
+  EXPECT_EQ(cpus.nprocPerNode, 4);
+  env["SLURM_STEP_GPUS"] = "0,1,3";
+  LaunchOptions stepGpus;
+  applySrunStep(stepGpus, env);
+  EXPECT_EQ(stepGpus.nprocPerNode, 3);
+  env["SLURM_GPUS_ON_NODE"] = "2";
+  LaunchOptions gpusOnNode;
+  applySrunStep(gpusOnNode, env);
+  EXPECT_EQ(gpusOnNode.nprocPerNode, 2);
+}
+
+TEST(SrunStep, WhatTheCommandLineGivesIsKept) {
+  LaunchOptions options;
+  options.nprocPerNode = 3;
+  options.nprocPerNodeGiven = true;
+  options.masterAddr = "10.0.0.5";
+  options.masterAddrGiven = true;
+  options.masterPort = 29400;
+  applySrunStep(options, twoNodeStep(0));
+  EXPECT_EQ(options.nprocPerNode, 3);
+  EXPECT_EQ(options.masterAddr, "10.0.0.5");
+  EXPECT_EQ(*options.masterPort, 29400);
+  EXPECT_EQ(options.nnodes, 2);
+  // A contradicting --nnodes stays and is refused by the layout check.
+  LaunchOptions wrong;
+  wrong.nnodesGiven = true;
+  wrong.nodeRankGiven = true;
+  applySrunStep(wrong, twoNodeStep(0));
+  EXPECT_EQ(wrong.nnodes, 1);
+  EXPECT_NE(errorOf(wrong, twoNodeStep(1)).find("drop --nnodes and --node_rank"), std::string::npos);
+}
+
+TEST(SrunStep, SingleNodeStepsKeepLoopbackAndAFreePort) {
+  EnvMap env = twoNodeStep(0);
+  env["SLURM_STEP_TASKS_PER_NODE"] = "1";
+  env["SLURM_STEP_NUM_TASKS"] = "1";
+  env["SLURM_STEP_NUM_NODES"] = "1";
+  env["SLURM_STEP_NODELIST"] = "gpu07";
+  LaunchOptions options;
+  applySrunStep(options, env);
+  EXPECT_EQ(options.nnodes, 1);
+  EXPECT_EQ(options.masterAddr, "127.0.0.1");
+  EXPECT_FALSE(options.masterPort.has_value());
+  EXPECT_EQ(options.nprocPerNode, 16);
+}
+
+TEST(SrunStep, NothingIsDerivedOutsideAStepOrWithSeveralTasksPerNode) {
+  LaunchOptions options;
+  EXPECT_EQ(applySrunStep(options, {}), "");
+  EnvMap batch = twoNodeStep(0);
+  batch["SLURM_STEP_ID"] = "4294967294";
+  EXPECT_EQ(applySrunStep(options, batch), "");
+  EXPECT_EQ(applySrunStep(options, srunTask(1, 0, "2", 2)), "");
+  EXPECT_EQ(options.nnodes, 1);
+  EXPECT_EQ(options.nprocPerNode, 1);
+}
+
 }  // namespace
 }  // namespace ddp::launcher

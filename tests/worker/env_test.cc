@@ -103,6 +103,60 @@ TEST(Env, MalformedSlurmLayoutsNameTheVariable) {
   }
 }
 
+// Where rank 0 listens when srun or mpirun started the ranks and MASTER_ADDR/MASTER_PORT are not
+// exported: node 0 of the step (first host of SLURM_STEP_NODELIST), a port from the job id
+// (20000 + id % 10000, common/cluster_env.h), the same on every rank.
+TEST(Env, SrunWorkersFindRankZerosHostAndPortInTheStep) {
+  std::map<std::string, std::string> vars{{"SLURM_PROCID", "3"},         {"SLURM_NTASKS", "4"},
+                                          {"SLURM_STEP_NUM_TASKS", "4"},  {"SLURM_NODEID", "1"},
+                                          {"SLURM_LOCALID", "1"},         {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"},
+                                          {"SLURM_STEP_NUM_NODES", "2"},  {"SLURM_STEP_NODELIST", "gpu[07-08]"},
+                                          {"SLURM_JOB_NODELIST", "gpu[03,07-08]"}, {"SLURM_JOB_ID", "123456"}};
+  const DistEnv e = readDistEnv(fakeEnv(vars));
+  EXPECT_EQ(e.masterAddr, "gpu07");
+  EXPECT_EQ(e.masterPort, 23456);
+  // What the user exports wins.
+  vars["MASTER_ADDR"] = "10.0.0.9";
+  vars["MASTER_PORT"] = "29411";
+  const DistEnv exported = readDistEnv(fakeEnv(vars));
+  EXPECT_EQ(exported.masterAddr, "10.0.0.9");
+  EXPECT_EQ(exported.masterPort, 29411);
+  // One node: loopback, still the job's port (two jobs on one node do not collide).
+  const DistEnv one = readDistEnv(fakeEnv({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_NUM_NODES", "1"},
+                                           {"SLURM_STEP_NODELIST", "gpu07"}, {"SLURM_JOB_ID", "77"}}));
+  EXPECT_EQ(one.masterAddr, "127.0.0.1");
+  EXPECT_EQ(one.masterPort, 20077);
+}
+
+TEST(Env, MpirunWorkers) {
+  // Open MPI 4.1's variables for rank 1 of `mpirun -np 2` on one host.
+  std::map<std::string, std::string> vars{{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                                          {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                                          {"OMPI_COMM_WORLD_NODE_RANK", "1"}, {"OMPI_MCA_orte_num_nodes", "1"},
+                                          {"OMPI_MCA_ess_base_jobid", "1989214209"}};
+  const DistEnv one = readDistEnv(fakeEnv(vars));
+  EXPECT_EQ(one.source, "openmpi");
+  EXPECT_EQ(one.masterAddr, "127.0.0.1");
+  EXPECT_EQ(one.masterPort, 24209);
+  // mpirun inside a Slurm allocation starts its daemons with srun: its ranks also carry the
+  // daemon's SLURM_PROCID, which is not their rank.
+  vars["SLURM_PROCID"] = "0";
+  vars["SLURM_NTASKS"] = "1";
+  EXPECT_EQ(readDistEnv(fakeEnv(vars)).rank, 1);
+  EXPECT_EQ(readDistEnv(fakeEnv(vars)).source, "openmpi");
+  // Several hosts: Open MPI does not say where rank 0 runs, so MASTER_ADDR must be exported.
+  vars["OMPI_MCA_orte_num_nodes"] = "2";
+  vars["OMPI_COMM_WORLD_SIZE"] = "4";
+  try {
+    readDistEnv(fakeEnv(vars));
+    ADD_FAILURE() << "a multi-host mpirun job without MASTER_ADDR was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("mpirun -x MASTER_ADDR -x MASTER_PORT"), std::string::npos) << e.what();
+  }
+  vars["MASTER_ADDR"] = "node1";
+  EXPECT_EQ(readDistEnv(fakeEnv(vars)).masterAddr, "node1");
+}
+
 TEST(Env, MalformedOrInconsistentValuesNameTheVariable) {
   auto message = [](std::map<std::string, std::string> vars) {
     try {

@@ -1,0 +1,24 @@
+// What the cluster's own launchers (srun, mpirun) tell a process in its environment, shared by
+// the launcher and the worker: Slurm's hostlists ("node[01-03,07],gpu7") and the job's port.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace ddp {
+
+/// Expands a Slurm hostlist as `scontrol show hostnames` does: "a[01-03,7],b[1-2]-x[3-4]" is
+/// a01 a02 a03 a7 b1-x3 b1-x4 b2-x3 b2-x4 (each range keeps the width of its first number).
+/// Throws ConfigError naming `name` when `value` is malformed or expands to more than 1<<20 hosts.
+std::vector<std::string> expandHostlist(const std::string& name, const std::string& value);
+
+/// The first host of a Slurm hostlist, without expanding the rest.
+std::string firstHost(const std::string& name, const std::string& value);
+
+/// The port a job launched by Slurm or Open MPI uses when MASTER_PORT is not given: the same on
+/// every node of the job (it depends only on the job's id), different for jobs whose ids differ by
+/// less than 10000, and below Linux's ephemeral range (32768-60999), so outgoing connections do not
+/// take it: 20000 + id % 10000.
+int clusterJobPort(unsigned long long jobId);
+
+}  // namespace ddp
