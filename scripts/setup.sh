@@ -19,7 +19,7 @@ packages=(
   libgtest-dev
   dataset-fashion-mnist             # /usr/share/datasets/fashion-mnist
   slurm-wlm munge                   # a real Slurm for tests/e2e/cluster_test.cc (scripts/slurm_cluster.sh)
-  openmpi-bin                       # a real mpirun for the same tests
+  openmpi-bin pdsh                  # a real mpirun and pdsh for the same tests
 )
 
 missing=()

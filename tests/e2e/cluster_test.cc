@@ -188,6 +188,25 @@ TEST_F(Slurm, SeveralLaunchersOnOneNodeAreRefusedBeforeAnyWorkerStarts) {
   EXPECT_FALSE(fs::exists(dir + "/summary.json"));
 }
 
+// pdsh starting one ddp-launch per host, the node rank from pdsh's own host rank (%n), the way
+// README's "Clusters" shows it with ssh; here pdsh's exec module runs bash in place of ssh.
+TEST(Pdsh, OneLauncherPerHostWithTheNodeRankFromPdsh) {
+  if (!fs::exists("/usr/bin/pdsh")) {
+    if (required()) FAIL() << "pdsh is missing on a machine that can run it (scripts/setup.sh installs it)";
+    GTEST_SKIP() << "pdsh is not installed (scripts/setup.sh installs it)";
+  }
+  const std::string dir = test::makeTempDir("pdsh");
+  std::string command = std::string(DDP_LAUNCH_BIN) + " --nnodes=2 --node_rank=%n --master_addr=127.0.0.1 --master_port=" +
+                        std::to_string(test::freePort()) + " --rdzv_token_file=" + tokenFile(dir) + " " +
+                        DDP_WORKER_BIN + " " + config() + " output.dir=" + dir;
+  for (const std::string& a : kTrain) command += " " + a;
+  const auto run = test::runCommand({"/usr/bin/pdsh", "-R", "exec", "-w", "node-a,node-b", "bash", "-c", command}, 300);
+  ASSERT_EQ(run.exitCode, 0) << run.output;
+  // Rank 0 (node_rank 0, the first host of -w) is the one that logs; node-b ran rank 1.
+  EXPECT_NE(run.output.find("node-a: [rank 0]"), std::string::npos) << run.output;
+  expectSameTraining(summaryOf(dir), 2, run.output);
+}
+
 class OpenMpi : public ::testing::Test {
  protected:
   void SetUp() override {
