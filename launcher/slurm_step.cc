@@ -57,11 +57,7 @@ std::string applySrunStep(LaunchOptions& options, const EnvMap& env) {
     options.nodeRank = node;
     note("--node_rank=" + std::to_string(node));
   }
-  if (options.nodeRank >= options.nnodes) {
-    DDP_THROW(ConfigError, "--node_rank ", options.nodeRank, " is out of range for --nnodes ", options.nnodes,
-              " (under srun: SLURM_NODEID=", node, ", SLURM_STEP_NUM_NODES=", nodes,
-              "); drop --nnodes/--node_rank and ddp-launch takes them from the step");
-  }
+  // A --nnodes/--node_rank given by hand that contradicts the step: checkSrunLayout says so.
   if (options.nnodes > 1 && !options.masterAddrGiven) {
     bool found = false;
     for (const char* name : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {

@@ -184,6 +184,24 @@ TEST(StartUp, ARankWithoutALauncherReportsADroppedStoreInOneLine) {
   fs::remove_all(dir);
 }
 
+// A rank of `mpirun -np 4 -H a:2,b:2 worker` (Open MPI 4.1's variables for it) without MASTER_ADDR:
+// Open MPI does not say where rank 0 runs, so the rank stops with one line saying what to export.
+TEST(StartUp, AMultiHostMpirunRankWithoutMasterAddrSaysWhatToExport) {
+  const std::string dir = test::makeTempDir("ddp_mpirun_hosts");
+  const auto r = test::runCommand({"/usr/bin/env", "-u", "MASTER_ADDR", "-u", "MASTER_PORT", "-u", "RANK",
+                                   "OMPI_COMM_WORLD_RANK=2", "OMPI_COMM_WORLD_SIZE=4", "OMPI_COMM_WORLD_LOCAL_RANK=0",
+                                   "OMPI_COMM_WORLD_LOCAL_SIZE=2", "OMPI_COMM_WORLD_NODE_RANK=0",
+                                   "OMPI_MCA_orte_num_nodes=2", "OMPI_MCA_ess_base_jobid=1989214209", DDP_WORKER_BIN,
+                                   kConfig, "output.dir=" + dir + "/out"},
+                                  60);
+  EXPECT_FALSE(r.timedOut) << r.output;
+  EXPECT_EQ(r.exitCode, 2) << r.output;
+  EXPECT_NE(r.output.find("worker: environment: mpirun started the 4 ranks on 2 hosts"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("mpirun -x MASTER_ADDR -x MASTER_PORT"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir + "/out/summary.json"));
+  fs::remove_all(dir);
+}
+
 std::string writeFile(const std::string& path, const std::string& text) {
   std::ofstream(path) << text;
   return path;

@@ -188,6 +188,18 @@ TEST_F(Slurm, SeveralLaunchersOnOneNodeAreRefusedBeforeAnyWorkerStarts) {
   EXPECT_FALSE(fs::exists(dir + "/summary.json"));
 }
 
+TEST_F(Slurm, ANodeCountThatContradictsTheStepIsRefused) {
+  const std::string dir = test::makeTempDir("slurm_contradict");
+  auto argv = with({"/usr/bin/srun", "-N2", "--ntasks-per-node=1", DDP_LAUNCH_BIN, "--nnodes=1"});
+  argv.push_back("output.dir=" + dir);
+  const auto run = test::runCommand(argv, 120, env({"DDP_RDZV_TOKEN_FILE=" + tokenFile(dir)}));
+  EXPECT_EQ(run.exitCode, 2) << run.output;
+  EXPECT_NE(run.output.find("runs on 2 nodes of this srun step (SLURM_NODEID=1) but was given --nnodes=1 --node_rank=1"),
+            std::string::npos)
+      << run.output;
+  EXPECT_FALSE(fs::exists(dir + "/summary.json"));
+}
+
 // pdsh starting one ddp-launch per host, the node rank from pdsh's own host rank (%n), the way
 // README's "Clusters" shows it with ssh; here pdsh's exec module runs bash in place of ssh.
 TEST(Pdsh, OneLauncherPerHostWithTheNodeRankFromPdsh) {
