@@ -42,6 +42,7 @@ nlohmann::json trainingSummary(const WorkerConfig& config, const TrainResult& re
       {"test_correct", result.testCorrect},
       {"test_total", result.testTotal},
       {"test_accuracy", result.testAccuracy},
+      {"eval_seconds", result.evalSeconds},
       {"export_path", std::filesystem::absolute(result.exportPath).string()},
   };
 }

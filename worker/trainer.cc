@@ -334,7 +334,9 @@ TrainResult Trainer::run(const Datasets& data) {
   }
 
   if (config_.eval.enabled) {
+    const auto evalStart = Clock::now();
     const EvalCounts counts = evaluate(model, data.test, device_, config_.eval.batchSize, comm_);
+    result.evalSeconds = secondsSince(evalStart);
     result.testCorrect = counts.correct;
     result.testTotal = counts.total;
     result.testAccuracy = counts.accuracy();

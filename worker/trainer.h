@@ -24,6 +24,7 @@ struct TrainResult {
   int64_t testCorrect = 0;
   int64_t testTotal = 0;
   double testAccuracy = 0;     // testCorrect / testTotal over the whole test set
+  double evalSeconds = 0;      // wall time of that evaluation (0 when eval.enabled is false)
   std::string exportPath;      // rank 0 only
   int stopSignal = 0;          // nonzero: stopped early on this signal after saving checkpointPath
   std::string checkpointPath;

@@ -24,7 +24,7 @@ rm -rf "$out" && mkdir -p "$out"
 
 global_batch=128
 common=(configs/fmnist_cnn_ddp.yaml seed=0 data.train_limit=20480 train.epochs=1
-        train.log_every=40 eval.batch_size=1000)
+        train.log_every=40 eval.batch_size=100)
 
 gpus=0
 if command -v nvidia-smi >/dev/null 2>&1; then

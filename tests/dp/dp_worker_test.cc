@@ -164,6 +164,7 @@ TEST(DpWorker, ExportLoadsIntoThePlainModelAndPythonWithStrictKeys) {
   EXPECT_EQ(summary["steps"], 40);
   EXPECT_EQ(summary["test_total"], 10000);
   EXPECT_GT(summary["test_accuracy"].get<double>(), 0.6);  // chance is 0.1
+  EXPECT_GT(summary["eval_seconds"].get<double>(), 0.0);
 
   worker::ModelConfig plain;
   plain.name = "mlp";

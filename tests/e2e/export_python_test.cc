@@ -52,6 +52,9 @@ TEST_P(ExportLoadsInPython, StrictKeysAndSameAccuracy) {
   EXPECT_EQ(summary["test_total"], 10000);
   // 60 steps of 64 samples already learn a lot: far above chance (10%).
   EXPECT_GT(summary["test_accuracy"].get<double>(), 0.6);
+  // The evaluation's wall time is reported, and it is a part of the run, not all of it.
+  EXPECT_GT(summary["eval_seconds"].get<double>(), 0.0);
+  EXPECT_LT(summary["eval_seconds"].get<double>(), 600.0);
 
   const std::string out = pythonOutput(std::string(DDP_PYTHON) + " " + DDP_SOURCE_DIR +
                                        "/tests/python/check_export.py " + dir + "/model.pt " +

@@ -197,6 +197,7 @@ DpResult DpTrainer::run(const Datasets& data) {
   }
 
   if (config_.eval.enabled) {
+    const auto evalStart = std::chrono::steady_clock::now();
     c10::NoGradGuard noGrad;
     module.eval();
     const int64_t n = data.test.size();
@@ -210,6 +211,7 @@ DpResult DpTrainer::run(const Datasets& data) {
     result.testCorrect = correct;
     result.testTotal = n;
     result.testAccuracy = n > 0 ? static_cast<double>(correct) / n : 0.0;
+    result.evalSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - evalStart).count();
   }
 
   // The master is the plain model: its export has the same keys as a single or DDP run.
