@@ -38,6 +38,9 @@ struct LaunchOptions {
   bool nnodesGiven = false;
   bool nodeRankGiven = false;
   bool masterAddrGiven = false;
+  // Not a flag: the launcher's stdout is a terminal and gets the workers' output (no --log_dir, or
+  // --tee), so rank 0 may draw a live progress bar (DDP_PROGRESS=bar).
+  bool consoleIsTerminal = false;
   std::string worker;                    // WORKER, as given (resolved later)
   std::vector<std::string> workerArgs;   // everything after WORKER, untouched
 

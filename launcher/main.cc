@@ -1,4 +1,6 @@
 // ddp-launch: starts one worker per device with the torchrun environment contract.
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
 #include <exception>
@@ -46,6 +48,7 @@ int main(int argc, char** argv) {
     }
     const EnvMap environment = currentEnvironment();
     LaunchOptions options = command.options;
+    options.consoleIsTerminal = ::isatty(STDOUT_FILENO) == 1 && (options.logDir.empty() || options.tee);
     if (const std::string derived = applySrunStep(options, environment); !derived.empty()) {
       spdlog::info("{}", derived);
     }

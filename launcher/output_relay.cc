@@ -66,6 +66,10 @@ void OutputRelay::finish() {
     thread_.join();
   }
   for (Source& source : sources_) close(source);
+  if (statusShown_) {
+    writeAll(options_.stdoutFd, broken_[0], "\r\033[K");  // the launcher's own lines start clean
+    statusShown_ = false;
+  }
   for (auto& [rank, output] : ranks_) {
     if (output.logFd >= 0) ::close(output.logFd);
     output.logFd = -1;
@@ -131,9 +135,23 @@ void OutputRelay::emitLines(Source& source, bool flushPartial) {
     output.tail.push_back(source.pending.substr(begin, std::min(length, kMaxTailLineBytes)));
     if (output.tail.size() > options_.tailLines) output.tail.pop_front();
   };
+  std::string status;  // the last progress-bar text in this read, drawn in place on the console
   size_t begin = 0;
   while (true) {
     size_t newline = source.pending.find('\n', begin);
+    // "text\r" not followed by '\n': a progress bar that redraws its line (worker/progress.h).
+    const size_t carriage = source.pending.find('\r', begin);
+    if (carriage != std::string::npos && carriage < newline && carriage + 1 < source.pending.size() &&
+        source.pending[carriage + 1] != '\n') {
+      if (carriage - begin <= kMaxLineBytes) status = source.pending.substr(begin, carriage - begin);
+      begin = carriage + 1;
+      continue;
+    }
+    if (carriage != std::string::npos && carriage + 1 == source.pending.size() && carriage < newline) {
+      if (carriage - begin <= kMaxLineBytes) status = source.pending.substr(begin, carriage - begin);
+      begin = carriage + 1;
+      break;
+    }
     if (newline != std::string::npos && newline - begin > kMaxLineBytes) newline = std::string::npos;
     if (newline == std::string::npos && source.pending.size() - begin >= kMaxLineBytes) {
       addLine(begin, kMaxLineBytes);  // cut, keeping the relay's memory bounded
@@ -149,6 +167,15 @@ void OutputRelay::emitLines(Source& source, bool flushPartial) {
     begin = source.pending.size();
   }
   source.pending.erase(0, begin);
+  if (!options_.console) status.clear();
+  if (!console.empty() && statusShown_) {
+    console.insert(0, "\r\033[K");  // erase the bar; a later one is drawn below the lines
+    statusShown_ = false;
+  }
+  if (!status.empty()) {
+    console.append("\r").append(output.prefix).append(status).append("\033[K");
+    statusShown_ = true;
+  }
   if (!console.empty()) {
     writeAll(source.toStderr ? options_.stderrFd : options_.stdoutFd, broken_[source.toStderr ? 1 : 0], console);
   }

@@ -86,6 +86,9 @@ class OutputRelay {
   std::vector<Source> sources_;
   std::map<int, RankOutput> ranks_;
   bool broken_[2] = {false, false};  // stdout, stderr: stop writing after EPIPE and the like
+  // A worker's progress bar (text ending in '\r', not '\n') is on the console: the next line of
+  // any rank first erases it. Status text goes to the console only, never to logs or the tail.
+  bool statusShown_ = false;
   std::thread thread_;
 };
 

@@ -41,6 +41,8 @@ EnvMap workerEnvironment(const LaunchOptions& options, int localRank, int master
   env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(options.maxRestarts);
   // Our output relay already prefixes "[rank N] "; the worker leaves it out of its own logs.
   env["DDP_LAUNCH_PREFIXED"] = "1";
+  // The worker cannot see the terminal through the relay's pipe: tell it whether there is one.
+  if (inherited.count("DDP_PROGRESS") == 0) env["DDP_PROGRESS"] = options.consoleIsTerminal ? "bar" : "lines";
   if (shouldDefaultOmpThreads(options, inherited)) env["OMP_NUM_THREADS"] = "1";
   // LibTorch's own log lines (c10d socket retries with C++ stack traces and the like) would
   // bury the worker's one-line errors; only FATAL passes unless the user asks for more.

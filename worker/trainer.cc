@@ -20,6 +20,7 @@
 #include "sampler/batching.h"
 #include "sampler/distributed_sampler.h"
 #include "worker/atomic_file.h"
+#include "worker/progress.h"
 #include "worker/checkpoint/checkpoint_dir.h"
 #include "worker/checkpoint/state_dict_loader.h"
 #include "worker/data/fashion_mnist.h"
@@ -209,6 +210,13 @@ TrainResult Trainer::run(const Datasets& data) {
   int64_t windowSamples = 0;
   int64_t skippedInARow = 0;
   bool done = train.maxSteps > 0 && result.steps >= train.maxSteps;
+  // Progress for people (rank 0): every epoch has the same number of batches (the sampler pads).
+  const int64_t perEpoch = stepsPerEpoch((sampler.numSamples() + train.batchSize - 1) / train.batchSize, accumulate);
+  const int64_t jobSteps = totalSteps(train.epochs, perEpoch, train.maxSteps);
+  ProgressBar bar(rank == 0 && progressBarWanted(), std::getenv("DDP_LAUNCH_PREFIXED") != nullptr);
+  double shownLoss = 0;
+  double shownRate = 0;
+  int64_t runSteps = 0;
   for (int64_t epoch = resumed.epoch; epoch < train.epochs && !done; ++epoch) {
     sampler.setEpoch(epoch);
     const auto batches = sampler::makeBatches(sampler.indices(), train.batchSize, /*dropLast=*/false);
@@ -250,6 +258,7 @@ TrainResult Trainer::run(const Datasets& data) {
       } else if (train.skipNonfiniteSteps && skippedInARow < kMaxSkippedInARow) {
         ++skippedInARow;
         if (rank == 0) {
+          bar.clear();
           spdlog::warn("step {} (epoch {}): a gradient is NaN or infinite; step skipped (train.skip_nonfinite_steps)",
                        result.steps + 1, epoch);
         }
@@ -262,6 +271,7 @@ TrainResult Trainer::run(const Datasets& data) {
       }
 
       ++result.steps;
+      ++runSteps;
       // Every rank's batch has the same size (the sampler pads), so this is exact.
       const int64_t stepSamples = stepRankSamples * world;
       result.samples += stepSamples;
@@ -284,13 +294,20 @@ TrainResult Trainer::run(const Datasets& data) {
         metrics.write({{"step", result.steps}, {"epoch", epoch}, {"loss", lossValue},
                        {"samples", result.samples}, {"samples_per_s", rate},
                        {"elapsed_s", secondsSince(start)}});
+        shownLoss = lossValue;
+        shownRate = rate;
         if (rank == 0) {
-          spdlog::info("epoch {} step {} loss {:.4f} {:.0f} samples/s", epoch, result.steps,
-                       lossValue, rate);
+          bar.clear();
+          spdlog::info("{}", progressLine(ProgressPoint{result.steps, jobSteps, epoch, train.epochs,
+                                                        static_cast<int64_t>((first + count + accumulate - 1) / accumulate),
+                                                        perEpoch, lossValue, rate, secondsSince(start), runSteps}));
         }
         windowStart = Clock::now();
         windowSamples = 0;
       }
+      bar.update(ProgressPoint{result.steps, jobSteps, epoch, train.epochs,
+                               static_cast<int64_t>((first + count + accumulate - 1) / accumulate), perEpoch, shownLoss,
+                               shownRate, secondsSince(start), runSteps});
       const bool epochEnded = first + count >= batches.size();
       const TrainPosition position =
           epochEnded ? TrainPosition{epoch + 1, 0, result.steps, result.samples}
@@ -310,6 +327,7 @@ TrainResult Trainer::run(const Datasets& data) {
           result.checkpointPath = checkpointer.save(module, optimizer, position);
           result.stopSignal = stopSignal() != 0 ? stopSignal() : SIGTERM;
           if (rank == 0) {
+            bar.clear();
             spdlog::warn("stopping after step {} on a signal; checkpoint {} (resume with resume=auto)",
                          result.steps, result.checkpointPath);
           }
@@ -323,6 +341,7 @@ TrainResult Trainer::run(const Datasets& data) {
       }
     }
   }
+  bar.clear();
   result.trainSeconds = secondsSince(start);
   result.samplesPerSecond = result.trainSeconds > 0 ? runSamples / result.trainSeconds : 0;
   if (result.stopSignal != 0) return result;  // preempted: the checkpoint is the record

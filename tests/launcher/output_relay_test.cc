@@ -176,6 +176,44 @@ TEST_F(OutputRelayTest, KeepsTheLastLinesOfEachRankForTheSummary) {
   EXPECT_TRUE(relay_.lastLines(7).empty());
 }
 
+// A worker's progress bar ends in '\r' (worker/progress.h): the console gets it drawn in place
+// ("\r[rank 0] text" + erase to the end of the line), only the latest of a burst, erased before
+// the next line; log files and the failure summary's tail never see it.
+TEST_F(OutputRelayTest, ProgressBarsAreDrawnInPlaceAndNeverLogged) {
+  const std::string logPath = dir_.file("rank0.log");
+  Pipe out0;
+  relay_.add(out0.read, 0, false);
+  relay_.addLogFile(0, ::open(logPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  // Written before start(): the relay reads it as one chunk, so the expected bytes are exact.
+  writeText(out0.write, "line1\n[##..] 1/4\r[###.] 2/4\rline2\n[####] 4/4\r");
+  ::close(out0.write);
+  relay_.start();
+  relay_.finish();
+  EXPECT_EQ(out(), "[rank 0] line1\n[rank 0] line2\n\r[rank 0] [####] 4/4\033[K\r\033[K");
+  EXPECT_EQ(readFile(logPath), "line1\nline2\n");
+  EXPECT_EQ(relay_.lastLines(0), (std::vector<std::string>{"line1", "line2"}));
+}
+
+TEST_F(OutputRelayTest, ALineAfterABarErasesItFirst) {
+  Pipe out0;
+  Pipe err1;
+  relay_.add(out0.read, 0, false);
+  relay_.add(err1.read, 1, true);
+  writeText(out0.write, "[#...] 1/4\r");
+  relay_.start();
+  // The bar reaches the console before rank 1's line is written.
+  for (int i = 0; i < 500 && out().find("1/4") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(out(), "\r[rank 0] [#...] 1/4\033[K");
+  writeText(err1.write, "rank 1 says\n");
+  ::close(out0.write);
+  ::close(err1.write);
+  relay_.finish();
+  EXPECT_EQ(err(), "\r\033[K[rank 1] rank 1 says\n");
+  EXPECT_EQ(out(), "\r[rank 0] [#...] 1/4\033[K");  // erased through stderr: the same terminal
+}
+
 TEST_F(OutputRelayTest, LogFilesGetRawLinesAndTheConsoleOnlyWhenAsked) {
   for (const bool console : {false, true}) {
     SCOPED_TRACE(console ? "tee" : "log only");

@@ -42,6 +42,14 @@ TEST(WorkerEnv, ContractFollowsTheTorchrunFormulas) {
   }
 }
 
+TEST(WorkerEnv, TellsTheWorkersWhetherTheConsoleIsATerminal) {
+  LaunchOptions launch;
+  EXPECT_EQ(workerEnvironment(launch, 0, 29123, {}).at("DDP_PROGRESS"), "lines");
+  launch.consoleIsTerminal = true;
+  EXPECT_EQ(workerEnvironment(launch, 0, 29123, {}).at("DDP_PROGRESS"), "bar");
+  EXPECT_EQ(workerEnvironment(launch, 0, 29123, {{"DDP_PROGRESS", "lines"}}).at("DDP_PROGRESS"), "lines");
+}
+
 TEST(WorkerEnv, KeepsTheInheritedEnvironmentButOverridesTheContract) {
   const EnvMap inherited{{"PATH", "/opt/bin"}, {"RANK", "99"}, {"MASTER_PORT", "1"}, {"CUSTOM", "x=y"}};
   const EnvMap env = workerEnvironment(options(1, 0, 2), 1, 4242, inherited);

@@ -16,6 +16,7 @@
 #include "sampler/batching.h"
 #include "sampler/distributed_sampler.h"
 #include "worker/atomic_file.h"
+#include "worker/progress.h"
 #include "worker/checkpoint/state_dict_loader.h"
 #include "worker/data/gather_batch.h"
 #include "worker/dp/data_parallel.h"
@@ -131,6 +132,11 @@ DpResult DpTrainer::run(const Datasets& data) {
   bool done = false;
   int64_t skippedInARow = 0;
   const int64_t accumulate = std::max<int64_t>(1, train.accumulateSteps);
+  const int64_t perEpoch = stepsPerEpoch((sampler.numSamples() + train.batchSize - 1) / train.batchSize, accumulate);
+  const int64_t jobSteps = totalSteps(train.epochs, perEpoch, train.maxSteps);
+  ProgressBar bar(progressBarWanted(), std::getenv("DDP_LAUNCH_PREFIXED") != nullptr);
+  double shownLoss = 0;
+  double shownRate = 0;
   for (int64_t epoch = 0; epoch < train.epochs && !done; ++epoch) {
     sampler.setEpoch(epoch);
     const auto batches = sampler::makeBatches(sampler.indices(), train.batchSize, /*dropLast=*/false);
@@ -156,6 +162,7 @@ DpResult DpTrainer::run(const Datasets& data) {
         skippedInARow = 0;
       } else if (train.skipNonfiniteSteps && skippedInARow < kMaxSkippedInARow) {
         ++skippedInARow;
+        bar.clear();
         spdlog::warn("step {} (epoch {}): a gradient is NaN or infinite; step skipped (train.skip_nonfinite_steps)",
                      result.steps + 1, epoch);
       } else {
@@ -177,17 +184,26 @@ DpResult DpTrainer::run(const Datasets& data) {
         metrics.write({{"step", result.steps}, {"epoch", epoch}, {"loss", lossValue},
                        {"samples", result.samples}, {"samples_per_s", rate},
                        {"elapsed_s", secondsSince(start)}});
-        spdlog::info("epoch {} step {} loss {:.4f} {:.0f} samples/s ({} replicas)", epoch, result.steps,
-                     lossValue, rate, dp.lastReplicasUsed());
+        shownLoss = lossValue;
+        shownRate = rate;
+        bar.clear();
+        spdlog::info("{} ({} replicas)",
+                     progressLine(ProgressPoint{result.steps, jobSteps, epoch, train.epochs,
+                                                static_cast<int64_t>(b / accumulate) + 1, perEpoch, lossValue, rate,
+                                                secondsSince(start), result.steps}),
+                     dp.lastReplicasUsed());
         windowStart = Clock::now();
         windowSamples = 0;
       }
+      bar.update(ProgressPoint{result.steps, jobSteps, epoch, train.epochs, static_cast<int64_t>(b / accumulate) + 1,
+                               perEpoch, shownLoss, shownRate, secondsSince(start), result.steps});
       if (last) {
         done = true;
         break;
       }
     }
   }
+  bar.clear();
   result.trainSeconds = secondsSince(start);
   result.samplesPerSecond = result.trainSeconds > 0 ? result.samples / result.trainSeconds : 0;
   result.finalLoss = lastLoss.defined() ? lastLoss.item<double>() : 0.0;
