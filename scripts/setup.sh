@@ -17,6 +17,7 @@ packages=(
   libcxxopts-dev libspdlog-dev libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev
   libboost-dev libboost-filesystem-dev   # Boost.Process v1 (header-only) needs boost_filesystem
   libgtest-dev
+  libprotobuf-dev protobuf-compiler # TensorBoard event files (worker/tensorboard)
   dataset-fashion-mnist             # /usr/share/datasets/fashion-mnist
   slurm-wlm munge                   # a real Slurm for tests/e2e/cluster_test.cc (scripts/slurm_cluster.sh)
   openmpi-bin pdsh                  # a real mpirun and pdsh for the same tests

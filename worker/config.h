@@ -54,6 +54,7 @@ struct OutputConfig {
   std::string dir = "out";             // metrics.jsonl, summary.json, the export
   std::string exportName = "model.pt"; // state_dict with plain keys, loads in Python's torch.load
   bool dumpRankParams = false;         // every rank writes rank<R>_params.pt (for tests)
+  bool tensorboard = false;            // rank 0 writes TensorBoard event files to dir/tensorboard
 };
 
 struct CommConfig {

@@ -21,6 +21,7 @@
 #include "sampler/distributed_sampler.h"
 #include "worker/atomic_file.h"
 #include "worker/progress.h"
+#include "worker/tensorboard/event_writer.h"
 #include "worker/checkpoint/checkpoint_dir.h"
 #include "worker/checkpoint/state_dict_loader.h"
 #include "worker/data/fashion_mnist.h"
@@ -217,6 +218,9 @@ TrainResult Trainer::run(const Datasets& data) {
   double shownLoss = 0;
   double shownRate = 0;
   int64_t runSteps = 0;
+  // output.tensorboard: the scalars torch.utils.tensorboard users log, from rank 0.
+  std::unique_ptr<tensorboard::EventWriter> board;
+  if (rank == 0 && config_.output.tensorboard) board = std::make_unique<tensorboard::EventWriter>(outDir + "/tensorboard");
   for (int64_t epoch = resumed.epoch; epoch < train.epochs && !done; ++epoch) {
     sampler.setEpoch(epoch);
     const auto batches = sampler::makeBatches(sampler.indices(), train.batchSize, /*dropLast=*/false);
@@ -296,6 +300,11 @@ TrainResult Trainer::run(const Datasets& data) {
                        {"elapsed_s", secondsSince(start)}});
         shownLoss = lossValue;
         shownRate = rate;
+        if (board) {
+          board->addScalar("train/loss", lossValue, result.steps);
+          board->addScalar("train/samples_per_s", rate, result.steps);
+          board->addScalar("train/lr", train.lr, result.steps);
+        }
         if (rank == 0) {
           bar.clear();
           spdlog::info("{}", progressLine(ProgressPoint{result.steps, jobSteps, epoch, train.epochs,
@@ -359,6 +368,7 @@ TrainResult Trainer::run(const Datasets& data) {
     result.testCorrect = counts.correct;
     result.testTotal = counts.total;
     result.testAccuracy = counts.accuracy();
+    if (board) board->addScalar("test/accuracy", result.testAccuracy, result.steps);
   }
 
   if (config_.output.dumpRankParams) {

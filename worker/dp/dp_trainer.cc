@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <set>
 
 #include "common/error.h"
@@ -17,6 +18,7 @@
 #include "sampler/distributed_sampler.h"
 #include "worker/atomic_file.h"
 #include "worker/progress.h"
+#include "worker/tensorboard/event_writer.h"
 #include "worker/checkpoint/state_dict_loader.h"
 #include "worker/data/gather_batch.h"
 #include "worker/dp/data_parallel.h"
@@ -137,6 +139,8 @@ DpResult DpTrainer::run(const Datasets& data) {
   ProgressBar bar(progressBarWanted(), std::getenv("DDP_LAUNCH_PREFIXED") != nullptr);
   double shownLoss = 0;
   double shownRate = 0;
+  std::unique_ptr<tensorboard::EventWriter> board;
+  if (config_.output.tensorboard) board = std::make_unique<tensorboard::EventWriter>(config_.output.dir + "/tensorboard");
   for (int64_t epoch = 0; epoch < train.epochs && !done; ++epoch) {
     sampler.setEpoch(epoch);
     const auto batches = sampler::makeBatches(sampler.indices(), train.batchSize, /*dropLast=*/false);
@@ -186,6 +190,11 @@ DpResult DpTrainer::run(const Datasets& data) {
                        {"elapsed_s", secondsSince(start)}});
         shownLoss = lossValue;
         shownRate = rate;
+        if (board) {
+          board->addScalar("train/loss", lossValue, result.steps);
+          board->addScalar("train/samples_per_s", rate, result.steps);
+          board->addScalar("train/lr", train.lr, result.steps);
+        }
         bar.clear();
         spdlog::info("{} ({} replicas)",
                      progressLine(ProgressPoint{result.steps, jobSteps, epoch, train.epochs,
@@ -227,6 +236,7 @@ DpResult DpTrainer::run(const Datasets& data) {
     result.testCorrect = correct;
     result.testTotal = n;
     result.testAccuracy = n > 0 ? static_cast<double>(correct) / n : 0.0;
+    if (board) board->addScalar("test/accuracy", result.testAccuracy, result.steps);
     result.evalSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - evalStart).count();
   }
 

@@ -1,0 +1,34 @@
+// TFRecord framing of TensorBoard event files (worker/tensorboard/event_writer.h), against the
+// published CRC-32C check value and TFRecord's layout (tensorflow/core/lib/io/record_writer.cc).
+#include "worker/tensorboard/event_writer.h"
+
+#include <gtest/gtest.h>
+
+namespace ddp::tensorboard {
+namespace {
+
+TEST(TensorBoardRecord, Crc32cMatchesTheCheckValue) {
+  EXPECT_EQ(crc32c("123456789"), 0xe3069283u);  // CRC-32C's check value (RFC 3720 B.4 polynomial)
+  EXPECT_EQ(crc32c(""), 0u);
+  // RFC 3720 B.4: 32 bytes of zeros.
+  EXPECT_EQ(crc32c(std::string(32, '\0')), 0x8a9136aau);
+  const uint32_t crc = crc32c("abc");
+  EXPECT_EQ(maskedCrc32c("abc"), ((crc >> 15) | (crc << 17)) + 0xa282ead8u);
+}
+
+TEST(TensorBoardRecord, FrameIsLengthCrcDataCrc) {
+  const std::string record = frameRecord("hello");
+  ASSERT_EQ(record.size(), 8u + 4u + 5u + 4u);
+  EXPECT_EQ(record.substr(0, 8), std::string("\x05\0\0\0\0\0\0\0", 8));
+  const auto u32 = [&](std::size_t at) {
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(record[at + i]);
+    return v;
+  };
+  EXPECT_EQ(u32(8), maskedCrc32c(record.substr(0, 8)));
+  EXPECT_EQ(record.substr(12, 5), "hello");
+  EXPECT_EQ(u32(17), maskedCrc32c("hello"));
+}
+
+}  // namespace
+}  // namespace ddp::tensorboard
