@@ -32,7 +32,7 @@ def once(world):
            "output.dir=/tmp/ddp_fault_timing"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     for line in p.stdout:
-        if " step 20 " in line:
+        if " step 20/" in line:
             break
     victim = children(p.pid)[1]
     t0 = time.perf_counter()

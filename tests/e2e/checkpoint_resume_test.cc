@@ -251,7 +251,7 @@ TEST(Preemption, SigtermFinishesTheStepSavesAndResumesExactly) {
       break;
     }
     output.append(chunk, static_cast<size_t>(n));
-    if (!preempted && output.find("step 25 ") != std::string::npos) {
+    if (!preempted && output.find("step 25/") != std::string::npos) {
       ::kill(pid, SIGTERM);
       preempted = true;
     }

@@ -59,7 +59,7 @@ TEST(FaultTolerance, CrashedRankRestartsTheGroupAndTrainingResumesExactly) {
   const int atStep = 6 + static_cast<int>(rng() % 25);
   std::cout << "killing rank " << victim << " at step " << atStep << std::endl;
   Background job(argv, base + "/crashed.log");
-  ASSERT_TRUE(job.waitFor("step " + std::to_string(atStep) + " ", 120)) << test::readFile(job.log);
+  ASSERT_TRUE(job.waitFor("step " + std::to_string(atStep) + "/", 120)) << test::readFile(job.log);
   const auto workers = childrenOf(job.pid);
   ASSERT_EQ(workers.size(), 2u);
   ::kill(workers[victim], SIGKILL);  // e.g. the OOM killer
@@ -105,7 +105,7 @@ TEST_P(StuckRank, TheOthersFailWithinTheTimeoutAndNameIt) {
   argv.push_back("comm.timeout_s=3");
   argv.push_back("backend=" + c.backend);
   Background job(argv, base + "/job.log");
-  ASSERT_TRUE(job.waitFor("step 10 ", 120)) << test::readFile(job.log);
+  ASSERT_TRUE(job.waitFor("step 10/", 120)) << test::readFile(job.log);
   const auto workers = childrenOf(job.pid);
   ASSERT_EQ(workers.size(), static_cast<size_t>(c.ranks));
   const auto stoppedAt = std::chrono::steady_clock::now();

@@ -181,7 +181,7 @@ TEST_P(TorchrunRestarts, AKilledRankRestartsTheGroupOnTheAgentsStoreAndResumes) 
       break;
     }
     output.append(chunk, static_cast<size_t>(n));
-    if (killed == 0 && output.find("step 12 ") != std::string::npos) {
+    if (killed == 0 && output.find("step 12/") != std::string::npos) {
       const auto workers = workersOf(pid);
       for (pid_t w : workers) ::kill(w, SIGKILL);  // the whole attempt dies, as on a node loss
       killed = workers.size();
