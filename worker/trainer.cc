@@ -300,11 +300,7 @@ TrainResult Trainer::run(const Datasets& data) {
                        {"elapsed_s", secondsSince(start)}});
         shownLoss = lossValue;
         shownRate = rate;
-        if (board) {
-          board->addScalar("train/loss", lossValue, result.steps);
-          board->addScalar("train/samples_per_s", rate, result.steps);
-          board->addScalar("train/lr", train.lr, result.steps);
-        }
+        if (board) board->addTrainingStep(result.steps, lossValue, rate, train.lr);
         if (rank == 0) {
           bar.clear();
           spdlog::info("{}", progressLine(ProgressPoint{result.steps, jobSteps, epoch, train.epochs,

@@ -90,6 +90,12 @@ void EventWriter::addScalar(const std::string& tag, double value, int64_t step) 
   write(event.SerializeAsString());
 }
 
+void EventWriter::addTrainingStep(int64_t step, double loss, double samplesPerS, double lr) {
+  addScalar("train/loss", loss, step);
+  addScalar("train/samples_per_s", samplesPerS, step);
+  addScalar("train/lr", lr, step);
+}
+
 void EventWriter::write(const std::string& serializedEvent) {
   const std::string record = frameRecord(serializedEvent);
   if (std::fwrite(record.data(), 1, record.size(), file_) != record.size() || std::fflush(file_) != 0) {

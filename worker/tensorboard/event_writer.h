@@ -29,6 +29,8 @@ class EventWriter {
   EventWriter& operator=(const EventWriter&) = delete;
 
   void addScalar(const std::string& tag, double value, int64_t step);
+  /// What every training mode logs at a logged step: train/loss, train/samples_per_s, train/lr.
+  void addTrainingStep(int64_t step, double loss, double samplesPerS, double lr);
   const std::string& path() const { return path_; }
 
  private:
