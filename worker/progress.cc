@@ -37,11 +37,14 @@ std::string formatDuration(double seconds) {
 
 std::string progressLine(const ProgressPoint& p) {
   const double perStep = secondsPerStep(p);
+  const int64_t jobLeft = std::max<int64_t>(0, p.totalSteps - p.step);
+  // train.max_steps may end the job inside this epoch.
+  const int64_t epochLeft = std::min(jobLeft, std::max<int64_t>(0, p.epochSteps - p.epochStep));
   return fmt::format("epoch {}/{} step {}/{} ({:.0f}%) loss {:.4f} {:.0f} samples/s elapsed {} ETA epoch {} job {}",
                      p.epoch + 1, p.epochs, p.step, p.totalSteps, percent(p), p.loss, p.samplesPerS,
                      formatDuration(p.elapsedS),
-                     formatDuration(perStep * static_cast<double>(std::max<int64_t>(0, p.epochSteps - p.epochStep))),
-                     formatDuration(perStep * static_cast<double>(std::max<int64_t>(0, p.totalSteps - p.step))));
+                     formatDuration(perStep * static_cast<double>(epochLeft)),
+                     formatDuration(perStep * static_cast<double>(jobLeft)));
 }
 
 std::string progressBar(const ProgressPoint& p, int width) {

@@ -27,7 +27,7 @@ struct ProgressPoint {
 std::string formatDuration(double seconds);
 
 /// The periodic line (without timestamp): epoch e/E step k/K (p%) loss samples/s elapsed ETA.
-/// ETAs assume the mean seconds per step of this run so far.
+/// ETAs assume the mean seconds per step of this run so far; the epoch's never exceeds the job's.
 std::string progressLine(const ProgressPoint& p);
 
 /// The terminal's live bar, `width` characters of bar: `[#####.....] 48% 450/938 ...`.

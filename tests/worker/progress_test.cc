@@ -58,6 +58,10 @@ TEST(Progress, LineHasStepPercentLossRateElapsedAndEtas) {
   resumed.elapsedS = 50;
   EXPECT_EQ(progressLine(resumed),
             "epoch 1/2 step 300/938 (32%) loss 0.4428 5308 samples/s elapsed 0:50 ETA epoch 1:25 job 5:19");
+  // train.max_steps ends the job inside the epoch: the epoch's ETA is the job's (10 steps × 0.5 s).
+  ProgressPoint capped = resumed;
+  capped.totalSteps = 310;
+  EXPECT_NE(progressLine(capped).find("ETA epoch 0:05 job 0:05"), std::string::npos) << progressLine(capped);
   // Before any step of this run the pace is unknown.
   ProgressPoint first = point();
   first.runSteps = 0;
