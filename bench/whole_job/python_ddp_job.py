@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""README command 1 done the way a Python PyTorch user does it, for bench/whole_job/run.sh:
+torchrun --nproc_per_node=4 python_ddp_job.py ROOT trains the Fashion-MNIST CNN of
+configs/fmnist_cnn_ddp.yaml (same layers as worker/models.cc, same normalisation, per-rank batch 32,
+SGD lr 0.05 momentum 0.9, one epoch, DistributedSampler seed 0 with set_epoch) under
+DistributedDataParallel over Gloo, then evaluates the whole test set sharded over the ranks in
+batches of 100 and all-reduces the counts, as our worker does. Rank 0 exports the plain state_dict.
+Rank 0 prints one JSON line: steps, test accuracy, train and eval seconds.
+"""
+import gzip
+import json
+import os
+import struct
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+MEAN, STD = 0.2860, 0.3530  # worker/data/fashion_mnist.h
+
+
+class Cnn(nn.Module):  # worker/models.cc "cnn"
+    def __init__(self, classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
+        self.fc1 = nn.Linear(64 * 7 * 7, 128)
+        self.fc2 = nn.Linear(128, classes)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+def read_idx(path):
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    ndim = struct.unpack(">I", data[:4])[0] & 0xFF
+    dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def load(root, prefix):
+    images = torch.from_numpy(read_idx(f"{root}/{prefix}-images-idx3-ubyte.gz").copy()).float()
+    images = ((images / 255.0 - MEAN) / STD).unsqueeze(1)  # ToTensor + Normalize
+    labels = torch.from_numpy(read_idx(f"{root}/{prefix}-labels-idx1-ubyte.gz").astype(np.int64))
+    return TensorDataset(images, labels)
+
+
+def main():
+    root = sys.argv[1]
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    train, test = load(root, "train"), load(root, "t10k")
+    sampler = DistributedSampler(train, num_replicas=world, rank=rank, shuffle=True, seed=0)
+    loader = DataLoader(train, batch_size=32, sampler=sampler)
+    model = DDP(Cnn())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    start = time.perf_counter()
+    steps = 0
+    for epoch in range(1):
+        sampler.set_epoch(epoch)
+        model.train()
+        for x, y in loader:
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            steps += 1
+    train_s = time.perf_counter() - start
+
+    start = time.perf_counter()
+    model.eval()
+    n = len(test)
+    begin, end = n * rank // world, n * (rank + 1) // world
+    correct = 0
+    with torch.no_grad():
+        for i in range(begin, end, 100):
+            x, y = test.tensors[0][i:min(i + 100, end)], test.tensors[1][i:min(i + 100, end)]
+            correct += int((model(x).argmax(1) == y).sum())
+    counts = torch.tensor([correct, end - begin])
+    dist.all_reduce(counts)
+    eval_s = time.perf_counter() - start
+    if rank == 0:
+        out = os.environ.get("PY_JOB_OUT", "out/python_ddp_job")
+        os.makedirs(out, exist_ok=True)
+        torch.save(model.module.state_dict(), f"{out}/model.pt")
+        print(json.dumps({"steps": steps, "test_accuracy": counts[0].item() / counts[1].item(),
+                          "train_seconds": train_s, "eval_seconds": eval_s}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
