@@ -79,13 +79,39 @@ endif()
 
 # LibTorch's flags stay on the targets that include it and the launcher never sees them.
 # The ABI flag is PUBLIC on purpose: it must equal what the Debian libraries use (checked above).
+# A CUDA LibTorch: our programs and libraries link its CPU half only (torch_cpu, c10); the code
+# that needs CUDA symbols is the plugin libddp_cuda.so (comm/), loaded by ranks that take a GPU.
+# libtorch_cuda and the CUDA libraries cost every process ~250 MiB and ~0.15 s, GPU or not.
+if(DDP_TORCH_HAS_CUDA AND TARGET torch_cpu_library)
+  add_library(ddp_torch_cpu INTERFACE)
+  target_link_libraries(ddp_torch_cpu INTERFACE torch_cpu_library)
+  # What the `torch` target asks of its users (C++20 for LibTorch 2.10+).
+  foreach(_prop INTERFACE_COMPILE_FEATURES INTERFACE_COMPILE_OPTIONS)
+    get_target_property(_value torch ${_prop})
+    if(_value)
+      set_property(TARGET ddp_torch_cpu APPEND PROPERTY ${_prop} ${_value})
+    endif()
+  endforeach()
+  set(DDP_TORCH_LINK ddp_torch_cpu)
+  set(DDP_CUDA_PLUGIN ON)
+else()
+  set(DDP_TORCH_LINK ${TORCH_LIBRARIES})
+  set(DDP_CUDA_PLUGIN OFF)
+endif()
+
 function(ddp_link_torch target)
   if(DDP_FMT_OVERLAY)
     target_include_directories(${target} SYSTEM BEFORE PUBLIC ${DDP_FMT_OVERLAY})
   endif()
   # libstdc++ ahead of LibTorch in the programs' load order: some wheels (2.11) export their own
   # copies of std::filesystem, which then interpose libstdc++'s and crash (seen: remove_all).
-  target_link_libraries(${target} PUBLIC stdc++ ${TORCH_LIBRARIES})
+  # FULL: the whole LibTorch, CUDA included (the plugin only).
+  cmake_parse_arguments(_ddp "FULL" "" "" ${ARGN})
+  if(_ddp_FULL)
+    target_link_libraries(${target} PUBLIC stdc++ ${TORCH_LIBRARIES})
+  else()
+    target_link_libraries(${target} PUBLIC stdc++ ${DDP_TORCH_LINK})
+  endif()
   target_include_directories(${target} SYSTEM PUBLIC ${TORCH_INCLUDE_DIRS})
   separate_arguments(_torch_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
   target_compile_options(${target} PUBLIC ${_torch_flags})

@@ -78,6 +78,7 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("data.synthetic_train", "integer", c.data.syntheticTrain),
       bindField("data.synthetic_test", "integer", c.data.syntheticTest),
       bindField("data.synthetic_classes", "integer", c.data.syntheticClasses),
+      bindField("data.one_copy_per_host", "boolean", c.data.oneCopyPerHost),
       bindField("train.epochs", "integer", c.train.epochs),
       bindField("train.batch_size", "integer", c.train.batchSize),
       bindField("train.lr", "number", c.train.lr),

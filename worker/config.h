@@ -25,6 +25,9 @@ struct DataConfig {
   int64_t syntheticTrain = 8192;  // synthetic: training samples
   int64_t syntheticTest = 1024;   // synthetic: test samples
   int64_t syntheticClasses = 10;
+  // One rank per host loads the data into shared memory, the others map it read-only
+  // (false: every rank loads its own copy).
+  bool oneCopyPerHost = true;
 };
 
 struct TrainConfig {

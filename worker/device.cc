@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 
+#include "comm/cuda_plugin.h"
 #include "common/error.h"
 
 namespace ddp::worker {
@@ -35,8 +36,18 @@ c10::Device planDevice(const DeviceRequest& r) {
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
+int visibleCudaDevices(const std::string& requested) {
+  if (requested == "cpu") return 0;
+  if (comm::cudaPluginBuilt()) {
+    // Ask the driver first: a CPU-only host never loads LibTorch's CUDA half (comm/cuda_plugin.h).
+    if (comm::driverGpuCount() == 0) return 0;
+    comm::loadCudaPlugin();
+  }
+  return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+}
+
 c10::Device selectDevice(DeviceRequest request) {
-  request.visibleGpus = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+  request.visibleGpus = visibleCudaDevices(request.requested);
   return planDevice(request);
 }
 

@@ -21,6 +21,11 @@ struct DeviceRequest {
 /// ranks of a host with NCCL ("Duplicate GPU detected").
 c10::Device planDevice(const DeviceRequest& request);
 
+/// GPUs this process can compute on for config device `requested` (0 for cpu). On a CUDA build it
+/// asks the driver first and loads LibTorch's CUDA half (comm/cuda_plugin.h) only when there is a
+/// GPU; so a CPU-only host or device: cpu never pays for it.
+int visibleCudaDevices(const std::string& requested);
+
 /// planDevice() with the GPUs this process sees.
 c10::Device selectDevice(DeviceRequest request);
 

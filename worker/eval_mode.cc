@@ -10,6 +10,7 @@
 #include "comm/communicator.h"
 #include "worker/atomic_file.h"
 #include "worker/checkpoint/state_dict_loader.h"
+#include "worker/data/gather_batch.h"
 #include "worker/device.h"
 #include "worker/evaluate.h"
 #include "worker/metrics.h"
@@ -37,7 +38,7 @@ int runEvalMode(const WorkerConfig& config, int localRank) {
   const int64_t show = std::min<int64_t>(config.eval.show, data.test.size());
   if (show > 0) {
     c10::NoGradGuard noGrad;
-    const at::Tensor logits = model.forward(data.test.images.narrow(0, 0, show).to(device)).cpu();
+    const at::Tensor logits = model.forward(data::sliceBatch(data.test, 0, show).images.to(device)).cpu();
     const at::Tensor predicted = logits.argmax(1);
     for (int64_t i = 0; i < show; ++i) {
       spdlog::info("sample {}: predicted {} (p={:.3f}), label {}", i, predicted[i].item<int64_t>(),

@@ -1,5 +1,7 @@
 #include "worker/evaluate.h"
 
+#include "worker/data/gather_batch.h"
+
 #include <ATen/ops/tensor.h>
 #include <c10/core/GradMode.h>
 
@@ -17,8 +19,9 @@ EvalCounts evaluate(torch::nn::AnyModule& model, const data::TensorDataset& test
   int64_t correct = 0;
   for (int64_t i = begin; i < end; i += batchSize) {
     const int64_t len = std::min(batchSize, end - i);
-    const at::Tensor x = test.images.narrow(0, i, len).to(device);
-    const at::Tensor y = test.labels.narrow(0, i, len).to(device);
+    const data::Batch b = data::sliceBatch(test, i, len);
+    const at::Tensor x = b.images.to(device);
+    const at::Tensor y = b.labels.to(device);
     correct += model.forward(x).argmax(1).eq(y).sum().item<int64_t>();
   }
   at::Tensor counts = at::tensor({correct, end - begin}, at::kLong).to(device);

@@ -169,17 +169,20 @@ int runWorker(std::vector<std::string> args) {
                            /*singleHost=*/env.localWorldSize == env.worldSize);
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(config.comm.timeoutS * 1000));
 
-  // Data first: a missing data set fails fast, before anyone waits in a rendezvous.
-  const Datasets data = loadDatasets(config.data, config.seed);
-  // And a model that cannot fit: one line now, not an allocator's stack trace later.
-  checkModelFits(config.model, data.input, worldSize == 1 ? 1 : env.localWorldSize, hostMemoryBytes());
-  if (rank == 0) checkOutputPaths(config);  // rank 0 writes every output
+  if (rank == 0) checkOutputPaths(config);  // rank 0 writes every output, so it checks first
+  // checkModelFits (once the input shape is known): a model that cannot fit is one line, not an
+  // allocator's stack trace later.
+  const int processesHere = worldSize == 1 ? 1 : env.localWorldSize;
 
+  Datasets data;
+  DataOrigin dataOrigin = DataOrigin::kLoaded;
   std::unique_ptr<comm::Communicator> comm;
   // backend: nccl gets a real NCCL group even for one rank (as init_process_group does), so a
   // one-GPU job exercises what a multi-GPU job runs; auto/gloo/shm take the network-free path.
   const bool groupForSingleRank = requestedBackend == comm::Backend::kNccl && config.mode == Mode::kDdp;
   if (worldSize == 1 && !groupForSingleRank) {
+    data = loadDatasets(config.data, config.seed);
+    checkModelFits(config.model, data.input, processesHere, hostMemoryBytes());
     comm = std::make_unique<comm::LocalCommunicator>();
   } else {
     comm::RendezvousOptions rdv;
@@ -208,6 +211,14 @@ int runWorker(std::vector<std::string> args) {
       StartupWatchdog watchdog(phaseLimit, [&rdv] { return comm::unansweredStoreMessage(rdv); });
       store = comm::rendezvous(rdv);
     }
+    // The data before the process group: a missing data set fails every rank with one line
+    // before anyone builds a group. One rank per host loads it; the others map that copy.
+    if (config.data.oneCopyPerHost && env.localWorldSize > 1) {
+      data = loadDatasetsOncePerHost(config.data, config.seed, *store, timeout, &dataOrigin);
+    } else {
+      data = loadDatasets(config.data, config.seed);
+    }
+    checkModelFits(config.model, data.input, processesHere, hostMemoryBytes());
     comm::ProcessGroupOptions pg;
     pg.backend = backend;
     pg.rank = rank;
@@ -247,9 +258,11 @@ int runWorker(std::vector<std::string> args) {
   }
 
   // Every rank's peak RSS (and its GPU's peak allocation) to rank 0: a collective, so all ranks call it.
-  at::Tensor memory = at::zeros({2 * worldSize}, at::kDouble);
+  // And whether it loaded the data itself (a copy of its own) or mapped its host's copy.
+  at::Tensor memory = at::zeros({2 * worldSize + 1}, at::kDouble);
   memory[rank] = static_cast<double>(dp::peakRssBytes()) / kMiB;
   memory[worldSize + rank] = static_cast<double>(dp::cudaPeakAllocatedBytes(device)) / kMiB;
+  memory[2 * worldSize] = dataOrigin == DataOrigin::kMappedFromHostCopy ? 0.0 : 1.0;
   if (device.is_cuda()) memory = memory.to(device);
   comm->allReduceSum(memory);
   memory = memory.cpu();
@@ -266,6 +279,7 @@ int runWorker(std::vector<std::string> args) {
         config.train.batchSize * worldSize);
     summary["peak_rss_mb"] = rssMb.front();
     summary["peak_rss_mb_per_process"] = rssMb;
+    summary["data_copies"] = static_cast<int64_t>(memory[2 * worldSize].item<double>());
     if (device.is_cuda()) summary["cuda_peak_allocated_mb_per_device"] = cudaMb;
     writeSummary(config.output.dir + "/summary.json", summary);
     logDone(result);

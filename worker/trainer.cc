@@ -24,9 +24,7 @@
 #include "worker/tensorboard/event_writer.h"
 #include "worker/checkpoint/checkpoint_dir.h"
 #include "worker/checkpoint/state_dict_loader.h"
-#include "worker/data/fashion_mnist.h"
 #include "worker/data/gather_batch.h"
-#include "worker/data/synthetic.h"
 #include "worker/evaluate.h"
 #include "worker/finite_check.h"
 #include "worker/metrics.h"
@@ -128,31 +126,6 @@ void exportTrainedModel(const WorkerConfig& config, const std::map<std::string, 
 }
 
 
-Datasets loadDatasets(const DataConfig& config, uint64_t seed) {
-  Datasets d;
-  if (config.name == "fashion-mnist") {
-    d.train = data::loadFashionMnist(config.root, data::Split::kTrain);
-    d.test = data::loadFashionMnist(config.root, data::Split::kTest);
-    d.input = InputSpec{1, 28, 28, 10};
-  } else {
-    data::SyntheticOptions opts;
-    opts.size = config.syntheticTrain + config.syntheticTest;
-    opts.numClasses = config.syntheticClasses;
-    opts.seed = seed;
-    auto all = data::makeSynthetic(opts);
-    d.train = data::TensorDataset{all.images.narrow(0, 0, config.syntheticTrain),
-                                  all.labels.narrow(0, 0, config.syntheticTrain)};
-    d.test = data::TensorDataset{all.images.narrow(0, config.syntheticTrain, config.syntheticTest),
-                                 all.labels.narrow(0, config.syntheticTrain, config.syntheticTest)};
-    d.input = InputSpec{opts.shape[0], opts.shape[1], opts.shape[2], config.syntheticClasses};
-  }
-  if (config.trainLimit > 0 && config.trainLimit < d.train.size()) {
-    d.train = data::TensorDataset{d.train.images.narrow(0, 0, config.trainLimit),
-                                  d.train.labels.narrow(0, 0, config.trainLimit)};
-  }
-  return d;
-}
-
 Trainer::Trainer(const WorkerConfig& config, comm::Communicator& comm, c10::Device device)
     : config_(config), comm_(comm), device_(device) {}
 
@@ -241,8 +214,9 @@ TrainResult Trainer::run(const Datasets& data) {
       }
       for (std::size_t m = 0; m < count; ++m) {
         const auto& batch = batches[first + m];
-        const at::Tensor x = data::gatherBatch(data.train.images, batch).to(device_);
-        const at::Tensor y = data::gatherBatch(data.train.labels, batch).to(device_);
+        const data::Batch b = data::gatherBatch(data.train, batch);
+        const at::Tensor x = b.images.to(device_);
+        const at::Tensor y = b.labels.to(device_);
         at::Tensor loss = torch::nn::functional::cross_entropy(model.forward(x), y);
         {
           c10::NoGradGuard noGrad;

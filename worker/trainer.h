@@ -10,7 +10,7 @@
 
 #include "comm/communicator.h"
 #include "worker/config.h"
-#include "worker/data/tensor_dataset.h"
+#include "worker/datasets.h"
 #include "worker/models.h"
 
 namespace ddp::worker {
@@ -29,15 +29,6 @@ struct TrainResult {
   int stopSignal = 0;          // nonzero: stopped early on this signal after saving checkpointPath
   std::string checkpointPath;
 };
-
-struct Datasets {
-  data::TensorDataset train;
-  data::TensorDataset test;
-  InputSpec input;
-};
-
-/// Loads the configured data set (every rank reads it whole; the sampler picks the shard).
-Datasets loadDatasets(const DataConfig& config, uint64_t seed);
 
 /// Stops training with one line: what diverged, and where the last good state is.
 [[noreturn]] void throwDiverged(const WorkerConfig& config, const std::string& what);

@@ -2,6 +2,7 @@
 // against values Python computes from the same files (fashion_mnist_reference.py),
 // and on small hand-made files that are missing, corrupt or truncated.
 #include "worker/data/fashion_mnist.h"
+#include "worker/data/gather_batch.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -66,7 +67,9 @@ class FashionMnistReal : public ::testing::Test {
     ASSERT_EQ(ref.at("count").get<int64_t>(), count);
     ASSERT_EQ(ds.size(), count);
     EXPECT_EQ(ds.images.sizes(), (std::vector<int64_t>{count, 1, 28, 28}));
-    EXPECT_EQ(ds.images.scalar_type(), at::kFloat);
+    EXPECT_EQ(ds.images.scalar_type(), at::kByte);  // raw pixels; batches are normalised
+    EXPECT_EQ(ds.mean, std::vector<float>{kFashionMnistMean});
+    EXPECT_EQ(ds.stddev, std::vector<float>{kFashionMnistStd});
     EXPECT_EQ(ds.labels.sizes(), (std::vector<int64_t>{count}));
     EXPECT_EQ(ds.labels.scalar_type(), at::kLong);
     EXPECT_TRUE(ds.images.is_contiguous());
@@ -82,16 +85,18 @@ class FashionMnistReal : public ::testing::Test {
     const auto first = ref.at("first_labels").get<std::vector<int64_t>>();
     EXPECT_EQ(std::vector<int64_t>(labels, labels + first.size()), first);
 
-    // Undo the normalisation to recover the bytes; their sum must be Python's.
-    const float* px = ds.images.data_ptr<float>();
+    // The bytes as stored; their sum must be Python's.
+    const uint8_t* raw = ds.images.data_ptr<uint8_t>();
     int64_t rawSum = 0;
+    for (int64_t i = 0; i < ds.images.numel(); ++i) rawSum += raw[i];
+    // What the model sees: the whole split normalised as batches are.
+    const at::Tensor input = modelInput(ds, ds.images);
+    ASSERT_EQ(input.scalar_type(), at::kFloat);
+    const float* px = input.data_ptr<float>();
     double normalisedSum = 0;
-    for (int64_t i = 0; i < ds.images.numel(); ++i) {
-      rawSum += std::lround((px[i] * kFashionMnistStd + kFashionMnistMean) * 255.0);
-      normalisedSum += px[i];
-    }
+    for (int64_t i = 0; i < input.numel(); ++i) normalisedSum += px[i];
     EXPECT_EQ(rawSum, ref.at("raw_pixel_sum").get<int64_t>());
-    const double mean = normalisedSum / static_cast<double>(ds.images.numel());
+    const double mean = normalisedSum / static_cast<double>(input.numel());
     const double rawMean = ref.at("raw_pixel_mean").get<double>();
     EXPECT_NEAR(mean, (rawMean / 255.0 - 0.2860) / 0.3530, 1e-5);
     EXPECT_NEAR(mean, ref.at("normalised_mean").get<double>(), 1e-6);
@@ -202,7 +207,8 @@ TEST_F(FashionMnistFiles, ReadsGzippedAndPlainFilesAlike) {
     EXPECT_EQ(ds.images.sizes(), (std::vector<int64_t>{3, 1, 28, 28}));
     const int64_t* labels = ds.labels.data_ptr<int64_t>();
     EXPECT_EQ(std::vector<int64_t>(labels, labels + 3), (std::vector<int64_t>{0, 7, 4}));
-    const float* px = ds.images.data_ptr<float>();
+    const at::Tensor input = sliceBatch(ds, 0, 3).images;
+    const float* px = input.data_ptr<float>();
     for (int64_t k = 0; k < 3 * 784; ++k) {
       const float expected = (static_cast<float>(k % 256) / 255.0f - 0.2860f) / 0.3530f;
       ASSERT_EQ(px[k], expected) << "pixel " << k << " suffix '" << suffix << "'";

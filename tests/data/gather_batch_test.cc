@@ -33,6 +33,38 @@ TEST(GatherBatch, DatasetOverloadKeepsImagesAndLabelsTogether) {
   EXPECT_EQ(batch.images[1].flatten()[1].item<float>(), 3.0f);
 }
 
+TEST(GatherBatch, Uint8ImagesAreNormalisedPerChannelAsToTensorAndNormalize) {
+  TensorDataset ds;
+  // 4 samples, 3 channels of 2x2: every byte value 0..255 appears somewhere.
+  ds.images = at::arange(48, at::kLong).mul(37).remainder(256).to(at::kByte).reshape({4, 3, 2, 2});
+  ds.labels = at::arange(4, at::kLong);
+  ds.mean = {0.485f, 0.456f, 0.406f};
+  ds.stddev = {0.229f, 0.224f, 0.225f};
+  const Batch batch = gatherBatch(ds, {2, 0});
+  ASSERT_EQ(batch.images.scalar_type(), at::kFloat);
+  ASSERT_EQ(batch.images.sizes(), (std::vector<int64_t>{2, 3, 2, 2}));
+  const int64_t rows[] = {2, 0};
+  for (int64_t i = 0; i < 2; ++i) {
+    for (int64_t c = 0; c < 3; ++c) {
+      for (int64_t p = 0; p < 4; ++p) {
+        const auto byte = ds.images[rows[i]][c].flatten()[p].item<uint8_t>();
+        // torchvision: ToTensor divides by 255 in float32, Normalize subtracts and divides.
+        const float expected = (static_cast<float>(byte) / 255.0f - ds.mean[c]) / ds.stddev[c];
+        EXPECT_EQ(batch.images[i][c].flatten()[p].item<float>(), expected) << i << "," << c << "," << p;
+      }
+    }
+  }
+  EXPECT_TRUE(sliceBatch(ds, 2, 1).images[0].equal(batch.images[0]));
+  EXPECT_TRUE(sliceBatch(ds, 1, 2).labels.equal(at::arange(1, 3, at::kLong)));
+}
+
+TEST(GatherBatch, FloatImagesAreModelInputAsTheyAre) {
+  TensorDataset ds;
+  ds.images = at::arange(8, at::kFloat).reshape({4, 2});
+  ds.labels = at::arange(4, at::kLong);
+  EXPECT_TRUE(sliceBatch(ds, 1, 2).images.equal(ds.images.narrow(0, 1, 2)));
+}
+
 TEST(GatherBatch, OutOfRangeIndexIsNamed) {
   const at::Tensor t = at::arange(4, at::kLong);
   try {

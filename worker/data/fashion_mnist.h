@@ -24,7 +24,8 @@ enum class Split { kTrain, kTest };
 /// Loads one split (60000 train or 10000 test images) from `root`, which holds
 /// train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz
 /// and t10k-labels-idx1-ubyte.gz, or the same names without .gz.
-/// Returns images float32 [N, 1, 28, 28] normalised as above, labels int64 [N].
+/// Returns images uint8 [N, 1, 28, 28] with mean/stddev set as above (gatherBatch makes
+/// the normalised float32 model input), labels int64 [N].
 /// Throws ddp::DataError naming the file and the fix when a file is missing,
 /// corrupt, truncated, or the images and labels disagree.
 TensorDataset loadFashionMnist(const std::string& root, Split split);

@@ -21,6 +21,7 @@
 #include "worker/tensorboard/event_writer.h"
 #include "worker/checkpoint/state_dict_loader.h"
 #include "worker/data/gather_batch.h"
+#include "worker/device.h"
 #include "worker/dp/data_parallel.h"
 #include "worker/dp/memory_stats.h"
 #include "worker/finite_check.h"
@@ -45,7 +46,8 @@ std::string visibleDevicesNote() {
 
 DpPlacement resolveDpPlacement(const WorkerConfig& config) {
   const auto& dp = config.dp;
-  const bool haveCuda = torch::cuda::is_available();
+  const int visibleGpus = visibleCudaDevices(config.device);
+  const bool haveCuda = visibleGpus > 0;
   const bool useCuda = config.device == "cuda" || (config.device == "auto" && haveCuda);
   DpPlacement p;
   if (!useCuda) {
@@ -62,7 +64,7 @@ DpPlacement resolveDpPlacement(const WorkerConfig& config) {
     DDP_THROW(ConfigError, "config: device 'cuda' but no GPU is visible to this process (or LibTorch "
               "was built without CUDA); use device: cpu or auto");
   }
-  const auto count = static_cast<int64_t>(torch::cuda::device_count());
+  const auto count = static_cast<int64_t>(visibleGpus);
   std::vector<int64_t> ids = dp.deviceIds;
   if (ids.empty()) {
     for (int64_t i = 0; i < count; ++i) ids.push_back(i);
@@ -151,8 +153,9 @@ DpResult DpTrainer::run(const Datasets& data) {
       const std::size_t end = std::min(batches.size(), b + static_cast<std::size_t>(accumulate));
       for (std::size_t m = b; m < end; ++m) {
         const auto& batch = batches[m];
-        const at::Tensor x = data::gatherBatch(data.train.images, batch);  // DataParallel scatters it
-        const at::Tensor y = data::gatherBatch(data.train.labels, batch).to(placement_.outputDevice);
+        const data::Batch samples = data::gatherBatch(data.train, batch);
+        const at::Tensor x = samples.images;  // DataParallel scatters it
+        const at::Tensor y = samples.labels.to(placement_.outputDevice);
         // One loss on the gathered outputs: the mean over the whole batch, as nn.DataParallel.
         at::Tensor loss = torch::nn::functional::cross_entropy(dp.forward(x), y);
         if (end - b > 1) loss = loss / static_cast<double>(end - b);
@@ -225,8 +228,9 @@ DpResult DpTrainer::run(const Datasets& data) {
     int64_t correct = 0;
     for (int64_t i = 0; i < n; i += config_.eval.batchSize) {
       const int64_t len = std::min(config_.eval.batchSize, n - i);
-      const at::Tensor x = data.test.images.narrow(0, i, len);
-      const at::Tensor y = data.test.labels.narrow(0, i, len).to(placement_.outputDevice);
+      const data::Batch b = data::sliceBatch(data.test, i, len);
+      const at::Tensor x = b.images;
+      const at::Tensor y = b.labels.to(placement_.outputDevice);
       correct += dp.forward(x).argmax(1).eq(y).sum().item<int64_t>();
     }
     result.testCorrect = correct;

@@ -4,9 +4,7 @@
 #include <sstream>
 #include <string>
 
-#ifdef DDP_WITH_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
-#endif
+#include "comm/cuda_plugin.h"
 
 namespace ddp::worker::dp {
 
@@ -25,15 +23,8 @@ int64_t peakRssBytes() {
 }
 
 int64_t cudaPeakAllocatedBytes(c10::Device device) {
-#ifdef DDP_WITH_CUDA
-  if (!device.is_cuda()) return 0;
-  // allocated_bytes[0] is the aggregate over pool kinds (StatType::AGGREGATE).
-  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-  return stats.allocated_bytes[0].peak;
-#else
-  (void)device;
-  return 0;
-#endif
+  if (!device.is_cuda() || !comm::cudaPluginBuilt()) return 0;
+  return comm::loadCudaPlugin().peakAllocatedBytes(device.index());
 }
 
 }  // namespace ddp::worker::dp

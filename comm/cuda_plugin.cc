@@ -1,0 +1,93 @@
+#include "comm/cuda_plugin.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+#include <mutex>
+#include <vector>
+
+#include "common/error.h"
+
+namespace ddp::comm {
+namespace {
+
+std::string programDirectory() {
+  char path[PATH_MAX] = {};
+  const ssize_t n = ::readlink("/proc/self/exe", path, sizeof path - 1);
+  if (n <= 0) return ".";
+  std::string p(path, static_cast<size_t>(n));
+  return p.substr(0, p.rfind('/'));
+}
+
+}  // namespace
+
+bool cudaPluginBuilt() {
+#ifdef DDP_CUDA_PLUGIN_PATH
+  return true;
+#else
+  return false;
+#endif
+}
+
+const CudaPlugin& loadCudaPlugin() {
+  static std::once_flag once;
+  static CudaPlugin plugin;
+  static std::string error;
+  std::call_once(once, [] {
+#ifdef DDP_CUDA_PLUGIN_PATH
+    std::vector<std::string> candidates;
+    if (const char* p = std::getenv("DDP_CUDA_PLUGIN"); p && *p) {
+      candidates = {p};
+    } else {
+      candidates = {programDirectory() + "/libddp_cuda.so", programDirectory() + "/../lib/libddp_cuda.so",
+                    DDP_CUDA_PLUGIN_PATH};
+    }
+    std::string reasons;
+    for (const auto& path : candidates) {
+      if (::access(path.c_str(), F_OK) != 0) continue;
+      // RTLD_GLOBAL: libtorch_cuda and the CUDA libraries behave as if the program had linked them.
+      void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+      if (handle == nullptr) {
+        reasons += std::string(reasons.empty() ? "" : "; ") + ::dlerror();
+        continue;
+      }
+      using Entry = const CudaPlugin* (*)();
+      auto entry = reinterpret_cast<Entry>(::dlsym(handle, kCudaPluginEntry));
+      const CudaPlugin* p = entry ? entry() : nullptr;
+      if (p == nullptr || p->abi != kCudaPluginAbi) {
+        reasons += (reasons.empty() ? "" : "; ") + path + " is from another build (ABI mismatch)";
+        continue;
+      }
+      plugin = *p;
+      return;
+    }
+    error = "cannot load LibTorch's CUDA support (libddp_cuda.so): " +
+            (reasons.empty() ? "not found beside the program or at " DDP_CUDA_PLUGIN_PATH : reasons) +
+            "; rebuild, or set DDP_CUDA_PLUGIN to its path";
+#else
+    error = "this build's LibTorch has no CUDA; use device: cpu, or build against a CUDA LibTorch";
+#endif
+  });
+  if (plugin.abi != kCudaPluginAbi) DDP_THROW(ConfigError, error);
+  return plugin;
+}
+
+int driverGpuCount() {
+  static const int count = [] {
+    void* cuda = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (cuda == nullptr) return 0;
+    using Init = int (*)(unsigned);
+    using Count = int (*)(int*);
+    auto init = reinterpret_cast<Init>(::dlsym(cuda, "cuInit"));
+    auto getCount = reinterpret_cast<Count>(::dlsym(cuda, "cuDeviceGetCount"));
+    int n = 0;
+    // CUDA_SUCCESS is 0; CUDA_ERROR_NO_DEVICE (100) and the rest mean no usable GPU.
+    if (init == nullptr || getCount == nullptr || init(0) != 0 || getCount(&n) != 0) return 0;
+    return n;
+  }();
+  return count;
+}
+
+}  // namespace ddp::comm

@@ -1,0 +1,49 @@
+// LibTorch's CUDA half, loaded only by processes that use a GPU.
+//
+// libtorch_cuda and the CUDA libraries it pulls in (cuBLAS, cuDNN, NVRTC, ...) cost every process
+// that links them ~250 MiB of resident memory and ~0.15 s at start, GPU or not. So the worker and
+// our libraries link LibTorch's CPU half only; what needs CUDA symbols (ProcessGroupNCCL, the CUDA
+// allocator's statistics) lives in libddp_cuda.so, which a rank loads when it takes a GPU. Loading
+// it loads libtorch_cuda, whose initialisers register CUDA with LibTorch: from then on
+// torch::cuda::*, .to(cuda) and CUDA generators work as in a program linked with it.
+#pragma once
+
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+#include "comm/process_group.h"
+
+namespace ddp::comm {
+
+class TimeoutCensus;
+
+/// What the plugin provides; kCudaPluginAbi changes whenever this struct or an argument does.
+struct CudaPlugin {
+  int abi = 0;
+  std::unique_ptr<Communicator> (*makeNccl)(const c10::intrusive_ptr<c10d::Store>& prefixedStore,
+                                            const ProcessGroupOptions& options,
+                                            const std::shared_ptr<TimeoutCensus>& census) = nullptr;
+  int64_t (*peakAllocatedBytes)(int deviceIndex) = nullptr;
+};
+inline constexpr int kCudaPluginAbi = 1;
+inline constexpr const char* kCudaPluginEntry = "ddp_cuda_plugin";
+
+/// True when this build made the plugin (a CUDA LibTorch).
+bool cudaPluginBuilt();
+
+/// Loads the plugin on first use (DDP_CUDA_PLUGIN, else libddp_cuda.so beside the running program,
+/// else where the build put it) and returns it. Throws ddp::ConfigError when this build has no
+/// CUDA or the library cannot be loaded (with the loader's reason).
+const CudaPlugin& loadCudaPlugin();
+
+/// GPUs the NVIDIA driver shows this process (libcuda.so.1: cuInit + cuDeviceGetCount, so
+/// CUDA_VISIBLE_DEVICES is honoured); 0 without a driver. Loads neither LibTorch's CUDA nor the
+/// plugin, so asking costs a CPU-only host nothing.
+int driverGpuCount();
+
+}  // namespace ddp::comm

@@ -1,0 +1,69 @@
+// One copy of the data set per host (issue 13): README's 4-rank CNN job decodes Fashion-MNIST once,
+// every other rank maps that copy, and no rank's peak RSS exceeds 350 MiB; the same job with
+// data.one_copy_per_host=false loads four copies and gives the same model.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <string>
+
+#include "tests/e2e/run_command.h"
+
+namespace ddp {
+namespace {
+
+constexpr double kTargetPeakRssMb = 350;  // per rank, issue 13
+
+std::string dataRoot() {
+  const char* root = std::getenv("DDP_FASHION_MNIST_ROOT");
+  return root ? root : "/usr/share/datasets/fashion-mnist";
+}
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+struct Job {
+  test::CommandResult run;
+  nlohmann::json summary;
+};
+
+Job fourRanks(const std::string& dir, const std::string& share) {
+  Job job;
+  job.run = test::runCommand({DDP_LAUNCH_BIN, "--nproc_per_node=4", DDP_WORKER_BIN,
+                              std::string(DDP_SOURCE_DIR) + "/configs/fmnist_cnn_ddp.yaml",
+                              "data.root=" + dataRoot(), "train.max_steps=40",
+                              "data.one_copy_per_host=" + share, "output.dir=" + dir},
+                             600);
+  if (job.run.exitCode == 0) job.summary = nlohmann::json::parse(test::readFile(dir + "/summary.json"));
+  return job;
+}
+
+TEST(OneCopyPerHost, FourRanksDecodeFashionMnistOnceAndStayUnder350MiB) {
+  if (!std::filesystem::exists(dataRoot() + "/train-images-idx3-ubyte.gz")) {
+    GTEST_SKIP() << "Debian package dataset-fashion-mnist is not installed (scripts/setup.sh installs it)";
+  }
+  const std::string dir = test::makeTempDir("ddp_share");
+  const Job shared = fourRanks(dir + "/shared", "true");
+  ASSERT_EQ(shared.run.exitCode, 0) << shared.run.output;
+  EXPECT_EQ(count(shared.run.output, "data: loaded once for this host into shared memory"), 1u) << shared.run.output;
+  EXPECT_EQ(shared.summary["data_copies"], 1);
+  for (const auto& mb : shared.summary["peak_rss_mb_per_process"]) {
+    EXPECT_LE(mb.get<double>(), kTargetPeakRssMb) << shared.summary["peak_rss_mb_per_process"];
+  }
+
+  const Job own = fourRanks(dir + "/own", "false");
+  ASSERT_EQ(own.run.exitCode, 0) << own.run.output;
+  EXPECT_EQ(count(own.run.output, "data: loaded once"), 0u);
+  EXPECT_EQ(own.summary["data_copies"], 4);
+  // Same bytes in, same training: the copy changes where the data lives, nothing else.
+  EXPECT_EQ(own.summary["final_loss"], shared.summary["final_loss"]);
+  EXPECT_EQ(own.summary["test_correct"], shared.summary["test_correct"]);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace ddp

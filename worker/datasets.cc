@@ -1,0 +1,145 @@
+#include "worker/datasets.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+
+#include "common/error.h"
+#include "worker/data/fashion_mnist.h"
+#include "worker/data/shared_tensors.h"
+#include "worker/data/synthetic.h"
+
+namespace ddp::worker {
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+std::vector<uint8_t> bytesOf(const std::string& s) { return {s.begin(), s.end()}; }
+
+nlohmann::json handleToJson(const data::SharedTensorsHandle& h) {
+  nlohmann::json tensors = nlohmann::json::array();
+  for (const auto& t : h.tensors) tensors.push_back({{"dtype", t.dtype}, {"shape", t.shape}, {"offset", t.offset}});
+  return {{"pid", h.pid}, {"fd", h.fd}, {"bytes", h.bytes}, {"nonce", h.nonce}, {"tensors", tensors}};
+}
+
+data::SharedTensorsHandle handleFromJson(const nlohmann::json& j) {
+  data::SharedTensorsHandle h;
+  h.pid = j.at("pid").get<int64_t>();
+  h.fd = j.at("fd").get<int>();
+  h.bytes = j.at("bytes").get<uint64_t>();
+  h.nonce = j.at("nonce").get<std::string>();
+  for (const auto& t : j.at("tensors")) {
+    h.tensors.push_back({t.at("dtype").get<int>(), t.at("shape").get<std::vector<int64_t>>(),
+                         t.at("offset").get<uint64_t>()});
+  }
+  return h;
+}
+
+// What a mapped copy cannot carry: the normalisation and the model's input shape.
+nlohmann::json describe(const Datasets& d) {
+  return {{"train_mean", d.train.mean}, {"train_std", d.train.stddev},
+          {"test_mean", d.test.mean},   {"test_std", d.test.stddev},
+          {"input", {d.input.channels, d.input.height, d.input.width, d.input.classes}}};
+}
+
+Datasets fromShared(const std::vector<at::Tensor>& t, const nlohmann::json& j) {
+  Datasets d;
+  d.train = data::TensorDataset{t.at(0), t.at(1), j.at("train_mean").get<std::vector<float>>(),
+                                j.at("train_std").get<std::vector<float>>()};
+  d.test = data::TensorDataset{t.at(2), t.at(3), j.at("test_mean").get<std::vector<float>>(),
+                               j.at("test_std").get<std::vector<float>>()};
+  const auto input = j.at("input").get<std::vector<int64_t>>();
+  d.input = InputSpec{input.at(0), input.at(1), input.at(2), input.at(3)};
+  return d;
+}
+
+// The loading rank's failure, thrown again by the others with its class (so its exit code).
+[[noreturn]] void rethrow(const nlohmann::json& j) {
+  const std::string kind = j.value("kind", "");
+  const std::string what = j.value("message", "the rank loading the data failed");
+  if (kind == "config") throw ConfigError(what);
+  if (kind == "data") throw DataError(what);
+  throw Error(what);
+}
+
+}  // namespace
+
+Datasets loadDatasets(const DataConfig& config, uint64_t seed) {
+  Datasets d;
+  if (config.name == "fashion-mnist") {
+    d.train = data::loadFashionMnist(config.root, data::Split::kTrain);
+    d.test = data::loadFashionMnist(config.root, data::Split::kTest);
+    d.input = InputSpec{1, 28, 28, 10};
+  } else {
+    data::SyntheticOptions opts;
+    opts.size = config.syntheticTrain + config.syntheticTest;
+    opts.numClasses = config.syntheticClasses;
+    opts.seed = seed;
+    auto all = data::makeSynthetic(opts);
+    d.train = all.rows(0, config.syntheticTrain);
+    d.test = all.rows(config.syntheticTrain, config.syntheticTest);
+    d.input = InputSpec{opts.shape[0], opts.shape[1], opts.shape[2], config.syntheticClasses};
+  }
+  if (config.trainLimit > 0 && config.trainLimit < d.train.size()) {
+    d.train = d.train.rows(0, config.trainLimit);
+  }
+  return d;
+}
+
+std::string hostIdentity() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  return std::string(host) + "/" + boot;
+}
+
+Datasets loadDatasetsOncePerHost(const DataConfig& config, uint64_t seed, c10d::Store& store,
+                                 std::chrono::milliseconds timeout, DataOrigin* origin) {
+  const std::string key = "data/" + hostIdentity();
+  DataOrigin how = DataOrigin::kLoaded;
+  Datasets result;
+  if (store.add(key + "/ranks", 1) == 1) {
+    // This rank loads for the host; whatever happens, the others hear of it.
+    nlohmann::json message;
+    try {
+      const Datasets loaded = loadDatasets(config, seed);
+      auto shared = data::SharedTensors::create(
+          {loaded.train.images, loaded.train.labels, loaded.test.images, loaded.test.labels});
+      message = describe(loaded);
+      message["handle"] = handleToJson(shared.handle());
+      result = fromShared(shared.tensors(), message);  // the loaded tensors go; the copy stays
+      how = DataOrigin::kSharedByThisRank;
+      spdlog::info("data: loaded once for this host into shared memory ({:.1f} MiB); the other ranks here map it",
+                   static_cast<double>(shared.handle().bytes) / kMiB);
+    } catch (const std::exception& e) {
+      const auto* config = dynamic_cast<const ConfigError*>(&e);
+      const auto* dataError = dynamic_cast<const DataError*>(&e);
+      message = {{"kind", config ? "config" : dataError ? "data" : "other"}, {"message", e.what()}};
+      store.set(key + "/copy", bytesOf(message.dump()));
+      throw;
+    }
+    store.set(key + "/copy", bytesOf(message.dump()));
+  } else {
+    store.wait({key + "/copy"}, timeout);
+    const std::vector<uint8_t> raw = store.get(key + "/copy");
+    const nlohmann::json message = nlohmann::json::parse(raw.begin(), raw.end());
+    if (!message.contains("handle")) rethrow(message);
+    try {
+      auto shared = data::SharedTensors::attach(handleFromJson(message.at("handle")));
+      result = fromShared(shared.tensors(), message);
+      how = DataOrigin::kMappedFromHostCopy;
+    } catch (const DataError& e) {
+      spdlog::warn("{}; loading the data in this process instead (one more copy in memory)", e.what());
+      result = loadDatasets(config, seed);
+      how = DataOrigin::kLoadedAfterMapFailed;
+    }
+  }
+  if (origin != nullptr) *origin = how;
+  return result;
+}
+
+}  // namespace ddp::worker
