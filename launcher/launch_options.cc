@@ -33,7 +33,14 @@ cxxopts::Options makeOptions() {
   options.set_width(100);
   // clang-format off
   options.add_options()
-    ("nproc_per_node", "Workers to start on this node", cxxopts::value<std::string>()->default_value("1"), "N")
+    ("nproc_per_node", "Workers to start on this node; auto = the GPUs --gpus chose (without --gpus: "
+        "the visible GPUs, else the CPUs this process may use)", cxxopts::value<std::string>()->default_value("1"), "N")
+    ("gpus", "Choose the GPUs: auto = every idle GPU, auto:N = the N with most free memory, 0,2 = "
+        "those (nvidia-smi numbers); prints the table it chose from", cxxopts::value<std::string>(), "SPEC")
+    ("gpu_max_used_mb", "--gpus auto skips GPUs with more memory in use than this",
+        cxxopts::value<std::string>()->default_value("1024"), "MIB")
+    ("gpu_max_util", "--gpus auto skips GPUs busier than this (percent)",
+        cxxopts::value<std::string>()->default_value("30"), "PERCENT")
     ("nnodes", "Nodes in the job", cxxopts::value<std::string>()->default_value("1"), "N")
     ("node_rank", "Rank of this node, 0 .. nnodes-1", cxxopts::value<std::string>()->default_value("0"), "R")
     ("master_addr", "Address of the node that runs rank 0",
@@ -249,8 +256,18 @@ CommandLine parseCommandLine(const std::vector<std::string>& args) {
   }
 
   LaunchOptions& launch = result.options;
-  launch.nprocPerNode = parseInt("nproc_per_node", parsed["nproc_per_node"].as<std::string>(), 1, 4096,
-                                 "the number of workers to start on this node, e.g. --nproc_per_node=4");
+  const std::string nproc = parsed["nproc_per_node"].as<std::string>();
+  launch.nprocAuto = nproc == "auto";
+  launch.nprocPerNode = launch.nprocAuto ? 1 : parseInt("nproc_per_node", nproc, 1, 4096,
+                                 "the number of workers to start on this node, e.g. --nproc_per_node=4 (or auto)");
+  if (parsed.count("gpus") != 0) {
+    launch.gpus = parsed["gpus"].as<std::string>();
+    if (launch.gpus.empty()) DDP_THROW(ConfigError, "--gpus is empty: give auto, auto:N or a list such as 0,2");
+  }
+  launch.gpuMaxUsedMb = parseInt("gpu_max_used_mb", parsed["gpu_max_used_mb"].as<std::string>(), 0, 1 << 30,
+                                 "memory in use (MiB) above which --gpus auto skips a GPU, e.g. --gpu_max_used_mb=2048");
+  launch.gpuMaxUtil = parseInt("gpu_max_util", parsed["gpu_max_util"].as<std::string>(), 0, 100,
+                               "utilisation (percent) above which --gpus auto skips a GPU, e.g. --gpu_max_util=50");
   launch.nnodes = parseInt("nnodes", parsed["nnodes"].as<std::string>(), 1, 65536,
                            "the number of nodes in the job, e.g. --nnodes=2");
   launch.nodeRank = parseInt("node_rank", parsed["node_rank"].as<std::string>(), 0, 65535,
@@ -268,7 +285,7 @@ CommandLine parseCommandLine(const std::vector<std::string>& args) {
               "; drop one of them");
   }
 
-  launch.nprocPerNodeGiven = parsed.count("nproc_per_node") != 0;
+  launch.nprocPerNodeGiven = parsed.count("nproc_per_node") != 0 && !launch.nprocAuto;
   launch.nnodesGiven = parsed.count("nnodes") != 0 || parsed["standalone"].as<bool>();
   launch.nodeRankGiven = parsed.count("node_rank") != 0;
   launch.masterAddrGiven = parsed.count("master_addr") != 0;

@@ -16,6 +16,13 @@ constexpr int kDefaultMultiNodePort = 29500;
 /// Everything the command line decides. Parsing fills it; nothing else reads argv.
 struct LaunchOptions {
   int nprocPerNode = 1;                  // --nproc_per_node: workers on this node
+  bool nprocAuto = false;                // --nproc_per_node=auto: the GPUs chosen, else the CPUs (resolveGpus)
+  std::string gpus;                      // --gpus auto[:N] | 2,3; empty: not given
+  int gpuMaxUsedMb = 1024;               // --gpu_max_used_mb: auto skips GPUs with more memory in use
+  int gpuMaxUtil = 30;                   // --gpu_max_util: ... or busier than this (percent)
+  // Not a flag: what --gpus chose; non-empty: every worker gets it as CUDA_VISIBLE_DEVICES, with
+  // CUDA_DEVICE_ORDER=PCI_BUS_ID so CUDA numbers GPUs as nvidia-smi does.
+  std::string cudaVisibleDevices;
   int nnodes = 1;                        // --nnodes: nodes in the job
   int nodeRank = 0;                      // --node_rank: this node, 0 <= node_rank < nnodes
   std::string masterAddr = "127.0.0.1";  // --master_addr: where rank 0 listens

@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cstdio>
 #include <exception>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
+#include "launcher/gpu_launch.h"
 #include "launcher/launch_options.h"
 #include "launcher/launch_plan.h"
 #include "launcher/master_address.h"
@@ -51,6 +53,12 @@ int main(int argc, char** argv) {
     options.consoleIsTerminal = ::isatty(STDOUT_FILENO) == 1 && (options.logDir.empty() || options.tee);
     if (const std::string derived = applySrunStep(options, environment); !derived.empty()) {
       spdlog::info("{}", derived);
+      // The step decided the worker count: --nproc_per_node=auto means Slurm's, not ours.
+      if (derived.find("--nproc_per_node") != std::string::npos) options.nprocAuto = false;
+    }
+    if (const std::string gpus = resolveGpus(options, environment); !gpus.empty()) {
+      std::istringstream lines(gpus);
+      for (std::string line; std::getline(lines, line);) spdlog::info("{}", line);
     }
     checkSrunLayout(options, environment);
     checkMasterAddress(options.masterAddr);

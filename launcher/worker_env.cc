@@ -41,6 +41,10 @@ EnvMap workerEnvironment(const LaunchOptions& options, int localRank, int master
   env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(options.maxRestarts);
   // Our output relay already prefixes "[rank N] "; the worker leaves it out of its own logs.
   env["DDP_LAUNCH_PREFIXED"] = "1";
+  if (!options.cudaVisibleDevices.empty()) {
+    env["CUDA_VISIBLE_DEVICES"] = options.cudaVisibleDevices;  // local rank r takes the r-th (cuda:r)
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID";                    // CUDA numbers GPUs as nvidia-smi does
+  }
   // The worker cannot see the terminal through the relay's pipe: tell it whether there is one.
   if (inherited.count("DDP_PROGRESS") == 0) env["DDP_PROGRESS"] = options.consoleIsTerminal ? "bar" : "lines";
   if (shouldDefaultOmpThreads(options, inherited)) env["OMP_NUM_THREADS"] = "1";

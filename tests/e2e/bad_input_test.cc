@@ -220,6 +220,8 @@ INSTANTIATE_TEST_SUITE_P(
                    return std::vector<std::string>{"--nproc_per_node=2", DDP_WORKER_BIN, writeFile(f.dir + "/list.yaml", "- 1\n- 2\n")};
                  }, "top level must be a map", 2},
         BadInput{"UnknownKey", [](const Fixture& f) { return worker({"trian.lr=0.1"}, f); }, "did you mean 'train.lr'?", 2},
+        // No host has GPU 99: without NVML "--gpus 99 needs NVML ...", with it "--gpus 99: GPU 99 does not exist".
+        BadInput{"GpusThatDoNotExist", [](const Fixture& f) { return worker({}, f, 2, {"--gpus", "99"}); }, "--gpus 99", 2},
         BadInput{"WrongType", [](const Fixture& f) { return worker({"train.batch_size=many"}, f); },
                  "'train.batch_size' (command-line override) must be an integer, got 'many'", 2},
         BadInput{"NegativeBatchSize", [](const Fixture& f) { return worker({"train.batch_size=-4"}, f); }, "'train.batch_size' must be >= 1", 2},
