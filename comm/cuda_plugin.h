@@ -22,6 +22,15 @@ namespace ddp::comm {
 
 class TimeoutCensus;
 
+/// One GPU as a rank saw it (for summary.json and the end-of-run log).
+struct GpuReport {
+  char name[128] = {};       // "NVIDIA H100 80GB HBM3"
+  char pciBusId[32] = {};    // "0000:18:00.0", the bus id nvidia-smi shows
+  int64_t totalBytes = 0;
+  int64_t peakAllocatedBytes = 0;  // tensors (torch.cuda.max_memory_allocated)
+  int64_t peakReservedBytes = 0;   // the caching allocator's segments (max_memory_reserved)
+};
+
 /// What the plugin provides; kCudaPluginAbi changes whenever this struct or an argument does.
 struct CudaPlugin {
   int abi = 0;
@@ -29,8 +38,9 @@ struct CudaPlugin {
                                             const ProcessGroupOptions& options,
                                             const std::shared_ptr<TimeoutCensus>& census) = nullptr;
   int64_t (*peakAllocatedBytes)(int deviceIndex) = nullptr;
+  void (*report)(int deviceIndex, GpuReport* out) = nullptr;
 };
-inline constexpr int kCudaPluginAbi = 1;
+inline constexpr int kCudaPluginAbi = 2;
 inline constexpr const char* kCudaPluginEntry = "ddp_cuda_plugin";
 
 /// True when this build made the plugin (a CUDA LibTorch).

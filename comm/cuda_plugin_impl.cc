@@ -1,10 +1,12 @@
 // libddp_cuda.so: the code that needs LibTorch's CUDA libraries (see comm/cuda_plugin.h).
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <cuda_runtime_api.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #ifdef DDP_WITH_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <cstdio>
 #include <cstdlib>
 
 #include "comm/c10d_communicator.h"
@@ -40,15 +42,28 @@ int64_t peakAllocatedBytes(int deviceIndex) {
       .peak;
 }
 
+void report(int deviceIndex, GpuReport* out) {
+  cudaDeviceProp props{};
+  if (cudaGetDeviceProperties(&props, deviceIndex) == cudaSuccess) {
+    std::snprintf(out->name, sizeof out->name, "%s", props.name);
+    out->totalBytes = static_cast<int64_t>(props.totalGlobalMem);
+  }
+  if (cudaDeviceGetPCIBusId(out->pciBusId, sizeof out->pciBusId, deviceIndex) != cudaSuccess) out->pciBusId[0] = 0;
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(deviceIndex));
+  out->peakAllocatedBytes = stats.allocated_bytes[0].peak;
+  out->peakReservedBytes = stats.reserved_bytes[0].peak;
+}
+
 }  // namespace
 }  // namespace ddp::comm
 
 extern "C" __attribute__((visibility("default"))) const ddp::comm::CudaPlugin* ddp_cuda_plugin() {
 #ifdef DDP_WITH_NCCL
   static const ddp::comm::CudaPlugin plugin{ddp::comm::kCudaPluginAbi, &ddp::comm::makeNccl,
-                                            &ddp::comm::peakAllocatedBytes};
+                                            &ddp::comm::peakAllocatedBytes, &ddp::comm::report};
 #else
-  static const ddp::comm::CudaPlugin plugin{ddp::comm::kCudaPluginAbi, nullptr, &ddp::comm::peakAllocatedBytes};
+  static const ddp::comm::CudaPlugin plugin{ddp::comm::kCudaPluginAbi, nullptr, &ddp::comm::peakAllocatedBytes,
+                                            &ddp::comm::report};
 #endif
   return &plugin;
 }

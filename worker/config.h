@@ -90,6 +90,12 @@ struct InitConfig {
   std::string modelPath;
 };
 
+// torch.backends.cudnn.benchmark / .deterministic and torch.use_deterministic_algorithms.
+struct CudnnConfig {
+  bool benchmark = false;      // let cuDNN time its algorithms per input shape and keep the fastest
+  bool deterministic = false;  // only deterministic cuDNN algorithms
+};
+
 struct WorkerConfig {
   Mode mode = Mode::kDdp;
   std::string backend = "auto";  // auto | gloo | nccl
@@ -106,6 +112,8 @@ struct WorkerConfig {
   DpConfig dp;
   CheckpointConfig checkpoint;
   InitConfig init;
+  CudnnConfig cudnn;
+  bool deterministicAlgorithms = false;  // every op deterministic, or an error naming the one that is not
 };
 
 /// checkpoint.dir, or <output.dir>/checkpoints when it is empty.

@@ -1,5 +1,6 @@
 #include "worker/device.h"
 
+#include <ATen/Context.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/cuda.h>
 
@@ -49,6 +50,13 @@ int visibleCudaDevices(const std::string& requested) {
 c10::Device selectDevice(DeviceRequest request) {
   request.visibleGpus = visibleCudaDevices(request.requested);
   return planDevice(request);
+}
+
+void applyNumerics(bool cudnnBenchmark, bool cudnnDeterministic, bool deterministicAlgorithms) {
+  if (deterministicAlgorithms) ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  at::globalContext().setBenchmarkCuDNN(cudnnBenchmark);
+  at::globalContext().setDeterministicCuDNN(cudnnDeterministic);
+  at::globalContext().setDeterministicAlgorithms(deterministicAlgorithms, /*warn_only=*/false);
 }
 
 void useDevice(c10::Device device) {

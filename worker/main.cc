@@ -36,6 +36,7 @@
 #include "worker/stop_signal.h"
 #include "worker/metrics.h"
 #include "worker/model_size.h"
+#include "worker/rank_report.h"
 #include "worker/startup_checks.h"
 #include "worker/trainer.h"
 
@@ -85,6 +86,10 @@ int runDataParallel(const ddp::worker::WorkerConfig& config) {
     for (auto b : dpResult.peakAllocatedBytes) mb.push_back(static_cast<double>(b) / kMiB);
     summary["cuda_peak_allocated_mb_per_device"] = mb;
   }
+  std::vector<RankReport> replicas;  // "gpus": one entry per replica on a GPU ("rank" = replica)
+  for (const auto& d : placement.devices) replicas.push_back(measureRank(d, true));
+  if (const nlohmann::json gpus = gpuSummary(replicas); !gpus.empty()) summary["gpus"] = gpus;
+  for (const auto& line : gpuReportLines(replicas)) spdlog::info("{}", line);
   writeSummary(config.output.dir + "/summary.json", summary);
   logDone(result);
   return 0;
@@ -128,6 +133,7 @@ int runWorker(std::vector<std::string> args) {
   const std::vector<std::string> overrides(args.begin() + 1, args.end());
   WorkerConfig config = loadConfig(args[0], overrides);
   checkInputPaths(config);
+  applyNumerics(config.cudnn.benchmark, config.cudnn.deterministic, config.deterministicAlgorithms);
 
   if (config.mode == Mode::kEval) {
     if (env.worldSize > 1) {
@@ -257,21 +263,16 @@ int runWorker(std::vector<std::string> args) {
     return 128 + result.stopSignal;  // like a process killed by it, but with its work saved
   }
 
-  // Every rank's peak RSS (and its GPU's peak allocation) to rank 0: a collective, so all ranks call it.
-  // And whether it loaded the data itself (a copy of its own) or mapped its host's copy.
-  at::Tensor memory = at::zeros({2 * worldSize + 1}, at::kDouble);
-  memory[rank] = static_cast<double>(dp::peakRssBytes()) / kMiB;
-  memory[worldSize + rank] = static_cast<double>(dp::cudaPeakAllocatedBytes(device)) / kMiB;
-  memory[2 * worldSize] = dataOrigin == DataOrigin::kMappedFromHostCopy ? 0.0 : 1.0;
-  if (device.is_cuda()) memory = memory.to(device);
-  comm->allReduceSum(memory);
-  memory = memory.cpu();
-
+  // Every rank's peak RSS, where its data came from and its GPU, to rank 0 (a collective).
+  const std::vector<RankReport> reports =
+      gatherRankReports(*comm, measureRank(device, dataOrigin != DataOrigin::kMappedFromHostCopy));
   if (rank == 0) {
     std::vector<double> rssMb, cudaMb;
-    for (int r = 0; r < worldSize; ++r) {
-      rssMb.push_back(memory[r].item<double>());
-      cudaMb.push_back(memory[worldSize + r].item<double>());
+    int64_t copies = 0;
+    for (const auto& r : reports) {
+      rssMb.push_back(r.peakRssMb);
+      cudaMb.push_back(r.gpu ? r.gpu->peakAllocatedMb : 0.0);
+      copies += r.ownDataCopy ? 1 : 0;
     }
     nlohmann::json summary = trainingSummary(
         config, result, worldSize, modeName(config.mode),
@@ -279,8 +280,12 @@ int runWorker(std::vector<std::string> args) {
         config.train.batchSize * worldSize);
     summary["peak_rss_mb"] = rssMb.front();
     summary["peak_rss_mb_per_process"] = rssMb;
-    summary["data_copies"] = static_cast<int64_t>(memory[2 * worldSize].item<double>());
-    if (device.is_cuda()) summary["cuda_peak_allocated_mb_per_device"] = cudaMb;
+    summary["data_copies"] = copies;
+    if (const nlohmann::json gpus = gpuSummary(reports); !gpus.empty()) {
+      summary["gpus"] = gpus;
+      summary["cuda_peak_allocated_mb_per_device"] = cudaMb;
+    }
+    for (const auto& line : gpuReportLines(reports)) spdlog::info("{}", line);
     writeSummary(config.output.dir + "/summary.json", summary);
     logDone(result);
   }

@@ -30,6 +30,9 @@ def load(out):
 
 
 def memory_per_device(s, kind):
+    # The worker's GPU report: per rank (ddp) or replica (dp), peak allocated on its GPU.
+    if kind == "cuda" and s.get("gpus"):
+        return [g["peak_allocated_mb"] for g in s["gpus"]]
     if kind == "cuda" and "cuda_peak_allocated_mb_per_device" in s:
         return s["cuda_peak_allocated_mb_per_device"]
     return s.get("peak_rss_mb_per_process", [s.get("peak_rss_mb", 0.0)])

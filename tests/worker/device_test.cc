@@ -4,7 +4,13 @@
 
 #include "comm/process_group.h"
 #include "common/error.h"
+#include "worker/config.h"
 #include "worker/device.h"
+#include "worker/rank_report.h"
+
+#include <ATen/Context.h>
+
+#include <cstdlib>
 
 namespace ddp::worker {
 namespace {
@@ -62,6 +68,72 @@ TEST(CollectiveDevice, NcclUsesTheRanksGpuOthersTheCpu) {
   EXPECT_EQ(comm::collectiveDevice(comm::Backend::kNccl, gpu), gpu);
   EXPECT_EQ(comm::collectiveDevice(comm::Backend::kGloo, gpu), c10::Device(c10::kCPU));
   EXPECT_EQ(comm::collectiveDevice(comm::Backend::kShm, c10::Device(c10::kCPU)), c10::Device(c10::kCPU));
+}
+
+}  // namespace
+}  // namespace ddp::worker
+
+namespace ddp::worker {
+namespace {
+
+// cudnn.* and deterministic_algorithms reach LibTorch's global context, as torch.backends does.
+TEST(Numerics, ConfigKeysSetLibTorchsGlobalFlags) {
+  const WorkerConfig config = loadConfig("/dev/null", {"cudnn.benchmark=true", "cudnn.deterministic=true",
+                                                       "deterministic_algorithms=true"});
+  EXPECT_TRUE(config.cudnn.benchmark);
+  EXPECT_TRUE(config.cudnn.deterministic);
+  EXPECT_TRUE(config.deterministicAlgorithms);
+  const WorkerConfig defaults = loadConfig("/dev/null");
+  EXPECT_FALSE(defaults.cudnn.benchmark);  // PyTorch's defaults
+  EXPECT_FALSE(defaults.cudnn.deterministic);
+  EXPECT_FALSE(defaults.deterministicAlgorithms);
+
+  ::unsetenv("CUBLAS_WORKSPACE_CONFIG");
+  applyNumerics(true, true, true);
+  EXPECT_TRUE(at::globalContext().benchmarkCuDNN());
+  EXPECT_TRUE(at::globalContext().deterministicCuDNN());
+  EXPECT_TRUE(at::globalContext().deterministicAlgorithms());
+  ASSERT_NE(std::getenv("CUBLAS_WORKSPACE_CONFIG"), nullptr);
+  EXPECT_STREQ(std::getenv("CUBLAS_WORKSPACE_CONFIG"), ":4096:8");
+  ::setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8", 1);
+  applyNumerics(false, false, true);
+  EXPECT_STREQ(std::getenv("CUBLAS_WORKSPACE_CONFIG"), ":16:8") << "the user's setting wins";
+  applyNumerics(false, false, false);
+  EXPECT_FALSE(at::globalContext().benchmarkCuDNN());
+  EXPECT_FALSE(at::globalContext().deterministicCuDNN());
+  EXPECT_FALSE(at::globalContext().deterministicAlgorithms());
+}
+
+// Every rank's report survives the trip to rank 0: numbers and the GPU's strings.
+TEST(RankReports, StringsAndNumbersReachRankZero) {
+  comm::LocalCommunicator local;
+  RankReport mine;
+  mine.peakRssMb = 233.8;
+  mine.ownDataCopy = false;
+  mine.device = "cuda:3";
+  mine.gpu = GpuUse{"NVIDIA H100 80GB HBM3", "00000000:18:00.0", 81559, 1234.5, 2048};
+  const auto reports = gatherRankReports(local, mine);
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_DOUBLE_EQ(reports[0].peakRssMb, 233.8);
+  EXPECT_FALSE(reports[0].ownDataCopy);
+  EXPECT_EQ(reports[0].device, "cuda:3");
+  ASSERT_TRUE(reports[0].gpu.has_value());
+  EXPECT_EQ(reports[0].gpu->name, "NVIDIA H100 80GB HBM3");
+  EXPECT_EQ(reports[0].gpu->pciBusId, "00000000:18:00.0");
+  EXPECT_DOUBLE_EQ(reports[0].gpu->peakReservedMb, 2048);
+  const nlohmann::json gpus = gpuSummary(reports);
+  ASSERT_EQ(gpus.size(), 1u);
+  EXPECT_EQ(gpus[0]["rank"], 0);
+  EXPECT_EQ(gpus[0]["pci_bus_id"], "00000000:18:00.0");
+  EXPECT_DOUBLE_EQ(gpus[0]["peak_allocated_mb"].get<double>(), 1234.5);
+  EXPECT_EQ(gpuReportLines(reports).front(),
+            "GPU report: rank 0 cuda:3 NVIDIA H100 80GB HBM3 (00000000:18:00.0, 81559 MiB): peak allocated 1234.5 MiB, "
+            "reserved 2048.0 MiB");
+
+  const RankReport cpu = measureRank(c10::Device(c10::kCPU), true);
+  EXPECT_FALSE(cpu.gpu.has_value());
+  EXPECT_GT(cpu.peakRssMb, 1.0);
+  EXPECT_TRUE(gpuSummary(gatherRankReports(local, cpu)).empty());
 }
 
 }  // namespace
