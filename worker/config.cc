@@ -82,6 +82,12 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("data.synthetic_test", "integer", c.data.syntheticTest),
       bindField("data.synthetic_classes", "integer", c.data.syntheticClasses),
       bindField("data.one_copy_per_host", "boolean", c.data.oneCopyPerHost),
+      bindField("data.num_workers", "integer", c.data.numWorkers),
+      bindField("data.prefetch_batches", "integer", c.data.prefetchBatches),
+      bindField("data.pin_memory", "boolean", c.data.pinMemory),
+      bindField("data.rotate_degrees", "number", c.data.rotateDegrees),
+      bindField("data.crop_padding", "integer", c.data.cropPadding),
+      bindField("data.horizontal_flip", "boolean", c.data.horizontalFlip),
       bindField("train.epochs", "integer", c.train.epochs),
       bindField("train.batch_size", "integer", c.train.batchSize),
       bindField("train.lr", "number", c.train.lr),
@@ -210,6 +216,13 @@ void validate(const WorkerConfig& c) {
   require(c.data.syntheticTrain > 0, "data.synthetic_train", "must be > 0");
   require(c.data.syntheticTest > 0, "data.synthetic_test", "must be > 0");
   require(c.data.syntheticClasses >= 2, "data.synthetic_classes", "must be >= 2");
+  require(c.data.numWorkers >= -1 && c.data.numWorkers <= 64, "data.num_workers",
+          "must be from 0 to 64 loader threads, or -1 (auto: 0 on CPU, 2 on a GPU)");
+  require(c.data.prefetchBatches >= 1 && c.data.prefetchBatches <= 64, "data.prefetch_batches", "must be from 1 to 64");
+  require(c.data.rotateDegrees >= 0 && c.data.rotateDegrees <= 180, "data.rotate_degrees", "must be from 0 to 180");
+  require(c.data.cropPadding >= 0 && c.data.cropPadding <= 64, "data.crop_padding", "must be from 0 to 64");
+  require(c.data.name != "synthetic" || (c.data.rotateDegrees == 0 && c.data.cropPadding == 0 && !c.data.horizontalFlip),
+          "data.rotate_degrees", "(and crop_padding, horizontal_flip) augment images; data.name synthetic has none");
   require(c.backend == "auto" || c.backend == "gloo" || c.backend == "nccl" || c.backend == "shm", "backend",
           "is '" + c.backend + "'; use auto, gloo, nccl or shm");
   const bool cudaIndexed = c.device.rfind("cuda:", 0) == 0 && c.device.size() > 5 &&

@@ -28,6 +28,14 @@ struct DataConfig {
   // One rank per host loads the data into shared memory, the others map it read-only
   // (false: every rank loads its own copy).
   bool oneCopyPerHost = true;
+  // Loading (PyTorch DataLoader's num_workers, prefetch_factor, pin_memory).
+  int64_t numWorkers = -1;      // threads assembling batches ahead; -1 = auto: 0 on CPU, 2 on a GPU
+  int64_t prefetchBatches = 2;  // per loader thread
+  bool pinMemory = true;        // GPU: page-locked batches, copied on a side stream (ignored on CPU)
+  // Training-set augmentation, per sample, reproducible from (seed, epoch, sample).
+  double rotateDegrees = 0;     // RandomRotation(d), bilinear
+  int64_t cropPadding = 0;      // RandomCrop(size, padding=p)
+  bool horizontalFlip = false;  // RandomHorizontalFlip()
 };
 
 struct TrainConfig {

@@ -89,6 +89,20 @@ Datasets loadDatasets(const DataConfig& config, uint64_t seed) {
   return d;
 }
 
+data::LoaderOptions loaderOptions(const DataConfig& config, c10::Device device, uint64_t seed, int64_t epoch) {
+  data::LoaderOptions o;
+  o.numWorkers = static_cast<int>(config.numWorkers >= 0 ? config.numWorkers : device.is_cuda() ? 2 : 0);
+  o.prefetchBatches = static_cast<int>(config.prefetchBatches);
+  o.pinMemory = config.pinMemory;
+  o.device = device;
+  o.augment.rotateDegrees = config.rotateDegrees;
+  o.augment.cropPadding = static_cast<int>(config.cropPadding);
+  o.augment.horizontalFlip = config.horizontalFlip;
+  o.seed = seed;
+  o.epoch = epoch;
+  return o;
+}
+
 std::string hostIdentity() {
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "worker/config.h"
+#include "worker/data/batch_loader.h"
 #include "worker/data/tensor_dataset.h"
 #include "worker/models.h"
 
@@ -22,6 +23,10 @@ struct Datasets {
 
 /// Loads the configured data set in this process (data.name selects the source).
 Datasets loadDatasets(const DataConfig& config, uint64_t seed);
+
+/// The loader's options for this job's `device`: data.num_workers (-1 = 0 on CPU, 2 on a GPU),
+/// prefetch, pinning, and the training-set augmentation drawn from (seed, epoch, sample).
+data::LoaderOptions loaderOptions(const DataConfig& config, c10::Device device, uint64_t seed, int64_t epoch);
 
 /// How a rank came by its data (for the log and the tests).
 enum class DataOrigin { kLoaded, kSharedByThisRank, kMappedFromHostCopy, kLoadedAfterMapFailed };

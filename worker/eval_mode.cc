@@ -32,7 +32,8 @@ int runEvalMode(const WorkerConfig& config, int localRank) {
   model.ptr()->to(device);
 
   comm::LocalCommunicator local;
-  const EvalCounts counts = evaluate(model, data.test, device, config.eval.batchSize, local);
+  const EvalCounts counts = evaluate(model, data.test, device, config.eval.batchSize, local,
+                                     loaderOptions(config.data, device, config.seed, 0));
   spdlog::info("evaluated {} on {}: test accuracy {:.2f}% ({}/{})", config.eval.modelPath, device.str(),
                100 * counts.accuracy(), counts.correct, counts.total);
   const int64_t show = std::min<int64_t>(config.eval.show, data.test.size());

@@ -10,19 +10,25 @@
 namespace ddp::worker {
 
 EvalCounts evaluate(torch::nn::AnyModule& model, const data::TensorDataset& test, c10::Device device,
-                    int64_t batchSize, comm::Communicator& comm) {
+                    int64_t batchSize, comm::Communicator& comm, data::LoaderOptions loading) {
   c10::NoGradGuard noGrad;
   model.ptr()->eval();
   const int64_t n = test.size();
   const int64_t begin = n * comm.rank() / comm.size();
   const int64_t end = n * (comm.rank() + 1) / comm.size();
-  int64_t correct = 0;
+  std::vector<std::vector<int64_t>> plan;
   for (int64_t i = begin; i < end; i += batchSize) {
-    const int64_t len = std::min(batchSize, end - i);
-    const data::Batch b = data::sliceBatch(test, i, len);
-    const at::Tensor x = b.images.to(device);
-    const at::Tensor y = b.labels.to(device);
-    correct += model.forward(x).argmax(1).eq(y).sum().item<int64_t>();
+    std::vector<int64_t> rows(static_cast<size_t>(std::min(batchSize, end - i)));
+    for (size_t k = 0; k < rows.size(); ++k) rows[k] = i + static_cast<int64_t>(k);
+    plan.push_back(std::move(rows));
+  }
+  loading.device = device;
+  loading.augment = {};  // evaluation sees the images as they are
+  data::BatchLoader loader(test, std::move(plan), loading);
+  int64_t correct = 0;
+  for (size_t b = 0; b < loader.size(); ++b) {
+    const data::Batch batch = loader.next();
+    correct += model.forward(batch.images).argmax(1).eq(batch.labels).sum().item<int64_t>();
   }
   at::Tensor counts = at::tensor({correct, end - begin}, at::kLong).to(device);
   comm.allReduceSum(counts);

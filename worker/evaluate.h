@@ -5,6 +5,7 @@
 #include <torch/nn/modules/container/any.h>
 
 #include "comm/communicator.h"
+#include "worker/data/batch_loader.h"
 #include "worker/data/tensor_dataset.h"
 
 namespace ddp::worker {
@@ -17,7 +18,8 @@ struct EvalCounts {
 
 /// Rank r counts the contiguous slice [n·r/R, n·(r+1)/R); the counts are summed
 /// over ranks, so every sample is counted exactly once. Collective: all ranks call it.
+/// `loading` (threads, pinning) makes the batches; its device is set to `device`.
 EvalCounts evaluate(torch::nn::AnyModule& model, const data::TensorDataset& test, c10::Device device,
-                    int64_t batchSize, comm::Communicator& comm);
+                    int64_t batchSize, comm::Communicator& comm, data::LoaderOptions loading = {});
 
 }  // namespace ddp::worker

@@ -201,6 +201,12 @@ TrainResult Trainer::run(const Datasets& data) {
     // A resumed epoch continues at the exact batch where the checkpoint was taken.
     const std::size_t startBatch =
         epoch == resumed.epoch ? static_cast<std::size_t>(resumed.stepInEpoch * accumulate) : 0;
+    // The batches from there on, made ahead by the loader's threads (data.num_workers).
+    data::BatchLoader loader(data.train,
+                             std::vector<std::vector<int64_t>>(batches.begin() + static_cast<std::ptrdiff_t>(
+                                                                                     std::min(startBatch, batches.size())),
+                                                               batches.end()),
+                             loaderOptions(config_.data, device_, config_.seed, epoch));
     // An optimizer step takes `accumulate` micro-batches (fewer at the end of an epoch);
     // only the last one's backward communicates (DDP's no_sync for the others).
     for (std::size_t first = startBatch; first < batches.size(); first += accumulate) {
@@ -214,9 +220,9 @@ TrainResult Trainer::run(const Datasets& data) {
       }
       for (std::size_t m = 0; m < count; ++m) {
         const auto& batch = batches[first + m];
-        const data::Batch b = data::gatherBatch(data.train, batch);
-        const at::Tensor x = b.images.to(device_);
-        const at::Tensor y = b.labels.to(device_);
+        const data::Batch b = loader.next();  // batches[first + m], on device_
+        const at::Tensor& x = b.images;
+        const at::Tensor& y = b.labels;
         at::Tensor loss = torch::nn::functional::cross_entropy(model.forward(x), y);
         {
           c10::NoGradGuard noGrad;
@@ -333,7 +339,8 @@ TrainResult Trainer::run(const Datasets& data) {
 
   if (config_.eval.enabled) {
     const auto evalStart = Clock::now();
-    const EvalCounts counts = evaluate(model, data.test, device_, config_.eval.batchSize, comm_);
+    const EvalCounts counts = evaluate(model, data.test, device_, config_.eval.batchSize, comm_,
+                                       loaderOptions(config_.data, device_, config_.seed, 0));
     result.evalSeconds = secondsSince(evalStart);
     result.testCorrect = counts.correct;
     result.testTotal = counts.total;

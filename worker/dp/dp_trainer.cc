@@ -147,13 +147,18 @@ DpResult DpTrainer::run(const Datasets& data) {
     sampler.setEpoch(epoch);
     const auto batches = sampler::makeBatches(sampler.indices(), train.batchSize, /*dropLast=*/false);
     module.train();
+    // Batches stay on the CPU (DataParallel scatters them), page-locked when the replicas are GPUs.
+    data::LoaderOptions loading = loaderOptions(config_.data, placement_.devices.front(), config_.seed, epoch);
+    loading.device = c10::Device(c10::kCPU);
+    loading.pinOnCpu = placement_.devices.front().is_cuda();
+    data::BatchLoader loader(data.train, batches, loading);
     for (std::size_t b = 0; b < batches.size(); b += static_cast<std::size_t>(accumulate)) {
       optimizer.zero_grad();
       int64_t stepSamples = 0;
       const std::size_t end = std::min(batches.size(), b + static_cast<std::size_t>(accumulate));
       for (std::size_t m = b; m < end; ++m) {
         const auto& batch = batches[m];
-        const data::Batch samples = data::gatherBatch(data.train, batch);
+        const data::Batch samples = loader.next();  // batches[m]
         const at::Tensor x = samples.images;  // DataParallel scatters it
         const at::Tensor y = samples.labels.to(placement_.outputDevice);
         // One loss on the gathered outputs: the mean over the whole batch, as nn.DataParallel.
@@ -226,9 +231,19 @@ DpResult DpTrainer::run(const Datasets& data) {
     module.eval();
     const int64_t n = data.test.size();
     int64_t correct = 0;
+    std::vector<std::vector<int64_t>> plan;
     for (int64_t i = 0; i < n; i += config_.eval.batchSize) {
-      const int64_t len = std::min(config_.eval.batchSize, n - i);
-      const data::Batch b = data::sliceBatch(data.test, i, len);
+      std::vector<int64_t> rows(static_cast<std::size_t>(std::min(config_.eval.batchSize, n - i)));
+      for (std::size_t k = 0; k < rows.size(); ++k) rows[k] = i + static_cast<int64_t>(k);
+      plan.push_back(std::move(rows));
+    }
+    data::LoaderOptions loading = loaderOptions(config_.data, placement_.devices.front(), config_.seed, 0);
+    loading.device = c10::Device(c10::kCPU);
+    loading.pinOnCpu = placement_.devices.front().is_cuda();
+    loading.augment = {};
+    data::BatchLoader loader(data.test, std::move(plan), loading);
+    for (std::size_t k = 0; k < loader.size(); ++k) {
+      const data::Batch b = loader.next();
       const at::Tensor x = b.images;
       const at::Tensor y = b.labels.to(placement_.outputDevice);
       correct += dp.forward(x).argmax(1).eq(y).sum().item<int64_t>();
