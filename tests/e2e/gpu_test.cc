@@ -12,6 +12,7 @@
 #include <iostream>
 
 #include "tests/e2e/run_command.h"
+#include "worker/device.h"
 
 namespace ddp {
 namespace {
@@ -40,7 +41,8 @@ std::string shell(const std::string& command) {
 class Gpu : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA GPU visible to this process";
+    // Like the worker: ask the driver, then load LibTorch's CUDA half (this binary links the CPU half).
+    if (worker::visibleCudaDevices("auto") == 0) GTEST_SKIP() << "no CUDA GPU visible to this process";
   }
 };
 
@@ -109,6 +111,60 @@ TEST_F(Gpu, DataParallelOnCuda) {
   EXPECT_EQ(summary["mode"], "dp");
   EXPECT_EQ(summary["dp_devices"][0], "cuda:0");
   EXPECT_GT(summary["test_accuracy"].get<double>(), 0.7);
+}
+
+// Issue 10: --gpus picks the GPU from NVML's table, the worker reports it, and the loader's threads
+// and pinned copies leave a deterministic run bit-identical.
+TEST_F(Gpu, GpusAutoPicksFromNvmlAndTheWorkerReportsItsGpu) {
+  const std::string dir = test::makeTempDir("gpu_auto");
+  const auto run = test::runCommand({DDP_LAUNCH_BIN, "--gpus", "auto:1", "--nproc_per_node=auto", DDP_WORKER_BIN, config(),
+                                     "data.root=" + dataRoot(), "train.max_steps=100", "output.dir=" + dir},
+                                    600);
+  ASSERT_EQ(run.exitCode, 0) << run.output;
+  std::cout << run.output.substr(0, 1500) << std::endl;  // the table, for the GPU report
+  EXPECT_NE(run.output.find("--gpus auto:1: 1 worker(s) on CUDA_VISIBLE_DEVICES="), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("local rank 0"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("GPU report: rank 0 cuda:0"), std::string::npos) << run.output;
+  const auto summary = summaryOf(dir);
+  ASSERT_EQ(summary["gpus"].size(), 1u) << summary.dump();
+  const auto& g = summary["gpus"][0];
+  EXPECT_GT(g["peak_allocated_mb"].get<double>(), 0.0);
+  EXPECT_GE(g["peak_reserved_mb"].get<double>(), g["peak_allocated_mb"].get<double>());
+  // The bus id the worker saw is one nvidia-smi lists (nvidia-smi writes 00000000:18:00.0, CUDA 0000:18:00.0).
+  const std::string smi = shell("nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader");
+  std::string bus = g["pci_bus_id"].get<std::string>();
+  ASSERT_FALSE(bus.empty());
+  bus = bus.substr(bus.find(':') + 1);  // drop the domain, whose width differs
+  for (auto& c : bus) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  std::string smiUpper = smi;
+  for (auto& c : smiUpper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  EXPECT_NE(smiUpper.find(bus), std::string::npos) << bus << " not in nvidia-smi's " << smi;
+}
+
+TEST_F(Gpu, PinnedPrefetchedBatchesGiveTheSameDeterministicRun) {
+  const std::string dir = test::makeTempDir("gpu_loader");
+  std::string reference;
+  for (const std::string& loading : {"data.num_workers=0 data.pin_memory=false", "data.num_workers=2 data.pin_memory=true"}) {
+    const std::string out = dir + "/" + std::to_string(reference.size());
+    std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nproc_per_node=1", DDP_WORKER_BIN, config(), "device=cuda",
+                                     "data.root=" + dataRoot(), "train.max_steps=100", "eval.enabled=false",
+                                     "deterministic_algorithms=true", "cudnn.deterministic=true",
+                                     "output.dir=" + out};
+    for (size_t at = 0, next; at < loading.size(); at = next + 1) {
+      next = loading.find(' ', at);
+      if (next == std::string::npos) next = loading.size();
+      argv.push_back(loading.substr(at, next - at));
+    }
+    const auto run = test::runCommand(argv, 600);
+    ASSERT_EQ(run.exitCode, 0) << run.output;
+    std::cout << loading << ": " << summaryOf(out)["samples_per_s"] << " samples/s" << std::endl;
+    const std::string model = test::readFile(out + "/model.pt");
+    if (reference.empty()) {
+      reference = model;
+    } else {
+      EXPECT_TRUE(model == reference) << loading << " changed the trained model";
+    }
+  }
 }
 
 }  // namespace
