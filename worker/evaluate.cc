@@ -16,15 +16,9 @@ EvalCounts evaluate(torch::nn::AnyModule& model, const data::TensorDataset& test
   const int64_t n = test.size();
   const int64_t begin = n * comm.rank() / comm.size();
   const int64_t end = n * (comm.rank() + 1) / comm.size();
-  std::vector<std::vector<int64_t>> plan;
-  for (int64_t i = begin; i < end; i += batchSize) {
-    std::vector<int64_t> rows(static_cast<size_t>(std::min(batchSize, end - i)));
-    for (size_t k = 0; k < rows.size(); ++k) rows[k] = i + static_cast<int64_t>(k);
-    plan.push_back(std::move(rows));
-  }
   loading.device = device;
   loading.augment = {};  // evaluation sees the images as they are
-  data::BatchLoader loader(test, std::move(plan), loading);
+  data::BatchLoader loader(test, data::contiguousBatches(begin, end, batchSize), loading);
   int64_t correct = 0;
   for (size_t b = 0; b < loader.size(); ++b) {
     const data::Batch batch = loader.next();

@@ -56,6 +56,12 @@ TEST(BatchLoader, SameBatchesInPlanOrderForZeroOneAndThreeThreads) {
   }
 }
 
+TEST(BatchLoader, ContiguousBatchesCoverTheRangeOnce) {
+  EXPECT_EQ(contiguousBatches(3, 10, 3), (std::vector<std::vector<int64_t>>{{3, 4, 5}, {6, 7, 8}, {9}}));
+  EXPECT_TRUE(contiguousBatches(5, 5, 4).empty());
+  EXPECT_EQ(contiguousBatches(0, 2, 100), (std::vector<std::vector<int64_t>>{{0, 1}}));
+}
+
 TEST(BatchLoader, StoppingEarlyJoinsTheThreads) {
   const TensorDataset ds = images(50);
   LoaderOptions o;

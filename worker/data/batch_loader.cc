@@ -6,9 +6,22 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <algorithm>
+
 #include "common/error.h"
 
 namespace ddp::data {
+
+std::vector<std::vector<int64_t>> contiguousBatches(int64_t begin, int64_t end, int64_t batchSize) {
+  DDP_ENFORCE(batchSize > 0, "contiguousBatches: batch size must be > 0");
+  std::vector<std::vector<int64_t>> plan;
+  for (int64_t i = begin; i < end; i += batchSize) {
+    std::vector<int64_t> rows(static_cast<size_t>(std::min(batchSize, end - i)));
+    for (size_t k = 0; k < rows.size(); ++k) rows[k] = i + static_cast<int64_t>(k);
+    plan.push_back(std::move(rows));
+  }
+  return plan;
+}
 
 BatchLoader::BatchLoader(const TensorDataset& dataset, std::vector<std::vector<int64_t>> plan, LoaderOptions options)
     : dataset_(dataset), plan_(std::move(plan)), options_(std::move(options)) {

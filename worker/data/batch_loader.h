@@ -30,6 +30,9 @@ struct LoaderOptions {
   int64_t epoch = 0;
 };
 
+/// [begin, end) in batches of `batchSize` rows (the last may be shorter): evaluation's plan.
+std::vector<std::vector<int64_t>> contiguousBatches(int64_t begin, int64_t end, int64_t batchSize);
+
 /// Delivers Batch{images, labels} for plan[0], plan[1], ... on options.device. The batches are
 /// those of gatherBatch(dataset, plan[i]) (after augmentation), bit for bit and in the same order,
 /// whatever numWorkers is: thread w makes batches w, w + W, w + 2W, ... and next() takes them in

@@ -231,17 +231,11 @@ DpResult DpTrainer::run(const Datasets& data) {
     module.eval();
     const int64_t n = data.test.size();
     int64_t correct = 0;
-    std::vector<std::vector<int64_t>> plan;
-    for (int64_t i = 0; i < n; i += config_.eval.batchSize) {
-      std::vector<int64_t> rows(static_cast<std::size_t>(std::min(config_.eval.batchSize, n - i)));
-      for (std::size_t k = 0; k < rows.size(); ++k) rows[k] = i + static_cast<int64_t>(k);
-      plan.push_back(std::move(rows));
-    }
     data::LoaderOptions loading = loaderOptions(config_.data, placement_.devices.front(), config_.seed, 0);
     loading.device = c10::Device(c10::kCPU);
     loading.pinOnCpu = placement_.devices.front().is_cuda();
     loading.augment = {};
-    data::BatchLoader loader(data.test, std::move(plan), loading);
+    data::BatchLoader loader(data.test, data::contiguousBatches(0, n, config_.eval.batchSize), loading);
     for (std::size_t k = 0; k < loader.size(); ++k) {
       const data::Batch b = loader.next();
       const at::Tensor x = b.images;
