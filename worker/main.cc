@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <malloc.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -296,7 +297,19 @@ int runWorker(std::vector<std::string> args) {
 
 }  // namespace
 
+// LibTorch's CPU tensors come from malloc. glibc serves blocks above M_MMAP_THRESHOLD (128 KiB at
+// start) with a fresh mmap and unmaps them on free, so every activation of every step faults its
+// pages in again; glibc raises the threshold (to at most 32 MiB) only after the process frees a
+// large mmapped block. A rank that maps its host's data copy never does, and trained 30% slower
+// with 7x the page faults (perf stat, README command 1). Start where glibc would end: threshold
+// 32 MiB, trim at 64 MiB. MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ from the user win.
+void tuneMalloc() {
+  if (std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr) ::mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  if (std::getenv("MALLOC_TRIM_THRESHOLD_") == nullptr) ::mallopt(M_TRIM_THRESHOLD, 64 << 20);
+}
+
 int main(int argc, char** argv) {
+  tuneMalloc();
   // LibTorch's own log lines (c10d's socket retries, with C++ stack traces) would bury the one-line
   // error; ddp-launch already turns them down, and so must a worker that srun, mpirun or a shell
   // starts. Only FATAL passes unless the user asks for more.
