@@ -81,6 +81,9 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("data.synthetic_train", "integer", c.data.syntheticTrain),
       bindField("data.synthetic_test", "integer", c.data.syntheticTest),
       bindField("data.synthetic_classes", "integer", c.data.syntheticClasses),
+      bindField("data.train_file", "string", c.data.trainFile),
+      bindField("data.test_file", "string", c.data.testFile),
+      bindField("data.classes", "integer", c.data.classes),
       bindField("data.one_copy_per_host", "boolean", c.data.oneCopyPerHost),
       bindField("data.num_workers", "integer", c.data.numWorkers),
       bindField("data.prefetch_batches", "integer", c.data.prefetchBatches),
@@ -210,8 +213,11 @@ void validate(const WorkerConfig& c) {
           "is '" + c.model.name + "'; use mlp or cnn");
   require(!c.model.hidden.empty(), "model.hidden", "must list at least one layer width");
   for (auto h : c.model.hidden) require(h > 0, "model.hidden", "widths must be positive");
-  require(c.data.name == "fashion-mnist" || c.data.name == "synthetic", "data.name",
-          "is '" + c.data.name + "'; use fashion-mnist or synthetic");
+  require(c.data.name == "fashion-mnist" || c.data.name == "synthetic" || c.data.name == "tensors", "data.name",
+          "is '" + c.data.name + "'; use fashion-mnist, synthetic or tensors");
+  require(c.data.name != "tensors" || (!c.data.trainFile.empty() && !c.data.testFile.empty()), "data.train_file",
+          "and data.test_file are needed with data.name tensors: files written by torch.save({\"x\": x, \"y\": y}, path)");
+  require(c.data.classes >= 0, "data.classes", "must be >= 0 (0 = the largest label + 1)");
   require(c.data.trainLimit >= 0, "data.train_limit", "must be >= 0 (0 = all)");
   require(c.data.syntheticTrain > 0, "data.synthetic_train", "must be > 0");
   require(c.data.syntheticTest > 0, "data.synthetic_test", "must be > 0");

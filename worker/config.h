@@ -19,12 +19,15 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string name = "fashion-mnist";                    // fashion-mnist | synthetic
+  std::string name = "fashion-mnist";                    // fashion-mnist | synthetic | tensors
   std::string root = "/usr/share/datasets/fashion-mnist";  // Debian's dataset-fashion-mnist
   int64_t trainLimit = 0;      // use only the first N training samples (0 = all)
   int64_t syntheticTrain = 8192;  // synthetic: training samples
   int64_t syntheticTest = 1024;   // synthetic: test samples
   int64_t syntheticClasses = 10;
+  std::string trainFile;  // tensors: torch.save({"x": ..., "y": ...}) of the training split
+  std::string testFile;   // tensors: ... of the test split
+  int64_t classes = 0;    // tensors: number of classes; 0 = the largest label + 1
   // One rank per host loads the data into shared memory, the others map it read-only
   // (false: every rank loads its own copy).
   bool oneCopyPerHost = true;

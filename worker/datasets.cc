@@ -5,12 +5,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <fstream>
 
 #include "common/error.h"
 #include "worker/data/fashion_mnist.h"
 #include "worker/data/shared_tensors.h"
 #include "worker/data/synthetic.h"
+#include "worker/data/tensor_files.h"
 
 namespace ddp::worker {
 namespace {
@@ -73,6 +75,25 @@ Datasets loadDatasets(const DataConfig& config, uint64_t seed) {
     d.train = data::loadFashionMnist(config.root, data::Split::kTrain);
     d.test = data::loadFashionMnist(config.root, data::Split::kTest);
     d.input = InputSpec{1, 28, 28, 10};
+  } else if (config.name == "tensors") {
+    d.train = data::loadTensorFile(config.trainFile, "data.train_file");
+    d.test = data::loadTensorFile(config.testFile, "data.test_file");
+    const auto sample = [](const data::TensorDataset& t) { return t.images.sizes().slice(1).vec(); };
+    if (sample(d.train) != sample(d.test)) {
+      DDP_THROW(DataError, "data: the samples of data.train_file are ", c10::IntArrayRef(sample(d.train)),
+                " but those of data.test_file are ", c10::IntArrayRef(sample(d.test)), "; both splits need one shape");
+    }
+    int64_t largest = -1;
+    for (const auto* split : {&d.train, &d.test}) {
+      if (split->size() > 0) largest = std::max(largest, split->labels.max().item<int64_t>());
+    }
+    const int64_t classes = config.classes > 0 ? config.classes : largest + 1;
+    if (largest >= classes) {
+      DDP_THROW(ConfigError, "config: 'data.classes' is ", classes, " but the data holds label ", largest,
+                "; raise data.classes or set it to 0 (the largest label + 1)");
+    }
+    if (classes < 2) DDP_THROW(DataError, "data: the labels hold fewer than 2 classes; a classifier needs at least 2");
+    d.input = InputSpec{d.train.images.size(1), d.train.images.size(2), d.train.images.size(3), classes};
   } else {
     data::SyntheticOptions opts;
     opts.size = config.syntheticTrain + config.syntheticTest;

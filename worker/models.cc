@@ -38,9 +38,11 @@ CnnImpl::CnnImpl(const InputSpec& input, bool batchNorm) : input_(input), batchN
 }
 
 void CnnImpl::reset() {
-  DDP_ENFORCE(input_.height % 4 == 0 && input_.width % 4 == 0,
-              "the cnn model pools twice by 2; input ", input_.height, "x", input_.width,
-              " must be divisible by 4");
+  if (input_.height < 4 || input_.width < 4 || input_.height % 4 != 0 || input_.width % 4 != 0) {
+    DDP_THROW(ConfigError, "config: model 'cnn' pools twice by 2, so its images' height and width must be "
+              "multiples of 4, but the data's samples are ", input_.channels, "x", input_.height, "x", input_.width,
+              " (channels x height x width); use model.name=mlp, or images such as [N, C, 28, 28]");
+  }
   conv1_ = register_module(
       "conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(input_.channels, 32, 3).padding(1)));
   if (batchNorm_) bn1_ = register_module("bn1", torch::nn::BatchNorm2d(32));

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <utility>
@@ -94,6 +95,46 @@ TEST(Loading, ExportsAreBitIdenticalForZeroOneAndThreeLoaderThreadsPinnedOrNot) 
                                       << ": the export differs from data.num_workers=0";
     }
   }
+  std::filesystem::remove_all(dir);
+}
+
+// Issue 11 item 4: data.name tensors trains on files Python wrote, through the same host copy.
+TEST(TensorFiles, TwoRanksLearnFromTensorsPythonSaved) {
+  const std::string dir = test::makeTempDir("ddp_tensors");
+  ASSERT_EQ(std::system((std::string(DDP_PYTHON) + " " + DDP_SOURCE_DIR + "/tests/python/make_tensor_data.py " + dir).c_str()), 0);
+  struct Case {
+    std::string files;
+    std::vector<std::string> model;  // model and training overrides
+    double minAccuracy;
+  };
+  // A fixed linear map of 4x4 block means (chance: 25 % and 20 %): the CNN on 1x8x8 floats, a small
+  // MLP on 3x8x8 bytes (model input x / 255).
+  for (const Case& c : {Case{"float", {"model.name=cnn", "train.epochs=8"}, 0.6},
+                        Case{"bytes", {"model.name=mlp", "model.hidden=[64]", "train.epochs=20"}, 0.5}}) {
+    const std::string out = dir + "/" + c.files;
+    std::vector<std::string> argv = {
+        DDP_LAUNCH_BIN, "--nproc_per_node=2", DDP_WORKER_BIN, std::string(DDP_SOURCE_DIR) + "/configs/fmnist_cnn_ddp.yaml",
+        "data.name=tensors", "data.train_file=" + dir + "/" + c.files + "_train.pt",
+        "data.test_file=" + dir + "/" + c.files + "_test.pt", "train.batch_size=32", "output.dir=" + out};
+    argv.insert(argv.end(), c.model.begin(), c.model.end());
+    const auto run = test::runCommand(argv, 600);
+    ASSERT_EQ(run.exitCode, 0) << run.output;
+    const auto summary = nlohmann::json::parse(test::readFile(out + "/summary.json"));
+    EXPECT_EQ(summary["test_total"], 256);
+    EXPECT_EQ(summary["data_copies"], 1);
+    EXPECT_GT(summary["test_accuracy"].get<double>(), c.minAccuracy) << c.files << ": " << summary.dump();
+    EXPECT_NE(run.output.find("(1024 train / 256 test)"), std::string::npos) << run.output;
+  }
+  // A file whose x and y disagree: one line naming it, exit 1, on every rank, nothing written.
+  const auto bad = test::runCommand(
+      {DDP_LAUNCH_BIN, "--nproc_per_node=2", DDP_WORKER_BIN, std::string(DDP_SOURCE_DIR) + "/configs/fmnist_cnn_ddp.yaml",
+       "data.name=tensors", "data.train_file=" + dir + "/mismatch.pt", "data.test_file=" + dir + "/float_test.pt",
+       "output.dir=" + dir + "/bad"},
+      120);
+  EXPECT_EQ(bad.exitCode, 1) << bad.output;
+  EXPECT_NE(bad.output.find("data.train_file '" + dir + "/mismatch.pt': x holds 10 samples but y holds 9 labels"),
+            std::string::npos) << bad.output;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/bad/model.pt"));
   std::filesystem::remove_all(dir);
 }
 

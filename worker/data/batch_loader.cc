@@ -26,9 +26,10 @@ std::vector<std::vector<int64_t>> contiguousBatches(int64_t begin, int64_t end, 
 BatchLoader::BatchLoader(const TensorDataset& dataset, std::vector<std::vector<int64_t>> plan, LoaderOptions options)
     : dataset_(dataset), plan_(std::move(plan)), options_(std::move(options)) {
   DDP_ENFORCE(options_.numWorkers >= 0 && options_.prefetchBatches >= 1, "BatchLoader: bad worker options");
-  if (options_.augment.any()) {
-    DDP_ENFORCE(dataset_.images.scalar_type() == at::kByte && dataset_.images.dim() == 4,
-                "augmentation needs uint8 [N, C, H, W] images");
+  if (options_.augment.any() && (dataset_.images.scalar_type() != at::kByte || dataset_.images.dim() != 4)) {
+    DDP_THROW(ConfigError, "config: 'data.rotate_degrees', 'data.crop_padding' and 'data.horizontal_flip' augment "
+              "uint8 images [N, C, H, W], but this data set's images are ", dataset_.images.scalar_type(),
+              "; turn them off, or store the pixels as uint8");
   }
   // Page-locked memory only pays (and only exists) for copies to a GPU.
   pin_ = options_.pinMemory && (options_.device.is_cuda() || options_.pinOnCpu);
