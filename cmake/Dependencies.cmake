@@ -21,6 +21,8 @@ find_package(Torch REQUIRED)
 find_package(yaml-cpp REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
 find_package(ZLIB REQUIRED)
+find_package(PNG REQUIRED)   # data.name image_folder (libpng-dev)
+find_package(JPEG REQUIRED)  # ... and libjpeg-turbo (libjpeg62-turbo-dev), the decoder Pillow uses
 
 # c10d's ProcessGroupGloo.hpp includes Gloo's headers, which the torch wheel does not ship;
 # Debian's libgloo-dev provides them (c10d's header holds Gloo objects only through pointers).

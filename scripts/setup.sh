@@ -18,6 +18,7 @@ packages=(
   libboost-dev libboost-filesystem-dev   # Boost.Process v1 (header-only) needs boost_filesystem
   libgtest-dev
   libprotobuf-dev protobuf-compiler # TensorBoard event files (worker/tensorboard)
+  libpng-dev libjpeg62-turbo-dev    # data.name image_folder: PNG, and JPEG through libjpeg-turbo (as Pillow)
   dataset-fashion-mnist             # /usr/share/datasets/fashion-mnist
   slurm-wlm munge                   # a real Slurm for tests/e2e/cluster_test.cc (scripts/slurm_cluster.sh)
   openmpi-bin pdsh                  # a real mpirun and pdsh for the same tests

@@ -84,6 +84,9 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("data.train_file", "string", c.data.trainFile),
       bindField("data.test_file", "string", c.data.testFile),
       bindField("data.classes", "integer", c.data.classes),
+      bindField("data.image_size", "integer", c.data.imageSize),
+      bindField("data.mean", "list of numbers", c.data.mean),
+      bindField("data.std", "list of numbers", c.data.stddev),
       bindField("data.one_copy_per_host", "boolean", c.data.oneCopyPerHost),
       bindField("data.num_workers", "integer", c.data.numWorkers),
       bindField("data.prefetch_batches", "integer", c.data.prefetchBatches),
@@ -213,8 +216,13 @@ void validate(const WorkerConfig& c) {
           "is '" + c.model.name + "'; use mlp or cnn");
   require(!c.model.hidden.empty(), "model.hidden", "must list at least one layer width");
   for (auto h : c.model.hidden) require(h > 0, "model.hidden", "widths must be positive");
-  require(c.data.name == "fashion-mnist" || c.data.name == "synthetic" || c.data.name == "tensors", "data.name",
-          "is '" + c.data.name + "'; use fashion-mnist, synthetic or tensors");
+  require(c.data.name == "fashion-mnist" || c.data.name == "synthetic" || c.data.name == "tensors" ||
+              c.data.name == "image_folder",
+          "data.name", "is '" + c.data.name + "'; use fashion-mnist, synthetic, tensors or image_folder");
+  require(c.data.imageSize >= 0 && c.data.imageSize <= 4096, "data.image_size", "must be from 0 (keep) to 4096");
+  require(c.data.mean.empty() || c.data.mean.size() == 3, "data.mean", "needs 3 values (R, G, B), e.g. [0.485, 0.456, 0.406]");
+  require(c.data.stddev.empty() || c.data.stddev.size() == 3, "data.std", "needs 3 values (R, G, B), e.g. [0.229, 0.224, 0.225]");
+  for (float s : c.data.stddev) require(s > 0, "data.std", "values must be > 0");
   require(c.data.name != "tensors" || (!c.data.trainFile.empty() && !c.data.testFile.empty()), "data.train_file",
           "and data.test_file are needed with data.name tensors: files written by torch.save({\"x\": x, \"y\": y}, path)");
   require(c.data.classes >= 0, "data.classes", "must be >= 0 (0 = the largest label + 1)");

@@ -28,6 +28,9 @@ struct DataConfig {
   std::string trainFile;  // tensors: torch.save({"x": ..., "y": ...}) of the training split
   std::string testFile;   // tensors: ... of the test split
   int64_t classes = 0;    // tensors: number of classes; 0 = the largest label + 1
+  int64_t imageSize = 0;  // image_folder: resize every image to this square size (0 = keep; all equal)
+  std::vector<float> mean;    // image_folder: per-channel Normalize mean after x / 255 (empty = 0)
+  std::vector<float> stddev;  // image_folder: ... and std (empty = 1)
   // One rank per host loads the data into shared memory, the others map it read-only
   // (false: every rank loads its own copy).
   bool oneCopyPerHost = true;

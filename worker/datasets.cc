@@ -6,11 +6,14 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "common/error.h"
 #include "worker/data/fashion_mnist.h"
 #include "worker/data/shared_tensors.h"
+#include "worker/data/image_folder.h"
 #include "worker/data/synthetic.h"
 #include "worker/data/tensor_files.h"
 
@@ -75,6 +78,35 @@ Datasets loadDatasets(const DataConfig& config, uint64_t seed) {
     d.train = data::loadFashionMnist(config.root, data::Split::kTrain);
     d.test = data::loadFashionMnist(config.root, data::Split::kTest);
     d.input = InputSpec{1, 28, 28, 10};
+  } else if (config.name == "image_folder") {
+    namespace fs = std::filesystem;
+    const std::string trainDir = (fs::path(config.root) / "train").string();
+    const std::string testDir = (fs::path(config.root) / "test").string();
+    const auto classes = data::imageFolderClasses(trainDir);
+    const auto testClasses = data::imageFolderClasses(testDir);
+    if (classes != testClasses) {
+      auto join = [](const std::vector<std::string>& v) {
+        std::string s;
+        for (const auto& c : v) s += (s.empty() ? "" : ", ") + c;
+        return s;
+      };
+      DDP_THROW(DataError, "data: ", trainDir, " has classes [", join(classes), "] but ", testDir, " has [",
+                join(testClasses), "]; both splits need the same class folders");
+    }
+    data::ImageFolderOptions o;
+    o.resize = config.imageSize;
+    if (!config.mean.empty()) o.mean = config.mean;
+    if (!config.stddev.empty()) o.stddev = config.stddev;
+    o.threads = config.numWorkers > 0 ? static_cast<int>(config.numWorkers)
+                                      : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    d.train = data::loadImageFolderSplit(trainDir, classes, o);
+    d.test = data::loadImageFolderSplit(testDir, classes, o);
+    if (d.train.images.sizes().slice(1) != d.test.images.sizes().slice(1)) {
+      DDP_THROW(DataError, "data: the train images are ", d.train.images.size(3), "x", d.train.images.size(2),
+                " but the test images are ", d.test.images.size(3), "x", d.test.images.size(2),
+                "; set data.image_size to resize both");
+    }
+    d.input = InputSpec{3, d.train.images.size(2), d.train.images.size(3), static_cast<int64_t>(classes.size())};
   } else if (config.name == "tensors") {
     d.train = data::loadTensorFile(config.trainFile, "data.train_file");
     d.test = data::loadTensorFile(config.testFile, "data.test_file");

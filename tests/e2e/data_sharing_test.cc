@@ -138,5 +138,33 @@ TEST(TensorFiles, TwoRanksLearnFromTensorsPythonSaved) {
   std::filesystem::remove_all(dir);
 }
 
+// Issue 11 item 4: data.name image_folder trains on PNG/JPEG folders Pillow wrote.
+TEST(ImageFolder, TwoRanksLearnFromAnImageFolderTree) {
+  const std::string dir = test::makeTempDir("ddp_images");
+  ASSERT_EQ(std::system((std::string(DDP_PYTHON) + " -W ignore " + DDP_SOURCE_DIR + "/tests/python/make_image_folder.py " + dir).c_str()), 0);
+  const std::string config = std::string(DDP_SOURCE_DIR) + "/configs/fmnist_cnn_ddp.yaml";
+  const auto run = test::runCommand(
+      {DDP_LAUNCH_BIN, "--nproc_per_node=2", DDP_WORKER_BIN, config, "data.name=image_folder", "data.root=" + dir + "/good",
+       "data.image_size=8", "data.mean=[0.5,0.5,0.5]", "data.std=[0.25,0.25,0.25]", "model.name=cnn", "train.epochs=10",
+       "train.batch_size=6", "data.horizontal_flip=true", "output.dir=" + dir + "/out"},
+      600);
+  ASSERT_EQ(run.exitCode, 0) << run.output;
+  const auto summary = nlohmann::json::parse(test::readFile(dir + "/out/summary.json"));
+  EXPECT_EQ(summary["test_total"], 36);
+  EXPECT_EQ(summary["data_copies"], 1);
+  // One colour per class (gray images carry it as brightness): far above chance (33 %).
+  EXPECT_GT(summary["test_accuracy"].get<double>(), 0.6) << summary.dump();
+  EXPECT_NE(run.output.find("(36 train / 36 test)"), std::string::npos) << run.output;
+
+  const auto mismatch = test::runCommand({DDP_LAUNCH_BIN, "--nproc_per_node=2", DDP_WORKER_BIN, config,
+                                          "data.name=image_folder", "data.root=" + dir + "/mismatch",
+                                          "output.dir=" + dir + "/bad"},
+                                         120);
+  EXPECT_EQ(mismatch.exitCode, 1) << mismatch.output;
+  EXPECT_NE(mismatch.output.find("has classes [ant, bee, cat] but " + dir + "/mismatch/test has [ant, bee]"),
+            std::string::npos) << mismatch.output;
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace ddp
