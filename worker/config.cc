@@ -74,6 +74,7 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("model.name", "string", c.model.name),
       bindField("model.hidden", "list of integers", c.model.hidden),
       bindField("model.batch_norm", "boolean", c.model.batchNorm),
+      bindField("model.path", "string", c.model.path),
       bindField("model.unused_layer", "boolean", c.model.unusedLayer),
       bindField("data.name", "string", c.data.name),
       bindField("data.root", "string", c.data.root),
@@ -212,8 +213,10 @@ void validate(const WorkerConfig& c) {
   auto require = [](bool ok, const std::string& key, const std::string& rule) {
     if (!ok) DDP_THROW(ConfigError, "config: '", key, "' ", rule);
   };
-  require(c.model.name == "mlp" || c.model.name == "cnn", "model.name",
-          "is '" + c.model.name + "'; use mlp or cnn");
+  require(c.model.name != "torchscript" || !c.model.path.empty(), "model.path",
+          "is needed with model.name torchscript: a file saved by torch.jit.script(model).save(path)");
+  require(c.model.name == "mlp" || c.model.name == "cnn" || c.model.name == "torchscript", "model.name",
+          "is '" + c.model.name + "'; use mlp, cnn or torchscript");
   require(!c.model.hidden.empty(), "model.hidden", "must list at least one layer width");
   for (auto h : c.model.hidden) require(h > 0, "model.hidden", "widths must be positive");
   require(c.data.name == "fashion-mnist" || c.data.name == "synthetic" || c.data.name == "tensors" ||

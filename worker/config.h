@@ -16,6 +16,7 @@ struct ModelConfig {
   std::vector<int64_t> hidden = {512, 256};  // mlp hidden layer widths
   bool batchNorm = false;                    // cnn: BatchNorm2d after each conv (has buffers)
   bool unusedLayer = false;  // adds Linear 'unused' that forward never calls (find_unused_parameters tests)
+  std::string path;          // torchscript: the file torch.jit.script(model).save(path) wrote
 };
 
 struct DataConfig {

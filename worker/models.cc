@@ -4,6 +4,7 @@
 #include <torch/nn/functional/pooling.h>
 
 #include "common/error.h"
+#include "worker/torchscript_model.h"
 
 namespace ddp::worker {
 namespace F = torch::nn::functional;
@@ -73,8 +74,10 @@ torch::nn::AnyModule makeModel(const ModelConfig& config, const InputSpec& input
     model = torch::nn::AnyModule(Mlp(input, config.hidden));
   } else if (config.name == "cnn") {
     model = torch::nn::AnyModule(Cnn(input, config.batchNorm));
+  } else if (config.name == "torchscript") {
+    model = torch::nn::AnyModule(loadTorchScriptModel(config.path, input));
   } else {
-    DDP_THROW(ConfigError, "config: 'model.name' is '", config.name, "'; use mlp or cnn");
+    DDP_THROW(ConfigError, "config: 'model.name' is '", config.name, "'; use mlp, cnn or torchscript");
   }
   if (config.unusedLayer) {
     // Registered last, never called: a parameter the autograd graph does not reach.

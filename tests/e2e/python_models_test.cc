@@ -8,6 +8,8 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <utility>
+#include <vector>
 
 #include "tests/e2e/run_command.h"
 
@@ -57,6 +59,45 @@ TEST_P(PythonModelFile, EvaluatesToPythonsAccuracy) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Wrappers, PythonModelFile, ::testing::Values("plain", "dp", "ddp"));
+
+// Issue 11 item 3: a model scripted in Python (our CNN's twin, with BatchNorm buffers) trains on two
+// ranks; the export loads into the Python module with strict=True and Python's accuracy is ours.
+TEST(TorchScript, TrainsWithDdpAndExportsThePythonModulesStateDict) {
+  const char* root = std::getenv("DDP_FASHION_MNIST_ROOT");
+  const std::string dataRoot = root ? root : "/usr/share/datasets/fashion-mnist";
+  const std::string base = test::makeTempDir("torchscript");
+  const auto made = test::runCommand({DDP_PYTHON, "-W", "ignore", std::string(DDP_SOURCE_DIR) + "/tests/python/make_torchscript.py", base}, 300);
+  ASSERT_EQ(made.exitCode, 0) << made.output;
+  const std::string config = std::string(DDP_SOURCE_DIR) + "/configs/fmnist_cnn_ddp.yaml";
+  for (const std::string mode : {"ddp", "dp"}) {
+    const std::string out = base + "/" + mode;
+    std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nproc_per_node=" + std::string(mode == "ddp" ? "2" : "1"),
+                                     DDP_WORKER_BIN, config, "mode=" + mode, "model.name=torchscript",
+                                     "model.path=" + base + "/cnn_bn.pt", "data.root=" + dataRoot,
+                                     "train.max_steps=60", "output.dir=" + out};
+    const auto run = test::runCommand(argv, 600);
+    ASSERT_EQ(run.exitCode, 0) << run.output;
+    const auto summary = nlohmann::json::parse(test::readFile(out + "/summary.json"));
+    EXPECT_GT(summary["test_accuracy"].get<double>(), 0.5) << mode;
+    const auto py = test::runCommand({DDP_PYTHON, std::string(DDP_SOURCE_DIR) + "/tests/python/check_export.py",
+                                      out + "/model.pt", "cnn", "0", dataRoot}, 300);
+    ASSERT_EQ(py.exitCode, 0) << py.output;  // load_state_dict(strict=True) into the Python Cnn(batch_norm=True)
+    const auto checked = nlohmann::json::parse(py.output.substr(py.output.find('{')));
+    EXPECT_NEAR(checked["correct"].get<int64_t>(), summary["test_correct"].get<int64_t>(), 2) << mode;
+    EXPECT_NE(checked["keys"].dump().find("bn1.running_mean"), std::string::npos) << "buffers exported";
+  }
+  // A script without parameters, or with logits for other classes: one line, exit 2.
+  for (const auto& [file, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"no_params.pt", "has no parameters, so there is nothing to train"},
+           {"seven.pt", "returns [2, 7] for a batch of 2, but the loss needs float logits [2, 10]"}}) {
+    const auto bad = test::runCommand({DDP_WORKER_BIN, config, "model.name=torchscript", "model.path=" + base + "/" + file,
+                                       "data.root=" + dataRoot, "output.dir=" + base + "/bad"},
+                                      300);
+    EXPECT_EQ(bad.exitCode, 2) << bad.output;
+    EXPECT_NE(bad.output.find(expected), std::string::npos) << bad.output;
+  }
+  std::filesystem::remove_all(base);
+}
 
 }  // namespace
 }  // namespace ddp
