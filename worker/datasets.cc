@@ -165,8 +165,16 @@ std::string hostIdentity() {
 }
 
 Datasets loadDatasetsOncePerHost(const DataConfig& config, uint64_t seed, c10d::Store& store,
-                                 std::chrono::milliseconds timeout, DataOrigin* origin) {
+                                 std::chrono::milliseconds timeout, int ranksOnHost, DataOrigin* origin) {
   const std::string key = "data/" + hostIdentity();
+  const int64_t others = std::max(0, ranksOnHost - 1);
+  // The last of the other ranks to have the copy (or the error) says so for all.
+  const auto signalHave = [&] {
+    if (store.add(key + "/have", 1) == others) store.set(key + "/all", bytesOf("1"));
+  };
+  const auto waitForOthers = [&](std::chrono::milliseconds limit) {
+    if (others > 0) store.wait({key + "/all"}, limit);
+  };
   DataOrigin how = DataOrigin::kLoaded;
   Datasets result;
   if (store.add(key + "/ranks", 1) == 1) {
@@ -187,19 +195,30 @@ Datasets loadDatasetsOncePerHost(const DataConfig& config, uint64_t seed, c10d::
       const auto* dataError = dynamic_cast<const DataError*>(&e);
       message = {{"kind", config ? "config" : dataError ? "data" : "other"}, {"message", e.what()}};
       store.set(key + "/copy", bytesOf(message.dump()));
+      try {
+        waitForOthers(std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(30)));
+      } catch (const std::exception&) {
+        // A rank that never came cannot be helped; this rank's own error is what matters.
+      }
       throw;
     }
     store.set(key + "/copy", bytesOf(message.dump()));
+    waitForOthers(timeout);
   } else {
     store.wait({key + "/copy"}, timeout);
     const std::vector<uint8_t> raw = store.get(key + "/copy");
     const nlohmann::json message = nlohmann::json::parse(raw.begin(), raw.end());
-    if (!message.contains("handle")) rethrow(message);
+    if (!message.contains("handle")) {
+      signalHave();
+      rethrow(message);
+    }
     try {
       auto shared = data::SharedTensors::attach(handleFromJson(message.at("handle")));
+      signalHave();
       result = fromShared(shared.tensors(), message);
       how = DataOrigin::kMappedFromHostCopy;
     } catch (const DataError& e) {
+      signalHave();
       spdlog::warn("{}; loading the data in this process instead (one more copy in memory)", e.what());
       result = loadDatasets(config, seed);
       how = DataOrigin::kLoadedAfterMapFailed;

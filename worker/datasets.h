@@ -36,9 +36,12 @@ enum class DataOrigin { kLoaded, kSharedByThisRank, kMappedFromHostCopy, kLoaded
 /// the same pages read-only. The ranks of a host are told apart from other hosts' by hostname
 /// and boot id. A rank that cannot open the copy (another pid namespace, /proc with hidepid)
 /// loads the data itself, with a warning. If the loading rank fails, every rank of the host
-/// throws the same error (same class, same line) instead of waiting.
+/// throws the same error (same class, same line) instead of waiting. The loading rank returns
+/// only once the other `ranksOnHost - 1` ranks have the copy (or its error): were it to fail right
+/// after (a model too large), the store it hosts must not vanish before they read the key.
 Datasets loadDatasetsOncePerHost(const DataConfig& config, uint64_t seed, c10d::Store& store,
-                                 std::chrono::milliseconds timeout, DataOrigin* origin = nullptr);
+                                 std::chrono::milliseconds timeout, int ranksOnHost,
+                                 DataOrigin* origin = nullptr);
 
 /// hostname + "/" + boot id: one name per running machine (boot id tells apart containers or
 /// hosts that share a hostname).

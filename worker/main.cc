@@ -221,7 +221,7 @@ int runWorker(std::vector<std::string> args) {
     // The data before the process group: a missing data set fails every rank with one line
     // before anyone builds a group. One rank per host loads it; the others map that copy.
     if (config.data.oneCopyPerHost && env.localWorldSize > 1) {
-      data = loadDatasetsOncePerHost(config.data, config.seed, *store, timeout, &dataOrigin);
+      data = loadDatasetsOncePerHost(config.data, config.seed, *store, timeout, env.localWorldSize, &dataOrigin);
     } else {
       data = loadDatasets(config.data, config.seed);
     }

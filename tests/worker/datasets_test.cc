@@ -43,7 +43,7 @@ std::vector<RankResult> loadOnRanks(const DataConfig& config, int ranks) {
     threads.emplace_back([&, r] {
       auto& out = results[static_cast<size_t>(r)];
       try {
-        out.data = loadDatasetsOncePerHost(config, 7, *store, 30s, &out.origin);
+        out.data = loadDatasetsOncePerHost(config, 7, *store, 30s, ranks, &out.origin);
       } catch (const DataError& e) {
         out.error = e.what();
         out.dataError = true;
