@@ -12,6 +12,7 @@ namespace ddp::comm {
 namespace {
 
 std::string signedKey(int rank) { return "signed/" + std::to_string(rank); }
+std::string countedKey(int rank) { return "counted/" + std::to_string(rank); }
 
 struct Shared {
   std::mutex mutex;
@@ -48,6 +49,18 @@ std::string TimeoutCensus::missingRanks() const {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
       for (size_t i = 0; i < missing.size(); ++i) answer += (i ? ", " : "missing: ") + std::to_string(missing[i]);
+      store->set(countedKey(rank), std::vector<uint8_t>{1});
+      // Rank 0 hosts the store: it stays until every rank that signed in has counted too (each
+      // within its own window), or those that signed after it would find the store gone.
+      if (rank == 0) {
+        const auto stayUntil = std::chrono::steady_clock::now() + window + std::chrono::milliseconds(500);
+        for (int r = 1; r < size; ++r) {
+          while (store->check({signedKey(r)}) && !store->check({countedKey(r)}) &&
+                 std::chrono::steady_clock::now() < stayUntil) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          }
+        }
+      }
     } catch (const std::exception&) {
       answer = "missing: unknown, the store's host left or stopped";
     }
@@ -57,7 +70,8 @@ std::string TimeoutCensus::missingRanks() const {
     shared->done.notify_all();
   }).detach();
   std::unique_lock<std::mutex> lock(shared->mutex);
-  if (!shared->done.wait_for(lock, window_ + std::chrono::seconds(1), [&] { return shared->finished; })) {
+  const auto limit = (rank_ == 0 ? 2 * window_ : window_) + std::chrono::seconds(1);
+  if (!shared->done.wait_for(lock, limit, [&] { return shared->finished; })) {
     return "missing: unknown, the store's host left or stopped";
   }
   return shared->answer;

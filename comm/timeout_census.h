@@ -18,7 +18,8 @@ class TimeoutCensus {
   TimeoutCensus(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds window);
 
   /// "missing: 2" / "missing: 1, 3"; "" when every rank signed in or no store is known. Blocks
-  /// for at most the window plus one second.
+  /// for at most the window plus one second (rank 0, which hosts the store, up to twice the window:
+  /// it stays until the ranks that signed in after it have counted).
   std::string missingRanks() const;
 
  private:
