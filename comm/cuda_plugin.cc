@@ -21,6 +21,19 @@ std::string programDirectory() {
   return p.substr(0, p.rfind('/'));
 }
 
+// The directory of the file this code is in: the program, or an installed libddp.so (whose plugin
+// lies beside it in lib/).
+std::string ownDirectory() {
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<const void*>(&programDirectory), &info) == 0 || info.dli_fname == nullptr) {
+    return programDirectory();
+  }
+  char resolved[PATH_MAX] = {};
+  if (::realpath(info.dli_fname, resolved) == nullptr) return programDirectory();
+  const std::string p(resolved);
+  return p.substr(0, p.rfind('/'));
+}
+
 }  // namespace
 
 bool cudaPluginBuilt() {
@@ -41,8 +54,8 @@ const CudaPlugin& loadCudaPlugin() {
     if (const char* p = std::getenv("DDP_CUDA_PLUGIN"); p && *p) {
       candidates = {p};
     } else {
-      candidates = {programDirectory() + "/libddp_cuda.so", programDirectory() + "/../lib/libddp_cuda.so",
-                    DDP_CUDA_PLUGIN_PATH};
+      candidates = {ownDirectory() + "/libddp_cuda.so", programDirectory() + "/libddp_cuda.so",
+                    programDirectory() + "/../lib/libddp_cuda.so", DDP_CUDA_PLUGIN_PATH};
     }
     std::string reasons;
     for (const auto& path : candidates) {

@@ -7,43 +7,9 @@
 #include <string>
 #include <utility>
 
+#include "ddp/error.h"
+
 namespace ddp {
-
-/// Base of every error ddp-launch and the worker raise on purpose.
-class Error : public std::runtime_error {
- public:
-  explicit Error(const std::string& what) : std::runtime_error(what) {}
-};
-
-/// Bad configuration, command line or environment: the user can fix it.
-class ConfigError : public Error {
- public:
-  using Error::Error;
-};
-
-/// A collective, rendezvous or process-group failure.
-class CommError : public Error {
- public:
-  using Error::Error;
-};
-
-/// Something did not happen within its time limit.
-class TimeoutError : public CommError {
- public:
-  using CommError::CommError;
-};
-
-/// A checkpoint or exported model could not be written or read.
-class CheckpointError : public Error {
- public:
-  using Error::Error;
-};
-
-/// Data set files missing or malformed.
-class DataError : public Error {
- public:
-  using Error::Error;
-};
 
 namespace detail {
 

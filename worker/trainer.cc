@@ -13,9 +13,10 @@
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
+#include "api/internal.h"
 #include "comm/gradient_sync.h"
-#include "comm/reducer.h"
 #include "common/error.h"
 #include "sampler/batching.h"
 #include "sampler/distributed_sampler.h"
@@ -55,20 +56,20 @@ std::vector<std::string> parameterNames(const torch::nn::Module& module) {
 // reaction time is this many steps, the cost one 4-byte collective per period.
 constexpr int64_t kStopCheckEvery = 10;
 
-size_t megabytes(double mb) { return static_cast<size_t>(mb * (1 << 20)); }
-
-// The reducer's options from the config; none when gradients go through the flat path.
-std::unique_ptr<comm::Reducer> makeReducer(const CommConfig& config, comm::Communicator& comm,
-                                           const torch::nn::Module& module) {
+// DDP's engine (the public API's DdpEngine: bucketed reducer) from the config; none for a group of
+// one or when gradients go through the flat path (comm.reducer: flat). Buffers are broadcast once
+// per step by the loop itself (before the first micro-batch), so the engine does not.
+std::unique_ptr<DdpEngine> makeEngine(const CommConfig& config, comm::Communicator& comm, c10::Device device,
+                                      torch::nn::Module& module) {
   if (comm.size() == 1 || config.reducer != "bucketed") return nullptr;
-  comm::ReducerOptions options;
-  options.bucketCapBytes = megabytes(config.bucketCapMb);
-  options.firstBucketCapBytes = megabytes(config.firstBucketMb);
+  DdpOptions options;
+  options.bucketCapMb = config.bucketCapMb;
+  options.firstBucketCapMb = config.firstBucketMb;
   options.findUnusedParameters = config.findUnusedParameters;
   options.gradientAsBucketView = config.gradientAsBucketView;
-  options.compression = comm::parseCompression(config.compression);
-  return std::make_unique<comm::Reducer>(comm, parametersOf(module), parameterNames(module),
-                                         options);
+  options.compression = config.compression;
+  options.broadcastBuffers = false;
+  return std::make_unique<DdpEngine>(module, api::wrapCommunicator(comm, device), options);
 }
 
 // Keeps each .grad tensor (it may alias a reducer bucket); zeroes it in place.
@@ -147,12 +148,13 @@ TrainResult Trainer::run(const Datasets& data) {
     checkpoint::loadModelFile(module, config_.init.modelPath);
     spdlog::info("initial weights from {}", config_.init.modelPath);
   }
-  comm::broadcastTensors(comm_, parametersAndBuffers(module), /*root=*/0);
+  // The engine broadcasts rank 0's parameters and buffers itself; the flat path does it here.
+  const auto engine = makeEngine(config_.comm, comm_, device_, module);
+  if (!engine) comm::broadcastTensors(comm_, parametersAndBuffers(module), /*root=*/0);
   const auto params = parametersOf(module);
   const auto buffers = module.buffers(/*recurse=*/true);
   // DDP: rank 0's buffers (BatchNorm running stats) before the first forward of every step.
   const bool syncBuffers = world > 1 && config_.comm.broadcastBuffers && !buffers.empty();
-  const auto reducer = makeReducer(config_.comm, comm_, module);
   const int64_t accumulate = train.accumulateSteps;
 
   torch::optim::SGD optimizer(params, torch::optim::SGDOptions(train.lr)
@@ -223,17 +225,27 @@ TrainResult Trainer::run(const Datasets& data) {
         const data::Batch b = loader.next();  // batches[first + m], on device_
         const at::Tensor& x = b.images;
         const at::Tensor& y = b.labels;
-        at::Tensor loss = torch::nn::functional::cross_entropy(model.forward(x), y);
+        at::Tensor output;
+        if (engine) {
+          // Only the last micro-batch's backward communicates (DDP's no_sync for the others).
+          std::optional<DdpEngine::NoSync> noSync;
+          if (m + 1 < count) noSync.emplace(*engine);
+          engine->beforeForward();
+          output = model.forward(x);
+          engine->afterForward({output});
+        } else {
+          output = model.forward(x);
+        }
+        at::Tensor loss = torch::nn::functional::cross_entropy(output, y);
         {
           c10::NoGradGuard noGrad;
           lossForLog.add_(loss.detach().reshape({1}), 1.0 / static_cast<double>(count));
         }
         stepRankSamples += static_cast<int64_t>(batch.size());
         if (count > 1) loss = loss / static_cast<double>(count);
-        if (reducer && m + 1 == count) reducer->prepareForBackward({loss});
         loss.backward();
       }
-      if (world > 1 && !reducer) comm::allReduceGradients(comm_, params, lossForLog);
+      if (world > 1 && !engine) comm::allReduceGradients(comm_, params, lossForLog);
       // The all-reduced gradients are equal on every rank, so every rank decides alike; a NaN
       // loss on any rank reaches them through backward and the all-reduce.
       if (allFinite(gradientsOf(params))) {
@@ -265,7 +277,7 @@ TrainResult Trainer::run(const Datasets& data) {
       const bool logStep = result.steps % train.logEvery == 0 || last || result.steps == 1;
       const bool finalStep =
           last || (epoch + 1 == train.epochs && first + count >= batches.size());
-      if (reducer && (logStep || finalStep)) {
+      if (engine && (logStep || finalStep)) {
         // The reducer carries only gradients; the loss is averaged here (every rank logs alike).
         comm_.allReduceSum(lossForLog);
         c10::NoGradGuard noGrad;

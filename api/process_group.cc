@@ -1,0 +1,180 @@
+// ddp::ProcessGroup and initProcessGroup(): the worker's start-up (env contract, device,
+// authenticated rendezvous, Gloo/NCCL/shm group) for programs of their own.
+#include <c10/util/Logging.h>
+
+#include <cstdlib>
+#include <memory>
+
+#include "api/internal.h"
+#include "comm/backend.h"
+#include "comm/gradient_sync.h"
+#include "comm/local_address.h"
+#include "comm/process_group.h"
+#include "comm/rendezvous.h"
+#include "common/error.h"
+#include "common/job_token.h"
+#include "ddp/ddp.h"
+#include "worker/device.h"
+#include "worker/env.h"
+#include "worker/startup_watchdog.h"
+
+namespace ddp {
+
+struct ProcessGroup::Impl {
+  std::unique_ptr<comm::Communicator> owned;  // null when wrapping the worker's communicator
+  comm::Communicator* comm = nullptr;
+  c10::intrusive_ptr<c10d::Store> store;      // keeps rank 0's store server alive
+  c10::Device device{c10::kCPU};
+  int localRank = 0;
+  int localSize = 1;
+  bool destroyed = false;
+
+  comm::Communicator& live() {
+    if (destroyed || comm == nullptr) {
+      DDP_THROW(ConfigError, "ddp::ProcessGroup used after destroy(); make a new one with ddp::initProcessGroup()");
+    }
+    return *comm;
+  }
+};
+
+ProcessGroup::ProcessGroup(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ProcessGroup::Impl& ProcessGroup::impl() const { return *impl_; }
+
+int ProcessGroup::rank() const { return impl_->comm->rank(); }
+int ProcessGroup::size() const { return impl_->comm->size(); }
+int ProcessGroup::localRank() const { return impl_->localRank; }
+int ProcessGroup::localSize() const { return impl_->localSize; }
+c10::Device ProcessGroup::device() const { return impl_->device; }
+std::string ProcessGroup::backend() const { return impl_->comm->backendName(); }
+c10::Device ProcessGroup::collectiveDevice() const { return impl_->comm->device(); }
+bool ProcessGroup::destroyed() const { return impl_->destroyed; }
+
+namespace {
+
+// Runs `op` on `tensor` where the backend takes it; copies back when it had to move.
+template <typename Op>
+void onCollectiveDevice(comm::Communicator& comm, at::Tensor& tensor, Op op) {
+  if (tensor.device() == comm.device() && tensor.is_contiguous()) {
+    op(tensor);
+    return;
+  }
+  at::Tensor moved = tensor.to(comm.device()).contiguous();
+  op(moved);
+  tensor.copy_(moved);
+}
+
+}  // namespace
+
+void ProcessGroup::allReduceSum(at::Tensor& tensor) {
+  auto& comm = impl_->live();
+  onCollectiveDevice(comm, tensor, [&comm](at::Tensor& t) { comm.allReduceSum(t); });
+}
+
+void ProcessGroup::allReduceMean(at::Tensor& tensor) {
+  allReduceSum(tensor);
+  tensor.div_(size());
+}
+
+void ProcessGroup::broadcast(at::Tensor& tensor, int root) {
+  auto& comm = impl_->live();
+  onCollectiveDevice(comm, tensor, [&comm, root](at::Tensor& t) { comm.broadcast(t, root); });
+}
+
+void ProcessGroup::broadcast(const std::vector<at::Tensor>& tensors, int root) {
+  comm::broadcastTensors(impl_->live(), tensors, root);
+}
+
+void ProcessGroup::barrier() { impl_->live().barrier(); }
+
+void ProcessGroup::destroy() {
+  if (impl_->destroyed) return;
+  impl_->live().barrier();  // no rank leaves while another may still need rank 0's store
+  impl_->destroyed = true;
+  impl_->owned.reset();
+  impl_->store.reset();
+}
+
+ProcessGroup initProcessGroup(const InitOptions& options) {
+  using namespace ddp::worker;
+  // LibTorch's own log lines (c10d's socket retries with stack traces) would bury our one-line
+  // errors; only FATAL passes unless the user asks for more (TORCH_CPP_LOG_LEVEL).
+  ::setenv("TORCH_CPP_LOG_LEVEL", "FATAL", /*overwrite=*/0);
+  c10::initLogging();
+  const DistEnv env = readDistEnv(processEnv());
+  // The secret stays in this process: programs it starts do not get it.
+  ::unsetenv(kTokenEnv);
+  ::unsetenv(kStoreFdEnv);
+  if (options.timeout.count() <= 0) DDP_THROW(ConfigError, "ddp::InitOptions::timeout must be positive");
+
+  auto impl = std::make_shared<ProcessGroup::Impl>();
+  impl->localRank = env.localRank;
+  impl->localSize = env.localWorldSize;
+  const comm::Backend requested = comm::parseBackend(options.backend);
+  DeviceRequest request;
+  request.requested = options.device;
+  request.localRank = env.localRank;
+  request.localWorldSize = env.localWorldSize;
+  request.ranksMayShareGpu = requested == comm::Backend::kGloo;
+  impl->device = selectDevice(request);
+  useDevice(impl->device);  // before any CUDA work: no rank opens a context on GPU 0
+  const comm::Backend backend =
+      comm::resolveBackend(requested, impl->device.is_cuda(), /*singleHost=*/env.localWorldSize == env.worldSize);
+  const bool groupForSingleRank = requested == comm::Backend::kNccl;
+  if (env.worldSize == 1 && !groupForSingleRank) {
+    impl->owned = std::make_unique<comm::LocalCommunicator>();
+    impl->comm = impl->owned.get();
+    return ProcessGroup(std::move(impl));
+  }
+
+  comm::RendezvousOptions rdv;
+  rdv.masterAddr = env.masterAddr;
+  rdv.masterPort = static_cast<std::uint16_t>(env.masterPort);
+  rdv.rank = env.rank;
+  rdv.worldSize = env.worldSize;
+  rdv.timeout = options.timeout;
+  rdv.storeServedElsewhere = env.agentStore;
+  rdv.attempt = env.restartCount;
+  rdv.token = env.token;
+  rdv.listenFd = env.storeFd;
+  rdv.bindAddr = env.rdzvBind;
+  // LibTorch's store client can block past its own timeout; the watchdog ends the process with
+  // one line instead of hanging (the grace lets the rendezvous's own, more precise error first).
+  const auto phaseLimit = options.timeout + std::chrono::seconds(5);
+  {
+    StartupWatchdog watchdog(phaseLimit, [&rdv] { return comm::unansweredStoreMessage(rdv); });
+    impl->store = comm::rendezvous(rdv);
+  }
+  comm::ProcessGroupOptions pg;
+  pg.backend = backend;
+  pg.rank = env.rank;
+  pg.worldSize = env.worldSize;
+  pg.timeout = options.timeout;
+  pg.device = impl->device;
+  pg.groupForSingleRank = groupForSingleRank;
+  pg.hostname = env.localWorldSize == env.worldSize ? "127.0.0.1" : comm::localAddressFor(env.masterAddr);
+  StartupWatchdog watchdog(phaseLimit, [&rdv, &pg] {
+    return "start-up: rank " + std::to_string(rdv.rank) + " could not create its " + comm::backendName(pg.backend) +
+           " process group in time (the store at " + rdv.masterAddr + ":" + std::to_string(rdv.masterPort) +
+           " stopped answering); did another rank fail?";
+  });
+  impl->owned = comm::makeCommunicator(impl->store, pg);
+  watchdog.disarm();
+  impl->comm = impl->owned.get();
+  return ProcessGroup(std::move(impl));
+}
+
+namespace api {
+
+ProcessGroup wrapCommunicator(comm::Communicator& comm, c10::Device device, int localRank, int localSize) {
+  auto impl = std::make_shared<ProcessGroup::Impl>();
+  impl->comm = &comm;
+  impl->device = device;
+  impl->localRank = localRank;
+  impl->localSize = localSize;
+  return ProcessGroup(std::move(impl));
+}
+
+comm::Communicator& communicatorOf(const ProcessGroup& group) { return group.impl().live(); }
+
+}  // namespace api
+}  // namespace ddp

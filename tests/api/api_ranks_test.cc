@@ -1,0 +1,286 @@
+// The public library (libddp.so, <ddp/ddp.h>) as a user's program sees it: every rank runs these
+// tests in the same order (their collectives meet), under `ddp-launch --nproc_per_node=2` and on
+// its own (a group of one). Expected values come from formulas: DDP's averaged gradient is the
+// gradient of the mean loss over the union of the shards, computed here on the whole batch.
+#include <ddp/ddp.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+namespace {
+
+ddp::ProcessGroup& group() {
+  static ddp::ProcessGroup g = [] {
+    ddp::InitOptions options;
+    options.timeout = std::chrono::seconds(60);  // a rank whose test failed early must not hang the other
+    return ddp::initProcessGroup(options);
+  }();
+  return g;
+}
+
+// Equal on every rank: the sum over ranks is world × it.
+bool equalOnAllRanks(const torch::Tensor& t) {
+  auto local = t.detach().to(torch::kDouble).flatten().clone();
+  auto sum = local.clone();
+  group().allReduceSum(sum);
+  return torch::allclose(sum, local * group().size(), 0, 1e-12);
+}
+
+torch::Tensor flatParams(const torch::nn::Module& m) {
+  std::vector<torch::Tensor> ps;
+  for (const auto& p : m.parameters()) ps.push_back(p.detach().flatten());
+  return torch::cat(ps);
+}
+
+torch::Tensor flatGrads(const torch::nn::Module& m) {
+  std::vector<torch::Tensor> gs;
+  for (const auto& p : m.parameters()) gs.push_back(p.grad().defined() ? p.grad().flatten() : torch::zeros_like(p).flatten());
+  return torch::cat(gs);
+}
+
+struct NetImpl : torch::nn::Module {
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  NetImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(5, 7));
+    fc2 = register_module("fc2", torch::nn::Linear(7, 3));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::tanh(fc1(x))); }
+};
+TORCH_MODULE(Net);
+
+// The same plain model, with `source`'s weights: the reference.
+Net copyOf(const Net& source) {
+  Net copy;
+  torch::NoGradGuard noGrad;
+  auto dst = copy->parameters();
+  auto src = source->parameters();
+  for (size_t i = 0; i < dst.size(); ++i) dst[i].copy_(src[i]);
+  return copy;
+}
+
+// The rows of `x` this rank's sampler gives it (no shuffle: rank r takes r, r+W, ...).
+torch::Tensor shard(const torch::Tensor& x) {
+  ddp::DistributedSampler sampler(x.size(0), group(), {/*shuffle=*/false});
+  return x.index_select(0, torch::tensor(sampler.indices(), torch::kLong));
+}
+
+TEST(ProcessGroup, ReadsTheEnvContract) {
+  const char* world = std::getenv("WORLD_SIZE");
+  EXPECT_EQ(group().size(), world ? std::atoi(world) : 1);
+  const char* rank = std::getenv("RANK");
+  EXPECT_EQ(group().rank(), rank ? std::atoi(rank) : 0);
+  EXPECT_EQ(group().device(), c10::Device(c10::kCPU));  // no GPU in this test
+  auto t = torch::full({3}, static_cast<double>(group().rank() + 1));
+  group().allReduceSum(t);
+  const double w = group().size();
+  EXPECT_TRUE(torch::equal(t, torch::full({3}, w * (w + 1) / 2)));  // 1 + 2 + ... + W
+  auto b = torch::full({2}, static_cast<double>(group().rank()));
+  group().broadcast(b, 0);
+  EXPECT_TRUE(torch::equal(b, torch::zeros({2}, torch::kDouble)));
+}
+
+TEST(DistributedDataParallel, ReplicasStartFromRankZerosWeights) {
+  torch::manual_seed(100 + group().rank());  // a different initialisation on every rank
+  Net net;
+  const bool differedBefore = !equalOnAllRanks(flatParams(*net));
+  ddp::DistributedDataParallel<Net> model(net, group());
+  EXPECT_TRUE(equalOnAllRanks(flatParams(*net)));
+  EXPECT_EQ(differedBefore, group().size() > 1);
+}
+
+TEST(DistributedDataParallel, GradientIsTheGradientOfTheWholeBatch) {
+  torch::manual_seed(1);
+  const int64_t w = group().size();
+  const auto x = torch::randn({8 * w, 5});
+  const auto y = torch::randn({8 * w, 3});
+  Net net;
+  ddp::DistributedDataParallel<Net> model(net, group(), {/*bucketCapMb=*/0.0001});  // several buckets
+  Net reference = copyOf(net);
+  torch::mse_loss(model(shard(x)), shard(y)).backward();
+  torch::mse_loss(reference(x), y).backward();  // mean over all rows = mean of the shards' means
+  EXPECT_TRUE(torch::allclose(flatGrads(*net), flatGrads(*reference), 1e-5, 1e-6));
+}
+
+TEST(DistributedDataParallel, NoSyncAccumulatesLocallyThenAveragesTheSum) {
+  torch::manual_seed(2);
+  const int64_t w = group().size();
+  const auto x1 = torch::randn({4 * w, 5}), y1 = torch::randn({4 * w, 3});
+  const auto x2 = torch::randn({4 * w, 5}), y2 = torch::randn({4 * w, 3});
+  Net net;
+  ddp::DistributedDataParallel<Net> model(net, group());
+  Net reference = copyOf(net);
+  {
+    auto guard = model.noSync();
+    torch::mse_loss(model(shard(x1)), shard(y1)).backward();
+  }
+  // Only this rank's micro-batch so far: the ranks' gradients differ.
+  EXPECT_EQ(equalOnAllRanks(flatGrads(*net)), w == 1);
+  torch::mse_loss(model(shard(x2)), shard(y2)).backward();
+  torch::mse_loss(reference(x1), y1).backward();
+  torch::mse_loss(reference(x2), y2).backward();
+  EXPECT_TRUE(torch::allclose(flatGrads(*net), flatGrads(*reference), 1e-5, 1e-6));
+}
+
+struct BranchyImpl : torch::nn::Module {
+  torch::nn::Linear a{nullptr}, b{nullptr};
+  BranchyImpl() {
+    a = register_module("a", torch::nn::Linear(4, 2));
+    b = register_module("b", torch::nn::Linear(4, 2));
+  }
+  torch::Tensor forward(const torch::Tensor& x, bool useB) { return useB ? b(x) : a(x); }
+};
+TORCH_MODULE(Branchy);
+
+TEST(DistributedDataParallel, FindUnusedParametersFinishesABackwardThatSkipsABranch) {
+  torch::manual_seed(3);
+  const int64_t w = group().size();
+  const auto x = torch::randn({2 * w, 4});
+  Branchy net;
+  ddp::DdpOptions options;
+  options.findUnusedParameters = true;
+  ddp::DistributedDataParallel<Branchy> model(net, group(), options);
+  Branchy reference;
+  {
+    torch::NoGradGuard noGrad;
+    for (size_t i = 0; i < net->parameters().size(); ++i) reference->parameters()[i].copy_(net->parameters()[i]);
+  }
+  model(shard(x), false).pow(2).mean().backward();  // b takes no part: without the option, a hang
+  reference->forward(x, false).pow(2).mean().backward();
+  EXPECT_TRUE(torch::allclose(net->a->weight.grad(), reference->a->weight.grad(), 1e-5, 1e-6));
+  const auto bGrad = net->b->weight.grad();
+  EXPECT_TRUE(!bGrad.defined() || bGrad.abs().sum().item<double>() == 0.0);
+}
+
+TEST(DistributedDataParallel, BuffersFollowRankZeroBeforeEachForward) {
+  torch::nn::BatchNorm1d net(3);
+  ddp::DistributedDataParallel<torch::nn::BatchNorm1d> model(net, group());
+  torch::manual_seed(10 + group().rank());
+  {
+    torch::NoGradGuard noGrad;
+    net->forward(torch::randn({6, 3}) + group().rank());  // the plain module: this rank's statistics only
+  }
+  EXPECT_EQ(equalOnAllRanks(net->running_mean), group().size() == 1);
+  net->eval();  // eval forwards leave the statistics alone, but DDP broadcasts them first
+  torch::NoGradGuard noGrad;
+  model(torch::randn({2, 3}));
+  EXPECT_TRUE(equalOnAllRanks(net->running_mean));
+  EXPECT_TRUE(equalOnAllRanks(net->running_var));
+}
+
+TEST(DistributedSampler, ShardsCoverTheDataSetEvenlyAndReshuffleEachEpoch) {
+  const int64_t n = 10, w = group().size();
+  ddp::DistributedSampler sampler(n, group(), {/*shuffle=*/true, /*seed=*/5});
+  EXPECT_EQ(sampler.numSamples(), (n + w - 1) / w);  // ceil(N / W), padded
+  auto counts = torch::zeros({n}, torch::kDouble);
+  for (int64_t i : sampler.indices()) counts[i] += 1;
+  group().allReduceSum(counts);
+  EXPECT_GE(counts.min().item<double>(), 1.0);  // every sample once, the padding's head twice
+  EXPECT_EQ(counts.sum().item<double>(), static_cast<double>(sampler.numSamples() * w));
+  const auto epoch0 = sampler.indices();
+  sampler.setEpoch(1);
+  EXPECT_NE(sampler.indices(), epoch0);
+  EXPECT_EQ(sampler.batches(3).size(), static_cast<size_t>((sampler.numSamples() + 2) / 3));
+  EXPECT_THROW(sampler.batches(0), ddp::ConfigError);
+}
+
+std::string scratchDir(const std::string& name) {
+  // The same directory on every rank: rank 0 writes, every rank reads.
+  const char* port = std::getenv("MASTER_PORT");
+  auto dir = std::filesystem::temp_directory_path() / ("ddp_api_test_" + std::string(port ? port : "solo") + "_" + name);
+  return dir.string();
+}
+
+// Three steps of `optimizer` on fixed data; a checkpoint after step 2, resumed into a fresh model and
+// optimizer, must give the same step 3 to the bit (momentum / Adam moments restored).
+template <typename MakeOptimizer>
+void checkExactResume(const std::string& name, MakeOptimizer makeOptimizer) {
+  const std::string dir = scratchDir(name);
+  if (group().rank() == 0) std::filesystem::remove_all(dir);
+  group().barrier();
+  torch::manual_seed(4);
+  const auto x = torch::randn({6, 5}), y = torch::randn({6, 3});
+  auto step = [&](ddp::DistributedDataParallel<Net>& model, torch::optim::Optimizer& opt) {
+    opt.zero_grad();
+    torch::mse_loss(model(x), y).backward();
+    opt.step();
+  };
+  Net net;
+  ddp::DistributedDataParallel<Net> model(net, group());
+  auto optimizer = makeOptimizer(*net);
+  ddp::Checkpointer checkpointer(group(), {dir});
+  step(model, *optimizer);
+  step(model, *optimizer);
+  const std::string path = checkpointer.save(*net, *optimizer, {0, 2, 2, 12});
+  step(model, *optimizer);
+  const auto expected = flatParams(*net);
+
+  torch::manual_seed(99);
+  Net fresh;
+  ddp::DistributedDataParallel<Net> freshModel(fresh, group());
+  auto freshOptimizer = makeOptimizer(*fresh);
+  ddp::Checkpointer again(group(), {dir});
+  const auto position = again.resume(*fresh, *freshOptimizer);
+  ASSERT_TRUE(position.has_value());
+  EXPECT_EQ(position->globalStep, 2);
+  EXPECT_EQ(position->stepInEpoch, 2);
+  EXPECT_EQ(position->samples, 12);
+  step(freshModel, *freshOptimizer);
+  EXPECT_TRUE(torch::equal(flatParams(*fresh), expected));
+  EXPECT_TRUE(std::filesystem::exists(path));
+  group().barrier();
+  if (group().rank() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST(Checkpointer, SgdWithMomentumResumesExactly) {
+  checkExactResume("sgd", [](NetImpl& net) {
+    return std::make_unique<torch::optim::SGD>(net.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  });
+}
+
+TEST(Checkpointer, AdamResumesExactly) {
+  checkExactResume("adam", [](NetImpl& net) {
+    return std::make_unique<torch::optim::Adam>(net.parameters(), torch::optim::AdamOptions(0.01));
+  });
+}
+
+TEST(Checkpointer, NothingToResumeIsNullopt) {
+  const std::string dir = scratchDir("empty");
+  Net net;
+  torch::optim::SGD optimizer(net->parameters(), 0.1);
+  ddp::Checkpointer checkpointer(group(), {dir});
+  EXPECT_FALSE(checkpointer.resume(*net, optimizer).has_value());
+  ddp::CheckpointOptions bad;
+  bad.keepLast = -1;
+  EXPECT_THROW(ddp::Checkpointer(group(), bad), ddp::ConfigError);
+}
+
+TEST(Export, RankZeroWritesPlainKeysThatLoadBack) {
+  const std::string dir = scratchDir("export");
+  if (group().rank() == 0) std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  torch::manual_seed(6);
+  Net net;
+  ddp::DistributedDataParallel<Net> model(net, group());
+  ddp::saveModel(*net, dir + "/model.pt", group());
+  Net loaded;
+  ddp::loadModel(*loaded, dir + "/model.pt");
+  EXPECT_TRUE(torch::equal(flatParams(*loaded), flatParams(*net)));
+  torch::nn::Linear other(2, 2);
+  EXPECT_THROW(ddp::loadModel(*other, dir + "/model.pt"), ddp::CheckpointError);
+  group().barrier();
+  if (group().rank() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST(Shutdown, DestroyIsCollectiveAndFinal) {
+  // Last: the group is gone afterwards.
+  group().destroy();
+  EXPECT_TRUE(group().destroyed());
+  group().destroy();  // idempotent
+  auto t = torch::ones({1});
+  EXPECT_THROW(group().allReduceSum(t), ddp::ConfigError);
+}
+
+}  // namespace
