@@ -1,16 +1,9 @@
 #include "worker/trainer.h"
 
-#include <ATen/ops/tensor.h>
-#include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 #include <spdlog/spdlog.h>
-#include <torch/nn/functional/loss.h>
-#include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
-#include <algorithm>
-#include <csignal>
-#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -18,47 +11,18 @@
 #include "api/internal.h"
 #include "comm/gradient_sync.h"
 #include "common/error.h"
-#include "sampler/batching.h"
-#include "sampler/distributed_sampler.h"
 #include "worker/atomic_file.h"
-#include "worker/progress.h"
-#include "worker/tensorboard/event_writer.h"
 #include "worker/checkpoint/checkpoint_dir.h"
 #include "worker/checkpoint/state_dict_loader.h"
-#include "worker/data/gather_batch.h"
-#include "worker/evaluate.h"
-#include "worker/finite_check.h"
-#include "worker/metrics.h"
 #include "worker/model_export.h"
-#include "worker/stop_signal.h"
-#include "worker/training_checkpointer.h"
+#include "worker/training_loop.h"
 
 namespace ddp::worker {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double secondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-std::vector<at::Tensor> parametersOf(const torch::nn::Module& module) {
-  return module.parameters(/*recurse=*/true);
-}
-
-std::vector<std::string> parameterNames(const torch::nn::Module& module) {
-  std::vector<std::string> names;
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) names.push_back(item.key());
-  return names;
-}
-
-// Steps between the all-reduces that agree on a stop request (SIGTERM): the
-// reaction time is this many steps, the cost one 4-byte collective per period.
-constexpr int64_t kStopCheckEvery = 10;
-
 // DDP's engine (the public API's DdpEngine: bucketed reducer) from the config; none for a group of
 // one or when gradients go through the flat path (comm.reducer: flat). Buffers are broadcast once
-// per step by the loop itself (before the first micro-batch), so the engine does not.
+// per step by beginStep (before the first micro-batch), so the engine does not.
 std::unique_ptr<DdpEngine> makeEngine(const CommConfig& config, comm::Communicator& comm, c10::Device device,
                                       torch::nn::Module& module) {
   if (comm.size() == 1 || config.reducer != "bucketed") return nullptr;
@@ -72,19 +36,62 @@ std::unique_ptr<DdpEngine> makeEngine(const CommConfig& config, comm::Communicat
   return std::make_unique<DdpEngine>(module, api::wrapCommunicator(comm, device), options);
 }
 
-// Keeps each .grad tensor (it may alias a reducer bucket); zeroes it in place.
-void zeroGradients(const std::vector<at::Tensor>& params) {
-  c10::NoGradGuard noGrad;
-  for (const auto& p : params) {
-    if (p.grad().defined()) p.grad().zero_();
-  }
-}
-
 std::vector<at::Tensor> parametersAndBuffers(const torch::nn::Module& module) {
   auto out = module.parameters(/*recurse=*/true);
   for (auto& b : module.buffers(/*recurse=*/true)) out.push_back(b);
   return out;
 }
+
+// mode ddp / single: this process's replica; gradients averaged over the group.
+class DdpParallelism final : public Parallelism {
+ public:
+  DdpParallelism(const WorkerConfig& config, comm::Communicator& comm, c10::Device device, torch::nn::AnyModule& model)
+      : config_(config), comm_(comm), device_(device), model_(model), engine_(makeEngine(config.comm, comm, device, *model.ptr())),
+        buffers_(model.ptr()->buffers(/*recurse=*/true)),
+        // DDP: rank 0's buffers (BatchNorm running stats) before the first forward of every step.
+        syncBuffers_(comm.size() > 1 && config.comm.broadcastBuffers && !buffers_.empty()) {
+    // The engine broadcasts rank 0's parameters and buffers itself; the flat path does it here.
+    if (!engine_) comm::broadcastTensors(comm_, parametersAndBuffers(*model.ptr()), /*root=*/0);
+  }
+
+  torch::nn::Module& module() override { return *model_.ptr(); }
+  comm::Communicator& comm() override { return comm_; }
+  c10::Device lossDevice() const override { return device_; }
+  data::LoaderOptions loading(int64_t epoch, bool training) const override {
+    data::LoaderOptions o = loaderOptions(config_.data, device_, config_.seed, epoch);
+    if (!training) o.augment = {};
+    return o;
+  }
+  void beginStep() override {
+    if (syncBuffers_) comm::broadcastTensors(comm_, buffers_, /*root=*/0);
+  }
+  at::Tensor forward(const at::Tensor& x, bool lastMicroBatch) override {
+    if (!engine_) return model_.forward(x);
+    // Only the last micro-batch's backward communicates (DDP's no_sync for the others).
+    std::optional<DdpEngine::NoSync> noSync;
+    if (!lastMicroBatch) noSync.emplace(*engine_);
+    engine_->beforeForward();
+    at::Tensor output = model_.forward(x);
+    engine_->afterForward({output});
+    return output;
+  }
+  void endBackward(const std::vector<at::Tensor>& params, at::Tensor& lossForLog) override {
+    if (comm_.size() > 1 && !engine_) comm::allReduceGradients(comm_, params, lossForLog);
+  }
+  bool lossNeedsAverage() const override { return engine_ != nullptr; }
+  EvalCounts evaluate(const data::TensorDataset& test) override {
+    return worker::evaluate(model_, test, device_, config_.eval.batchSize, comm_, loading(0, false));
+  }
+
+ private:
+  const WorkerConfig& config_;
+  comm::Communicator& comm_;
+  c10::Device device_;
+  torch::nn::AnyModule& model_;
+  std::unique_ptr<DdpEngine> engine_;
+  std::vector<at::Tensor> buffers_;
+  bool syncBuffers_;
+};
 
 }  // namespace
 
@@ -131,244 +138,19 @@ Trainer::Trainer(const WorkerConfig& config, comm::Communicator& comm, c10::Devi
     : config_(config), comm_(comm), device_(device) {}
 
 TrainResult Trainer::run(const Datasets& data) {
-  const int rank = comm_.rank();
-  const int world = comm_.size();
-  const auto& train = config_.train;
-  const std::string outDir = config_.output.dir;
-  if (rank == 0) makeDirectories(outDir);
-
   // Same seed everywhere, then rank 0's values win: replicas start bit-identical.
   torch::manual_seed(config_.seed);
   auto model = makeModel(config_.model, data.input);
   auto& module = *model.ptr();
   module.to(device_);
   // init.model_path: rank 0 reads the file (the others need not see it), the broadcast hands its
-  // weights to every rank. A checkpoint that resume finds below still takes precedence.
-  if (rank == 0 && !config_.init.modelPath.empty()) {
+  // weights to every rank. A checkpoint that resume finds in the loop still takes precedence.
+  if (comm_.rank() == 0 && !config_.init.modelPath.empty()) {
     checkpoint::loadModelFile(module, config_.init.modelPath);
     spdlog::info("initial weights from {}", config_.init.modelPath);
   }
-  // The engine broadcasts rank 0's parameters and buffers itself; the flat path does it here.
-  const auto engine = makeEngine(config_.comm, comm_, device_, module);
-  if (!engine) comm::broadcastTensors(comm_, parametersAndBuffers(module), /*root=*/0);
-  const auto params = parametersOf(module);
-  const auto buffers = module.buffers(/*recurse=*/true);
-  // DDP: rank 0's buffers (BatchNorm running stats) before the first forward of every step.
-  const bool syncBuffers = world > 1 && config_.comm.broadcastBuffers && !buffers.empty();
-  const int64_t accumulate = train.accumulateSteps;
-
-  torch::optim::SGD optimizer(params, torch::optim::SGDOptions(train.lr)
-                                          .momentum(train.momentum)
-                                          .weight_decay(train.weightDecay));
-
-  sampler::DistributedSamplerOptions samplerOptions;
-  samplerOptions.numReplicas = world;
-  samplerOptions.rank = rank;
-  samplerOptions.shuffle = train.shuffle;
-  samplerOptions.seed = config_.seed;
-  samplerOptions.dropLast = train.dropLast;
-  sampler::DistributedSampler sampler(data.train.size(), samplerOptions);
-
-  TrainingCheckpointer checkpointer(config_, comm_, device_);
-  const TrainPosition resumed = checkpointer.resume(module, optimizer);
-
-  // A resumed run appends to the metrics of the run it continues.
-  MetricsWriter metrics = rank == 0 ? MetricsWriter(outDir + "/metrics.jsonl", resumed.globalStep > 0)
-                                    : MetricsWriter();
-  TrainResult result;
-  result.steps = resumed.globalStep;
-  result.samples = resumed.samples;
-  int64_t runSamples = 0;  // this process's share of the throughput figure
-  at::Tensor stopFlag = at::zeros({1}, at::TensorOptions().device(device_));
-  at::Tensor lossForLog = at::zeros({1}, at::TensorOptions().device(device_));
-  const auto start = Clock::now();
-  auto windowStart = start;
-  int64_t windowSamples = 0;
-  int64_t skippedInARow = 0;
-  bool done = train.maxSteps > 0 && result.steps >= train.maxSteps;
-  // Progress for people (rank 0): every epoch has the same number of batches (the sampler pads).
-  const int64_t perEpoch = stepsPerEpoch((sampler.numSamples() + train.batchSize - 1) / train.batchSize, accumulate);
-  const int64_t jobSteps = totalSteps(train.epochs, perEpoch, train.maxSteps);
-  ProgressBar bar(rank == 0 && progressBarWanted(), std::getenv("DDP_LAUNCH_PREFIXED") != nullptr);
-  double shownLoss = 0;
-  double shownRate = 0;
-  int64_t runSteps = 0;
-  // output.tensorboard: the scalars torch.utils.tensorboard users log, from rank 0.
-  std::unique_ptr<tensorboard::EventWriter> board;
-  if (rank == 0 && config_.output.tensorboard) board = std::make_unique<tensorboard::EventWriter>(outDir + "/tensorboard");
-  for (int64_t epoch = resumed.epoch; epoch < train.epochs && !done; ++epoch) {
-    sampler.setEpoch(epoch);
-    const auto batches = sampler::makeBatches(sampler.indices(), train.batchSize, /*dropLast=*/false);
-    module.train();
-    // A resumed epoch continues at the exact batch where the checkpoint was taken.
-    const std::size_t startBatch =
-        epoch == resumed.epoch ? static_cast<std::size_t>(resumed.stepInEpoch * accumulate) : 0;
-    // The batches from there on, made ahead by the loader's threads (data.num_workers).
-    data::BatchLoader loader(data.train,
-                             std::vector<std::vector<int64_t>>(batches.begin() + static_cast<std::ptrdiff_t>(
-                                                                                     std::min(startBatch, batches.size())),
-                                                               batches.end()),
-                             loaderOptions(config_.data, device_, config_.seed, epoch));
-    // An optimizer step takes `accumulate` micro-batches (fewer at the end of an epoch);
-    // only the last one's backward communicates (DDP's no_sync for the others).
-    for (std::size_t first = startBatch; first < batches.size(); first += accumulate) {
-      const std::size_t count = std::min<std::size_t>(accumulate, batches.size() - first);
-      zeroGradients(params);
-      if (syncBuffers) comm::broadcastTensors(comm_, buffers, /*root=*/0);
-      int64_t stepRankSamples = 0;
-      {
-        c10::NoGradGuard noGrad;
-        lossForLog.zero_();
-      }
-      for (std::size_t m = 0; m < count; ++m) {
-        const auto& batch = batches[first + m];
-        const data::Batch b = loader.next();  // batches[first + m], on device_
-        const at::Tensor& x = b.images;
-        const at::Tensor& y = b.labels;
-        at::Tensor output;
-        if (engine) {
-          // Only the last micro-batch's backward communicates (DDP's no_sync for the others).
-          std::optional<DdpEngine::NoSync> noSync;
-          if (m + 1 < count) noSync.emplace(*engine);
-          engine->beforeForward();
-          output = model.forward(x);
-          engine->afterForward({output});
-        } else {
-          output = model.forward(x);
-        }
-        at::Tensor loss = torch::nn::functional::cross_entropy(output, y);
-        {
-          c10::NoGradGuard noGrad;
-          lossForLog.add_(loss.detach().reshape({1}), 1.0 / static_cast<double>(count));
-        }
-        stepRankSamples += static_cast<int64_t>(batch.size());
-        if (count > 1) loss = loss / static_cast<double>(count);
-        loss.backward();
-      }
-      if (world > 1 && !engine) comm::allReduceGradients(comm_, params, lossForLog);
-      // The all-reduced gradients are equal on every rank, so every rank decides alike; a NaN
-      // loss on any rank reaches them through backward and the all-reduce.
-      if (allFinite(gradientsOf(params))) {
-        optimizer.step();
-        skippedInARow = 0;
-      } else if (train.skipNonfiniteSteps && skippedInARow < kMaxSkippedInARow) {
-        ++skippedInARow;
-        if (rank == 0) {
-          bar.clear();
-          spdlog::warn("step {} (epoch {}): a gradient is NaN or infinite; step skipped (train.skip_nonfinite_steps)",
-                       result.steps + 1, epoch);
-        }
-      } else {
-        throwDiverged(config_, "a gradient is NaN or infinite at step " + std::to_string(result.steps + 1) +
-                                   " (epoch " + std::to_string(epoch) + ")" +
-                                   (skippedInARow > 0 ? ", " + std::to_string(skippedInARow + 1) + " steps in a row"
-                                                      : std::string()) +
-                                   ", so it was not applied");
-      }
-
-      ++result.steps;
-      ++runSteps;
-      // Every rank's batch has the same size (the sampler pads), so this is exact.
-      const int64_t stepSamples = stepRankSamples * world;
-      result.samples += stepSamples;
-      runSamples += stepSamples;
-      windowSamples += stepSamples;
-      const bool last = train.maxSteps > 0 && result.steps >= train.maxSteps;
-      const bool logStep = result.steps % train.logEvery == 0 || last || result.steps == 1;
-      const bool finalStep =
-          last || (epoch + 1 == train.epochs && first + count >= batches.size());
-      if (engine && (logStep || finalStep)) {
-        // The reducer carries only gradients; the loss is averaged here (every rank logs alike).
-        comm_.allReduceSum(lossForLog);
-        c10::NoGradGuard noGrad;
-        lossForLog.div_(world);
-      }
-      if (logStep) {
-        const double lossValue = lossForLog.item<double>();
-        const double window = secondsSince(windowStart);
-        const double rate = window > 0 ? windowSamples / window : 0.0;
-        metrics.write({{"step", result.steps}, {"epoch", epoch}, {"loss", lossValue},
-                       {"samples", result.samples}, {"samples_per_s", rate},
-                       {"elapsed_s", secondsSince(start)}});
-        shownLoss = lossValue;
-        shownRate = rate;
-        if (board) board->addTrainingStep(result.steps, lossValue, rate, train.lr);
-        if (rank == 0) {
-          bar.clear();
-          spdlog::info("{}", progressLine(ProgressPoint{result.steps, jobSteps, epoch, train.epochs,
-                                                        static_cast<int64_t>((first + count + accumulate - 1) / accumulate),
-                                                        perEpoch, lossValue, rate, secondsSince(start), runSteps}));
-        }
-        windowStart = Clock::now();
-        windowSamples = 0;
-      }
-      bar.update(ProgressPoint{result.steps, jobSteps, epoch, train.epochs,
-                               static_cast<int64_t>((first + count + accumulate - 1) / accumulate), perEpoch, shownLoss,
-                               shownRate, secondsSince(start), runSteps});
-      const bool epochEnded = first + count >= batches.size();
-      const TrainPosition position =
-          epochEnded ? TrainPosition{epoch + 1, 0, result.steps, result.samples}
-                     : TrainPosition{epoch, static_cast<int64_t>(first / accumulate) + 1, result.steps,
-                                     result.samples};
-      checkpointer.maybeSave(module, optimizer, position, epochEnded);
-
-      // Preemption: every rank must stop after the same step, so the request is
-      // agreed on with a tiny all-reduce every kStopCheckEvery steps.
-      if (world == 1 || result.steps % kStopCheckEvery == 0 || epochEnded) {
-        {
-          c10::NoGradGuard noGrad;
-          stopFlag.fill_(stopSignal() != 0 ? 1.0 : 0.0);
-        }
-        if (world > 1) comm_.allReduceSum(stopFlag);
-        if (stopFlag.item<double>() > 0) {
-          result.checkpointPath = checkpointer.save(module, optimizer, position);
-          result.stopSignal = stopSignal() != 0 ? stopSignal() : SIGTERM;
-          if (rank == 0) {
-            bar.clear();
-            spdlog::warn("stopping after step {} on a signal; checkpoint {} (resume with resume=auto)",
-                         result.steps, result.checkpointPath);
-          }
-          done = true;
-          break;
-        }
-      }
-      if (last) {
-        done = true;
-        break;
-      }
-    }
-  }
-  bar.clear();
-  result.trainSeconds = secondsSince(start);
-  result.samplesPerSecond = result.trainSeconds > 0 ? runSamples / result.trainSeconds : 0;
-  if (result.stopSignal != 0) return result;  // preempted: the checkpoint is the record
-  result.finalLoss = lossForLog.item<double>();
-  // Finite gradients can still overflow the weights (a huge train.lr) on the last step.
-  if (!allFinite(params)) {
-    throwDiverged(config_, "the weights are no longer finite after step " + std::to_string(result.steps) +
-                               ", the last one, so nothing is exported");
-  }
-
-  if (config_.eval.enabled) {
-    const auto evalStart = Clock::now();
-    const EvalCounts counts = evaluate(model, data.test, device_, config_.eval.batchSize, comm_,
-                                       loaderOptions(config_.data, device_, config_.seed, 0));
-    result.evalSeconds = secondsSince(evalStart);
-    result.testCorrect = counts.correct;
-    result.testTotal = counts.total;
-    result.testAccuracy = counts.accuracy();
-    if (board) board->addScalar("test/accuracy", result.testAccuracy, result.steps);
-  }
-
-  if (config_.output.dumpRankParams) {
-    makeDirectories(outDir);
-    exportStateDict(stateDict(module), outDir + "/rank" + std::to_string(rank) + "_params.pt");
-  }
-  if (rank == 0) {
-    result.exportPath = (std::filesystem::path(outDir) / config_.output.exportName).string();
-    exportTrainedModel(config_, stateDict(module), result.exportPath);
-  }
-  return result;
+  DdpParallelism parallelism(config_, comm_, device_, model);
+  return runTrainingLoop(config_, data, parallelism, device_);
 }
 
 }  // namespace ddp::worker

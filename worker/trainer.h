@@ -1,5 +1,5 @@
-// The DDP / single-process training loop: sampler shard → forward → backward →
-// gradient all-reduce → SGD step; then whole-test-set evaluation and rank-0 export.
+// Mode ddp / single: one replica per process, gradients averaged over the group (DdpEngine or the
+// flat all-reduce), trained by the one loop of worker/training_loop.h.
 #pragma once
 
 #include <c10/core/Device.h>

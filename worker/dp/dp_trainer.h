@@ -1,6 +1,6 @@
-// The DataParallel training loop (mode: dp): one process, one sampler over the
-// whole data set, each batch split over the replicas by DataParallel, one loss
-// on the gathered outputs, SGD on the master; then evaluation and the export.
+// Mode dp (DataParallel): one process, one sampler over the whole data set, each batch split over
+// the replicas, one loss on the gathered outputs, SGD on the master; trained by the one loop of
+// worker/training_loop.h (so dp has checkpoints, resume and TensorBoard like ddp).
 #pragma once
 
 #include <c10/core/Device.h>
