@@ -1,6 +1,7 @@
 // ddp::ProcessGroup and initProcessGroup(): the worker's start-up (env contract, device,
 // authenticated rendezvous, Gloo/NCCL/shm group) for programs of their own.
 #include <c10/util/Logging.h>
+#include <spdlog/spdlog.h>
 
 #include <cstdlib>
 #include <memory>
@@ -126,39 +127,11 @@ ProcessGroup initProcessGroup(const InitOptions& options) {
     return ProcessGroup(std::move(impl));
   }
 
-  comm::RendezvousOptions rdv;
-  rdv.masterAddr = env.masterAddr;
-  rdv.masterPort = static_cast<std::uint16_t>(env.masterPort);
-  rdv.rank = env.rank;
-  rdv.worldSize = env.worldSize;
-  rdv.timeout = options.timeout;
-  rdv.storeServedElsewhere = env.agentStore;
-  rdv.attempt = env.restartCount;
-  rdv.token = env.token;
-  rdv.listenFd = env.storeFd;
-  rdv.bindAddr = env.rdzvBind;
-  // LibTorch's store client can block past its own timeout; the watchdog ends the process with
-  // one line instead of hanging (the grace lets the rendezvous's own, more precise error first).
-  const auto phaseLimit = options.timeout + std::chrono::seconds(5);
-  {
-    StartupWatchdog watchdog(phaseLimit, [&rdv] { return comm::unansweredStoreMessage(rdv); });
-    impl->store = comm::rendezvous(rdv);
-  }
-  comm::ProcessGroupOptions pg;
-  pg.backend = backend;
-  pg.rank = env.rank;
-  pg.worldSize = env.worldSize;
-  pg.timeout = options.timeout;
-  pg.device = impl->device;
-  pg.groupForSingleRank = groupForSingleRank;
-  pg.hostname = env.localWorldSize == env.worldSize ? "127.0.0.1" : comm::localAddressFor(env.masterAddr);
-  StartupWatchdog watchdog(phaseLimit, [&rdv, &pg] {
-    return "start-up: rank " + std::to_string(rdv.rank) + " could not create its " + comm::backendName(pg.backend) +
-           " process group in time (the store at " + rdv.masterAddr + ":" + std::to_string(rdv.masterPort) +
-           " stopped answering); did another rank fail?";
-  });
-  impl->owned = comm::makeCommunicator(impl->store, pg);
-  watchdog.disarm();
+  const comm::RendezvousOptions rdv = api::rendezvousOptions(env, options.timeout);
+  impl->store = api::meetAtStore(rdv);
+  const comm::ProcessGroupOptions pg =
+      api::groupOptions(env, backend, impl->device, options.timeout, groupForSingleRank);
+  impl->owned = api::createGroup(impl->store, pg, rdv, "ddp::InitOptions::timeout");
   impl->comm = impl->owned.get();
   return ProcessGroup(std::move(impl));
 }
@@ -175,6 +148,66 @@ ProcessGroup wrapCommunicator(comm::Communicator& comm, c10::Device device, int 
 }
 
 comm::Communicator& communicatorOf(const ProcessGroup& group) { return group.impl().live(); }
+
+comm::RendezvousOptions rendezvousOptions(const worker::DistEnv& env, std::chrono::milliseconds timeout) {
+  comm::RendezvousOptions rdv;
+  rdv.masterAddr = env.masterAddr;
+  rdv.masterPort = static_cast<std::uint16_t>(env.masterPort);
+  rdv.rank = env.rank;
+  rdv.worldSize = env.worldSize;
+  rdv.timeout = timeout;
+  // torchrun's static rendezvous: its agent hosts the store at MASTER_ADDR:PORT and keeps it
+  // across restarts, so each attempt keeps its keys apart.
+  rdv.storeServedElsewhere = env.agentStore;
+  rdv.attempt = env.restartCount;
+  rdv.token = env.token;
+  rdv.listenFd = env.storeFd;
+  rdv.bindAddr = env.rdzvBind;
+  if (env.rank == 0 && !env.agentStore && env.token.empty()) {
+    spdlog::warn("the job's store at {}:{} admits any client that reaches it: no {} or {} is set (ddp-launch "
+                 "sets one; see README: Security)",
+                 env.rdzvBind.empty() ? env.masterAddr : env.rdzvBind, env.masterPort, kTokenEnv, kTokenFileEnv);
+  }
+  return rdv;
+}
+
+// Each start-up phase honours the timeout even where LibTorch's store client would block past it;
+// the grace lets the phase's own, more precise error come first.
+std::chrono::milliseconds phaseLimit(const comm::RendezvousOptions& rdv) { return rdv.timeout + std::chrono::seconds(5); }
+
+c10::intrusive_ptr<c10d::Store> meetAtStore(const comm::RendezvousOptions& rdv) {
+  StartupWatchdog watchdog(phaseLimit(rdv), [&rdv] { return comm::unansweredStoreMessage(rdv); });
+  return comm::rendezvous(rdv);
+}
+
+comm::ProcessGroupOptions groupOptions(const worker::DistEnv& env, comm::Backend backend, c10::Device device,
+                                       std::chrono::milliseconds timeout, bool groupForSingleRank) {
+  comm::ProcessGroupOptions pg;
+  pg.backend = backend;
+  pg.rank = env.rank;
+  pg.worldSize = env.worldSize;
+  pg.timeout = timeout;
+  pg.device = device;
+  pg.groupForSingleRank = groupForSingleRank;
+  // Single node: loopback. Multi-node: the local address that routes to MASTER_ADDR
+  // (GLOO_SOCKET_IFNAME overrides both).
+  pg.hostname = env.localWorldSize == env.worldSize ? "127.0.0.1" : comm::localAddressFor(env.masterAddr);
+  return pg;
+}
+
+std::unique_ptr<comm::Communicator> createGroup(const c10::intrusive_ptr<c10d::Store>& store,
+                                                const comm::ProcessGroupOptions& pg,
+                                                const comm::RendezvousOptions& rdv, const std::string& timeoutName) {
+  StartupWatchdog watchdog(phaseLimit(rdv), [&rdv, &pg, &timeoutName] {
+    return "start-up: rank " + std::to_string(rdv.rank) + " could not create its " + comm::backendName(pg.backend) +
+           " process group within " + timeoutName + "=" +
+           ::ddp::detail::concat(static_cast<double>(rdv.timeout.count()) / 1000.0) + " s (the store at " +
+           rdv.masterAddr + ":" + std::to_string(rdv.masterPort) + " stopped answering); did another rank fail?";
+  });
+  auto group = comm::makeCommunicator(store, pg);
+  watchdog.disarm();
+  return group;
+}
 
 }  // namespace api
 }  // namespace ddp

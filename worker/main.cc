@@ -19,8 +19,8 @@
 #include <memory>
 #include <thread>
 
+#include "api/internal.h"
 #include "comm/backend.h"
-#include "comm/local_address.h"
 #include "comm/process_group.h"
 #include "comm/rendezvous.h"
 #include "common/error.h"
@@ -32,7 +32,6 @@
 #include "worker/dp/dp_trainer.h"
 #include "worker/dp/memory_stats.h"
 #include "worker/env.h"
-#include "worker/startup_watchdog.h"
 #include "worker/eval_mode.h"
 #include "worker/stop_signal.h"
 #include "worker/metrics.h"
@@ -192,32 +191,8 @@ int runWorker(std::vector<std::string> args) {
     checkModelFits(config.model, data.input, processesHere, hostMemoryBytes());
     comm = std::make_unique<comm::LocalCommunicator>();
   } else {
-    comm::RendezvousOptions rdv;
-    rdv.masterAddr = env.masterAddr;
-    rdv.masterPort = static_cast<std::uint16_t>(env.masterPort);
-    rdv.rank = rank;
-    rdv.worldSize = worldSize;
-    rdv.timeout = timeout;
-    // torchrun's static rendezvous: its agent hosts the store at MASTER_ADDR:PORT and keeps it
-    // across restarts, so each attempt keeps its keys apart.
-    rdv.storeServedElsewhere = env.agentStore;
-    rdv.attempt = env.restartCount;
-    rdv.token = env.token;
-    rdv.listenFd = env.storeFd;
-    rdv.bindAddr = env.rdzvBind;
-    if (rank == 0 && !env.agentStore && env.token.empty()) {
-      spdlog::warn("the job's store at {}:{} admits any client that reaches it: no {} or {} is set (ddp-launch "
-                   "sets one; see README: Security)",
-                   env.rdzvBind.empty() ? env.masterAddr : env.rdzvBind, env.masterPort, kTokenEnv, kTokenFileEnv);
-    }
-    // Each start-up phase honours comm.timeout_s even where LibTorch's store client would block
-    // past it; the grace lets the phase's own, more precise error come first.
-    const auto phaseLimit = timeout + std::chrono::seconds(5);
-    c10::intrusive_ptr<c10d::Store> store;
-    {
-      StartupWatchdog watchdog(phaseLimit, [&rdv] { return comm::unansweredStoreMessage(rdv); });
-      store = comm::rendezvous(rdv);
-    }
+    const comm::RendezvousOptions rdv = api::rendezvousOptions(env, timeout);
+    const c10::intrusive_ptr<c10d::Store> store = api::meetAtStore(rdv);
     // The data before the process group: a missing data set fails every rank with one line
     // before anyone builds a group. One rank per host loads it; the others map that copy.
     if (config.data.oneCopyPerHost && env.localWorldSize > 1) {
@@ -226,25 +201,8 @@ int runWorker(std::vector<std::string> args) {
       data = loadDatasets(config.data, config.seed);
     }
     checkModelFits(config.model, data.input, processesHere, hostMemoryBytes());
-    comm::ProcessGroupOptions pg;
-    pg.backend = backend;
-    pg.rank = rank;
-    pg.worldSize = worldSize;
-    pg.timeout = timeout;
-    pg.device = device;
-    pg.groupForSingleRank = groupForSingleRank;
-    // Single node: loopback. Multi-node: the local address that routes to MASTER_ADDR
-    // (GLOO_SOCKET_IFNAME overrides both).
-    pg.hostname = env.localWorldSize == worldSize ? "127.0.0.1" : comm::localAddressFor(env.masterAddr);
-    StartupWatchdog watchdog(phaseLimit, [&rdv, &pg, timeoutS = config.comm.timeoutS] {
-      return "start-up: rank " + std::to_string(rdv.rank) + " could not create its " +
-             comm::backendName(pg.backend) + " process group within comm.timeout_s=" +
-             ::ddp::detail::concat(timeoutS) +
-             " s (the store at " + rdv.masterAddr + ":" + std::to_string(rdv.masterPort) +
-             " stopped answering); did another rank fail?";
-    });
-    comm = comm::makeCommunicator(store, pg);
-    watchdog.disarm();
+    comm = api::createGroup(store, api::groupOptions(env, backend, device, timeout, groupForSingleRank), rdv,
+                            "comm.timeout_s");
   }
   checkConfigAgreement(config, *comm);
   if (rank == 0) {

@@ -13,8 +13,7 @@
 #include <filesystem>
 #include <memory>
 
-#include "sampler/batching.h"
-#include "sampler/distributed_sampler.h"
+#include "ddp/ddp.h"
 #include "worker/atomic_file.h"
 #include "worker/finite_check.h"
 #include "worker/metrics.h"
@@ -64,13 +63,7 @@ TrainResult runTrainingLoop(const WorkerConfig& config, const Datasets& data, Pa
                                           .momentum(train.momentum)
                                           .weight_decay(train.weightDecay));
 
-  sampler::DistributedSamplerOptions samplerOptions;
-  samplerOptions.numReplicas = world;
-  samplerOptions.rank = rank;
-  samplerOptions.shuffle = train.shuffle;
-  samplerOptions.seed = config.seed;
-  samplerOptions.dropLast = train.dropLast;
-  sampler::DistributedSampler sampler(data.train.size(), samplerOptions);
+  DistributedSampler sampler(data.train.size(), world, rank, {train.shuffle, config.seed, train.dropLast});
 
   TrainingCheckpointer checkpointer(config, comm, device);
   const TrainPosition resumed = checkpointer.resume(module, optimizer);
@@ -101,7 +94,7 @@ TrainResult runTrainingLoop(const WorkerConfig& config, const Datasets& data, Pa
   if (rank == 0 && config.output.tensorboard) board = std::make_unique<tensorboard::EventWriter>(outDir + "/tensorboard");
   for (int64_t epoch = resumed.epoch; epoch < train.epochs && !done; ++epoch) {
     sampler.setEpoch(epoch);
-    const auto batches = sampler::makeBatches(sampler.indices(), train.batchSize, /*dropLast=*/false);
+    const auto batches = sampler.batches(train.batchSize, /*dropLast=*/false);
     module.train();
     // A resumed epoch continues at the exact batch where the checkpoint was taken.
     const std::size_t startBatch =
