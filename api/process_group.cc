@@ -3,6 +3,7 @@
 #include <c10/util/Logging.h>
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <memory>
 
@@ -28,7 +29,20 @@ struct ProcessGroup::Impl {
   c10::Device device{c10::kCPU};
   int localRank = 0;
   int localSize = 1;
+  // Kept so that they still answer after destroy().
+  int rank = 0;
+  int size = 1;
+  std::string backend;
+  c10::Device collectiveDevice{c10::kCPU};
   bool destroyed = false;
+
+  void attach(comm::Communicator* c) {
+    comm = c;
+    rank = c->rank();
+    size = c->size();
+    backend = c->backendName();
+    collectiveDevice = c->device();
+  }
 
   comm::Communicator& live() {
     if (destroyed || comm == nullptr) {
@@ -41,13 +55,13 @@ struct ProcessGroup::Impl {
 ProcessGroup::ProcessGroup(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ProcessGroup::Impl& ProcessGroup::impl() const { return *impl_; }
 
-int ProcessGroup::rank() const { return impl_->comm->rank(); }
-int ProcessGroup::size() const { return impl_->comm->size(); }
+int ProcessGroup::rank() const { return impl_->rank; }
+int ProcessGroup::size() const { return impl_->size; }
 int ProcessGroup::localRank() const { return impl_->localRank; }
 int ProcessGroup::localSize() const { return impl_->localSize; }
 c10::Device ProcessGroup::device() const { return impl_->device; }
-std::string ProcessGroup::backend() const { return impl_->comm->backendName(); }
-c10::Device ProcessGroup::collectiveDevice() const { return impl_->comm->device(); }
+std::string ProcessGroup::backend() const { return impl_->backend; }
+c10::Device ProcessGroup::collectiveDevice() const { return impl_->collectiveDevice; }
 bool ProcessGroup::destroyed() const { return impl_->destroyed; }
 
 namespace {
@@ -97,6 +111,13 @@ void ProcessGroup::destroy() {
 
 ProcessGroup initProcessGroup(const InitOptions& options) {
   using namespace ddp::worker;
+  // The env contract describes one group: a second rendezvous at the same MASTER_PORT would meet
+  // nobody (the launcher's listening socket is taken, the other ranks have moved on).
+  static std::atomic<bool> initialised{false};
+  if (initialised.exchange(true)) {
+    DDP_THROW(ConfigError, "ddp::initProcessGroup() was called twice in this process; call it once and pass the "
+              "ProcessGroup on (copies share the group)");
+  }
   // LibTorch's own log lines (c10d's socket retries with stack traces) would bury our one-line
   // errors; only FATAL passes unless the user asks for more (TORCH_CPP_LOG_LEVEL).
   ::setenv("TORCH_CPP_LOG_LEVEL", "FATAL", /*overwrite=*/0);
@@ -123,7 +144,7 @@ ProcessGroup initProcessGroup(const InitOptions& options) {
   const bool groupForSingleRank = requested == comm::Backend::kNccl;
   if (env.worldSize == 1 && !groupForSingleRank) {
     impl->owned = std::make_unique<comm::LocalCommunicator>();
-    impl->comm = impl->owned.get();
+    impl->attach(impl->owned.get());
     return ProcessGroup(std::move(impl));
   }
 
@@ -132,7 +153,7 @@ ProcessGroup initProcessGroup(const InitOptions& options) {
   const comm::ProcessGroupOptions pg =
       api::groupOptions(env, backend, impl->device, options.timeout, groupForSingleRank);
   impl->owned = api::createGroup(impl->store, pg, rdv, "ddp::InitOptions::timeout");
-  impl->comm = impl->owned.get();
+  impl->attach(impl->owned.get());
   return ProcessGroup(std::move(impl));
 }
 
@@ -140,7 +161,7 @@ namespace api {
 
 ProcessGroup wrapCommunicator(comm::Communicator& comm, c10::Device device, int localRank, int localSize) {
   auto impl = std::make_shared<ProcessGroup::Impl>();
-  impl->comm = &comm;
+  impl->attach(&comm);
   impl->device = device;
   impl->localRank = localRank;
   impl->localSize = localSize;

@@ -80,8 +80,9 @@ class ProcessGroup {
 /// Reads the env contract (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
 /// MASTER_PORT from ddp-launch or torchrun; else SLURM_* or OMPI_COMM_WORLD_*), picks and sets the
 /// device, meets the other ranks at the job's authenticated store and builds the process group.
-/// Without any of it (a program run on its own) it is a group of one. Throws ConfigError for bad
-/// env or options, CommError / TimeoutError when the other ranks cannot be reached.
+/// Without any of it (a program run on its own) it is a group of one. Call it once per process.
+/// Throws ConfigError for bad env or options (or a second call), CommError / TimeoutError when the
+/// other ranks cannot be reached.
 ProcessGroup initProcessGroup(const InitOptions& options = {});
 
 // ---------------------------------------------------------------------------------------------

@@ -80,6 +80,7 @@ TEST(ProcessGroup, ReadsTheEnvContract) {
   auto b = torch::full({2}, static_cast<double>(group().rank()));
   group().broadcast(b, 0);
   EXPECT_TRUE(torch::equal(b, torch::zeros({2}, torch::kDouble)));
+  EXPECT_THROW(ddp::initProcessGroup(), ddp::ConfigError);  // one group per process
 }
 
 TEST(DistributedDataParallel, ReplicasStartFromRankZerosWeights) {
@@ -279,6 +280,7 @@ TEST(Shutdown, DestroyIsCollectiveAndFinal) {
   group().destroy();
   EXPECT_TRUE(group().destroyed());
   group().destroy();  // idempotent
+  EXPECT_EQ(group().size(), std::getenv("WORLD_SIZE") ? std::atoi(std::getenv("WORLD_SIZE")) : 1);  // still answers
   auto t = torch::ones({1});
   EXPECT_THROW(group().allReduceSum(t), ddp::ConfigError);
 }

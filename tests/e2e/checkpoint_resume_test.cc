@@ -46,13 +46,12 @@ std::vector<std::string> trainArgs(const std::string& out, const std::string& ck
           "checkpoint.every_steps=4", "checkpoint.keep_last=2"};
 }
 
-class ExactResume : public ::testing::TestWithParam<int> {};
-
-TEST_P(ExactResume, StoppedAndResumedEqualsUninterruptedBitwise) {
-  const int world = GetParam();
+// `world` processes (mode ddp, or single for 1), or with `modeArgs` e.g. mode dp in one process.
+void checkExactResume(int world, const std::vector<std::string>& modeArgs) {
   const std::string base = tempDir();
   auto args = [&](const std::string& name, std::vector<std::string> extra) {
     auto a = trainArgs(base + "/" + name, base + "/" + name + "-ckpt");
+    a.insert(a.end(), modeArgs.begin(), modeArgs.end());
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   };
@@ -87,7 +86,17 @@ TEST_P(ExactResume, StoppedAndResumedEqualsUninterruptedBitwise) {
   fs::remove_all(base);
 }
 
+class ExactResume : public ::testing::TestWithParam<int> {};
+
+TEST_P(ExactResume, StoppedAndResumedEqualsUninterruptedBitwise) { checkExactResume(GetParam(), {}); }
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, ExactResume, ::testing::Values(1, 2));
+
+// mode dp runs the same loop (worker/training_loop.h), so its checkpoints resume exactly too:
+// 2 replicas on CPU threads, the whole batch of 16 per step.
+TEST(ExactResumeDp, StoppedAndResumedEqualsUninterruptedBitwise) {
+  checkExactResume(1, {"mode=dp", "dp.replicas=2", "train.batch_size=16"});
+}
 
 TEST(CheckpointSchedule, EveryEpochSavesAtEpochEndsAsTheStartOfTheNext) {
   const std::string base = tempDir();
