@@ -21,6 +21,24 @@ cmake --build "$work/ex" -j2 >"$work/build.log" 2>&1 || { cat "$work/build.log";
 # It links the installed library, not the build tree's.
 ldd "$work/ex/resnet_cifar" | grep -q "$work/prefix/.*libddp.so" || { ldd "$work/ex/resnet_cifar"; fail "not linked to the installed libddp.so"; }
 
+# Another LibTorch than the one the package was built with is refused at configure time, with a line
+# that names both (this machine has two: the wheel's and Debian's libtorch-dev).
+built=$(realpath "$(sed -n 's/^Torch_DIR:PATH=//p' "$build/CMakeCache.txt")")
+wheel=$(realpath "$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file__))')/share/cmake/Torch")
+debian=/usr/lib/x86_64-linux-gnu/cmake/Torch
+other=$([[ "$built" == "$wheel" ]] && echo "$debian" || echo "$wheel")
+if [[ -d "$other" ]]; then
+  if cmake -S "$source/examples/resnet_cifar" -B "$work/ex-other" -DCMAKE_PREFIX_PATH="$work/prefix" \
+       -DTorch_DIR="$other" >"$work/other.log" 2>&1; then
+    fail "the example configured against $other, another LibTorch than the package's"
+  fi
+  # CMake wraps the message: compare with the lines joined.
+  tr '\n' ' ' <"$work/other.log" | tr -s ' ' | grep -q "ddp_launch was built with LibTorch [0-9.]* (.*) but this project found LibTorch [0-9.]* (" \
+    || { cat "$work/other.log"; fail "no line naming both LibTorch versions"; }
+else
+  echo "note: no second LibTorch at $other; the version check was not exercised"
+fi
+
 cd "$work"
 # No arguments (defaults: 5 epochs into ./resnet_cifar_out).
 "$work/prefix/bin/ddp-launch" --nproc_per_node=2 ./ex/resnet_cifar >"$work/run1.log" 2>&1 || { cat "$work/run1.log"; fail "first run"; }
