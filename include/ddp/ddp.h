@@ -38,7 +38,7 @@ namespace ddp {
 // Process group: who am I, who else is there, and the collectives between us.
 
 struct InitOptions {
-  std::string backend = "auto";  // auto (NCCL on GPUs, Gloo on CPU) | gloo | nccl
+  std::string backend = "auto";  // auto (NCCL on GPUs, shm on one host's CPUs, else Gloo) | gloo | nccl | shm
   std::string device = "auto";   // auto (cuda:LOCAL_RANK when GPUs are visible, else cpu) | cpu | cuda | cuda:N
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // rendezvous and every collective
 };
