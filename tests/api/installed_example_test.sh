@@ -18,8 +18,10 @@ ls "$work/prefix"/lib*/libddp.so >/dev/null || fail "the install lacks libddp.so
 cmake -S "$source/examples/resnet_cifar" -B "$work/ex" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$work/prefix" >"$work/configure.log" 2>&1 || { cat "$work/configure.log"; fail "configure the example"; }
 cmake --build "$work/ex" -j2 >"$work/build.log" 2>&1 || { cat "$work/build.log"; fail "build the example"; }
-# It links the installed library, not the build tree's.
-ldd "$work/ex/resnet_cifar" | grep -q "$work/prefix/.*libddp.so" || { ldd "$work/ex/resnet_cifar"; fail "not linked to the installed libddp.so"; }
+# It links the installed library, not the build tree's. (Output captured first: under pipefail,
+# `ldd | grep -q` fails when grep exits at the first match and ldd then dies of SIGPIPE.)
+libs=$(ldd "$work/ex/resnet_cifar")
+[[ "$libs" == *"$work/prefix/"*libddp.so* ]] || { echo "$libs"; fail "not linked to the installed libddp.so"; }
 
 # Another LibTorch than the one the package was built with is refused at configure time, with a line
 # that names both (this machine has two: the wheel's and Debian's libtorch-dev).
@@ -33,7 +35,8 @@ if [[ -d "$other" ]]; then
     fail "the example configured against $other, another LibTorch than the package's"
   fi
   # CMake wraps the message: compare with the lines joined.
-  tr '\n' ' ' <"$work/other.log" | tr -s ' ' | grep -q "ddp_launch was built with LibTorch [0-9.]* (.*) but this project found LibTorch [0-9.]* (" \
+  joined=$(tr '\n' ' ' <"$work/other.log" | tr -s ' ')
+  grep -q "ddp_launch was built with LibTorch [0-9.]* (.*) but this project found LibTorch [0-9.]* (" <<<"$joined" \
     || { cat "$work/other.log"; fail "no line naming both LibTorch versions"; }
 else
   echo "note: no second LibTorch at $other; the version check was not exercised"
