@@ -18,8 +18,8 @@
 #include "comm/process_group.h"
 #include "comm/reducer.h"
 #include "comm/rendezvous.h"
-#include "worker/env.h"
-#include "worker/models.h"
+#include "libddp/runtime/env.h"
+#include "worker/models/models.h"
 
 namespace {
 using namespace ddp;

@@ -36,7 +36,7 @@ class Mlp(nn.Module):
         return x
 
 
-class Cnn(nn.Module):  # worker/models.cc
+class Cnn(nn.Module):  # worker/models/models.cc
     def __init__(self, classes=10):
         super().__init__()
         self.conv1 = nn.Conv2d(1, 32, 3, padding=1)

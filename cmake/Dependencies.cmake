@@ -6,7 +6,13 @@ find_package(Threads REQUIRED)
 if(DDP_USE_CCACHE)
   find_program(DDP_CCACHE ccache)
   if(DDP_CCACHE)
-    set(CMAKE_CXX_COMPILER_LAUNCHER ${DDP_CCACHE})
+    # Paths under the source tree are hashed relative to it, so a fresh clone elsewhere (CI) reuses
+    # what an earlier build of the same sources compiled (a user's CCACHE_BASEDIR wins).
+    if(DEFINED ENV{CCACHE_BASEDIR})
+      set(CMAKE_CXX_COMPILER_LAUNCHER ${DDP_CCACHE})
+    else()
+      set(CMAKE_CXX_COMPILER_LAUNCHER ${CMAKE_COMMAND} -E env CCACHE_BASEDIR=${PROJECT_SOURCE_DIR} ${DDP_CCACHE})
+    endif()
   endif()
 endif()
 

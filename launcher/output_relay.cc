@@ -139,7 +139,7 @@ void OutputRelay::emitLines(Source& source, bool flushPartial) {
   size_t begin = 0;
   while (true) {
     size_t newline = source.pending.find('\n', begin);
-    // "text\r" not followed by '\n': a progress bar that redraws its line (worker/progress.h).
+    // "text\r" not followed by '\n': a progress bar that redraws its line (worker/report/progress.h).
     const size_t carriage = source.pending.find('\r', begin);
     if (carriage != std::string::npos && carriage < newline && carriage + 1 < source.pending.size() &&
         source.pending[carriage + 1] != '\n') {

@@ -19,26 +19,26 @@
 #include <memory>
 #include <thread>
 
-#include "api/internal.h"
+#include "libddp/internal.h"
 #include "comm/backend.h"
 #include "comm/process_group.h"
 #include "comm/rendezvous.h"
 #include "common/error.h"
 #include "common/job_token.h"
-#include "worker/atomic_file.h"
-#include "worker/config.h"
-#include "worker/config_agreement.h"
-#include "worker/device.h"
+#include "libddp/checkpoint/atomic_file.h"
+#include "worker/config/config.h"
+#include "worker/config/config_agreement.h"
+#include "libddp/runtime/device.h"
 #include "worker/dp/dp_trainer.h"
-#include "worker/dp/memory_stats.h"
-#include "worker/env.h"
-#include "worker/eval_mode.h"
-#include "worker/stop_signal.h"
-#include "worker/metrics.h"
-#include "worker/model_size.h"
-#include "worker/rank_report.h"
-#include "worker/startup_checks.h"
-#include "worker/trainer.h"
+#include "worker/report/memory_stats.h"
+#include "libddp/runtime/env.h"
+#include "worker/train/eval_mode.h"
+#include "worker/train/stop_signal.h"
+#include "worker/train/metrics.h"
+#include "worker/models/model_size.h"
+#include "worker/report/rank_report.h"
+#include "worker/config/startup_checks.h"
+#include "worker/train/trainer.h"
 
 namespace {
 
@@ -67,8 +67,8 @@ int runDataParallel(const ddp::worker::WorkerConfig& config) {
   spdlog::info("mode dp: {} replicas on [{}], outputs gathered on {}, model {} data {} ({} train / {} test)",
                placement.devices.size(), deviceList, placement.outputDevice.str(),
                config.model.name, config.data.name, data.train.size(), data.test.size());
-  makeDirectories(config.output.dir);
-  writeFileAtomic(config.output.dir + "/config.resolved.yaml", dumpConfig(config));
+  ddp::checkpoint::makeDirectories(config.output.dir);
+  ddp::checkpoint::writeFileAtomic(config.output.dir + "/config.resolved.yaml", dumpConfig(config));
 
   dp::DpTrainer trainer(config, placement);
   const dp::DpResult dpResult = trainer.run(data);
@@ -98,7 +98,7 @@ int runDataParallel(const ddp::worker::WorkerConfig& config) {
 // srun and mpirun leave OMP_NUM_THREADS unset (ddp-launch and torchrun set it), so every rank
 // would use every core: with several ranks on this host and no threads setting, each gets its
 // share of the cores this process may run on, said once per host.
-int threadsPerLocalRank(const ddp::worker::DistEnv& env, int worldSize) {
+int threadsPerLocalRank(const ddp::runtime::DistEnv& env, int worldSize) {
   if (std::getenv("OMP_NUM_THREADS") != nullptr || worldSize <= 1 || env.localWorldSize <= 1) return 0;
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -116,12 +116,12 @@ int runWorker(std::vector<std::string> args) {
   using namespace ddp;
   using namespace ddp::worker;
 
-  const auto legacyLocalRank = takeLegacyLocalRank(args);
+  const auto legacyLocalRank = ddp::runtime::takeLegacyLocalRank(args);
   if (args.empty() || args[0] == "-h" || args[0] == "--help") {
     std::cout << kUsage;
     return args.empty() ? 2 : 0;
   }
-  const DistEnv env = readDistEnv(processEnv(), legacyLocalRank);
+  const ddp::runtime::DistEnv env = ddp::runtime::readDistEnv(ddp::runtime::processEnv(), legacyLocalRank);
   // The secret stays in this process: programs it may start (a data loader's helpers) do not get it.
   ::unsetenv(kTokenEnv);
   ::unsetenv(kStoreFdEnv);
@@ -133,7 +133,7 @@ int runWorker(std::vector<std::string> args) {
   const std::vector<std::string> overrides(args.begin() + 1, args.end());
   WorkerConfig config = loadConfig(args[0], overrides);
   checkInputPaths(config);
-  applyNumerics(config.cudnn.benchmark, config.cudnn.deterministic, config.deterministicAlgorithms);
+  ddp::runtime::applyNumerics(config.cudnn.benchmark, config.cudnn.deterministic, config.deterministicAlgorithms);
 
   if (config.mode == Mode::kEval) {
     if (env.worldSize > 1) {
@@ -163,13 +163,13 @@ int runWorker(std::vector<std::string> args) {
     torch::set_num_threads(share);
   }
   const comm::Backend requestedBackend = comm::parseBackend(config.backend);
-  DeviceRequest deviceRequest;
+  ddp::runtime::DeviceRequest deviceRequest;
   deviceRequest.requested = config.device;
   deviceRequest.localRank = env.localRank;
   deviceRequest.localWorldSize = worldSize == 1 ? 1 : env.localWorldSize;
   deviceRequest.ranksMayShareGpu = requestedBackend == comm::Backend::kGloo;
-  const c10::Device device = selectDevice(deviceRequest);
-  useDevice(device);  // before NCCL or any CUDA call: no rank opens a context on GPU 0
+  const c10::Device device = ddp::runtime::selectDevice(deviceRequest);
+  ddp::runtime::useDevice(device);  // before NCCL or any CUDA call: no rank opens a context on GPU 0
   const comm::Backend backend =
       comm::resolveBackend(requestedBackend, device.is_cuda(),
                            /*singleHost=*/env.localWorldSize == env.worldSize);
@@ -209,8 +209,8 @@ int runWorker(std::vector<std::string> args) {
     spdlog::info("mode {} world {} backend {} device {} model {} data {} ({} train / {} test)",
                  modeName(config.mode), worldSize, comm->backendName(), device.str(),
                  config.model.name, config.data.name, data.train.size(), data.test.size());
-    makeDirectories(config.output.dir);
-    writeFileAtomic(config.output.dir + "/config.resolved.yaml", dumpConfig(config));
+    ddp::checkpoint::makeDirectories(config.output.dir);
+    ddp::checkpoint::writeFileAtomic(config.output.dir + "/config.resolved.yaml", dumpConfig(config));
   }
 
   // From here on a SIGTERM finishes the step, saves a checkpoint and exits (before, it just kills).

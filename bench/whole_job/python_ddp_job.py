@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """README command 1 done the way a Python PyTorch user does it, for bench/whole_job/run.sh:
 torchrun --nproc_per_node=4 python_ddp_job.py ROOT trains the Fashion-MNIST CNN of
-configs/fmnist_cnn_ddp.yaml (same layers as worker/models.cc, same normalisation, per-rank batch 32,
+configs/fmnist_cnn_ddp.yaml (same layers as worker/models/models.cc, same normalisation, per-rank batch 32,
 SGD lr 0.05 momentum 0.9, one epoch, DistributedSampler seed 0 with set_epoch) under
 DistributedDataParallel over Gloo, then evaluates the whole test set sharded over the ranks in
 batches of 100 and all-reduces the counts, as our worker does. Rank 0 exports the plain state_dict.
@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 MEAN, STD = 0.2860, 0.3530  # worker/data/fashion_mnist.h
 
 
-class Cnn(nn.Module):  # worker/models.cc "cnn"
+class Cnn(nn.Module):  # worker/models/models.cc "cnn"
     def __init__(self, classes=10):
         super().__init__()
         self.conv1 = nn.Conv2d(1, 32, 3, padding=1)

@@ -12,10 +12,10 @@
 #include <fstream>
 
 #include "common/error.h"
-#include "worker/checkpoint/checkpoint_dir.h"
-#include "worker/checkpoint/state_dict_loader.h"
-#include "worker/checkpoint/training_checkpoint.h"
-#include "worker/models.h"
+#include "libddp/checkpoint/checkpoint_dir.h"
+#include "libddp/checkpoint/state_dict_loader.h"
+#include "libddp/checkpoint/training_checkpoint.h"
+#include "worker/models/models.h"
 
 namespace ddp::checkpoint {
 namespace {

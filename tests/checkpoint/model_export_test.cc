@@ -11,10 +11,11 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "worker/model_export.h"
-#include "worker/models.h"
+#include "libddp/checkpoint/model_export.h"
+#include "worker/models/models.h"
 
 namespace ddp::worker {
+using namespace ddp::checkpoint;
 namespace {
 
 namespace fs = std::filesystem;

@@ -8,8 +8,8 @@
 #include <torch/utils.h>
 
 #include "common/error.h"
-#include "worker/checkpoint/optimizer_state.h"
-#include "worker/models.h"
+#include "libddp/checkpoint/optimizer_state.h"
+#include "worker/models/models.h"
 
 namespace ddp::checkpoint {
 namespace {

@@ -12,7 +12,7 @@
 #include <fstream>
 
 #include "common/error.h"
-#include "worker/checkpoint/torch_file.h"
+#include "libddp/checkpoint/torch_file.h"
 
 namespace ddp::checkpoint {
 namespace {

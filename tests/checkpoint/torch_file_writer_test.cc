@@ -13,8 +13,8 @@
 #include <filesystem>
 #include <limits>
 
-#include "worker/checkpoint/torch_file.h"
-#include "worker/checkpoint/torch_file_writer.h"
+#include "libddp/checkpoint/torch_file.h"
+#include "libddp/checkpoint/torch_file_writer.h"
 #include "common/error.h"
 
 namespace ddp::checkpoint {

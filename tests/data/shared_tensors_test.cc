@@ -1,5 +1,5 @@
 // SharedTensors: one sealed memfd per host copy; checks that attach() trusts nothing else.
-#include "worker/data/shared_tensors.h"
+#include "libddp/data/shared_tensors.h"
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/randn.h>

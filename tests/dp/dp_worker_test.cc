@@ -16,11 +16,11 @@
 #include "sampler/batching.h"
 #include "sampler/distributed_sampler.h"
 #include "tests/e2e/run_command.h"
-#include "worker/config.h"
+#include "worker/config/config.h"
 #include "worker/data/gather_batch.h"
-#include "worker/model_export.h"
-#include "worker/models.h"
-#include "worker/trainer.h"
+#include "libddp/checkpoint/model_export.h"
+#include "worker/models/models.h"
+#include "worker/train/trainer.h"
 
 namespace ddp {
 namespace {
@@ -65,7 +65,7 @@ std::map<std::string, at::Tensor> referenceRun(const worker::WorkerConfig& confi
     }
   }
   EXPECT_EQ(steps, config.train.epochs * ((data.train.size() + config.train.batchSize - 1) / config.train.batchSize));
-  return worker::stateDict(*model.ptr());
+  return checkpoint::stateDict(*model.ptr());
 }
 
 TEST(DpWorker, TwoProcessesAreRefusedWithAClearLine) {
@@ -117,7 +117,7 @@ TEST_P(DpWorkerRun, OneProcessMatchesPlainSingleProcessTraining) {
 
   const worker::WorkerConfig config = worker::loadConfig(kConfig, overrides);
   const auto expected = referenceRun(config);
-  const auto exported = worker::readStateDict(dir + "/model.pt");
+  const auto exported = checkpoint::readStateDict(dir + "/model.pt");
   ASSERT_EQ(exported.size(), expected.size());
   for (const auto& [key, value] : expected) {
     ASSERT_TRUE(exported.count(key)) << "export lacks the plain model's key " << key;
@@ -169,8 +169,8 @@ TEST(DpWorker, ExportLoadsIntoThePlainModelAndPythonWithStrictKeys) {
   worker::ModelConfig plain;
   plain.name = "mlp";
   plain.hidden = {64};
-  const auto plainKeys = worker::stateDict(*worker::makeModel(plain, worker::InputSpec{}).ptr());
-  const auto exported = worker::readStateDict(dir + "/model.pt");
+  const auto plainKeys = checkpoint::stateDict(*worker::makeModel(plain, worker::InputSpec{}).ptr());
+  const auto exported = checkpoint::readStateDict(dir + "/model.pt");
   ASSERT_EQ(exported.size(), plainKeys.size());
   for (const auto& [key, value] : plainKeys) {
     ASSERT_TRUE(exported.count(key)) << key;

@@ -20,9 +20,9 @@
 #include <fstream>
 
 #include "tests/e2e/run_command.h"
-#include "worker/checkpoint/checkpoint_dir.h"
-#include "worker/checkpoint/training_checkpoint.h"
-#include "worker/model_export.h"
+#include "libddp/checkpoint/checkpoint_dir.h"
+#include "libddp/checkpoint/training_checkpoint.h"
+#include "libddp/checkpoint/model_export.h"
 
 namespace ddp {
 namespace {
@@ -70,8 +70,8 @@ void checkExactResume(int world, const std::vector<std::string>& modeArgs) {
 
   for (int r = 0; r < world; ++r) {
     const std::string file = "/rank" + std::to_string(r) + "_params.pt";
-    const auto a = worker::readStateDict(base + "/full" + file);
-    const auto b = worker::readStateDict(base + "/split" + file);
+    const auto a = checkpoint::readStateDict(base + "/full" + file);
+    const auto b = checkpoint::readStateDict(base + "/split" + file);
     ASSERT_EQ(a.size(), b.size());
     for (const auto& [key, value] : a) EXPECT_TRUE(at::equal(value, b.at(key))) << "rank " << r << " " << key;
   }
@@ -92,7 +92,7 @@ TEST_P(ExactResume, StoppedAndResumedEqualsUninterruptedBitwise) { checkExactRes
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, ExactResume, ::testing::Values(1, 2));
 
-// mode dp runs the same loop (worker/training_loop.h), so its checkpoints resume exactly too:
+// mode dp runs the same loop (worker/train/training_loop.h), so its checkpoints resume exactly too:
 // 2 replicas on CPU threads, the whole batch of 16 per step.
 TEST(ExactResumeDp, StoppedAndResumedEqualsUninterruptedBitwise) {
   checkExactResume(1, {"mode=dp", "dp.replicas=2", "train.batch_size=16"});
@@ -286,8 +286,8 @@ TEST(Preemption, SigtermFinishesTheStepSavesAndResumesExactly) {
   ASSERT_EQ(straight.exitCode, 0) << straight.output;
   for (int r = 0; r < 2; ++r) {
     const std::string file = "/rank" + std::to_string(r) + "_params.pt";
-    const auto a = worker::readStateDict(base + "/straight" + file);
-    const auto b = worker::readStateDict(base + "/stopped" + file);
+    const auto a = checkpoint::readStateDict(base + "/straight" + file);
+    const auto b = checkpoint::readStateDict(base + "/stopped" + file);
     for (const auto& [key, value] : a) EXPECT_TRUE(at::equal(value, b.at(key))) << "rank " << r << " " << key;
   }
   fs::remove_all(base);
@@ -340,8 +340,8 @@ TEST(FullDisk, AnExportThatDoesNotFitIsKeptInTheCheckpointDirectoryAndNamed) {
   ASSERT_TRUE(fs::exists(rescued)) << run.output;
 
   ASSERT_EQ(launch(2, largerModel(base + "/roomy")).exitCode, 0);
-  const auto expected = worker::readStateDict(base + "/roomy/model.pt");
-  const auto got = worker::readStateDict(rescued);
+  const auto expected = checkpoint::readStateDict(base + "/roomy/model.pt");
+  const auto got = checkpoint::readStateDict(rescued);
   ASSERT_EQ(got.size(), expected.size());
   for (const auto& [key, value] : expected) EXPECT_TRUE(at::equal(value, got.at(key))) << key;
   removeAfter(base, {&disk});

@@ -17,11 +17,11 @@
 #include "sampler/batching.h"
 #include "sampler/distributed_sampler.h"
 #include "tests/e2e/run_command.h"
-#include "worker/config.h"
+#include "worker/config/config.h"
 #include "worker/data/gather_batch.h"
-#include "worker/model_export.h"
-#include "worker/models.h"
-#include "worker/trainer.h"
+#include "libddp/checkpoint/model_export.h"
+#include "worker/models/models.h"
+#include "worker/train/trainer.h"
 
 namespace ddp {
 namespace {
@@ -106,7 +106,7 @@ Reference referenceRun(const WorkerConfig& config, int world) {
     }
   }
   if (perForward) loadBuffers(module, buffers[0]);
-  return {worker::stateDict(module), buffers};
+  return {checkpoint::stateDict(module), buffers};
 }
 
 struct Case {
@@ -164,10 +164,10 @@ TEST_P(DdpEquivalence, RanksAgreeAndMatchSingleProcessOnConcatenatedBatches) {
   const WorkerConfig config =
       worker::loadConfig(std::string(DDP_SOURCE_DIR) + "/configs/synthetic_mlp.yaml", overrides);
   const Reference expected = referenceRun(config, c.world);
-  const auto rank0 = worker::readStateDict(dir + "/rank0_params.pt");
+  const auto rank0 = checkpoint::readStateDict(dir + "/rank0_params.pt");
   ASSERT_EQ(rank0.size(), expected.state.size());
   for (int r = 0; r < c.world; ++r) {
-    const auto other = worker::readStateDict(dir + "/rank" + std::to_string(r) + "_params.pt");
+    const auto other = checkpoint::readStateDict(dir + "/rank" + std::to_string(r) + "_params.pt");
     for (const auto& [key, value] : rank0) {
       if (isBuffer(key)) {
         // Rank r's buffers: rank 0's at the step's start (broadcast), then its own forwards.
@@ -185,7 +185,7 @@ TEST_P(DdpEquivalence, RanksAgreeAndMatchSingleProcessOnConcatenatedBatches) {
     EXPECT_LT(diff, c.tolerance) << key << " differs from the single-process reference by " << diff;
   }
   // The export is rank 0's parameters under plain keys.
-  const auto exported = worker::readStateDict(dir + "/model.pt");
+  const auto exported = checkpoint::readStateDict(dir + "/model.pt");
   for (const auto& [key, value] : rank0) EXPECT_TRUE(at::equal(value, exported.at(key))) << key;
   std::filesystem::remove_all(dir);
 }

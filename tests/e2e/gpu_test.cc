@@ -12,7 +12,7 @@
 #include <iostream>
 
 #include "tests/e2e/run_command.h"
-#include "worker/device.h"
+#include "libddp/runtime/device.h"
 
 namespace ddp {
 namespace {
@@ -42,7 +42,7 @@ class Gpu : public ::testing::Test {
  protected:
   void SetUp() override {
     // Like the worker: ask the driver, then load LibTorch's CUDA half (this binary links the CPU half).
-    if (worker::visibleCudaDevices("auto") == 0) GTEST_SKIP() << "no CUDA GPU visible to this process";
+    if (runtime::visibleCudaDevices("auto") == 0) GTEST_SKIP() << "no CUDA GPU visible to this process";
   }
 };
 

@@ -176,7 +176,7 @@ TEST_F(OutputRelayTest, KeepsTheLastLinesOfEachRankForTheSummary) {
   EXPECT_TRUE(relay_.lastLines(7).empty());
 }
 
-// A worker's progress bar ends in '\r' (worker/progress.h): the console gets it drawn in place
+// A worker's progress bar ends in '\r' (worker/report/progress.h): the console gets it drawn in place
 // ("\r[rank 0] text" + erase to the end of the line), only the latest of a burst, erased before
 // the next line; log files and the failure summary's tail never see it.
 TEST_F(OutputRelayTest, ProgressBarsAreDrawnInPlaceAndNeverLogged) {

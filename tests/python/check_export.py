@@ -3,7 +3,7 @@
 default weights_only=True, PyTorch >= 2.6) and measures its test accuracy, or
 prints the values the model holds after loading.
 
-The modules below are the Python twins of worker/models.cc (same parameter
+The modules below are the Python twins of worker/models/models.cc (same parameter
 names); load_state_dict(strict=True) fails on any missing, extra or
 "module."-prefixed key. Prints one JSON object. Run it with the reference
 interpreter (the tests' DDP_PYTHON, .venv/bin/python).

@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "common/error.h"
-#include "worker/config.h"
+#include "worker/config/config.h"
 
 namespace ddp::worker {
 namespace {

@@ -1,6 +1,6 @@
 // One copy of the data per host: ranks (threads here, over a real c10d store) elect one loader,
 // the others map its copy; a loader's failure reaches every rank as the same one-line error.
-#include "worker/datasets.h"
+#include "worker/data/datasets.h"
 
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>

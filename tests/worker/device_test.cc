@@ -4,15 +4,16 @@
 
 #include "comm/process_group.h"
 #include "common/error.h"
-#include "worker/config.h"
-#include "worker/device.h"
-#include "worker/rank_report.h"
+#include "worker/config/config.h"
+#include "libddp/runtime/device.h"
+#include "worker/report/rank_report.h"
 
 #include <ATen/Context.h>
 
 #include <cstdlib>
 
 namespace ddp::worker {
+using namespace ddp::runtime;
 namespace {
 
 DeviceRequest request(std::string device, int localRank, int localWorldSize, int gpus, bool share = false) {
@@ -74,6 +75,7 @@ TEST(CollectiveDevice, NcclUsesTheRanksGpuOthersTheCpu) {
 }  // namespace ddp::worker
 
 namespace ddp::worker {
+using namespace ddp::runtime;
 namespace {
 
 // cudnn.* and deterministic_algorithms reach LibTorch's global context, as torch.backends does.

@@ -4,9 +4,9 @@
 #include <map>
 
 #include "common/error.h"
-#include "worker/env.h"
+#include "libddp/runtime/env.h"
 
-namespace ddp::worker {
+namespace ddp::runtime {
 namespace {
 
 EnvLookup fakeEnv(std::map<std::string, std::string> vars) {
@@ -185,4 +185,4 @@ TEST(Env, LegacyLocalRankArgumentIsTakenOut) {
 }
 
 }  // namespace
-}  // namespace ddp::worker
+}  // namespace ddp::runtime

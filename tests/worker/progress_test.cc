@@ -1,5 +1,5 @@
-// Progress lines and bars (worker/progress.h): steps, percentages and ETAs from their formulas.
-#include "worker/progress.h"
+// Progress lines and bars (worker/report/progress.h): steps, percentages and ETAs from their formulas.
+#include "worker/report/progress.h"
 
 #include <gtest/gtest.h>
 

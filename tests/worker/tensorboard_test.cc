@@ -1,6 +1,6 @@
-// TFRecord framing of TensorBoard event files (worker/tensorboard/event_writer.h), against the
+// TFRecord framing of TensorBoard event files (worker/report/tensorboard/event_writer.h), against the
 // published CRC-32C check value and TFRecord's layout (tensorflow/core/lib/io/record_writer.cc).
-#include "worker/tensorboard/event_writer.h"
+#include "worker/report/tensorboard/event_writer.h"
 
 #include <gtest/gtest.h>
 

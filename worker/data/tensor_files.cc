@@ -3,7 +3,7 @@
 #include <ATen/ops/min.h>
 
 #include "common/error.h"
-#include "worker/checkpoint/torch_file.h"
+#include "libddp/checkpoint/torch_file.h"
 
 namespace ddp::data {
 namespace {

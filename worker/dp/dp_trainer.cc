@@ -8,12 +8,12 @@
 #include <string>
 
 #include "common/error.h"
-#include "worker/checkpoint/state_dict_loader.h"
+#include "libddp/checkpoint/state_dict_loader.h"
 #include "worker/data/batch_loader.h"
-#include "worker/device.h"
+#include "libddp/runtime/device.h"
 #include "worker/dp/data_parallel.h"
-#include "worker/dp/memory_stats.h"
-#include "worker/training_loop.h"
+#include "worker/report/memory_stats.h"
+#include "worker/train/training_loop.h"
 
 namespace ddp::worker::dp {
 namespace {
@@ -27,7 +27,7 @@ std::string visibleDevicesNote() {
 
 DpPlacement resolveDpPlacement(const WorkerConfig& config) {
   const auto& dp = config.dp;
-  const int visibleGpus = visibleCudaDevices(config.device);
+  const int visibleGpus = runtime::visibleCudaDevices(config.device);
   const bool haveCuda = visibleGpus > 0;
   const bool useCuda = config.device == "cuda" || (config.device == "auto" && haveCuda);
   DpPlacement p;

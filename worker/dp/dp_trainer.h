@@ -1,6 +1,6 @@
 // Mode dp (DataParallel): one process, one sampler over the whole data set, each batch split over
 // the replicas, one loss on the gathered outputs, SGD on the master; trained by the one loop of
-// worker/training_loop.h (so dp has checkpoints, resume and TensorBoard like ddp).
+// worker/train/training_loop.h (so dp has checkpoints, resume and TensorBoard like ddp).
 #pragma once
 
 #include <c10/core/Device.h>
@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "worker/config.h"
-#include "worker/trainer.h"
+#include "worker/config/config.h"
+#include "worker/train/trainer.h"
 
 namespace ddp::worker::dp {
 

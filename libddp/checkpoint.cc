@@ -1,0 +1,239 @@
+// ddp::saveModel / loadModel (the rank-0 export) and ddp::Checkpointer (training checkpoints).
+#include <ATen/ops/empty.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
+#include <spdlog/spdlog.h>
+#include <torch/nn/module.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize/archive.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+#include "libddp/internal.h"
+#include "common/error.h"
+#include "ddp/ddp.h"
+#include "libddp/checkpoint/atomic_file.h"
+#include "libddp/checkpoint/checkpoint_dir.h"
+#include "libddp/checkpoint/optimizer_state.h"
+#include "libddp/checkpoint/state_dict_loader.h"
+#include "libddp/checkpoint/training_checkpoint.h"
+#include "libddp/checkpoint/model_export.h"
+
+namespace ddp {
+namespace {
+
+// Optimizers other than SGD travel as their own torch::serialize archive in one uint8 tensor.
+constexpr const char* kArchiveKey = "torch_archive";
+
+checkpoint::NamedTensors namedParameters(const torch::nn::Module& module) {
+  checkpoint::NamedTensors out;
+  for (const auto& item : module.named_parameters(true)) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+checkpoint::NamedTensors optimizerState(torch::optim::Optimizer& optimizer, const torch::nn::Module& module) {
+  if (auto* sgd = dynamic_cast<torch::optim::SGD*>(&optimizer)) {
+    return checkpoint::sgdMomentumBuffers(*sgd, namedParameters(module));  // readable by name in Python
+  }
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  const std::string data = bytes.str();
+  at::Tensor blob = at::empty({static_cast<int64_t>(data.size())}, at::kByte);
+  std::memcpy(blob.data_ptr(), data.data(), data.size());
+  return {{kArchiveKey, blob}};
+}
+
+void restoreOptimizerState(torch::optim::Optimizer& optimizer, const torch::nn::Module& module,
+                           const checkpoint::NamedTensors& saved, const std::string& path, c10::Device device) {
+  if (auto* sgd = dynamic_cast<torch::optim::SGD*>(&optimizer)) {
+    for (const auto& [key, value] : saved) {
+      if (key == kArchiveKey) {
+        DDP_THROW(CheckpointError, path, " holds the state of another optimizer than SGD; resume with the "
+                  "optimizer that wrote it");
+      }
+    }
+    checkpoint::restoreSgdMomentumBuffers(*sgd, namedParameters(module), saved, path);
+    return;
+  }
+  for (const auto& [key, value] : saved) {
+    if (key != kArchiveKey) continue;
+    const at::Tensor blob = value.contiguous();
+    std::istringstream bytes(std::string(static_cast<const char*>(blob.data_ptr()), static_cast<size_t>(blob.numel())));
+    torch::serialize::InputArchive archive;
+    archive.load_from(bytes, device);
+    try {
+      optimizer.load(archive);
+    } catch (const c10::Error& e) {
+      const std::string what = e.what_without_backtrace();
+      DDP_THROW(CheckpointError, path, ": its optimizer state does not fit this optimizer (",
+                what.substr(0, what.find('\n')), "); resume with the optimizer and model that wrote it");
+    }
+    return;
+  }
+  if (!saved.empty()) {
+    DDP_THROW(CheckpointError, path, " holds SGD momentum buffers, but this optimizer is not SGD; resume with "
+              "the optimizer that wrote it");
+  }
+}
+
+// Rank r fills row r only, so a SUM all-reduce is a gather.
+std::vector<at::Tensor> gatherCudaRngStates(comm::Communicator& comm, c10::Device device) {
+  const at::Tensor mine = checkpoint::cudaRngState(device);
+  if (!mine.defined()) return {};
+  at::Tensor rows = at::zeros({comm.size(), mine.numel()}, at::kLong);
+  rows[comm.rank()].copy_(mine);
+  rows = rows.to(comm.device());
+  comm.allReduceSum(rows);
+  rows = rows.cpu();
+  std::vector<at::Tensor> out;
+  for (int r = 0; r < comm.size(); ++r) out.push_back(rows[r].to(at::kByte).clone());
+  return out;
+}
+
+}  // namespace
+
+void saveModel(const torch::nn::Module& module, const std::string& path) {
+  checkpoint::exportStateDict(checkpoint::stateDict(module), path);
+}
+
+void saveModel(const torch::nn::Module& module, const std::string& path, ProcessGroup& group) {
+  // Rank 0's failure must reach every rank, or the others would wait in the barrier for ever.
+  std::string error;
+  if (group.rank() == 0) {
+    try {
+      saveModel(module, path);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  at::Tensor failed = at::tensor({error.empty() ? 0.0 : 1.0});
+  group.allReduceSum(failed);
+  if (!error.empty()) DDP_THROW(CheckpointError, error);
+  if (failed.item<double>() > 0) DDP_THROW(CheckpointError, "rank 0 could not write '", path, "' (its log says why)");
+}
+
+void loadModel(torch::nn::Module& module, const std::string& path) { checkpoint::loadModelFile(module, path); }
+
+Checkpointer::Checkpointer(ProcessGroup group, CheckpointOptions options)
+    : group_(std::move(group)), options_(std::move(options)) {
+  if (options_.dir.empty()) DDP_THROW(ConfigError, options_.dirName, " is empty; name a directory for the checkpoints");
+  if (options_.keepLast < 0) DDP_THROW(ConfigError, options_.keepLastName, " must be >= 0 (0 keeps all)");
+}
+
+std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                               const TrainPosition& position) {
+  comm::Communicator& comm = api::communicatorOf(group_);
+  const std::string& dir = options_.dir;
+  const std::string path = checkpoint::checkpointPath(dir, position.globalStep);
+  if (position.globalStep == lastSavedStep_) return path;  // this very step is on disk already
+  std::vector<at::Tensor> cudaRng = gatherCudaRngStates(comm, group_.device());  // collective: before rank 0 writes
+  std::string error;
+  if (comm.rank() == 0) {
+    try {
+      checkpoint::makeDirectories(dir, options_.dirName);
+      checkpoint::TrainingState state;
+      for (auto& [key, tensor] : checkpoint::stateDict(module)) state.model.emplace_back(key, tensor);
+      state.optimizer = optimizerState(optimizer, module);
+      state.epoch = position.epoch;
+      state.stepInEpoch = position.stepInEpoch;
+      state.globalStep = position.globalStep;
+      state.samples = position.samples;
+      state.worldSize = comm.size();
+      state.seed = static_cast<int64_t>(options_.seed);
+      state.cpuRng = checkpoint::cpuRngState();
+      state.cudaRng = std::move(cudaRng);
+      state.config = options_.config;
+      try {
+        checkpoint::saveTrainingCheckpoint(state, path);
+      } catch (const CheckpointError& e) {
+        // The new checkpoint is written before the oldest is removed: keepLast=N needs room for N+1.
+        if (std::string(e.what()).find(std::strerror(ENOSPC)) == std::string::npos) throw;
+        const auto kept = checkpoint::listCheckpoints(dir);
+        std::error_code ec;
+        const auto bytes = kept.empty() ? 0 : std::filesystem::file_size(kept.back(), ec);
+        const int64_t keep = options_.keepLast;
+        const std::string size = ec || bytes == 0 ? std::string() : " of " + std::to_string(bytes >> 20) + " MiB";
+        DDP_THROW(CheckpointError, e.what(), "; ", options_.keepLastName, "=", keep,
+                  keep > 0 ? " needs room for " + std::to_string(keep + 1) + " checkpoints" + size +
+                                 " (the new one is written before the oldest is removed)"
+                           : " keeps every checkpoint" + size,
+                  ": free space in ", dir, " or lower ", options_.keepLastName);
+      }
+      checkpoint::pruneCheckpoints(dir, options_.keepLast);
+      spdlog::info("checkpoint {} (epoch {} step {})", path, position.epoch, position.stepInEpoch);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  // No rank runs ahead of a save; a failed save fails every rank (none waits for ever).
+  at::Tensor failed = at::tensor({error.empty() ? 0.0 : 1.0}).to(comm.device());
+  comm.allReduceSum(failed);
+  if (!error.empty()) throw CheckpointError(error);
+  if (failed.item<double>() > 0) DDP_THROW(CheckpointError, "rank 0 could not write checkpoint '", path, "' (its log says why)");
+  lastSavedStep_ = position.globalStep;
+  return path;
+}
+
+std::optional<TrainPosition> Checkpointer::resume(torch::nn::Module& module, torch::optim::Optimizer& optimizer) {
+  const auto found = checkpoint::latestValidCheckpoint(options_.dir, [&](const std::string& p, const std::string& why) {
+    if (group_.rank() == 0) spdlog::warn("resume: skipping {}: {}", p, why);
+  });
+  if (!found) {
+    // Every rank must agree that there is nothing, or some would resume and some not.
+    resumeFrom("", module, optimizer);
+    if (group_.rank() == 0) spdlog::info("resume: no checkpoint in {}; starting from the beginning", options_.dir);
+    return std::nullopt;
+  }
+  return resumeFrom(*found, module, optimizer);
+}
+
+TrainPosition Checkpointer::resumeFrom(const std::string& path, torch::nn::Module& module,
+                                       torch::optim::Optimizer& optimizer) {
+  comm::Communicator& comm = api::communicatorOf(group_);
+  checkpoint::TrainingState state;
+  if (!path.empty()) state = checkpoint::loadTrainingCheckpoint(path);
+  const int64_t step = path.empty() ? -1 : state.globalStep;
+  // Every rank must continue from the same step, or the collectives mismatch.
+  at::Tensor steps = at::tensor({step, int64_t{1}}, at::kLong).to(comm.device());
+  comm.allReduceSum(steps);
+  steps = steps.cpu();
+  if (steps[0].item<int64_t>() != step * steps[1].item<int64_t>()) {
+    DDP_THROW(CommError, "resume: ranks found different checkpoints (rank ", comm.rank(), " has step ", step,
+              " from '", path.empty() ? "<none>" : path, "'); point every rank at the same ", options_.dirName);
+  }
+  if (path.empty()) return {};
+
+  const c10::Device device = group_.device();
+  checkpoint::loadStateDictInto(module, state.model, path);
+  restoreOptimizerState(optimizer, module, state.optimizer, path, device);
+  checkpoint::setCpuRngState(state.cpuRng);
+  const auto rank = static_cast<size_t>(comm.rank());
+  if (device.is_cuda() && rank < state.cudaRng.size()) {
+    checkpoint::setCudaRngState(device, state.cudaRng[rank]);  // this rank's own generator
+  } else if (device.is_cuda()) {
+    spdlog::warn("resume: {} holds no CUDA generator state for rank {}; its GPU generator keeps the seed", path,
+                 comm.rank());
+  }
+  TrainPosition position{state.epoch, state.stepInEpoch, state.globalStep, state.samples};
+  if (state.worldSize != comm.size()) {
+    // The sampler's shards depend on the world size: the saved position means nothing now.
+    if (comm.rank() == 0) {
+      spdlog::warn("resume: {} was written by {} ranks, this job has {}; restarting epoch {} from its first batch",
+                   path, state.worldSize, comm.size(), state.epoch);
+    }
+    position.stepInEpoch = 0;
+  }
+  lastSavedStep_ = position.globalStep;
+  if (comm.rank() == 0) {
+    spdlog::info("resumed from {} at epoch {} step {} (global step {})", path, position.epoch, position.stepInEpoch,
+                 position.globalStep);
+  }
+  return position;
+}
+
+}  // namespace ddp

@@ -1,0 +1,67 @@
+#include "libddp/checkpoint/atomic_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "common/error.h"
+
+namespace ddp::checkpoint {
+namespace {
+
+std::string errnoText() { return std::strerror(errno); }
+
+}  // namespace
+
+void makeDirectories(const std::string& dir, const std::string& key) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (!ec && !std::filesystem::is_directory(dir, ec)) ec = std::make_error_code(std::errc::not_a_directory);
+  if (ec) {
+    DDP_THROW(ConfigError, key == "output.dir" ? "output" : key, ": cannot create directory '", dir, "': ",
+              ec.message(), "; set ", key, " to a writable path");
+  }
+}
+
+void writeFileAtomic(const std::string& path, std::string_view bytes) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const fs::path tmp = dir / ("." + target.filename().string() + ".tmp." + std::to_string(::getpid()));
+
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) DDP_THROW(CheckpointError, "cannot write '", tmp.string(), "': ", errnoText());
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string why = errnoText();
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      DDP_THROW(CheckpointError, "cannot write '", tmp.string(), "': ", why);
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    const std::string why = errnoText();
+    ::unlink(tmp.c_str());
+    DDP_THROW(CheckpointError, "cannot flush '", tmp.string(), "': ", why);
+  }
+  if (::rename(tmp.c_str(), target.c_str()) != 0) {
+    const std::string why = errnoText();
+    ::unlink(tmp.c_str());
+    DDP_THROW(CheckpointError, "cannot rename '", tmp.string(), "' to '", path, "': ", why);
+  }
+  // The rename is durable only once the directory entry is on disk.
+  const int dirFd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dirFd >= 0) {
+    ::fsync(dirFd);
+    ::close(dirFd);
+  }
+}
+
+}  // namespace ddp::checkpoint

@@ -1,0 +1,90 @@
+#include "libddp/checkpoint/state_dict_loader.h"
+
+#include <c10/core/GradMode.h>
+#include <torch/nn/module.h>
+
+#include <map>
+#include <sstream>
+
+#include "common/error.h"
+#include "libddp/checkpoint/torch_file.h"
+
+namespace ddp::checkpoint {
+namespace {
+
+std::string shapeOf(const at::Tensor& t) {
+  std::ostringstream out;
+  out << t.sizes();
+  return out.str();
+}
+
+std::string joinList(const std::vector<std::string>& items, size_t limit = 8) {
+  std::string out;
+  for (size_t i = 0; i < items.size() && i < limit; ++i) out += (i ? ", " : "") + items[i];
+  if (items.size() > limit) out += ", ... (" + std::to_string(items.size() - limit) + " more)";
+  return out;
+}
+
+}  // namespace
+
+std::string stripWrapperPrefix(std::string key) {
+  for (const std::string prefix : {"module.", "_orig_mod."}) {
+    while (key.rfind(prefix, 0) == 0) key.erase(0, prefix.size());
+  }
+  return key;
+}
+
+void loadStateDictInto(torch::nn::Module& module,
+                       const std::vector<std::pair<std::string, at::Tensor>>& entries,
+                       const std::string& source) {
+  std::map<std::string, at::Tensor> targets;
+  for (const auto& item : module.named_parameters(true)) targets[item.key()] = item.value();
+  for (const auto& item : module.named_buffers(true)) targets[item.key()] = item.value();
+
+  std::map<std::string, at::Tensor> given;
+  for (const auto& [key, value] : entries) given[stripWrapperPrefix(key)] = value;
+
+  std::vector<std::string> missing;
+  std::vector<std::string> unexpected;
+  std::vector<std::string> shapes;
+  for (const auto& [key, target] : targets) {
+    auto it = given.find(key);
+    if (it == given.end()) {
+      missing.push_back(key);
+    } else if (!it->second.sizes().equals(target.sizes())) {
+      shapes.push_back(key + " " + shapeOf(it->second) + " in the file vs " + shapeOf(target) + " in the model");
+    }
+  }
+  for (const auto& [key, value] : given) {
+    if (!targets.count(key)) unexpected.push_back(key);
+  }
+  if (!missing.empty() || !unexpected.empty() || !shapes.empty()) {
+    std::string message = "'" + source + "' does not fit the configured model:";
+    if (!missing.empty()) message += " missing keys: " + joinList(missing) + ";";
+    if (!unexpected.empty()) message += " unexpected keys: " + joinList(unexpected) + ";";
+    if (!shapes.empty()) message += " shape differences: " + joinList(shapes) + ";";
+    message += " check model.name / model.hidden / model.batch_norm against the run that wrote it";
+    throw CheckpointError(message);
+  }
+  c10::NoGradGuard noGrad;
+  for (auto& [key, target] : targets) {
+    target.copy_(given.at(key).to(target.device(), target.scalar_type()));
+  }
+}
+
+void loadModelFile(torch::nn::Module& module, const std::string& path) {
+  const PyValuePtr root = readTorchFile(path);
+  if (root->kind != PyValue::Kind::kDict) {
+    DDP_THROW(CheckpointError, "'", path, "' does not hold a dict; expected a state_dict (torch.save(model.state_dict(), path))");
+  }
+  const PyValue* state = root.get();
+  for (const char* key : {"model", "state_dict", "model_state_dict"}) {
+    if (const PyValue* nested = root->get(key); nested && nested->kind == PyValue::Kind::kDict) {
+      state = nested;
+      break;
+    }
+  }
+  loadStateDictInto(module, tensorEntries(*state), path);
+}
+
+}  // namespace ddp::checkpoint

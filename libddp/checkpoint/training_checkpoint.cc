@@ -1,0 +1,140 @@
+#include "libddp/checkpoint/training_checkpoint.h"
+
+#include <zlib.h>
+
+#include <cstdio>
+
+#include "common/error.h"
+#include "libddp/checkpoint/torch_file.h"
+#include "libddp/checkpoint/torch_file_writer.h"
+
+namespace ddp::checkpoint {
+namespace {
+
+class Crc {
+ public:
+  void add(const void* data, size_t n) {
+    const auto* p = static_cast<const Bytef*>(data);
+    while (n > 0) {
+      const auto chunk = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
+      crc_ = crc32(crc_, p, chunk);
+      p += chunk;
+      n -= chunk;
+    }
+  }
+  void add(const std::string& s) { add(s.data(), s.size() + 1); }  // with the terminator: "ab","c" ≠ "a","bc"
+  void add(int64_t v) { add(&v, sizeof v); }
+  void add(const at::Tensor& t) {
+    add(static_cast<int64_t>(t.scalar_type()));
+    add(static_cast<int64_t>(t.dim()));
+    for (auto s : t.sizes()) add(s);
+    const at::Tensor c = t.cpu().contiguous();
+    add(c.data_ptr(), c.nbytes());
+  }
+  void add(const NamedTensors& tensors) {
+    add(static_cast<int64_t>(tensors.size()));
+    for (const auto& [name, t] : tensors) {
+      add(name);
+      add(t);
+    }
+  }
+  uint32_t value() const { return static_cast<uint32_t>(crc_); }
+
+ private:
+  uLong crc_ = crc32(0L, Z_NULL, 0);
+};
+
+std::string hex(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%08x", v);
+  return buf;
+}
+
+PyValuePtr toDict(const NamedTensors& tensors, bool stateDict = false) {
+  auto d = stateDict ? pyOrderedDict() : pyDict();  // model: an OrderedDict, as model.state_dict() in Python
+  for (const auto& [k, t] : tensors) pySet(*d, k, pyTensor(t));
+  return d;
+}
+
+int64_t intField(const PyValue& dict, const char* key, const std::string& path) {
+  const PyValue* v = dict.get(key);
+  if (v == nullptr || v->kind != PyValue::Kind::kInt) {
+    DDP_THROW(CheckpointError, "'", path, "' is not a complete training checkpoint (no integer '", key, "')");
+  }
+  return v->integer;
+}
+
+}  // namespace
+
+uint32_t checksumOf(const TrainingState& s) {
+  Crc crc;
+  crc.add(s.model);
+  crc.add(s.optimizer);
+  for (int64_t v : {s.epoch, s.stepInEpoch, s.globalStep, s.samples, s.worldSize, s.seed}) crc.add(v);
+  crc.add(s.cpuRng.defined() ? s.cpuRng : at::Tensor());
+  crc.add(static_cast<int64_t>(s.cudaRng.size()));
+  for (const auto& t : s.cudaRng) crc.add(t);
+  crc.add(s.config);
+  return crc.value();
+}
+
+void saveTrainingCheckpoint(const TrainingState& s, const std::string& path) {
+  // Plain dicts, strings, ints and tensors: what torch.load(path) reads with weights_only=True.
+  auto root = pyDict();
+  pySet(*root, "format", pyString(kCheckpointFormat));
+  pySet(*root, "model", toDict(s.model, /*stateDict=*/true));
+  pySet(*root, "optimizer", toDict(s.optimizer));
+  auto progress = pyDict();
+  pySet(*progress, "epoch", pyInt(s.epoch));
+  pySet(*progress, "step_in_epoch", pyInt(s.stepInEpoch));
+  pySet(*progress, "global_step", pyInt(s.globalStep));
+  pySet(*progress, "samples", pyInt(s.samples));
+  pySet(*progress, "world_size", pyInt(s.worldSize));
+  pySet(*progress, "seed", pyInt(s.seed));
+  pySet(*root, "progress", progress);
+  NamedTensors rng;
+  if (s.cpuRng.defined()) rng.emplace_back("cpu", s.cpuRng);
+  for (size_t i = 0; i < s.cudaRng.size(); ++i) rng.emplace_back("cuda" + std::to_string(i), s.cudaRng[i]);
+  pySet(*root, "rng", toDict(rng));
+  pySet(*root, "config", pyString(s.config));
+  pySet(*root, "checksum", pyString("crc32:" + hex(checksumOf(s))));
+  writeTorchFile(*root, path);
+}
+
+TrainingState loadTrainingCheckpoint(const std::string& path) {
+  const PyValuePtr root = readTorchFile(path);
+  const PyValue* format = root->get("format");
+  if (format == nullptr || format->text != kCheckpointFormat) {
+    DDP_THROW(CheckpointError, "'", path, "' is not a ddp-launch training checkpoint (no format '",
+              kCheckpointFormat, "'); to start from a model file use init.model_path instead of resume");
+  }
+  TrainingState s;
+  for (const char* section : {"model", "optimizer", "progress", "rng"}) {
+    if (root->get(section) == nullptr || root->get(section)->kind != PyValue::Kind::kDict) {
+      DDP_THROW(CheckpointError, "'", path, "' is corrupt: section '", section, "' is missing");
+    }
+  }
+  s.model = tensorEntries(*root->get("model"));
+  s.optimizer = tensorEntries(*root->get("optimizer"));
+  const PyValue& progress = *root->get("progress");
+  s.epoch = intField(progress, "epoch", path);
+  s.stepInEpoch = intField(progress, "step_in_epoch", path);
+  s.globalStep = intField(progress, "global_step", path);
+  s.samples = intField(progress, "samples", path);
+  s.worldSize = intField(progress, "world_size", path);
+  s.seed = intField(progress, "seed", path);
+  for (const auto& [name, t] : tensorEntries(*root->get("rng"))) {
+    if (name == "cpu") s.cpuRng = t;
+    else s.cudaRng.push_back(t);
+  }
+  if (const PyValue* config = root->get("config")) s.config = config->text;
+  const PyValue* stored = root->get("checksum");
+  const std::string expected = "crc32:" + hex(checksumOf(s));
+  if (stored == nullptr || stored->text != expected) {
+    DDP_THROW(CheckpointError, "'", path, "' is corrupt: checksum ", stored ? stored->text : "<none>",
+              " stored, ", expected, " computed");
+  }
+  return s;
+}
+
+}  // namespace ddp::checkpoint

@@ -1,0 +1,121 @@
+// ddp::DdpEngine (DistributedDataParallel's engine) and ddp::DistributedSampler over the
+// project's Reducer and sampler.
+#include <torch/nn/module.h>
+
+#include <memory>
+
+#include "libddp/internal.h"
+#include "comm/gradient_sync.h"
+#include "comm/reducer.h"
+#include "common/error.h"
+#include "ddp/ddp.h"
+#include "sampler/batching.h"
+#include "sampler/distributed_sampler.h"
+
+namespace ddp {
+
+struct DdpEngine::State {
+  ProcessGroup group;
+  std::vector<at::Tensor> buffers;
+  bool syncBuffers = false;
+  std::unique_ptr<comm::Reducer> reducer;  // none for a group of one
+};
+
+namespace {
+
+size_t megabytes(double mb, const char* name) {
+  if (!(mb > 0)) DDP_THROW(ConfigError, "ddp::DdpOptions::", name, " must be positive (got ", mb, ")");
+  return static_cast<size_t>(mb * (1 << 20));
+}
+
+}  // namespace
+
+DdpEngine::DdpEngine(torch::nn::Module& module, ProcessGroup group, DdpOptions options)
+    : state_(std::make_unique<State>(State{std::move(group), {}, false, nullptr})) {
+  comm::Communicator& comm = api::communicatorOf(state_->group);
+  comm::ReducerOptions reducer;
+  reducer.bucketCapBytes = megabytes(options.bucketCapMb, "bucketCapMb");
+  reducer.firstBucketCapBytes = megabytes(options.firstBucketCapMb, "firstBucketCapMb");
+  reducer.findUnusedParameters = options.findUnusedParameters;
+  reducer.gradientAsBucketView = options.gradientAsBucketView;
+  reducer.compression = comm::parseCompression(options.compression);
+
+  std::vector<at::Tensor> params;
+  std::vector<std::string> names;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    names.push_back(item.key());
+    params.push_back(item.value());
+  }
+  if (params.empty()) {
+    DDP_THROW(ConfigError, "ddp::DistributedDataParallel: the module has no parameters, so there is nothing to "
+              "train; register them with register_parameter / register_module");
+  }
+  state_->buffers = module.buffers(/*recurse=*/true);
+  // Replicas start equal: rank 0's parameters and buffers everywhere (DDP's constructor).
+  std::vector<at::Tensor> all = params;
+  all.insert(all.end(), state_->buffers.begin(), state_->buffers.end());
+  comm::broadcastTensors(comm, all, /*root=*/0);
+  state_->syncBuffers = comm.size() > 1 && options.broadcastBuffers && !state_->buffers.empty();
+  if (comm.size() > 1) state_->reducer = std::make_unique<comm::Reducer>(comm, params, names, reducer);
+}
+
+DdpEngine::~DdpEngine() = default;
+
+ProcessGroup& DdpEngine::group() { return state_->group; }
+
+void DdpEngine::beforeForward() {
+  // As PyTorch DDP: rank 0's buffers before every forward outside no_sync.
+  if (sync_ && state_->syncBuffers) {
+    comm::broadcastTensors(api::communicatorOf(state_->group), state_->buffers, /*root=*/0);
+  }
+}
+
+void DdpEngine::afterForward(const std::vector<at::Tensor>& outputs) {
+  // Only a forward that backward will follow arms the reducer (torch.is_grad_enabled()).
+  if (state_->reducer && sync_ && c10::GradMode::is_enabled()) state_->reducer->prepareForBackward(outputs);
+}
+
+DdpEngine::NoSync::NoSync(DdpEngine& engine) : engine_(engine), previous_(engine.sync_) { engine_.sync_ = false; }
+DdpEngine::NoSync::~NoSync() { engine_.sync_ = previous_; }
+
+// ---------------------------------------------------------------------------------------------
+
+struct DistributedSampler::Impl {
+  sampler::DistributedSampler sampler;
+};
+
+namespace {
+
+sampler::DistributedSamplerOptions samplerOptions(int numReplicas, int rank, const SamplerOptions& o) {
+  sampler::DistributedSamplerOptions out;
+  out.numReplicas = numReplicas;
+  out.rank = rank;
+  out.shuffle = o.shuffle;
+  out.seed = o.seed;
+  out.dropLast = o.dropLast;
+  return out;
+}
+
+}  // namespace
+
+DistributedSampler::DistributedSampler(int64_t datasetSize, const ProcessGroup& group, SamplerOptions options)
+    : DistributedSampler(datasetSize, group.size(), group.rank(), options) {}
+
+DistributedSampler::DistributedSampler(int64_t datasetSize, int numReplicas, int rank, SamplerOptions options)
+    : impl_(std::make_unique<Impl>(
+          Impl{sampler::DistributedSampler(datasetSize, samplerOptions(numReplicas, rank, options))})) {}
+
+DistributedSampler::~DistributedSampler() = default;
+DistributedSampler::DistributedSampler(DistributedSampler&&) noexcept = default;
+DistributedSampler& DistributedSampler::operator=(DistributedSampler&&) noexcept = default;
+
+void DistributedSampler::setEpoch(int64_t epoch) { impl_->sampler.setEpoch(epoch); }
+std::vector<int64_t> DistributedSampler::indices() const { return impl_->sampler.indices(); }
+int64_t DistributedSampler::numSamples() const { return impl_->sampler.numSamples(); }
+
+std::vector<std::vector<int64_t>> DistributedSampler::batches(int64_t batchSize, bool dropLast) const {
+  if (batchSize < 1) DDP_THROW(ConfigError, "ddp::DistributedSampler::batches: batchSize must be >= 1 (got ", batchSize, ")");
+  return sampler::makeBatches(indices(), batchSize, dropLast);
+}
+
+}  // namespace ddp

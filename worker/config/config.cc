@@ -1,0 +1,420 @@
+#include "worker/config/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "common/error.h"
+
+namespace ddp::worker {
+namespace {
+
+/// One accepted key: how to read it from YAML and write it back.
+struct Field {
+  std::string key;
+  std::string type;  // for error messages
+  std::function<void(const YAML::Node&)> set;
+  std::function<YAML::Node()> get;
+};
+
+template <typename T>
+Field bindField(const std::string& key, const std::string& type, T& ref) {
+  return Field{key, type, [&ref](const YAML::Node& n) { ref = n.as<T>(); },
+               [&ref] { return YAML::Node(ref); }};
+}
+
+// Shortest faithful form: 0.05, not 0.050000000000000003.
+template <>
+Field bindField<double>(const std::string& key, const std::string& type, double& ref) {
+  return Field{key, type, [&ref](const YAML::Node& n) { ref = n.as<double>(); },
+               [&ref] {
+                 std::ostringstream text;
+                 text.precision(15);
+                 text << ref;
+                 return YAML::Node(text.str());
+               }};
+}
+
+Field bindMode(const std::string& key, Mode& ref) {
+  return Field{key, "one of ddp | dp | single | eval",
+               [&ref, key](const YAML::Node& n) {
+                 const auto v = n.as<std::string>();
+                 if (v == "ddp") ref = Mode::kDdp;
+                 else if (v == "dp") ref = Mode::kDp;
+                 else if (v == "single") ref = Mode::kSingle;
+                 else if (v == "eval") ref = Mode::kEval;
+                 else DDP_THROW(ConfigError, "config: '", key, "' is '", v, "'; use one of ddp | dp | single | eval");
+               },
+               [&ref] { return YAML::Node(modeName(ref)); }};
+}
+
+std::vector<Field> fieldsOf(WorkerConfig& c) {
+  return {
+      bindMode("mode", c.mode),
+      bindField("backend", "string", c.backend),
+      bindField("device", "string", c.device),
+      bindField("seed", "non-negative integer", c.seed),
+      bindField("resume", "string", c.resume),
+      bindField("threads", "integer", c.threads),
+      bindField("deterministic_algorithms", "boolean", c.deterministicAlgorithms),
+      bindField("cudnn.benchmark", "boolean", c.cudnn.benchmark),
+      bindField("cudnn.deterministic", "boolean", c.cudnn.deterministic),
+      bindField("init.model_path", "string", c.init.modelPath),
+      bindField("model.name", "string", c.model.name),
+      bindField("model.hidden", "list of integers", c.model.hidden),
+      bindField("model.batch_norm", "boolean", c.model.batchNorm),
+      bindField("model.path", "string", c.model.path),
+      bindField("model.unused_layer", "boolean", c.model.unusedLayer),
+      bindField("data.name", "string", c.data.name),
+      bindField("data.root", "string", c.data.root),
+      bindField("data.train_limit", "integer", c.data.trainLimit),
+      bindField("data.synthetic_train", "integer", c.data.syntheticTrain),
+      bindField("data.synthetic_test", "integer", c.data.syntheticTest),
+      bindField("data.synthetic_classes", "integer", c.data.syntheticClasses),
+      bindField("data.train_file", "string", c.data.trainFile),
+      bindField("data.test_file", "string", c.data.testFile),
+      bindField("data.classes", "integer", c.data.classes),
+      bindField("data.image_size", "integer", c.data.imageSize),
+      bindField("data.mean", "list of numbers", c.data.mean),
+      bindField("data.std", "list of numbers", c.data.stddev),
+      bindField("data.one_copy_per_host", "boolean", c.data.oneCopyPerHost),
+      bindField("data.num_workers", "integer", c.data.numWorkers),
+      bindField("data.prefetch_batches", "integer", c.data.prefetchBatches),
+      bindField("data.pin_memory", "boolean", c.data.pinMemory),
+      bindField("data.rotate_degrees", "number", c.data.rotateDegrees),
+      bindField("data.crop_padding", "integer", c.data.cropPadding),
+      bindField("data.horizontal_flip", "boolean", c.data.horizontalFlip),
+      bindField("train.epochs", "integer", c.train.epochs),
+      bindField("train.batch_size", "integer", c.train.batchSize),
+      bindField("train.lr", "number", c.train.lr),
+      bindField("train.momentum", "number", c.train.momentum),
+      bindField("train.weight_decay", "number", c.train.weightDecay),
+      bindField("train.max_steps", "integer", c.train.maxSteps),
+      bindField("train.shuffle", "boolean", c.train.shuffle),
+      bindField("train.drop_last", "boolean", c.train.dropLast),
+      bindField("train.log_every", "integer", c.train.logEvery),
+      bindField("train.accumulate_steps", "integer", c.train.accumulateSteps),
+      bindField("train.skip_nonfinite_steps", "boolean", c.train.skipNonfiniteSteps),
+      bindField("eval.enabled", "boolean", c.eval.enabled),
+      bindField("eval.batch_size", "integer", c.eval.batchSize),
+      bindField("eval.model_path", "string", c.eval.modelPath),
+      bindField("eval.show", "integer", c.eval.show),
+      bindField("checkpoint.dir", "string", c.checkpoint.dir),
+      bindField("checkpoint.every_steps", "integer", c.checkpoint.everySteps),
+      bindField("checkpoint.every_epochs", "integer", c.checkpoint.everyEpochs),
+      bindField("checkpoint.keep_last", "integer", c.checkpoint.keepLast),
+      bindField("output.dir", "string", c.output.dir),
+      bindField("output.export", "string", c.output.exportName),
+      bindField("output.dump_rank_params", "boolean", c.output.dumpRankParams),
+      bindField("output.tensorboard", "boolean", c.output.tensorboard),
+      bindField("comm.timeout_s", "number", c.comm.timeoutS),
+      bindField("comm.reducer", "string", c.comm.reducer),
+      bindField("comm.bucket_cap_mb", "number", c.comm.bucketCapMb),
+      bindField("comm.first_bucket_mb", "number", c.comm.firstBucketMb),
+      bindField("comm.find_unused_parameters", "boolean", c.comm.findUnusedParameters),
+      bindField("comm.broadcast_buffers", "boolean", c.comm.broadcastBuffers),
+      bindField("comm.gradient_as_bucket_view", "boolean", c.comm.gradientAsBucketView),
+      bindField("comm.compression", "string", c.comm.compression),
+      bindField("dp.device_ids", "list of integers", c.dp.deviceIds),
+      bindField("dp.output_device", "integer", c.dp.outputDevice),
+      bindField("dp.replicas", "integer", c.dp.replicas),
+  };
+}
+
+std::size_t editDistance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+[[noreturn]] void unknownKey(const std::string& key, const std::vector<Field>& fields,
+                             const std::string& origin) {
+  std::string best;
+  std::size_t bestDistance = std::max<std::size_t>(2, key.size() / 3) + 1;
+  for (const auto& f : fields) {
+    const std::size_t d = editDistance(key, f.key);
+    if (d < bestDistance) {
+      bestDistance = d;
+      best = f.key;
+    }
+  }
+  std::string hint = best.empty() ? " (see README: configuration reference)"
+                                  : " (did you mean '" + best + "'?)";
+  DDP_THROW(ConfigError, "config: unknown key '", key, "'", origin, hint);
+}
+
+void setField(const Field& field, const YAML::Node& value, const std::string& origin) {
+  try {
+    field.set(value);
+  } catch (const YAML::Exception&) {
+    std::string shown = value.IsScalar() ? "'" + value.Scalar() + "'" : "a " + std::string(value.IsSequence() ? "list" : value.IsMap() ? "map" : "null");
+    const char* article = field.type.find_first_of("aeiou") == 0 ? " must be an " : " must be a ";
+    DDP_THROW(ConfigError, "config: '", field.key, "'", origin, article, field.type,
+              ", got ", shown);
+  }
+}
+
+// Walks maps only: a list or a scalar is one key's value. yaml-cpp keeps every entry of a
+// map with a repeated key (lookups see the first, iteration all), so repeats are caught here.
+void flatten(const YAML::Node& node, const std::string& prefix,
+             std::vector<std::pair<std::string, YAML::Node>>& out, const std::string& origin,
+             std::set<std::string>& seen) {
+  const auto once = [&](const std::string& key) {
+    if (!seen.insert(key).second) {
+      const std::string shown = key.back() == ':' ? key.substr(0, key.size() - 1) : key;
+      DDP_THROW(ConfigError, "config: key '", shown, "' is given twice", origin, "; keep one of them");
+    }
+  };
+  if (node.IsMap()) {
+    if (!prefix.empty()) once(prefix + ":");  // a section given twice ("train:" ... "train:")
+    for (const auto& kv : node) {
+      const std::string key = kv.first.as<std::string>();
+      flatten(kv.second, prefix.empty() ? key : prefix + "." + key, out, origin, seen);
+    }
+    return;
+  }
+  once(prefix);
+  out.emplace_back(prefix, node);
+}
+
+const Field* findField(const std::vector<Field>& fields, const std::string& key) {
+  auto it = std::find_if(fields.begin(), fields.end(), [&](const Field& f) { return f.key == key; });
+  return it == fields.end() ? nullptr : &*it;
+}
+
+// A config is a short YAML file; anything larger is the wrong path (/dev/zero, a data file).
+constexpr size_t kMaxConfigBytes = 1u << 20;
+// More intra-op threads than this per core only adds scheduling overhead.
+constexpr int64_t kThreadsPerCore = 4;
+// Timeouts become std::chrono::milliseconds; far beyond any real wait, far below overflow.
+constexpr double kMaxTimeoutS = 7 * 24 * 3600;
+
+void validate(const WorkerConfig& c) {
+  auto require = [](bool ok, const std::string& key, const std::string& rule) {
+    if (!ok) DDP_THROW(ConfigError, "config: '", key, "' ", rule);
+  };
+  require(c.model.name != "torchscript" || !c.model.path.empty(), "model.path",
+          "is needed with model.name torchscript: a file saved by torch.jit.script(model).save(path)");
+  require(c.model.name == "mlp" || c.model.name == "cnn" || c.model.name == "torchscript", "model.name",
+          "is '" + c.model.name + "'; use mlp, cnn or torchscript");
+  require(!c.model.hidden.empty(), "model.hidden", "must list at least one layer width");
+  for (auto h : c.model.hidden) require(h > 0, "model.hidden", "widths must be positive");
+  require(c.data.name == "fashion-mnist" || c.data.name == "synthetic" || c.data.name == "tensors" ||
+              c.data.name == "image_folder",
+          "data.name", "is '" + c.data.name + "'; use fashion-mnist, synthetic, tensors or image_folder");
+  require(c.data.imageSize >= 0 && c.data.imageSize <= 4096, "data.image_size", "must be from 0 (keep) to 4096");
+  require(c.data.mean.empty() || c.data.mean.size() == 3, "data.mean", "needs 3 values (R, G, B), e.g. [0.485, 0.456, 0.406]");
+  require(c.data.stddev.empty() || c.data.stddev.size() == 3, "data.std", "needs 3 values (R, G, B), e.g. [0.229, 0.224, 0.225]");
+  for (float s : c.data.stddev) require(s > 0, "data.std", "values must be > 0");
+  require(c.data.name != "tensors" || (!c.data.trainFile.empty() && !c.data.testFile.empty()), "data.train_file",
+          "and data.test_file are needed with data.name tensors: files written by torch.save({\"x\": x, \"y\": y}, path)");
+  require(c.data.classes >= 0, "data.classes", "must be >= 0 (0 = the largest label + 1)");
+  require(c.data.trainLimit >= 0, "data.train_limit", "must be >= 0 (0 = all)");
+  require(c.data.syntheticTrain > 0, "data.synthetic_train", "must be > 0");
+  require(c.data.syntheticTest > 0, "data.synthetic_test", "must be > 0");
+  require(c.data.syntheticClasses >= 2, "data.synthetic_classes", "must be >= 2");
+  require(c.data.numWorkers >= -1 && c.data.numWorkers <= 64, "data.num_workers",
+          "must be from 0 to 64 loader threads, or -1 (auto: 0 on CPU, 2 on a GPU)");
+  require(c.data.prefetchBatches >= 1 && c.data.prefetchBatches <= 64, "data.prefetch_batches", "must be from 1 to 64");
+  require(c.data.rotateDegrees >= 0 && c.data.rotateDegrees <= 180, "data.rotate_degrees", "must be from 0 to 180");
+  require(c.data.cropPadding >= 0 && c.data.cropPadding <= 64, "data.crop_padding", "must be from 0 to 64");
+  require(c.data.name != "synthetic" || (c.data.rotateDegrees == 0 && c.data.cropPadding == 0 && !c.data.horizontalFlip),
+          "data.rotate_degrees", "(and crop_padding, horizontal_flip) augment images; data.name synthetic has none");
+  require(c.backend == "auto" || c.backend == "gloo" || c.backend == "nccl" || c.backend == "shm", "backend",
+          "is '" + c.backend + "'; use auto, gloo, nccl or shm");
+  const bool cudaIndexed = c.device.rfind("cuda:", 0) == 0 && c.device.size() > 5 &&
+                           c.device.find_first_not_of("0123456789", 5) == std::string::npos;
+  require(c.device == "auto" || c.device == "cpu" || c.device == "cuda" || cudaIndexed, "device",
+          "is '" + c.device + "'; use auto, cpu, cuda or cuda:N");
+  require(c.eval.show >= 0, "eval.show", "must be >= 0");
+  require(c.mode != Mode::kEval || !c.eval.modelPath.empty(), "eval.model_path",
+          "must name the model file to evaluate when mode is eval");
+  require(c.checkpoint.everySteps >= 0, "checkpoint.every_steps", "must be >= 0 (0 = off)");
+  require(c.checkpoint.everyEpochs >= 0, "checkpoint.every_epochs", "must be >= 0 (0 = off)");
+  require(c.checkpoint.keepLast >= 0, "checkpoint.keep_last", "must be >= 0 (0 = keep all)");
+  require(c.threads >= 0, "threads", "must be >= 0 (0 = default)");
+  const int64_t maxThreads = kThreadsPerCore * std::max<int64_t>(1, std::thread::hardware_concurrency());
+  require(c.threads <= maxThreads, "threads",
+          "is " + std::to_string(c.threads) + " but this machine has " +
+              std::to_string(std::max<unsigned>(1, std::thread::hardware_concurrency())) +
+              " cores; use at most " + std::to_string(maxThreads) + " (0 = default)");
+  require(c.train.epochs >= 1, "train.epochs", "must be >= 1");
+  require(c.train.batchSize >= 1, "train.batch_size", "must be >= 1");
+  require(c.train.lr > 0, "train.lr", "must be > 0");
+  require(std::isfinite(c.train.lr), "train.lr", "must be a finite number, e.g. 0.05");
+  require(c.train.momentum >= 0 && c.train.momentum < 1, "train.momentum", "must be in [0, 1)");
+  require(c.train.weightDecay >= 0, "train.weight_decay", "must be >= 0");
+  require(std::isfinite(c.train.weightDecay), "train.weight_decay", "must be a finite number, e.g. 1e-4");
+  require(c.train.maxSteps >= 0, "train.max_steps", "must be >= 0 (0 = no limit)");
+  require(c.train.logEvery >= 1, "train.log_every", "must be >= 1");
+  require(c.eval.batchSize >= 1, "eval.batch_size", "must be >= 1");
+  require(!c.output.dir.empty(), "output.dir", "must not be empty");
+  require(!c.output.exportName.empty() && c.output.exportName.find('/') == std::string::npos,
+          "output.export", "must be a file name inside output.dir");
+  require(c.comm.timeoutS > 0, "comm.timeout_s", "must be > 0");
+  require(c.comm.timeoutS <= kMaxTimeoutS, "comm.timeout_s",
+          "must be at most " + std::to_string(static_cast<int64_t>(kMaxTimeoutS)) + " (7 days)");
+  require(c.comm.reducer == "bucketed" || c.comm.reducer == "flat", "comm.reducer",
+          "is '" + c.comm.reducer + "'; use bucketed or flat");
+  require(c.comm.bucketCapMb > 0, "comm.bucket_cap_mb", "must be > 0");
+  require(c.comm.firstBucketMb > 0, "comm.first_bucket_mb", "must be > 0");
+  require(c.comm.compression == "none" || c.comm.compression == "fp16" || c.comm.compression == "bf16",
+          "comm.compression", "is '" + c.comm.compression + "'; use none, fp16 or bf16");
+  require(c.train.accumulateSteps >= 1, "train.accumulate_steps", "must be >= 1");
+  for (auto id : c.dp.deviceIds) require(id >= 0, "dp.device_ids", "ids must be >= 0");
+  require(c.dp.outputDevice >= -1, "dp.output_device", "must be a device id or -1 (= device_ids[0])");
+  require(c.dp.replicas >= 1, "dp.replicas", "must be >= 1");
+}
+
+WorkerConfig build(const YAML::Node& root, const std::vector<std::string>& overrides,
+                   const std::string& origin) {
+  WorkerConfig config;
+  auto fields = fieldsOf(config);
+  if (root && !root.IsNull()) {
+    if (!root.IsMap()) DDP_THROW(ConfigError, "config", origin, ": the top level must be a map of keys");
+    std::vector<std::pair<std::string, YAML::Node>> flat;
+    std::set<std::string> seen;
+    flatten(root, "", flat, origin, seen);
+    for (const auto& [key, value] : flat) {
+      const Field* f = findField(fields, key);
+      if (f == nullptr) unknownKey(key, fields, origin);
+      setField(*f, value, origin);
+    }
+  }
+  for (const auto& o : overrides) {
+    const auto eq = o.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      DDP_THROW(ConfigError, "config: override '", o, "' must look like dotted.key=value, e.g. train.lr=0.1");
+    }
+    const std::string key = o.substr(0, eq);
+    const Field* f = findField(fields, key);
+    if (f == nullptr) unknownKey(key, fields, " (command-line override)");
+    YAML::Node value;
+    try {
+      value = YAML::Load(o.substr(eq + 1));
+    } catch (const YAML::Exception& e) {
+      DDP_THROW(ConfigError, "config: override '", o, "' has a malformed value: ", e.msg);
+    }
+    setField(*f, value, " (command-line override)");
+  }
+  validate(config);
+  return config;
+}
+
+}  // namespace
+
+std::string checkpointDir(const WorkerConfig& config) {
+  return config.checkpoint.dir.empty() ? config.output.dir + "/checkpoints" : config.checkpoint.dir;
+}
+
+std::string modeName(Mode mode) {
+  switch (mode) {
+    case Mode::kDdp: return "ddp";
+    case Mode::kDp: return "dp";
+    case Mode::kSingle: return "single";
+    case Mode::kEval: return "eval";
+  }
+  return "?";
+}
+
+WorkerConfig parseConfig(const std::string& yamlText, const std::vector<std::string>& overrides) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yamlText);
+  } catch (const YAML::Exception& e) {
+    DDP_THROW(ConfigError, "config: YAML syntax error at line ", e.mark.line + 1, ": ", e.msg);
+  }
+  return build(root, overrides, "");
+}
+
+WorkerConfig loadConfig(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) DDP_THROW(ConfigError, "config: cannot read '", path, "'; pass the path of a YAML config such as configs/fmnist_cnn_ddp.yaml");
+  struct stat info {};
+  if (::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
+    DDP_THROW(ConfigError, "config: '", path, "' is a directory; pass the path of a YAML config such as configs/fmnist_cnn_ddp.yaml");
+  }
+  // Read one byte past the limit: /dev/zero or a FIFO has no size to check beforehand.
+  std::string text(kMaxConfigBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad()) DDP_THROW(ConfigError, "config: cannot read '", path, "' (", std::strerror(errno), ")");
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxConfigBytes) {
+    DDP_THROW(ConfigError, "config: '", path, "' is larger than ", kMaxConfigBytes >> 20,
+              " MiB; a config is a short YAML file (is this the right path?)");
+  }
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    DDP_THROW(ConfigError, "config: ", path, ":", e.mark.line + 1, ": YAML syntax error: ", e.msg);
+  }
+  return build(root, overrides, " in " + path);
+}
+
+std::string dumpConfig(const WorkerConfig& config) {
+  WorkerConfig copy = config;
+  // Keys are "top" or "section.key"; sections keep their first-seen order.
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  std::string openSection;
+  for (const auto& f : fieldsOf(copy)) {
+    const auto dot = f.key.find('.');
+    const std::string section = dot == std::string::npos ? "" : f.key.substr(0, dot);
+    if (section != openSection) {
+      if (!openSection.empty()) out << YAML::EndMap;
+      if (!section.empty()) out << YAML::Key << section << YAML::Value << YAML::BeginMap;
+      openSection = section;
+    }
+    const YAML::Node value = f.get();
+    out << YAML::Key << (section.empty() ? f.key : f.key.substr(dot + 1));
+    if (value.IsSequence()) {
+      out << YAML::Value << YAML::Flow << value;
+    } else {
+      out << YAML::Value << value;
+    }
+  }
+  if (!openSection.empty()) out << YAML::EndMap;
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+std::vector<std::pair<std::string, std::string>> configValues(const WorkerConfig& config) {
+  WorkerConfig copy = config;
+  std::vector<std::pair<std::string, std::string>> values;
+  for (const auto& f : fieldsOf(copy)) {
+    YAML::Emitter out;
+    out << YAML::Flow << f.get();
+    values.emplace_back(f.key, out.c_str());
+  }
+  return values;
+}
+
+std::vector<std::string> configKeys() {
+  WorkerConfig c;
+  std::vector<std::string> keys;
+  for (const auto& f : fieldsOf(c)) keys.push_back(f.key);
+  return keys;
+}
+
+}  // namespace ddp::worker

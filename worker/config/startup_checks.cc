@@ -1,0 +1,65 @@
+#include "worker/config/startup_checks.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "common/error.h"
+#include "libddp/checkpoint/atomic_file.h"
+
+namespace ddp::worker {
+namespace {
+
+bool isDirectory(const std::string& path) {
+  struct stat info {};
+  return ::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode);
+}
+
+// Creates and removes `dir/name` as writeFileAtomic's temporary would be named (the longest name it uses).
+void probeFile(const std::string& dir, const std::string& name, const std::string& key, const std::string& fix) {
+  const std::string probe = dir + "/." + name + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const std::string shown = name.size() > 40 ? name.substr(0, 40) + "..." : name;
+    DDP_THROW(ConfigError, "config: '", key, "': cannot create '", shown, "' (", name.size(), " characters) in '", dir,
+              "' (", std::strerror(errno), "); ", fix);
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+}  // namespace
+
+void checkInputPaths(const WorkerConfig& config) {
+  if (!config.resume.empty() && config.resume != "auto" && isDirectory(config.resume)) {
+    DDP_THROW(ConfigError, "config: 'resume' is the directory '", config.resume,
+              "'; give a checkpoint file in it, or resume=auto to take the newest valid one in checkpoint.dir");
+  }
+  if (!config.init.modelPath.empty() && isDirectory(config.init.modelPath)) {
+    DDP_THROW(ConfigError, "config: 'init.model_path' is the directory '", config.init.modelPath,
+              "'; give the model file in it, e.g. ", config.init.modelPath, "/model.pt");
+  }
+  if (config.mode == Mode::kEval && isDirectory(config.eval.modelPath)) {
+    DDP_THROW(ConfigError, "config: 'eval.model_path' is the directory '", config.eval.modelPath,
+              "'; give the model file in it, e.g. ", config.eval.modelPath, "/model.pt");
+  }
+}
+
+void checkOutputPaths(const WorkerConfig& config) {
+  checkpoint::makeDirectories(config.output.dir, "output.dir");
+  probeFile(config.output.dir, "summary.json", "output.dir", "set output.dir to a writable directory");
+  if (config.mode != Mode::kEval) {
+    probeFile(config.output.dir, config.output.exportName, "output.export", "use a shorter file name");
+  }
+  if (config.checkpoint.everySteps > 0 || config.checkpoint.everyEpochs > 0) {
+    const std::string dir = checkpointDir(config);
+    checkpoint::makeDirectories(dir, "checkpoint.dir");
+    probeFile(dir, "ckpt-00000000.pt", "checkpoint.dir", "set checkpoint.dir to a writable directory");
+  }
+}
+
+}  // namespace ddp::worker

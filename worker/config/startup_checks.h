@@ -1,0 +1,18 @@
+// Path checks at start-up, so a bad path fails in the first second with the key to fix,
+// not after the training (an export name too long) or with a misleading reading error.
+#pragma once
+
+#include "worker/config/config.h"
+
+namespace ddp::worker {
+
+/// `resume` (a path, not auto) and `eval.model_path` must not be directories. Throws
+/// ConfigError naming the key. A missing file is left to the loaders' own messages.
+void checkInputPaths(const WorkerConfig& config);
+
+/// Rank 0's outputs: creates output.dir (and checkpoint.dir when checkpoints are scheduled)
+/// and proves a file named like each output can be created there, removing the probes.
+/// Throws ConfigError naming the key to change.
+void checkOutputPaths(const WorkerConfig& config);
+
+}  // namespace ddp::worker

@@ -1,0 +1,231 @@
+#include "worker/data/datasets.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "common/error.h"
+#include "worker/data/fashion_mnist.h"
+#include "libddp/data/shared_tensors.h"
+#include "worker/data/image_folder.h"
+#include "worker/data/synthetic.h"
+#include "worker/data/tensor_files.h"
+
+namespace ddp::worker {
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+std::vector<uint8_t> bytesOf(const std::string& s) { return {s.begin(), s.end()}; }
+
+nlohmann::json handleToJson(const data::SharedTensorsHandle& h) {
+  nlohmann::json tensors = nlohmann::json::array();
+  for (const auto& t : h.tensors) tensors.push_back({{"dtype", t.dtype}, {"shape", t.shape}, {"offset", t.offset}});
+  return {{"pid", h.pid}, {"fd", h.fd}, {"bytes", h.bytes}, {"nonce", h.nonce}, {"tensors", tensors}};
+}
+
+data::SharedTensorsHandle handleFromJson(const nlohmann::json& j) {
+  data::SharedTensorsHandle h;
+  h.pid = j.at("pid").get<int64_t>();
+  h.fd = j.at("fd").get<int>();
+  h.bytes = j.at("bytes").get<uint64_t>();
+  h.nonce = j.at("nonce").get<std::string>();
+  for (const auto& t : j.at("tensors")) {
+    h.tensors.push_back({t.at("dtype").get<int>(), t.at("shape").get<std::vector<int64_t>>(),
+                         t.at("offset").get<uint64_t>()});
+  }
+  return h;
+}
+
+// What a mapped copy cannot carry: the normalisation and the model's input shape.
+nlohmann::json describe(const Datasets& d) {
+  return {{"train_mean", d.train.mean}, {"train_std", d.train.stddev},
+          {"test_mean", d.test.mean},   {"test_std", d.test.stddev},
+          {"input", {d.input.channels, d.input.height, d.input.width, d.input.classes}}};
+}
+
+Datasets fromShared(const std::vector<at::Tensor>& t, const nlohmann::json& j) {
+  Datasets d;
+  d.train = data::TensorDataset{t.at(0), t.at(1), j.at("train_mean").get<std::vector<float>>(),
+                                j.at("train_std").get<std::vector<float>>()};
+  d.test = data::TensorDataset{t.at(2), t.at(3), j.at("test_mean").get<std::vector<float>>(),
+                               j.at("test_std").get<std::vector<float>>()};
+  const auto input = j.at("input").get<std::vector<int64_t>>();
+  d.input = InputSpec{input.at(0), input.at(1), input.at(2), input.at(3)};
+  return d;
+}
+
+// The loading rank's failure, thrown again by the others with its class (so its exit code).
+[[noreturn]] void rethrow(const nlohmann::json& j) {
+  const std::string kind = j.value("kind", "");
+  const std::string what = j.value("message", "the rank loading the data failed");
+  if (kind == "config") throw ConfigError(what);
+  if (kind == "data") throw DataError(what);
+  throw Error(what);
+}
+
+}  // namespace
+
+Datasets loadDatasets(const DataConfig& config, uint64_t seed) {
+  Datasets d;
+  if (config.name == "fashion-mnist") {
+    d.train = data::loadFashionMnist(config.root, data::Split::kTrain);
+    d.test = data::loadFashionMnist(config.root, data::Split::kTest);
+    d.input = InputSpec{1, 28, 28, 10};
+  } else if (config.name == "image_folder") {
+    namespace fs = std::filesystem;
+    const std::string trainDir = (fs::path(config.root) / "train").string();
+    const std::string testDir = (fs::path(config.root) / "test").string();
+    const auto classes = data::imageFolderClasses(trainDir);
+    const auto testClasses = data::imageFolderClasses(testDir);
+    if (classes != testClasses) {
+      auto join = [](const std::vector<std::string>& v) {
+        std::string s;
+        for (const auto& c : v) s += (s.empty() ? "" : ", ") + c;
+        return s;
+      };
+      DDP_THROW(DataError, "data: ", trainDir, " has classes [", join(classes), "] but ", testDir, " has [",
+                join(testClasses), "]; both splits need the same class folders");
+    }
+    data::ImageFolderOptions o;
+    o.resize = config.imageSize;
+    if (!config.mean.empty()) o.mean = config.mean;
+    if (!config.stddev.empty()) o.stddev = config.stddev;
+    o.threads = config.numWorkers > 0 ? static_cast<int>(config.numWorkers)
+                                      : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    d.train = data::loadImageFolderSplit(trainDir, classes, o);
+    d.test = data::loadImageFolderSplit(testDir, classes, o);
+    if (d.train.images.sizes().slice(1) != d.test.images.sizes().slice(1)) {
+      DDP_THROW(DataError, "data: the train images are ", d.train.images.size(3), "x", d.train.images.size(2),
+                " but the test images are ", d.test.images.size(3), "x", d.test.images.size(2),
+                "; set data.image_size to resize both");
+    }
+    d.input = InputSpec{3, d.train.images.size(2), d.train.images.size(3), static_cast<int64_t>(classes.size())};
+  } else if (config.name == "tensors") {
+    d.train = data::loadTensorFile(config.trainFile, "data.train_file");
+    d.test = data::loadTensorFile(config.testFile, "data.test_file");
+    const auto sample = [](const data::TensorDataset& t) { return t.images.sizes().slice(1).vec(); };
+    if (sample(d.train) != sample(d.test)) {
+      DDP_THROW(DataError, "data: the samples of data.train_file are ", c10::IntArrayRef(sample(d.train)),
+                " but those of data.test_file are ", c10::IntArrayRef(sample(d.test)), "; both splits need one shape");
+    }
+    int64_t largest = -1;
+    for (const auto* split : {&d.train, &d.test}) {
+      if (split->size() > 0) largest = std::max(largest, split->labels.max().item<int64_t>());
+    }
+    const int64_t classes = config.classes > 0 ? config.classes : largest + 1;
+    if (largest >= classes) {
+      DDP_THROW(ConfigError, "config: 'data.classes' is ", classes, " but the data holds label ", largest,
+                "; raise data.classes or set it to 0 (the largest label + 1)");
+    }
+    if (classes < 2) DDP_THROW(DataError, "data: the labels hold fewer than 2 classes; a classifier needs at least 2");
+    d.input = InputSpec{d.train.images.size(1), d.train.images.size(2), d.train.images.size(3), classes};
+  } else {
+    data::SyntheticOptions opts;
+    opts.size = config.syntheticTrain + config.syntheticTest;
+    opts.numClasses = config.syntheticClasses;
+    opts.seed = seed;
+    auto all = data::makeSynthetic(opts);
+    d.train = all.rows(0, config.syntheticTrain);
+    d.test = all.rows(config.syntheticTrain, config.syntheticTest);
+    d.input = InputSpec{opts.shape[0], opts.shape[1], opts.shape[2], config.syntheticClasses};
+  }
+  if (config.trainLimit > 0 && config.trainLimit < d.train.size()) {
+    d.train = d.train.rows(0, config.trainLimit);
+  }
+  return d;
+}
+
+data::LoaderOptions loaderOptions(const DataConfig& config, c10::Device device, uint64_t seed, int64_t epoch) {
+  data::LoaderOptions o;
+  o.numWorkers = static_cast<int>(config.numWorkers >= 0 ? config.numWorkers : device.is_cuda() ? 2 : 0);
+  o.prefetchBatches = static_cast<int>(config.prefetchBatches);
+  o.pinMemory = config.pinMemory;
+  o.device = device;
+  o.augment.rotateDegrees = config.rotateDegrees;
+  o.augment.cropPadding = static_cast<int>(config.cropPadding);
+  o.augment.horizontalFlip = config.horizontalFlip;
+  o.seed = seed;
+  o.epoch = epoch;
+  return o;
+}
+
+std::string hostIdentity() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  return std::string(host) + "/" + boot;
+}
+
+Datasets loadDatasetsOncePerHost(const DataConfig& config, uint64_t seed, c10d::Store& store,
+                                 std::chrono::milliseconds timeout, int ranksOnHost, DataOrigin* origin) {
+  const std::string key = "data/" + hostIdentity();
+  const int64_t others = std::max(0, ranksOnHost - 1);
+  // The last of the other ranks to have the copy (or the error) says so for all.
+  const auto signalHave = [&] {
+    if (store.add(key + "/have", 1) == others) store.set(key + "/all", bytesOf("1"));
+  };
+  const auto waitForOthers = [&](std::chrono::milliseconds limit) {
+    if (others > 0) store.wait({key + "/all"}, limit);
+  };
+  DataOrigin how = DataOrigin::kLoaded;
+  Datasets result;
+  if (store.add(key + "/ranks", 1) == 1) {
+    // This rank loads for the host; whatever happens, the others hear of it.
+    nlohmann::json message;
+    try {
+      const Datasets loaded = loadDatasets(config, seed);
+      auto shared = data::SharedTensors::create(
+          {loaded.train.images, loaded.train.labels, loaded.test.images, loaded.test.labels});
+      message = describe(loaded);
+      message["handle"] = handleToJson(shared.handle());
+      result = fromShared(shared.tensors(), message);  // the loaded tensors go; the copy stays
+      how = DataOrigin::kSharedByThisRank;
+      spdlog::info("data: loaded once for this host into shared memory ({:.1f} MiB); the other ranks here map it",
+                   static_cast<double>(shared.handle().bytes) / kMiB);
+    } catch (const std::exception& e) {
+      const auto* config = dynamic_cast<const ConfigError*>(&e);
+      const auto* dataError = dynamic_cast<const DataError*>(&e);
+      message = {{"kind", config ? "config" : dataError ? "data" : "other"}, {"message", e.what()}};
+      store.set(key + "/copy", bytesOf(message.dump()));
+      try {
+        waitForOthers(std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(30)));
+      } catch (const std::exception&) {
+        // A rank that never came cannot be helped; this rank's own error is what matters.
+      }
+      throw;
+    }
+    store.set(key + "/copy", bytesOf(message.dump()));
+    waitForOthers(timeout);
+  } else {
+    store.wait({key + "/copy"}, timeout);
+    const std::vector<uint8_t> raw = store.get(key + "/copy");
+    const nlohmann::json message = nlohmann::json::parse(raw.begin(), raw.end());
+    if (!message.contains("handle")) {
+      signalHave();
+      rethrow(message);
+    }
+    try {
+      auto shared = data::SharedTensors::attach(handleFromJson(message.at("handle")));
+      signalHave();
+      result = fromShared(shared.tensors(), message);
+      how = DataOrigin::kMappedFromHostCopy;
+    } catch (const DataError& e) {
+      signalHave();
+      spdlog::warn("{}; loading the data in this process instead (one more copy in memory)", e.what());
+      result = loadDatasets(config, seed);
+      how = DataOrigin::kLoadedAfterMapFailed;
+    }
+  }
+  if (origin != nullptr) *origin = how;
+  return result;
+}
+
+}  // namespace ddp::worker

@@ -1,0 +1,26 @@
+// The size of the configured model, known before any tensor is allocated, so a model that
+// cannot fit fails with one line instead of an allocator error deep inside LibTorch.
+#pragma once
+
+#include <cstdint>
+
+#include "worker/config/config.h"
+#include "worker/models/models.h"
+
+namespace ddp::worker {
+
+/// Parameters makeModel(config, input) will create (as a double: absurd widths overflow int64).
+double parameterCount(const ModelConfig& config, const InputSpec& input);
+
+/// Bytes one training rank holds per parameter: weights, gradients, SGD momentum and the
+/// reducer's bucket copy, fp32 each.
+constexpr double kTrainingBytesPerParameter = 4.0 * 4;
+
+/// Throws ConfigError when `ranksOnHost` training ranks of this model need more than
+/// `memoryBytes` (this host's RAM): one line with the parameter count and the sizes.
+void checkModelFits(const ModelConfig& config, const InputSpec& input, int ranksOnHost, double memoryBytes);
+
+/// This host's physical memory in bytes (sysconf), 0 if unknown.
+double hostMemoryBytes();
+
+}  // namespace ddp::worker

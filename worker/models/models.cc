@@ -1,0 +1,89 @@
+#include "worker/models/models.h"
+
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/pooling.h>
+
+#include "common/error.h"
+#include "worker/models/torchscript_model.h"
+
+namespace ddp::worker {
+namespace F = torch::nn::functional;
+
+MlpImpl::MlpImpl(const InputSpec& input, std::vector<int64_t> hidden)
+    : input_(input), hidden_(std::move(hidden)) {
+  reset();
+}
+
+void MlpImpl::reset() {
+  layers_.clear();
+  int64_t width = input_.channels * input_.height * input_.width;
+  std::vector<int64_t> outs = hidden_;
+  outs.push_back(input_.classes);
+  for (std::size_t i = 0; i < outs.size(); ++i) {
+    layers_.push_back(register_module("fc" + std::to_string(i + 1), torch::nn::Linear(width, outs[i])));
+    width = outs[i];
+  }
+}
+
+at::Tensor MlpImpl::forward(at::Tensor x) {
+  x = x.flatten(1);
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    x = layers_[i]->forward(x);
+    if (i + 1 < layers_.size()) x = F::relu(x);
+  }
+  return x;
+}
+
+CnnImpl::CnnImpl(const InputSpec& input, bool batchNorm) : input_(input), batchNorm_(batchNorm) {
+  reset();
+}
+
+void CnnImpl::reset() {
+  if (input_.height < 4 || input_.width < 4 || input_.height % 4 != 0 || input_.width % 4 != 0) {
+    DDP_THROW(ConfigError, "config: model 'cnn' pools twice by 2, so its images' height and width must be "
+              "multiples of 4, but the data's samples are ", input_.channels, "x", input_.height, "x", input_.width,
+              " (channels x height x width); use model.name=mlp, or images such as [N, C, 28, 28]");
+  }
+  conv1_ = register_module(
+      "conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(input_.channels, 32, 3).padding(1)));
+  if (batchNorm_) bn1_ = register_module("bn1", torch::nn::BatchNorm2d(32));
+  conv2_ = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).padding(1)));
+  if (batchNorm_) bn2_ = register_module("bn2", torch::nn::BatchNorm2d(64));
+  fc1_ = register_module("fc1", torch::nn::Linear(64 * (input_.height / 4) * (input_.width / 4), 128));
+  fc2_ = register_module("fc2", torch::nn::Linear(128, input_.classes));
+}
+
+at::Tensor CnnImpl::forward(at::Tensor x) {
+  x = conv1_->forward(x);
+  if (batchNorm_) x = bn1_->forward(x);
+  x = F::max_pool2d(F::relu(x), F::MaxPool2dFuncOptions(2));
+  x = conv2_->forward(x);
+  if (batchNorm_) x = bn2_->forward(x);
+  x = F::max_pool2d(F::relu(x), F::MaxPool2dFuncOptions(2));
+  x = F::relu(fc1_->forward(x.flatten(1)));
+  return fc2_->forward(x);
+}
+
+torch::nn::AnyModule makeModel(const ModelConfig& config, const InputSpec& input) {
+  if (config.batchNorm && config.name != "cnn") {
+    DDP_THROW(ConfigError, "config: 'model.batch_norm' is true but model '", config.name,
+              "' has no BatchNorm layers; use model.name: cnn or model.batch_norm: false");
+  }
+  torch::nn::AnyModule model;
+  if (config.name == "mlp") {
+    model = torch::nn::AnyModule(Mlp(input, config.hidden));
+  } else if (config.name == "cnn") {
+    model = torch::nn::AnyModule(Cnn(input, config.batchNorm));
+  } else if (config.name == "torchscript") {
+    model = torch::nn::AnyModule(loadTorchScriptModel(config.path, input));
+  } else {
+    DDP_THROW(ConfigError, "config: 'model.name' is '", config.name, "'; use mlp, cnn or torchscript");
+  }
+  if (config.unusedLayer) {
+    // Registered last, never called: a parameter the autograd graph does not reach.
+    model.ptr()->register_module("unused", torch::nn::Linear(4, 2));
+  }
+  return model;
+}
+
+}  // namespace ddp::worker

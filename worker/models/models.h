@@ -1,0 +1,64 @@
+// The models the worker trains. Parameter names match the equivalent Python
+// modules (README: "Loading the export in Python"), so an export loads with
+// load_state_dict(strict=True).
+#pragma once
+
+#include <torch/nn/cloneable.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+
+#include <vector>
+
+#include "worker/config/config.h"
+
+namespace ddp::worker {
+
+/// Shape of one sample and the number of classes.
+struct InputSpec {
+  int64_t channels = 1;
+  int64_t height = 28;
+  int64_t width = 28;
+  int64_t classes = 10;
+};
+
+/// Flatten → fc1 → ReLU → ... → fc{n+1}, e.g. 784-512-256-10.
+class MlpImpl : public torch::nn::Cloneable<MlpImpl> {
+ public:
+  MlpImpl(const InputSpec& input, std::vector<int64_t> hidden);
+  void reset() override;
+  at::Tensor forward(at::Tensor x);
+
+ private:
+  InputSpec input_;
+  std::vector<int64_t> hidden_;
+  std::vector<torch::nn::Linear> layers_;
+};
+TORCH_MODULE(Mlp);
+
+/// conv1(32, 3x3, pad 1) → [bn1] → ReLU → pool 2 → conv2(64) → [bn2] → ReLU → pool 2 →
+/// fc1(128) → ReLU → fc2. bn1/bn2 (BatchNorm2d) only with `batchNorm`.
+class CnnImpl : public torch::nn::Cloneable<CnnImpl> {
+ public:
+  explicit CnnImpl(const InputSpec& input, bool batchNorm = false);
+  void reset() override;
+  at::Tensor forward(at::Tensor x);
+
+ private:
+  InputSpec input_;
+  bool batchNorm_;
+  torch::nn::Conv2d conv1_{nullptr};
+  torch::nn::BatchNorm2d bn1_{nullptr};
+  torch::nn::Conv2d conv2_{nullptr};
+  torch::nn::BatchNorm2d bn2_{nullptr};
+  torch::nn::Linear fc1_{nullptr};
+  torch::nn::Linear fc2_{nullptr};
+};
+TORCH_MODULE(Cnn);
+
+/// Builds the configured model with freshly initialised parameters (seed the
+/// generator first for a reproducible start).
+torch::nn::AnyModule makeModel(const ModelConfig& config, const InputSpec& input);
+
+}  // namespace ddp::worker

@@ -1,0 +1,62 @@
+#include "worker/train/eval_mode.h"
+
+#include <c10/core/GradMode.h>
+#include <spdlog/spdlog.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+
+#include "comm/communicator.h"
+#include "libddp/checkpoint/atomic_file.h"
+#include "libddp/checkpoint/state_dict_loader.h"
+#include "worker/data/gather_batch.h"
+#include "libddp/runtime/device.h"
+#include "worker/train/evaluate.h"
+#include "worker/train/metrics.h"
+#include "worker/models/models.h"
+#include "worker/train/trainer.h"
+
+namespace ddp::worker {
+
+int runEvalMode(const WorkerConfig& config, int localRank) {
+  runtime::DeviceRequest request;
+  request.requested = config.device;
+  request.localRank = localRank;
+  const c10::Device device = runtime::selectDevice(request);
+  runtime::useDevice(device);
+  const Datasets data = loadDatasets(config.data, config.seed);
+  auto model = makeModel(config.model, data.input);
+  // Loaded on the CPU (every tensor is mapped there), then moved: map_location done right.
+  checkpoint::loadModelFile(*model.ptr(), config.eval.modelPath);
+  model.ptr()->to(device);
+
+  comm::LocalCommunicator local;
+  const EvalCounts counts = evaluate(model, data.test, device, config.eval.batchSize, local,
+                                     loaderOptions(config.data, device, config.seed, 0));
+  spdlog::info("evaluated {} on {}: test accuracy {:.2f}% ({}/{})", config.eval.modelPath, device.str(),
+               100 * counts.accuracy(), counts.correct, counts.total);
+  const int64_t show = std::min<int64_t>(config.eval.show, data.test.size());
+  if (show > 0) {
+    c10::NoGradGuard noGrad;
+    const at::Tensor logits = model.forward(data::sliceBatch(data.test, 0, show).images.to(device)).cpu();
+    const at::Tensor predicted = logits.argmax(1);
+    for (int64_t i = 0; i < show; ++i) {
+      spdlog::info("sample {}: predicted {} (p={:.3f}), label {}", i, predicted[i].item<int64_t>(),
+                   logits[i].softmax(0)[predicted[i]].item<double>(), data.test.labels[i].item<int64_t>());
+    }
+  }
+  checkpoint::makeDirectories(config.output.dir);
+  writeSummary(config.output.dir + "/summary.json",
+               {{"mode", "eval"},
+                {"model_path", std::filesystem::absolute(config.eval.modelPath).string()},
+                {"model", config.model.name},
+                {"data", config.data.name},
+                {"device", device.str()},
+                {"test_correct", counts.correct},
+                {"test_total", counts.total},
+                {"test_accuracy", counts.accuracy()}});
+  return 0;
+}
+
+}  // namespace ddp::worker

@@ -1,0 +1,13 @@
+// mode: eval — load a model file (our export, a Python state_dict with or
+// without "module.", saved on GPU or CPU, or a training checkpoint) on the
+// chosen device, report test accuracy and show a few predictions.
+#pragma once
+
+#include "worker/config/config.h"
+
+namespace ddp::worker {
+
+/// Runs the evaluation in this process (no network); writes summary.json. Returns the exit code.
+int runEvalMode(const WorkerConfig& config, int localRank);
+
+}  // namespace ddp::worker

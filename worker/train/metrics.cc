@@ -1,0 +1,60 @@
+#include "worker/train/metrics.h"
+
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+
+#include "common/error.h"
+#include "worker/config/config.h"
+#include "worker/train/trainer.h"
+#include "libddp/checkpoint/atomic_file.h"
+
+namespace ddp::worker {
+
+MetricsWriter::MetricsWriter(const std::string& path, bool append)
+    : out_(path, append ? std::ios::app : std::ios::trunc) {
+  if (!out_) DDP_THROW(ConfigError, "output: cannot write '", path, "'; set output.dir to a writable directory");
+}
+
+void MetricsWriter::write(const nlohmann::json& record) {
+  if (!out_.is_open()) return;
+  out_ << record.dump() << '\n';
+  out_.flush();
+}
+
+nlohmann::json trainingSummary(const WorkerConfig& config, const TrainResult& result, int worldSize,
+                               const std::string& mode, const std::string& backend,
+                               const std::string& device, int64_t globalBatch) {
+  return {
+      {"world_size", worldSize},
+      {"mode", mode},
+      {"backend", backend},
+      {"device", device},
+      {"model", config.model.name},
+      {"data", config.data.name},
+      {"batch_size_per_rank", config.train.batchSize},
+      {"global_batch_size", globalBatch},
+      {"steps", result.steps},
+      {"samples", result.samples},
+      {"train_seconds", result.trainSeconds},
+      {"samples_per_s", result.samplesPerSecond},
+      {"final_loss", result.finalLoss},
+      {"test_correct", result.testCorrect},
+      {"test_total", result.testTotal},
+      {"test_accuracy", result.testAccuracy},
+      {"eval_seconds", result.evalSeconds},
+      {"export_path", std::filesystem::absolute(result.exportPath).string()},
+  };
+}
+
+void logDone(const TrainResult& result) {
+  spdlog::info("done: {} steps, {:.0f} samples/s, final loss {:.4f}, test accuracy {:.2f}% ({}/{}), exported {}",
+               result.steps, result.samplesPerSecond, result.finalLoss, 100 * result.testAccuracy,
+               result.testCorrect, result.testTotal, result.exportPath);
+}
+
+void writeSummary(const std::string& path, const nlohmann::json& summary) {
+  checkpoint::writeFileAtomic(path, summary.dump(2) + "\n");
+}
+
+}  // namespace ddp::worker

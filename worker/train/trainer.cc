@@ -1,0 +1,156 @@
+#include "worker/train/trainer.h"
+
+#include <c10/core/GradMode.h>
+#include <spdlog/spdlog.h>
+#include <torch/utils.h>
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+
+#include "libddp/internal.h"
+#include "comm/gradient_sync.h"
+#include "common/error.h"
+#include "libddp/checkpoint/atomic_file.h"
+#include "libddp/checkpoint/checkpoint_dir.h"
+#include "libddp/checkpoint/state_dict_loader.h"
+#include "libddp/checkpoint/model_export.h"
+#include "worker/train/training_loop.h"
+
+namespace ddp::worker {
+namespace {
+
+// DDP's engine (the public API's DdpEngine: bucketed reducer) from the config; none for a group of
+// one or when gradients go through the flat path (comm.reducer: flat). Buffers are broadcast once
+// per step by beginStep (before the first micro-batch), so the engine does not.
+std::unique_ptr<DdpEngine> makeEngine(const CommConfig& config, comm::Communicator& comm, c10::Device device,
+                                      torch::nn::Module& module) {
+  if (comm.size() == 1 || config.reducer != "bucketed") return nullptr;
+  DdpOptions options;
+  options.bucketCapMb = config.bucketCapMb;
+  options.firstBucketCapMb = config.firstBucketMb;
+  options.findUnusedParameters = config.findUnusedParameters;
+  options.gradientAsBucketView = config.gradientAsBucketView;
+  options.compression = config.compression;
+  options.broadcastBuffers = false;
+  return std::make_unique<DdpEngine>(module, api::wrapCommunicator(comm, device), options);
+}
+
+std::vector<at::Tensor> parametersAndBuffers(const torch::nn::Module& module) {
+  auto out = module.parameters(/*recurse=*/true);
+  for (auto& b : module.buffers(/*recurse=*/true)) out.push_back(b);
+  return out;
+}
+
+// mode ddp / single: this process's replica; gradients averaged over the group.
+class DdpParallelism final : public Parallelism {
+ public:
+  DdpParallelism(const WorkerConfig& config, comm::Communicator& comm, c10::Device device, torch::nn::AnyModule& model)
+      : config_(config), comm_(comm), device_(device), model_(model), engine_(makeEngine(config.comm, comm, device, *model.ptr())),
+        buffers_(model.ptr()->buffers(/*recurse=*/true)),
+        // DDP: rank 0's buffers (BatchNorm running stats) before the first forward of every step.
+        syncBuffers_(comm.size() > 1 && config.comm.broadcastBuffers && !buffers_.empty()) {
+    // The engine broadcasts rank 0's parameters and buffers itself; the flat path does it here.
+    if (!engine_) comm::broadcastTensors(comm_, parametersAndBuffers(*model.ptr()), /*root=*/0);
+  }
+
+  torch::nn::Module& module() override { return *model_.ptr(); }
+  comm::Communicator& comm() override { return comm_; }
+  c10::Device lossDevice() const override { return device_; }
+  data::LoaderOptions loading(int64_t epoch, bool training) const override {
+    data::LoaderOptions o = loaderOptions(config_.data, device_, config_.seed, epoch);
+    if (!training) o.augment = {};
+    return o;
+  }
+  void beginStep() override {
+    if (syncBuffers_) comm::broadcastTensors(comm_, buffers_, /*root=*/0);
+  }
+  at::Tensor forward(const at::Tensor& x, bool lastMicroBatch) override {
+    if (!engine_) return model_.forward(x);
+    // Only the last micro-batch's backward communicates (DDP's no_sync for the others).
+    std::optional<DdpEngine::NoSync> noSync;
+    if (!lastMicroBatch) noSync.emplace(*engine_);
+    engine_->beforeForward();
+    at::Tensor output = model_.forward(x);
+    engine_->afterForward({output});
+    return output;
+  }
+  void endBackward(const std::vector<at::Tensor>& params, at::Tensor& lossForLog) override {
+    if (comm_.size() > 1 && !engine_) comm::allReduceGradients(comm_, params, lossForLog);
+  }
+  bool lossNeedsAverage() const override { return engine_ != nullptr; }
+  EvalCounts evaluate(const data::TensorDataset& test) override {
+    return worker::evaluate(model_, test, device_, config_.eval.batchSize, comm_, loading(0, false));
+  }
+
+ private:
+  const WorkerConfig& config_;
+  comm::Communicator& comm_;
+  c10::Device device_;
+  torch::nn::AnyModule& model_;
+  std::unique_ptr<DdpEngine> engine_;
+  std::vector<at::Tensor> buffers_;
+  bool syncBuffers_;
+};
+
+}  // namespace
+
+[[noreturn]] void throwDiverged(const WorkerConfig& config, const std::string& what) {
+  DDP_THROW(Error, "training diverged: ", what, "; lower train.lr (", config.train.lr,
+            ") or check the data; the checkpoints in ", checkpointDir(config),
+            " (if any) hold the last good state (resume=auto)");
+}
+
+void exportTrainedModel(const WorkerConfig& config, const std::map<std::string, at::Tensor>& state,
+                        const std::string& path) {
+  try {
+    checkpoint::exportStateDict(state, path);
+    return;
+  } catch (const CheckpointError& e) {
+    namespace fs = std::filesystem;
+    const std::string name = fs::path(path).filename().string() + ".rescued";
+    std::error_code ec;
+    const std::string tmp = fs::temp_directory_path(ec).string();
+    for (const std::string& dir : {checkpointDir(config), tmp}) {
+      if (dir.empty()) continue;
+      const std::string rescue = (fs::path(dir) / name).string();
+      if (fs::weakly_canonical(rescue, ec) == fs::weakly_canonical(path, ec)) continue;
+      try {
+        checkpoint::makeDirectories(dir, "checkpoint.dir");
+        checkpoint::exportStateDict(state, rescue);
+      } catch (const Error&) {
+        continue;
+      }
+      DDP_THROW(CheckpointError, "export failed: ", e.what(), "; the trained model was saved to '", rescue,
+                "' instead (load it like model.pt); free space or fix output.dir and move it there");
+    }
+    const auto saved = checkpoint::listCheckpoints(checkpointDir(config));
+    DDP_THROW(CheckpointError, "export failed: ", e.what(), "; no other place took the model either (",
+              checkpointDir(config), ", ", tmp, ")",
+              saved.empty() ? std::string("; no training checkpoint was saved: set checkpoint.every_steps to keep one")
+                            : "; the newest training checkpoint is '" + saved.back() +
+                                  "': free space, then resume=" + saved.back() + " to redo only the steps after it");
+  }
+}
+
+
+Trainer::Trainer(const WorkerConfig& config, comm::Communicator& comm, c10::Device device)
+    : config_(config), comm_(comm), device_(device) {}
+
+TrainResult Trainer::run(const Datasets& data) {
+  // Same seed everywhere, then rank 0's values win: replicas start bit-identical.
+  torch::manual_seed(config_.seed);
+  auto model = makeModel(config_.model, data.input);
+  auto& module = *model.ptr();
+  module.to(device_);
+  // init.model_path: rank 0 reads the file (the others need not see it), the broadcast hands its
+  // weights to every rank. A checkpoint that resume finds in the loop still takes precedence.
+  if (comm_.rank() == 0 && !config_.init.modelPath.empty()) {
+    checkpoint::loadModelFile(module, config_.init.modelPath);
+    spdlog::info("initial weights from {}", config_.init.modelPath);
+  }
+  DdpParallelism parallelism(config_, comm_, device_, model);
+  return runTrainingLoop(config_, data, parallelism, device_);
+}
+
+}  // namespace ddp::worker

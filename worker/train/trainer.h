@@ -1,0 +1,59 @@
+// Mode ddp / single: one replica per process, gradients averaged over the group (DdpEngine or the
+// flat all-reduce), trained by the one loop of worker/train/training_loop.h.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "comm/communicator.h"
+#include "worker/config/config.h"
+#include "worker/data/datasets.h"
+#include "worker/models/models.h"
+
+namespace ddp::worker {
+
+struct TrainResult {
+  int64_t steps = 0;           // optimizer steps taken
+  int64_t samples = 0;         // training samples consumed over all ranks
+  double trainSeconds = 0;     // wall time of the training loop (no evaluation)
+  double samplesPerSecond = 0; // over all ranks
+  double finalLoss = 0;        // mean over ranks of the last step's loss
+  int64_t testCorrect = 0;
+  int64_t testTotal = 0;
+  double testAccuracy = 0;     // testCorrect / testTotal over the whole test set
+  double evalSeconds = 0;      // wall time of that evaluation (0 when eval.enabled is false)
+  std::string exportPath;      // rank 0 only
+  int stopSignal = 0;          // nonzero: stopped early on this signal after saving checkpointPath
+  std::string checkpointPath;
+};
+
+/// Stops training with one line: what diverged, and where the last good state is.
+[[noreturn]] void throwDiverged(const WorkerConfig& config, const std::string& what);
+
+/// train.skip_nonfinite_steps skips at most this many steps in a row: more means the weights
+/// themselves went bad, and skipping on would only hide it.
+constexpr int64_t kMaxSkippedInARow = 10;
+
+/// Writes the trained model to `path`. When it cannot be written there (a full disk, a directory
+/// gone) the training is not thrown away: the model goes to checkpoint.dir, else the temporary
+/// directory, and the CheckpointError names where it went (or, failing all, the newest checkpoint).
+void exportTrainedModel(const WorkerConfig& config, const std::map<std::string, at::Tensor>& state,
+                        const std::string& path);
+
+class Trainer {
+ public:
+  Trainer(const WorkerConfig& config, comm::Communicator& comm, c10::Device device);
+
+  /// Trains, evaluates and (rank 0) writes metrics.jsonl, summary.json and the export.
+  TrainResult run(const Datasets& data);
+
+ private:
+  const WorkerConfig& config_;
+  comm::Communicator& comm_;
+  c10::Device device_;
+};
+
+}  // namespace ddp::worker

@@ -1,0 +1,52 @@
+#include "worker/train/training_checkpointer.h"
+
+#include "libddp/internal.h"
+
+namespace ddp::worker {
+namespace {
+
+CheckpointOptions checkpointOptions(const WorkerConfig& config) {
+  CheckpointOptions o;
+  o.dir = checkpointDir(config);
+  o.keepLast = config.checkpoint.keepLast;
+  o.seed = config.seed;
+  o.config = dumpConfig(config);
+  o.dirName = "checkpoint.dir";
+  o.keepLastName = "checkpoint.keep_last";
+  return o;
+}
+
+}  // namespace
+
+TrainingCheckpointer::TrainingCheckpointer(const WorkerConfig& config, comm::Communicator& comm, c10::Device device)
+    : config_(config), checkpointer_(api::wrapCommunicator(comm, device), checkpointOptions(config)) {}
+
+TrainPosition TrainingCheckpointer::resume(torch::nn::Module& module, torch::optim::Optimizer& optimizer) {
+  if (config_.resume.empty()) return {};
+  TrainPosition position;
+  if (config_.resume == "auto") {
+    position = checkpointer_.resume(module, optimizer).value_or(TrainPosition{});
+  } else {
+    position = checkpointer_.resumeFrom(config_.resume, module, optimizer);
+  }
+  lastSavedStep_ = position.globalStep;
+  return position;
+}
+
+void TrainingCheckpointer::maybeSave(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                     const TrainPosition& position, bool epochEnded) {
+  const auto& c = config_.checkpoint;
+  const bool byStep = c.everySteps > 0 && position.globalStep % c.everySteps == 0;
+  // position.epoch is already the next epoch when one has just ended.
+  const bool byEpoch = c.everyEpochs > 0 && epochEnded && position.epoch % c.everyEpochs == 0;
+  if ((byStep || byEpoch) && position.globalStep != lastSavedStep_) save(module, optimizer, position);
+}
+
+std::string TrainingCheckpointer::save(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                       const TrainPosition& position) {
+  std::string path = checkpointer_.save(module, optimizer, position);
+  lastSavedStep_ = position.globalStep;
+  return path;
+}
+
+}  // namespace ddp::worker

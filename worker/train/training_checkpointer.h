@@ -1,0 +1,38 @@
+// Training checkpoints inside the worker's loop: ddp::Checkpointer (the public API) driven by the
+// config's checkpoint.* and resume keys.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <string>
+
+#include "comm/communicator.h"
+#include "ddp/ddp.h"
+#include "worker/config/config.h"
+
+namespace ddp::worker {
+
+using TrainPosition = ::ddp::TrainPosition;
+
+class TrainingCheckpointer {
+ public:
+  /// `device` is this rank's compute device: its GPU's generator is saved and restored per rank.
+  TrainingCheckpointer(const WorkerConfig& config, comm::Communicator& comm, c10::Device device);
+  /// Applies config.resume (auto | path) to `module` and `optimizer` and the RNGs;
+  /// returns where to continue (the start when there is nothing to resume).
+  /// Collective. Throws CheckpointError for an explicit path that does not load.
+  TrainPosition resume(torch::nn::Module& module, torch::optim::Optimizer& optimizer);
+  /// Saves if checkpoint.every_steps / every_epochs says so. Collective.
+  void maybeSave(torch::nn::Module& module, torch::optim::Optimizer& optimizer, const TrainPosition& position,
+                 bool epochEnded);
+  /// Saves now (e.g. on SIGTERM) and returns the path. Collective.
+  std::string save(torch::nn::Module& module, torch::optim::Optimizer& optimizer, const TrainPosition& position);
+
+ private:
+  const WorkerConfig& config_;
+  Checkpointer checkpointer_;
+  int64_t lastSavedStep_ = -1;
+};
+
+}  // namespace ddp::worker

@@ -1,0 +1,56 @@
+// The one training loop of every mode (ddp, single, dp): sampler shard → forward → backward →
+// gradient averaging → SGD step, with logging, metrics, TensorBoard, checkpoints, preemption,
+// evaluation and the rank-0 export. What differs between the modes is a Parallelism.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "worker/config/config.h"
+#include "worker/data/batch_loader.h"
+#include "worker/data/tensor_dataset.h"
+#include "worker/train/evaluate.h"
+#include "worker/train/trainer.h"
+
+namespace ddp::worker {
+
+/// How a mode computes one step. ddp/single: one replica per process, gradients averaged over the
+/// group (DdpEngine, or the flat all-reduce). dp: one process, the replicas on threads or GPUs,
+/// the batch scattered and one loss on the gathered outputs (DataParallel).
+class Parallelism {
+ public:
+  virtual ~Parallelism() = default;
+  /// The plain model (no wrapper): the optimizer, checkpoints and the export use it.
+  virtual torch::nn::Module& module() = 0;
+  /// The group the loop's own collectives use (a world of one for dp).
+  virtual comm::Communicator& comm() = 0;
+  /// Labels go here; the loss is computed here.
+  virtual c10::Device lossDevice() const = 0;
+  /// How batches are made for `epoch`; training: augmentation on, else off.
+  virtual data::LoaderOptions loading(int64_t epoch, bool training) const = 0;
+  /// Start of an optimizer step, before its first micro-batch.
+  virtual void beginStep() {}
+  /// The model's output on `x`; `lastMicroBatch` false: this backward must only accumulate.
+  virtual at::Tensor forward(const at::Tensor& x, bool lastMicroBatch) = 0;
+  /// After the step's last backward (the flat all-reduce; `lossForLog` may ride along).
+  virtual void endBackward(const std::vector<at::Tensor>& /*params*/, at::Tensor& /*lossForLog*/) {}
+  /// Whether the logged loss still needs averaging over ranks (the reducer carries gradients only).
+  virtual bool lossNeedsAverage() const { return false; }
+  /// Correct predictions over the whole test set (a collective in ddp).
+  virtual EvalCounts evaluate(const data::TensorDataset& test) = 0;
+  /// Appended to progress lines ("(4 replicas)").
+  virtual std::string progressNote() const { return {}; }
+};
+
+/// Trains `parallelism.module()` on data.train per config.train; then evaluation, rank<r>_params.pt
+/// when asked, and rank 0's export. Rank 0 writes metrics.jsonl (and TensorBoard).
+TrainResult runTrainingLoop(const WorkerConfig& config, const Datasets& data, Parallelism& parallelism,
+                            c10::Device device);
+
+}  // namespace ddp::worker
