@@ -385,8 +385,9 @@ struct StoreServer::Impl {
       if (!c.authenticated && c.handshakeDeadline <= now) late.push_back(id);
     }
     for (const auto id : late) {
-      close(id);
+      // Counted before the close: a client that sees its connection end finds it in stats().
       count(&StoreServerStats::timedOut);
+      close(id);
     }
   }
 

@@ -1,5 +1,5 @@
-// What the worker (which sets up its group itself: data before the process group) needs to use
-// the public API over a communicator it already has. Not installed.
+// The library's internals behind the public classes, shared by its sources (and by tests that
+// build a public object from its parts). Not installed.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -16,6 +16,20 @@
 #include "comm/rendezvous.h"
 #include "ddp/ddp.h"
 #include "libddp/runtime/env.h"
+
+namespace ddp {
+
+struct GroupStart::Impl {
+  int rank = 0;
+  int size = 1;
+  int localRank = 0;
+  int localSize = 1;
+  c10::Device device{c10::kCPU};
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  c10::intrusive_ptr<c10d::Store> store;  // the rendezvous store; null for a group of one
+};
+
+}  // namespace ddp
 
 namespace ddp::api {
 

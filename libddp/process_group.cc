@@ -52,6 +52,13 @@ struct ProcessGroup::Impl {
   }
 };
 
+int GroupStart::rank() const { return impl_->rank; }
+int GroupStart::size() const { return impl_->size; }
+int GroupStart::localRank() const { return impl_->localRank; }
+int GroupStart::localSize() const { return impl_->localSize; }
+c10::Device GroupStart::device() const { return impl_->device; }
+std::chrono::milliseconds GroupStart::timeout() const { return impl_->timeout; }
+
 ProcessGroup::ProcessGroup(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ProcessGroup::Impl& ProcessGroup::impl() const { return *impl_; }
 
@@ -122,7 +129,7 @@ ProcessGroup initProcessGroup(const InitOptions& options) {
   // errors; only FATAL passes unless the user asks for more (TORCH_CPP_LOG_LEVEL).
   ::setenv("TORCH_CPP_LOG_LEVEL", "FATAL", /*overwrite=*/0);
   c10::initLogging();
-  const DistEnv env = readDistEnv(processEnv());
+  const DistEnv env = readDistEnv(processEnv(), options.legacyLocalRank);
   // The secret stays in this process: programs it starts do not get it.
   ::unsetenv(kTokenEnv);
   ::unsetenv(kStoreFdEnv);
@@ -141,8 +148,18 @@ ProcessGroup initProcessGroup(const InitOptions& options) {
   useDevice(impl->device);  // before any CUDA work: no rank opens a context on GPU 0
   const comm::Backend backend =
       comm::resolveBackend(requested, impl->device.is_cuda(), /*singleHost=*/env.localWorldSize == env.worldSize);
+  GroupStart::Impl start;
+  start.rank = env.rank;
+  start.size = env.worldSize;
+  start.localRank = env.localRank;
+  start.localSize = env.localWorldSize;
+  start.device = impl->device;
+  start.timeout = options.timeout;
+  // backend: nccl gets a real NCCL group even for one rank (as init_process_group does); the others
+  // take the network-free path.
   const bool groupForSingleRank = requested == comm::Backend::kNccl;
   if (env.worldSize == 1 && !groupForSingleRank) {
+    if (options.beforeGroup) options.beforeGroup(GroupStart(start));
     impl->owned = std::make_unique<comm::LocalCommunicator>();
     impl->attach(impl->owned.get());
     return ProcessGroup(std::move(impl));
@@ -150,9 +167,11 @@ ProcessGroup initProcessGroup(const InitOptions& options) {
 
   const comm::RendezvousOptions rdv = api::rendezvousOptions(env, options.timeout);
   impl->store = api::meetAtStore(rdv);
+  start.store = impl->store;
+  if (options.beforeGroup) options.beforeGroup(GroupStart(start));
   const comm::ProcessGroupOptions pg =
       api::groupOptions(env, backend, impl->device, options.timeout, groupForSingleRank);
-  impl->owned = api::createGroup(impl->store, pg, rdv, "ddp::InitOptions::timeout");
+  impl->owned = api::createGroup(impl->store, pg, rdv, options.timeoutName);
   impl->attach(impl->owned.get());
   return ProcessGroup(std::move(impl));
 }

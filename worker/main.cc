@@ -19,10 +19,8 @@
 #include <memory>
 #include <thread>
 
+#include "ddp/ddp.h"
 #include "libddp/internal.h"
-#include "comm/backend.h"
-#include "comm/process_group.h"
-#include "comm/rendezvous.h"
 #include "common/error.h"
 #include "common/job_token.h"
 #include "libddp/checkpoint/atomic_file.h"
@@ -112,102 +110,95 @@ int threadsPerLocalRank(const ddp::runtime::DistEnv& env, int worldSize) {
   return share;
 }
 
-int runWorker(std::vector<std::string> args) {
-  using namespace ddp;
-  using namespace ddp::worker;
-
-  const auto legacyLocalRank = ddp::runtime::takeLegacyLocalRank(args);
-  if (args.empty() || args[0] == "-h" || args[0] == "--help") {
-    std::cout << kUsage;
-    return args.empty() ? 2 : 0;
-  }
-  const ddp::runtime::DistEnv env = ddp::runtime::readDistEnv(ddp::runtime::processEnv(), legacyLocalRank);
-  // The secret stays in this process: programs it may start (a data loader's helpers) do not get it.
-  ::unsetenv(kTokenEnv);
-  ::unsetenv(kStoreFdEnv);
-
-  const bool prefixed = std::getenv("DDP_LAUNCH_PREFIXED") != nullptr;
-  spdlog::set_pattern(prefixed ? "%H:%M:%S.%e %^%l%$ %v"
-                               : "%H:%M:%S.%e [rank " + std::to_string(env.rank) + "] %^%l%$ %v");
-
-  const std::vector<std::string> overrides(args.begin() + 1, args.end());
-  WorkerConfig config = loadConfig(args[0], overrides);
-  checkInputPaths(config);
-  ddp::runtime::applyNumerics(config.cudnn.benchmark, config.cudnn.deterministic, config.deterministicAlgorithms);
-
+// Mode eval, dp and single run one process; say so when the launcher started several.
+void checkOneProcessModes(const ddp::worker::WorkerConfig& config, int worldSize) {
+  using ddp::worker::Mode;
+  if (worldSize <= 1) return;
   if (config.mode == Mode::kEval) {
-    if (env.worldSize > 1) {
-      DDP_THROW(ConfigError, "config: mode 'eval' runs one process, but WORLD_SIZE=", env.worldSize,
-                "; start it with --nproc_per_node=1 (or run the worker directly)");
-    }
-    return runEvalMode(config, env.localRank);
+    DDP_THROW(ddp::ConfigError, "config: mode 'eval' runs one process, but WORLD_SIZE=", worldSize,
+              "; start it with --nproc_per_node=1 (or run the worker directly)");
   }
   if (config.mode == Mode::kDp) {
-    if (env.worldSize > 1) {
-      DDP_THROW(ConfigError, "config: mode 'dp' (DataParallel) is one process that drives all its replicas, "
-                "but WORLD_SIZE=", env.worldSize, "; start it with --nproc_per_node=1 (dp.replicas or "
-                "dp.device_ids pick the replicas), or use mode: ddp for one process per device");
-    }
-    return runDataParallel(config);
+    DDP_THROW(ddp::ConfigError, "config: mode 'dp' (DataParallel) is one process that drives all its replicas, "
+              "but WORLD_SIZE=", worldSize, "; start it with --nproc_per_node=1 (dp.replicas or "
+              "dp.device_ids pick the replicas), or use mode: ddp for one process per device");
   }
-  if (config.mode == Mode::kSingle && env.worldSize > 1) {
-    DDP_THROW(ConfigError, "config: mode 'single' runs one process, but WORLD_SIZE=", env.worldSize,
+  if (config.mode == Mode::kSingle) {
+    DDP_THROW(ddp::ConfigError, "config: mode 'single' runs one process, but WORLD_SIZE=", worldSize,
               "; use mode: ddp, or start with --nproc_per_node=1");
   }
-  const int worldSize = config.mode == Mode::kSingle ? 1 : env.worldSize;
-  const int rank = config.mode == Mode::kSingle ? 0 : env.rank;
+}
 
-  if (config.threads > 0) {
-    torch::set_num_threads(static_cast<int>(config.threads));
-  } else if (const int share = threadsPerLocalRank(env, worldSize); share > 0) {
-    torch::set_num_threads(share);
-  }
-  const comm::Backend requestedBackend = comm::parseBackend(config.backend);
-  ddp::runtime::DeviceRequest deviceRequest;
-  deviceRequest.requested = config.device;
-  deviceRequest.localRank = env.localRank;
-  deviceRequest.localWorldSize = worldSize == 1 ? 1 : env.localWorldSize;
-  deviceRequest.ranksMayShareGpu = requestedBackend == comm::Backend::kGloo;
-  const c10::Device device = ddp::runtime::selectDevice(deviceRequest);
-  ddp::runtime::useDevice(device);  // before NCCL or any CUDA call: no rank opens a context on GPU 0
-  const comm::Backend backend =
-      comm::resolveBackend(requestedBackend, device.is_cuda(),
-                           /*singleHost=*/env.localWorldSize == env.worldSize);
-  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(config.comm.timeoutS * 1000));
-
-  if (rank == 0) checkOutputPaths(config);  // rank 0 writes every output, so it checks first
-  // checkModelFits (once the input shape is known): a model that cannot fit is one line, not an
-  // allocator's stack trace later.
-  const int processesHere = worldSize == 1 ? 1 : env.localWorldSize;
-
-  Datasets data;
-  DataOrigin dataOrigin = DataOrigin::kLoaded;
-  std::unique_ptr<comm::Communicator> comm;
-  // backend: nccl gets a real NCCL group even for one rank (as init_process_group does), so a
-  // one-GPU job exercises what a multi-GPU job runs; auto/gloo/shm take the network-free path.
-  const bool groupForSingleRank = requestedBackend == comm::Backend::kNccl && config.mode == Mode::kDdp;
-  if (worldSize == 1 && !groupForSingleRank) {
-    data = loadDatasets(config.data, config.seed);
-    checkModelFits(config.model, data.input, processesHere, hostMemoryBytes());
-    comm = std::make_unique<comm::LocalCommunicator>();
-  } else {
-    const comm::RendezvousOptions rdv = api::rendezvousOptions(env, timeout);
-    const c10::intrusive_ptr<c10d::Store> store = api::meetAtStore(rdv);
-    // The data before the process group: a missing data set fails every rank with one line
-    // before anyone builds a group. One rank per host loads it; the others map that copy.
-    if (config.data.oneCopyPerHost && env.localWorldSize > 1) {
-      data = loadDatasetsOncePerHost(config.data, config.seed, *store, timeout, env.localWorldSize, &dataOrigin);
+/// The job's process group through the public API (ddp::initProcessGroup); between the rendezvous
+/// and the group's creation every rank loads its data (one copy per host) and checks that the model
+/// fits, so a missing data set or a model too large is one line on every rank before any group exists.
+ddp::ProcessGroup startGroup(const ddp::worker::WorkerConfig& config, std::optional<int> legacyLocalRank,
+                             ddp::worker::Datasets& data, ddp::HostCopyOrigin& dataOrigin) {
+  using namespace ddp::worker;
+  ddp::InitOptions init;
+  // mode single needs no network whatever the backend; ddp with backend nccl gets an NCCL group even
+  // for one rank (as init_process_group does), so a one-GPU job runs NCCL too.
+  init.backend = config.mode == Mode::kSingle ? "auto" : config.backend;
+  init.device = config.device;
+  init.timeout = std::chrono::milliseconds(static_cast<int64_t>(config.comm.timeoutS * 1000));
+  init.timeoutName = "comm.timeout_s";
+  init.legacyLocalRank = legacyLocalRank;
+  init.beforeGroup = [&](const ddp::GroupStart& start) {
+    if (config.data.oneCopyPerHost && start.localSize() > 1) {
+      data = loadDatasetsOncePerHost(config.data, config.seed, start, &dataOrigin);
     } else {
       data = loadDatasets(config.data, config.seed);
     }
-    checkModelFits(config.model, data.input, processesHere, hostMemoryBytes());
-    comm = api::createGroup(store, api::groupOptions(env, backend, device, timeout, groupForSingleRank), rdv,
-                            "comm.timeout_s");
+    checkModelFits(config.model, data.input, start.localSize(), hostMemoryBytes());
+  };
+  return ddp::initProcessGroup(init);
+}
+
+/// Rank 0's summary.json from every rank's report (peak RSS, data copies, GPUs).
+void writeDdpSummary(const ddp::worker::WorkerConfig& config, const ddp::worker::TrainResult& result,
+                     const ddp::ProcessGroup& group, const std::vector<ddp::worker::RankReport>& reports) {
+  using namespace ddp::worker;
+  std::vector<double> rssMb, cudaMb;
+  int64_t copies = 0;
+  for (const auto& r : reports) {
+    rssMb.push_back(r.peakRssMb);
+    cudaMb.push_back(r.gpu ? r.gpu->peakAllocatedMb : 0.0);
+    copies += r.ownDataCopy ? 1 : 0;
   }
-  checkConfigAgreement(config, *comm);
-  if (rank == 0) {
+  nlohmann::json summary =
+      trainingSummary(config, result, group.size(), modeName(config.mode),
+                      group.backend() == "local" ? "none" : group.backend(), group.device().str(),
+                      config.train.batchSize * group.size());
+  summary["peak_rss_mb"] = rssMb.front();
+  summary["peak_rss_mb_per_process"] = rssMb;
+  summary["data_copies"] = copies;
+  if (const nlohmann::json gpus = gpuSummary(reports); !gpus.empty()) {
+    summary["gpus"] = gpus;
+    summary["cuda_peak_allocated_mb_per_device"] = cudaMb;
+  }
+  for (const auto& line : gpuReportLines(reports)) spdlog::info("{}", line);
+  writeSummary(config.output.dir + "/summary.json", summary);
+  logDone(result);
+}
+
+/// mode ddp / single: one replica per process, gradients averaged over the group.
+int runDistributed(const ddp::worker::WorkerConfig& config, const ddp::runtime::DistEnv& env,
+                   std::optional<int> legacyLocalRank) {
+  using namespace ddp::worker;
+  if (config.threads > 0) {
+    torch::set_num_threads(static_cast<int>(config.threads));
+  } else if (const int share = threadsPerLocalRank(env, env.worldSize); share > 0) {
+    torch::set_num_threads(share);
+  }
+  if (env.rank == 0) checkOutputPaths(config);  // rank 0 writes every output, so it checks first
+
+  Datasets data;
+  ddp::HostCopyOrigin dataOrigin = ddp::HostCopyOrigin::kLoaded;
+  ddp::ProcessGroup group = startGroup(config, legacyLocalRank, data, dataOrigin);
+  checkConfigAgreement(config, ddp::api::communicatorOf(group));
+  if (group.rank() == 0) {
     spdlog::info("mode {} world {} backend {} device {} model {} data {} ({} train / {} test)",
-                 modeName(config.mode), worldSize, comm->backendName(), device.str(),
+                 modeName(config.mode), group.size(), group.backend(), group.device().str(),
                  config.model.name, config.data.name, data.train.size(), data.test.size());
     ddp::checkpoint::makeDirectories(config.output.dir);
     ddp::checkpoint::writeFileAtomic(config.output.dir + "/config.resolved.yaml", dumpConfig(config));
@@ -215,42 +206,48 @@ int runWorker(std::vector<std::string> args) {
 
   // From here on a SIGTERM finishes the step, saves a checkpoint and exits (before, it just kills).
   installStopSignalHandlers();
-  Trainer trainer(config, *comm, device);
+  Trainer trainer(config, group);
   const TrainResult result = trainer.run(data);
   if (result.stopSignal != 0) {
-    comm->barrier();
+    group.destroy();
     return 128 + result.stopSignal;  // like a process killed by it, but with its work saved
   }
-
   // Every rank's peak RSS, where its data came from and its GPU, to rank 0 (a collective).
   const std::vector<RankReport> reports =
-      gatherRankReports(*comm, measureRank(device, dataOrigin != DataOrigin::kMappedFromHostCopy));
-  if (rank == 0) {
-    std::vector<double> rssMb, cudaMb;
-    int64_t copies = 0;
-    for (const auto& r : reports) {
-      rssMb.push_back(r.peakRssMb);
-      cudaMb.push_back(r.gpu ? r.gpu->peakAllocatedMb : 0.0);
-      copies += r.ownDataCopy ? 1 : 0;
-    }
-    nlohmann::json summary = trainingSummary(
-        config, result, worldSize, modeName(config.mode),
-        comm->backendName() == "local" ? "none" : comm->backendName(), device.str(),
-        config.train.batchSize * worldSize);
-    summary["peak_rss_mb"] = rssMb.front();
-    summary["peak_rss_mb_per_process"] = rssMb;
-    summary["data_copies"] = copies;
-    if (const nlohmann::json gpus = gpuSummary(reports); !gpus.empty()) {
-      summary["gpus"] = gpus;
-      summary["cuda_peak_allocated_mb_per_device"] = cudaMb;
-    }
-    for (const auto& line : gpuReportLines(reports)) spdlog::info("{}", line);
-    writeSummary(config.output.dir + "/summary.json", summary);
-    logDone(result);
-  }
+      gatherRankReports(ddp::api::communicatorOf(group),
+                        measureRank(group.device(), dataOrigin != ddp::HostCopyOrigin::kMappedFromHostCopy));
+  if (group.rank() == 0) writeDdpSummary(config, result, group, reports);
   // No rank leaves while another still needs the store that rank 0 hosts.
-  comm->barrier();
+  group.destroy();
   return 0;
+}
+
+int runWorker(std::vector<std::string> args) {
+  using namespace ddp::worker;
+  const auto legacyLocalRank = ddp::runtime::takeLegacyLocalRank(args);
+  if (args.empty() || args[0] == "-h" || args[0] == "--help") {
+    std::cout << kUsage;
+    return args.empty() ? 2 : 0;
+  }
+  // Read here for the log's rank and the mode checks; initProcessGroup reads it again (and takes
+  // the job's token out of the environment).
+  const ddp::runtime::DistEnv env = ddp::runtime::readDistEnv(ddp::runtime::processEnv(), legacyLocalRank);
+  const bool prefixed = std::getenv("DDP_LAUNCH_PREFIXED") != nullptr;
+  spdlog::set_pattern(prefixed ? "%H:%M:%S.%e %^%l%$ %v"
+                               : "%H:%M:%S.%e [rank " + std::to_string(env.rank) + "] %^%l%$ %v");
+
+  const std::vector<std::string> overrides(args.begin() + 1, args.end());
+  const WorkerConfig config = loadConfig(args[0], overrides);
+  checkInputPaths(config);
+  ddp::runtime::applyNumerics(config.cudnn.benchmark, config.cudnn.deterministic, config.deterministicAlgorithms);
+  checkOneProcessModes(config, env.worldSize);
+  if (config.mode == Mode::kEval || config.mode == Mode::kDp) {
+    // The secret stays in this process: programs it may start (a data loader's helpers) do not get it.
+    ::unsetenv(ddp::kTokenEnv);
+    ::unsetenv(ddp::kStoreFdEnv);
+    return config.mode == Mode::kEval ? runEvalMode(config, env.localRank) : runDataParallel(config);
+  }
+  return runDistributed(config, env, legacyLocalRank);
 }
 
 }  // namespace

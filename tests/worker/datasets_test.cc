@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "libddp/internal.h"
 #include "worker/data/gather_batch.h"
 
 namespace ddp::worker {
@@ -43,7 +44,14 @@ std::vector<RankResult> loadOnRanks(const DataConfig& config, int ranks) {
     threads.emplace_back([&, r] {
       auto& out = results[static_cast<size_t>(r)];
       try {
-        out.data = loadDatasetsOncePerHost(config, 7, *store, 30s, ranks, &out.origin);
+        GroupStart::Impl start;  // the ranks of one host, met at `store`
+        start.rank = r;
+        start.size = ranks;
+        start.localRank = r;
+        start.localSize = ranks;
+        start.timeout = 30s;
+        start.store = store;
+        out.data = loadDatasetsOncePerHost(config, 7, GroupStart(start), &out.origin);
       } catch (const DataError& e) {
         out.error = e.what();
         out.dataError = true;

@@ -1,47 +1,20 @@
 #include "worker/data/datasets.h"
 
-#include <spdlog/spdlog.h>
-#include <unistd.h>
-
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <thread>
 
 #include "common/error.h"
 #include "worker/data/fashion_mnist.h"
-#include "libddp/data/shared_tensors.h"
+#include "libddp/data/host_copy.h"
 #include "worker/data/image_folder.h"
 #include "worker/data/synthetic.h"
 #include "worker/data/tensor_files.h"
 
 namespace ddp::worker {
 namespace {
-
-constexpr double kMiB = 1024.0 * 1024.0;
-
-std::vector<uint8_t> bytesOf(const std::string& s) { return {s.begin(), s.end()}; }
-
-nlohmann::json handleToJson(const data::SharedTensorsHandle& h) {
-  nlohmann::json tensors = nlohmann::json::array();
-  for (const auto& t : h.tensors) tensors.push_back({{"dtype", t.dtype}, {"shape", t.shape}, {"offset", t.offset}});
-  return {{"pid", h.pid}, {"fd", h.fd}, {"bytes", h.bytes}, {"nonce", h.nonce}, {"tensors", tensors}};
-}
-
-data::SharedTensorsHandle handleFromJson(const nlohmann::json& j) {
-  data::SharedTensorsHandle h;
-  h.pid = j.at("pid").get<int64_t>();
-  h.fd = j.at("fd").get<int>();
-  h.bytes = j.at("bytes").get<uint64_t>();
-  h.nonce = j.at("nonce").get<std::string>();
-  for (const auto& t : j.at("tensors")) {
-    h.tensors.push_back({t.at("dtype").get<int>(), t.at("shape").get<std::vector<int64_t>>(),
-                         t.at("offset").get<uint64_t>()});
-  }
-  return h;
-}
 
 // What a mapped copy cannot carry: the normalisation and the model's input shape.
 nlohmann::json describe(const Datasets& d) {
@@ -59,15 +32,6 @@ Datasets fromShared(const std::vector<at::Tensor>& t, const nlohmann::json& j) {
   const auto input = j.at("input").get<std::vector<int64_t>>();
   d.input = InputSpec{input.at(0), input.at(1), input.at(2), input.at(3)};
   return d;
-}
-
-// The loading rank's failure, thrown again by the others with its class (so its exit code).
-[[noreturn]] void rethrow(const nlohmann::json& j) {
-  const std::string kind = j.value("kind", "");
-  const std::string what = j.value("message", "the rank loading the data failed");
-  if (kind == "config") throw ConfigError(what);
-  if (kind == "data") throw DataError(what);
-  throw Error(what);
 }
 
 }  // namespace
@@ -156,76 +120,17 @@ data::LoaderOptions loaderOptions(const DataConfig& config, c10::Device device, 
   return o;
 }
 
-std::string hostIdentity() {
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  std::string boot;
-  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
-  return std::string(host) + "/" + boot;
-}
+std::string hostIdentity() { return data::hostIdentity(); }
 
-Datasets loadDatasetsOncePerHost(const DataConfig& config, uint64_t seed, c10d::Store& store,
-                                 std::chrono::milliseconds timeout, int ranksOnHost, DataOrigin* origin) {
-  const std::string key = "data/" + hostIdentity();
-  const int64_t others = std::max(0, ranksOnHost - 1);
-  // The last of the other ranks to have the copy (or the error) says so for all.
-  const auto signalHave = [&] {
-    if (store.add(key + "/have", 1) == others) store.set(key + "/all", bytesOf("1"));
-  };
-  const auto waitForOthers = [&](std::chrono::milliseconds limit) {
-    if (others > 0) store.wait({key + "/all"}, limit);
-  };
-  DataOrigin how = DataOrigin::kLoaded;
-  Datasets result;
-  if (store.add(key + "/ranks", 1) == 1) {
-    // This rank loads for the host; whatever happens, the others hear of it.
-    nlohmann::json message;
-    try {
-      const Datasets loaded = loadDatasets(config, seed);
-      auto shared = data::SharedTensors::create(
-          {loaded.train.images, loaded.train.labels, loaded.test.images, loaded.test.labels});
-      message = describe(loaded);
-      message["handle"] = handleToJson(shared.handle());
-      result = fromShared(shared.tensors(), message);  // the loaded tensors go; the copy stays
-      how = DataOrigin::kSharedByThisRank;
-      spdlog::info("data: loaded once for this host into shared memory ({:.1f} MiB); the other ranks here map it",
-                   static_cast<double>(shared.handle().bytes) / kMiB);
-    } catch (const std::exception& e) {
-      const auto* config = dynamic_cast<const ConfigError*>(&e);
-      const auto* dataError = dynamic_cast<const DataError*>(&e);
-      message = {{"kind", config ? "config" : dataError ? "data" : "other"}, {"message", e.what()}};
-      store.set(key + "/copy", bytesOf(message.dump()));
-      try {
-        waitForOthers(std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(30)));
-      } catch (const std::exception&) {
-        // A rank that never came cannot be helped; this rank's own error is what matters.
-      }
-      throw;
-    }
-    store.set(key + "/copy", bytesOf(message.dump()));
-    waitForOthers(timeout);
-  } else {
-    store.wait({key + "/copy"}, timeout);
-    const std::vector<uint8_t> raw = store.get(key + "/copy");
-    const nlohmann::json message = nlohmann::json::parse(raw.begin(), raw.end());
-    if (!message.contains("handle")) {
-      signalHave();
-      rethrow(message);
-    }
-    try {
-      auto shared = data::SharedTensors::attach(handleFromJson(message.at("handle")));
-      signalHave();
-      result = fromShared(shared.tensors(), message);
-      how = DataOrigin::kMappedFromHostCopy;
-    } catch (const DataError& e) {
-      signalHave();
-      spdlog::warn("{}; loading the data in this process instead (one more copy in memory)", e.what());
-      result = loadDatasets(config, seed);
-      how = DataOrigin::kLoadedAfterMapFailed;
-    }
-  }
-  if (origin != nullptr) *origin = how;
-  return result;
+Datasets loadDatasetsOncePerHost(const DataConfig& config, uint64_t seed, const GroupStart& start,
+                                 DataOrigin* origin) {
+  const HostCopy copy = loadOncePerHost(start, [&] {
+    const Datasets loaded = loadDatasets(config, seed);
+    return HostData{{loaded.train.images, loaded.train.labels, loaded.test.images, loaded.test.labels},
+                    describe(loaded).dump()};
+  });
+  if (origin != nullptr) *origin = copy.origin;
+  return fromShared(copy.tensors, nlohmann::json::parse(copy.meta));
 }
 
 }  // namespace ddp::worker

@@ -1,13 +1,10 @@
 // Which data set a job trains on, and one copy of it per host.
 #pragma once
 
-#include <c10/util/intrusive_ptr.h>
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
-#include <chrono>
 #include <cstdint>
 #include <string>
 
+#include "ddp/data.h"
 #include "worker/config/config.h"
 #include "worker/data/batch_loader.h"
 #include "worker/data/tensor_dataset.h"
@@ -29,22 +26,16 @@ Datasets loadDatasets(const DataConfig& config, uint64_t seed);
 data::LoaderOptions loaderOptions(const DataConfig& config, c10::Device device, uint64_t seed, int64_t epoch);
 
 /// How a rank came by its data (for the log and the tests).
-enum class DataOrigin { kLoaded, kSharedByThisRank, kMappedFromHostCopy, kLoadedAfterMapFailed };
+using DataOrigin = HostCopyOrigin;
 
-/// The data set with one copy per host: the first rank of each host to ask the store loads it
-/// (loadDatasets) into a sealed memfd (data::SharedTensors); every other rank of that host maps
-/// the same pages read-only. The ranks of a host are told apart from other hosts' by hostname
-/// and boot id. A rank that cannot open the copy (another pid namespace, /proc with hidepid)
-/// loads the data itself, with a warning. If the loading rank fails, every rank of the host
-/// throws the same error (same class, same line) instead of waiting. The loading rank returns
-/// only once the other `ranksOnHost - 1` ranks have the copy (or its error): were it to fail right
-/// after (a model too large), the store it hosts must not vanish before they read the key.
-Datasets loadDatasetsOncePerHost(const DataConfig& config, uint64_t seed, c10d::Store& store,
-                                 std::chrono::milliseconds timeout, int ranksOnHost,
+/// The data set with one copy per host (ddp::loadOncePerHost): the first rank of each host to ask
+/// loads it (loadDatasets) into shared memory; every other rank of that host maps the same pages
+/// read-only, or loads the data itself, with a warning, when it cannot open the copy. If the loading
+/// rank fails, every rank of the host throws the same error instead of waiting.
+Datasets loadDatasetsOncePerHost(const DataConfig& config, uint64_t seed, const GroupStart& start,
                                  DataOrigin* origin = nullptr);
 
-/// hostname + "/" + boot id: one name per running machine (boot id tells apart containers or
-/// hosts that share a hostname).
+/// hostname + "/" + boot id: one name per running machine (the key the ranks of a host meet at).
 std::string hostIdentity();
 
 }  // namespace ddp::worker

@@ -23,9 +23,8 @@ namespace {
 // DDP's engine (the public API's DdpEngine: bucketed reducer) from the config; none for a group of
 // one or when gradients go through the flat path (comm.reducer: flat). Buffers are broadcast once
 // per step by beginStep (before the first micro-batch), so the engine does not.
-std::unique_ptr<DdpEngine> makeEngine(const CommConfig& config, comm::Communicator& comm, c10::Device device,
-                                      torch::nn::Module& module) {
-  if (comm.size() == 1 || config.reducer != "bucketed") return nullptr;
+std::unique_ptr<DdpEngine> makeEngine(const CommConfig& config, const ProcessGroup& group, torch::nn::Module& module) {
+  if (group.size() == 1 || config.reducer != "bucketed") return nullptr;
   DdpOptions options;
   options.bucketCapMb = config.bucketCapMb;
   options.firstBucketCapMb = config.firstBucketMb;
@@ -33,7 +32,7 @@ std::unique_ptr<DdpEngine> makeEngine(const CommConfig& config, comm::Communicat
   options.gradientAsBucketView = config.gradientAsBucketView;
   options.compression = config.compression;
   options.broadcastBuffers = false;
-  return std::make_unique<DdpEngine>(module, api::wrapCommunicator(comm, device), options);
+  return std::make_unique<DdpEngine>(module, group, options);
 }
 
 std::vector<at::Tensor> parametersAndBuffers(const torch::nn::Module& module) {
@@ -45,13 +44,14 @@ std::vector<at::Tensor> parametersAndBuffers(const torch::nn::Module& module) {
 // mode ddp / single: this process's replica; gradients averaged over the group.
 class DdpParallelism final : public Parallelism {
  public:
-  DdpParallelism(const WorkerConfig& config, comm::Communicator& comm, c10::Device device, torch::nn::AnyModule& model)
-      : config_(config), comm_(comm), device_(device), model_(model), engine_(makeEngine(config.comm, comm, device, *model.ptr())),
+  DdpParallelism(const WorkerConfig& config, const ProcessGroup& group, torch::nn::AnyModule& model)
+      : config_(config), comm_(api::communicatorOf(group)), device_(group.device()), model_(model),
+        engine_(makeEngine(config.comm, group, *model.ptr())),
         buffers_(model.ptr()->buffers(/*recurse=*/true)),
         // DDP: rank 0's buffers (BatchNorm running stats) before the first forward of every step.
-        syncBuffers_(comm.size() > 1 && config.comm.broadcastBuffers && !buffers_.empty()) {
+        syncBuffers_(group.size() > 1 && config.comm.broadcastBuffers && !buffers_.empty()) {
     // The engine broadcasts rank 0's parameters and buffers itself; the flat path does it here.
-    if (!engine_) comm::broadcastTensors(comm_, parametersAndBuffers(*model.ptr()), /*root=*/0);
+    if (!engine_) comm::broadcastTensors(comm_, parametersAndBuffers(*model_.ptr()), /*root=*/0);
   }
 
   torch::nn::Module& module() override { return *model_.ptr(); }
@@ -134,23 +134,22 @@ void exportTrainedModel(const WorkerConfig& config, const std::map<std::string, 
 }
 
 
-Trainer::Trainer(const WorkerConfig& config, comm::Communicator& comm, c10::Device device)
-    : config_(config), comm_(comm), device_(device) {}
+Trainer::Trainer(const WorkerConfig& config, ProcessGroup group) : config_(config), group_(std::move(group)) {}
 
 TrainResult Trainer::run(const Datasets& data) {
   // Same seed everywhere, then rank 0's values win: replicas start bit-identical.
   torch::manual_seed(config_.seed);
   auto model = makeModel(config_.model, data.input);
   auto& module = *model.ptr();
-  module.to(device_);
+  module.to(group_.device());
   // init.model_path: rank 0 reads the file (the others need not see it), the broadcast hands its
   // weights to every rank. A checkpoint that resume finds in the loop still takes precedence.
-  if (comm_.rank() == 0 && !config_.init.modelPath.empty()) {
+  if (group_.rank() == 0 && !config_.init.modelPath.empty()) {
     checkpoint::loadModelFile(module, config_.init.modelPath);
     spdlog::info("initial weights from {}", config_.init.modelPath);
   }
-  DdpParallelism parallelism(config_, comm_, device_, model);
-  return runTrainingLoop(config_, data, parallelism, device_);
+  DdpParallelism parallelism(config_, group_, model);
+  return runTrainingLoop(config_, data, parallelism, group_.device());
 }
 
 }  // namespace ddp::worker

@@ -8,7 +8,7 @@
 #include <map>
 #include <string>
 
-#include "comm/communicator.h"
+#include "ddp/process_group.h"
 #include "worker/config/config.h"
 #include "worker/data/datasets.h"
 #include "worker/models/models.h"
@@ -45,15 +45,15 @@ void exportTrainedModel(const WorkerConfig& config, const std::map<std::string, 
 
 class Trainer {
  public:
-  Trainer(const WorkerConfig& config, comm::Communicator& comm, c10::Device device);
+  /// `group`: the job's process group (its device is this rank's).
+  Trainer(const WorkerConfig& config, ProcessGroup group);
 
   /// Trains, evaluates and (rank 0) writes metrics.jsonl, summary.json and the export.
   TrainResult run(const Datasets& data);
 
  private:
   const WorkerConfig& config_;
-  comm::Communicator& comm_;
-  c10::Device device_;
+  ProcessGroup group_;
 };
 
 }  // namespace ddp::worker

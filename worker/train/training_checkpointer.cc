@@ -23,14 +23,8 @@ TrainingCheckpointer::TrainingCheckpointer(const WorkerConfig& config, comm::Com
 
 TrainPosition TrainingCheckpointer::resume(torch::nn::Module& module, torch::optim::Optimizer& optimizer) {
   if (config_.resume.empty()) return {};
-  TrainPosition position;
-  if (config_.resume == "auto") {
-    position = checkpointer_.resume(module, optimizer).value_or(TrainPosition{});
-  } else {
-    position = checkpointer_.resumeFrom(config_.resume, module, optimizer);
-  }
-  lastSavedStep_ = position.globalStep;
-  return position;
+  if (config_.resume == "auto") return checkpointer_.resume(module, optimizer).value_or(TrainPosition{});
+  return checkpointer_.resumeFrom(config_.resume, module, optimizer);
 }
 
 void TrainingCheckpointer::maybeSave(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
@@ -39,14 +33,12 @@ void TrainingCheckpointer::maybeSave(torch::nn::Module& module, torch::optim::Op
   const bool byStep = c.everySteps > 0 && position.globalStep % c.everySteps == 0;
   // position.epoch is already the next epoch when one has just ended.
   const bool byEpoch = c.everyEpochs > 0 && epochEnded && position.epoch % c.everyEpochs == 0;
-  if ((byStep || byEpoch) && position.globalStep != lastSavedStep_) save(module, optimizer, position);
+  if (byStep || byEpoch) save(module, optimizer, position);
 }
 
 std::string TrainingCheckpointer::save(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                        const TrainPosition& position) {
-  std::string path = checkpointer_.save(module, optimizer, position);
-  lastSavedStep_ = position.globalStep;
-  return path;
+  return checkpointer_.save(module, optimizer, position);
 }
 
 }  // namespace ddp::worker

@@ -4,7 +4,6 @@
 
 #include <c10/core/Device.h>
 
-#include <cstdint>
 #include <string>
 
 #include "comm/communicator.h"
@@ -31,8 +30,7 @@ class TrainingCheckpointer {
 
  private:
   const WorkerConfig& config_;
-  Checkpointer checkpointer_;
-  int64_t lastSavedStep_ = -1;
+  Checkpointer checkpointer_;  // also knows the last step saved: a step is never written twice
 };
 
 }  // namespace ddp::worker

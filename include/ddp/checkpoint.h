@@ -1,0 +1,65 @@
+// Exported models (ddp::saveModel / ddp::loadModel, files Python's torch.load reads) and training
+// checkpoints for exact resume (ddp::Checkpointer).
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "ddp/process_group.h"
+
+namespace ddp {
+
+/// The module's parameters and buffers as Python's module.state_dict(): plain keys (any leading
+/// "module." removed), CPU tensors, in torch.save's zip format (Python: torch.load(path), any
+/// device). Written atomically. With a group: rank 0 writes and every rank returns after it.
+void saveModel(const torch::nn::Module& module, const std::string& path);
+void saveModel(const torch::nn::Module& module, const std::string& path, ProcessGroup& group);
+/// Loads a state_dict (ours or Python's torch.save, keys with or without "module.", tensors saved
+/// on any device) into `module`, converted to its devices. One CheckpointError lists every missing,
+/// unexpected or misshaped key before anything changes.
+void loadModel(torch::nn::Module& module, const std::string& path);
+
+/// Where training stands; the next step is step `stepInEpoch` of `epoch`.
+struct TrainPosition {
+  int64_t epoch = 0;
+  int64_t stepInEpoch = 0;  // optimizer steps already done in `epoch`
+  int64_t globalStep = 0;   // optimizer steps done in total
+  int64_t samples = 0;      // samples consumed, all ranks
+};
+
+struct CheckpointOptions {
+  std::string dir = "checkpoints";
+  int64_t keepLast = 3;  // older checkpoints are deleted (0: keep all)
+  uint64_t seed = 0;     // recorded in the file
+  std::string config;    // recorded in the file: the run's settings, as text (e.g. YAML)
+  // How error messages name `dir` and `keepLast` (e.g. your own config's keys).
+  std::string dirName = "CheckpointOptions::dir";
+  std::string keepLastName = "CheckpointOptions::keepLast";
+};
+
+/// Training checkpoints for exact resume: model, optimizer state (SGD momentum by parameter name;
+/// any other LibTorch optimizer through its own archive), position, the CPU generator and every
+/// rank's GPU generator; checksummed, written atomically by rank 0 (Python's torch.load reads it).
+class Checkpointer {
+ public:
+  Checkpointer(ProcessGroup group, CheckpointOptions options = {});
+  /// Collective: every rank returns once the file is complete. Returns its path.
+  std::string save(torch::nn::Module& module, torch::optim::Optimizer& optimizer, const TrainPosition& position);
+  /// Collective: loads the newest checkpoint of dir that verifies (skipping damaged ones) into the
+  /// module, optimizer and generators; nullopt when there is none. Ranks that found different
+  /// checkpoints get a CommError. Call after the module is on its device and the optimizer built.
+  std::optional<TrainPosition> resume(torch::nn::Module& module, torch::optim::Optimizer& optimizer);
+  /// resume() from one file.
+  TrainPosition resumeFrom(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer);
+
+ private:
+  ProcessGroup group_;
+  CheckpointOptions options_;
+  int64_t lastSavedStep_ = -1;
+};
+
+}  // namespace ddp

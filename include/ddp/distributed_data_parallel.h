@@ -1,0 +1,115 @@
+// ddp::DistributedDataParallel and its engine ddp::DdpEngine: gradients averaged over ranks
+// during backward (torch.nn.parallel.DistributedDataParallel's twin).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/GradMode.h>
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "ddp/process_group.h"
+
+namespace ddp {
+
+struct DdpOptions {
+  double bucketCapMb = 25;            // like DDP's bucket_cap_mb
+  double firstBucketCapMb = 1;        // a small first bucket starts communication early
+  bool findUnusedParameters = false;  // parameters the forward did not reach count as ready
+  bool broadcastBuffers = true;       // rank 0's buffers (BatchNorm statistics) before each forward
+  bool gradientAsBucketView = false;  // .grad aliases the communication bucket (saves a copy)
+  std::string compression = "none";   // none | fp16 | bf16: the dtype gradients travel in (DDP's
+                                      // fp16_compress_hook / bf16_compress_hook)
+};
+
+/// The engine behind DistributedDataParallel, for any torch::nn::Module. Construction broadcasts
+/// rank 0's parameters and buffers (collective). Per forward: beforeForward(), the module's forward,
+/// afterForward(outputs); the next backward from those outputs leaves every .grad averaged over
+/// ranks (bucketed all-reduces overlapped with backward, PyTorch DDP's Reducer).
+class DdpEngine {
+ public:
+  DdpEngine(torch::nn::Module& module, ProcessGroup group, DdpOptions options = {});
+  ~DdpEngine();
+  DdpEngine(const DdpEngine&) = delete;
+  DdpEngine& operator=(const DdpEngine&) = delete;
+
+  void beforeForward();
+  void afterForward(const std::vector<at::Tensor>& outputs);
+
+  /// While a NoSync lives, backwards only accumulate locally (DDP's no_sync()): the first backward
+  /// after it ends communicates the sum of all of them.
+  class NoSync {
+   public:
+    explicit NoSync(DdpEngine& engine);
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DdpEngine& engine_;
+    bool previous_;
+  };
+  bool syncEnabled() const { return sync_; }
+  ProcessGroup& group();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+  bool sync_ = true;
+};
+
+namespace detail {
+inline void collectTensors(const at::Tensor& t, std::vector<at::Tensor>& out) { out.push_back(t); }
+inline void collectTensors(const std::vector<at::Tensor>& ts, std::vector<at::Tensor>& out) {
+  out.insert(out.end(), ts.begin(), ts.end());
+}
+template <typename... T>
+void collectTensors(const std::tuple<T...>& ts, std::vector<at::Tensor>& out) {
+  std::apply([&out](const auto&... t) { (collectTensors(t, out), ...); }, ts);
+}
+template <typename A, typename B>
+void collectTensors(const std::pair<A, B>& p, std::vector<at::Tensor>& out) {
+  collectTensors(p.first, out);
+  collectTensors(p.second, out);
+}
+}  // namespace detail
+
+/// Wraps a module holder (a TORCH_MODULE type, e.g. `Net`, or any ModuleHolder). forward() returns
+/// what the module's forward returns: a tensor, a vector, tuple or pair of tensors.
+/// module() is the plain model: save it, evaluate it, its keys have no "module." prefix.
+template <typename ModuleHolder>
+class DistributedDataParallel {
+ public:
+  DistributedDataParallel(ModuleHolder module, ProcessGroup group, DdpOptions options = {})
+      : module_(std::move(module)), engine_(*module_.ptr(), std::move(group), options) {}
+
+  template <typename... Args>
+  auto forward(Args&&... args) {
+    engine_.beforeForward();
+    auto output = module_->forward(std::forward<Args>(args)...);
+    std::vector<at::Tensor> tensors;
+    detail::collectTensors(output, tensors);
+    engine_.afterForward(tensors);
+    return output;
+  }
+  template <typename... Args>
+  auto operator()(Args&&... args) {
+    return forward(std::forward<Args>(args)...);
+  }
+
+  ModuleHolder& module() { return module_; }
+  const ModuleHolder& module() const { return module_; }
+  DdpEngine& engine() { return engine_; }
+  /// `{ auto guard = model.noSync(); ...forward, backward... }`: accumulate without communicating.
+  [[nodiscard]] DdpEngine::NoSync noSync() { return DdpEngine::NoSync(engine_); }
+
+ private:
+  ModuleHolder module_;
+  DdpEngine engine_;
+};
+
+}  // namespace ddp

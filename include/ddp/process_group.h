@@ -1,0 +1,98 @@
+// ddp::ProcessGroup and ddp::initProcessGroup(): who am I, who else is there, and the collectives
+// between us (torch.distributed.init_process_group's twin, over the env contract ddp-launch,
+// torchrun, srun and mpirun set).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ddp/error.h"
+
+namespace ddp {
+
+/// Where a rank stands once the ranks have met and before their process group exists: what
+/// InitOptions::beforeGroup sees. Valid only during that call.
+class GroupStart {
+ public:
+  int rank() const;
+  int size() const;            // WORLD_SIZE
+  int localRank() const;       // LOCAL_RANK
+  int localSize() const;       // LOCAL_WORLD_SIZE
+  c10::Device device() const;  // the rank's device, already chosen and current
+  std::chrono::milliseconds timeout() const;
+
+  struct Impl;
+  explicit GroupStart(const Impl& impl) : impl_(&impl) {}
+  const Impl& impl() const { return *impl_; }
+
+ private:
+  const Impl* impl_;
+};
+
+struct InitOptions {
+  std::string backend = "auto";  // auto (NCCL on GPUs, shm on one host's CPUs, else Gloo) | gloo | nccl | shm
+  std::string device = "auto";   // auto (cuda:LOCAL_RANK when GPUs are visible, else cpu) | cpu | cuda | cuda:N
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // rendezvous and every collective
+  /// Runs on every rank after the ranks have met at the store and before the process group is
+  /// created (for a group of one: before initProcessGroup returns). The place for what must hold
+  /// before training starts and for data that one rank per host loads (ddp::loadOncePerHost): a
+  /// missing data set then ends every rank with its one line before any group exists. What it
+  /// throws leaves initProcessGroup.
+  std::function<void(const GroupStart&)> beforeGroup;
+  /// LOCAL_RANK from the legacy `--local_rank=N` argument (torch.distributed.launch without
+  /// --use_env), when the program was given one; else LOCAL_RANK from the environment.
+  std::optional<int> legacyLocalRank;
+  /// How start-up messages name `timeout` (e.g. your program's own option).
+  std::string timeoutName = "ddp::InitOptions::timeout";
+};
+
+/// A handle on the job's process group (copies share it). Made by initProcessGroup().
+class ProcessGroup {
+ public:
+  int rank() const;
+  int size() const;            // WORLD_SIZE
+  int localRank() const;       // LOCAL_RANK: indexes this host's GPUs
+  int localSize() const;       // LOCAL_WORLD_SIZE
+  c10::Device device() const;  // where this rank computes (already the current CUDA device)
+  std::string backend() const; // "gloo", "nccl", or "local" for world size 1
+  /// Where collectives take their tensors: the rank's GPU for NCCL, the CPU otherwise.
+  c10::Device collectiveDevice() const;
+
+  /// In place, every rank ends with the sum (or the mean) over ranks. Any device: the tensor is
+  /// moved to collectiveDevice() and back when it lives elsewhere.
+  void allReduceSum(at::Tensor& tensor);
+  void allReduceMean(at::Tensor& tensor);
+  /// In place, every rank ends with `root`'s values.
+  void broadcast(at::Tensor& tensor, int root = 0);
+  void broadcast(const std::vector<at::Tensor>& tensors, int root = 0);
+  void barrier();
+
+  /// Clean shutdown: a barrier (rank 0 hosts the store, so it must leave last), then the group is
+  /// closed. Collective; idempotent. The destructor of the last handle closes without the barrier.
+  void destroy();
+  bool destroyed() const;
+
+  struct Impl;
+  explicit ProcessGroup(std::shared_ptr<Impl> impl);
+  Impl& impl() const;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+/// Reads the env contract (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
+/// MASTER_PORT from ddp-launch or torchrun; else SLURM_* or OMPI_COMM_WORLD_*), picks and sets the
+/// device, meets the other ranks at the job's authenticated store and builds the process group.
+/// Without any of it (a program run on its own) it is a group of one. Call it once per process.
+/// Throws ConfigError for bad env or options (or a second call), CommError / TimeoutError when the
+/// other ranks cannot be reached.
+ProcessGroup initProcessGroup(const InitOptions& options = {});
+
+}  // namespace ddp

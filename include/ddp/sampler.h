@@ -1,0 +1,40 @@
+// ddp::DistributedSampler: each rank's share of the data set, bit-identical to PyTorch's
+// torch.utils.data.DistributedSampler.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ddp/process_group.h"
+
+namespace ddp {
+
+struct SamplerOptions {
+  bool shuffle = true;    // reshuffled every epoch from seed + epoch
+  uint64_t seed = 0;      // equal on every rank
+  bool dropLast = false;  // false: pad by repeating the head, so every rank has as many samples
+};
+
+class DistributedSampler {
+ public:
+  DistributedSampler(int64_t datasetSize, const ProcessGroup& group, SamplerOptions options = {});
+  DistributedSampler(int64_t datasetSize, int numReplicas, int rank, SamplerOptions options = {});
+  ~DistributedSampler();
+  DistributedSampler(DistributedSampler&&) noexcept;
+  DistributedSampler& operator=(DistributedSampler&&) noexcept;
+
+  /// Call before every epoch, or every epoch sees the same order (Python's set_epoch).
+  void setEpoch(int64_t epoch);
+  /// This rank's indices for the current epoch (numSamples() of them).
+  std::vector<int64_t> indices() const;
+  /// indices() cut into batches of `batchSize` (the last one shorter unless dropLast).
+  std::vector<std::vector<int64_t>> batches(int64_t batchSize, bool dropLast = false) const;
+  int64_t numSamples() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddp
