@@ -3,6 +3,7 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/engine.h>
 
 #include "common/error.h"
 
@@ -55,6 +56,27 @@ void allReduceGradients(Communicator& comm, const std::vector<at::Tensor>& param
   buffer.div_(comm.size());
   comm.allReduceSum(buffer);
   unflatten(buffer, grads);
+}
+
+FlatGradientSync::FlatGradientSync(Communicator& comm, std::vector<at::Tensor> params)
+    : state_(std::make_shared<State>(State{comm, std::move(params)})) {}
+
+void FlatGradientSync::prepareForBackward(const std::vector<at::Tensor>& outputs) {
+  // The first armed output that backward reaches queues the all-reduce for the end of that backward
+  // (the engine runs queued callbacks before backward() returns); the others then do nothing.
+  auto pending = std::make_shared<bool>(true);
+  std::weak_ptr<State> weak = state_;
+  for (const auto& output : outputs) {
+    if (!output.requires_grad()) continue;
+    at::Tensor tensor = output;
+    tensor.register_hook([pending, weak](const at::Tensor&) {
+      if (!*pending) return;
+      *pending = false;
+      torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+        if (auto state = weak.lock()) allReduceGradients(state->comm, state->params);
+      });
+    });
+  }
 }
 
 }  // namespace ddp::comm

@@ -1,14 +1,41 @@
-// Flat post-backward gradient averaging and the start-of-training parameter
-// broadcast. (Bucketed, overlapped reduction is the Reducer's job.)
+// How DDP's engine averages gradients over the ranks (GradientSync: the bucketed Reducer of
+// comm/reducer.h, or one flat all-reduce after backward), and the start-of-training broadcast.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
 
 namespace ddp::comm {
+
+/// Averages gradients over the ranks during backward; DDP's engine drives one per model.
+class GradientSync {
+ public:
+  virtual ~GradientSync() = default;
+  /// Arms the next backward from `outputs` (the forward's outputs): when that backward returns,
+  /// every parameter's .grad holds the mean over ranks. Backwards not armed (DDP's no_sync) only
+  /// accumulate locally.
+  virtual void prepareForBackward(const std::vector<at::Tensor>& outputs) = 0;
+};
+
+/// One all-reduce of all gradients once backward is done (allReduceGradients): one collective
+/// per step, none of it overlapped with backward; a parameter without a gradient counts as zeros.
+/// Backward must flow through one of the armed outputs.
+class FlatGradientSync final : public GradientSync {
+ public:
+  FlatGradientSync(Communicator& comm, std::vector<at::Tensor> params);
+  void prepareForBackward(const std::vector<at::Tensor>& outputs) override;
+
+ private:
+  struct State {
+    Communicator& comm;
+    std::vector<at::Tensor> params;
+  };
+  std::shared_ptr<State> state_;  // hooks on outputs that outlive the engine see it gone
+};
 
 /// Copies `root`'s values into every rank's tensors (parameters and buffers),
 /// so all replicas start equal. One collective for all tensors.

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/gradient_sync.h"
 #include "common/torch_compat.h"
 
 namespace ddp::comm {
@@ -38,7 +39,7 @@ struct ReducerOptions {
 /// parameter's .grad holds the mean over ranks. Backwards run without
 /// prepareForBackward (gradient accumulation, DDP's no_sync) only accumulate
 /// locally. Every rank must hold the same parameters in the same order.
-class Reducer {
+class Reducer final : public GradientSync {
  public:
   Reducer(Communicator& comm, std::vector<at::Tensor> params, std::vector<std::string> names,
           ReducerOptions options = {});
@@ -50,7 +51,7 @@ class Reducer {
   /// starts from (the loss); with findUnusedParameters the graph behind them is
   /// searched for parameters it does not reach. Throws CommError when the
   /// previous armed backward never completed its reduction.
-  void prepareForBackward(const std::vector<at::Tensor>& outputs);
+  void prepareForBackward(const std::vector<at::Tensor>& outputs) override;
 
   /// Parameter indices per bucket, in launch order.
   const std::vector<std::vector<size_t>>& bucketIndices() const { return layout_; }

@@ -18,7 +18,11 @@ struct DdpEngine::State {
   ProcessGroup group;
   std::vector<at::Tensor> buffers;
   bool syncBuffers = false;
-  std::unique_ptr<comm::Reducer> reducer;  // none for a group of one
+  // PyTorch DDP's require_forward_param_sync: the last forward was one whose backward communicates
+  // (or there was none yet), so the next forward starts from rank 0's buffers. Inside no_sync that
+  // is the first micro-batch's forward only.
+  bool requireForwardParamSync = true;
+  std::unique_ptr<comm::GradientSync> gradientSync;  // none for a group of one
 };
 
 namespace {
@@ -31,8 +35,11 @@ size_t megabytes(double mb, const char* name) {
 }  // namespace
 
 DdpEngine::DdpEngine(torch::nn::Module& module, ProcessGroup group, DdpOptions options)
-    : state_(std::make_unique<State>(State{std::move(group), {}, false, nullptr})) {
+    : state_(std::make_unique<State>(State{std::move(group), {}, false, true, nullptr})) {
   comm::Communicator& comm = api::communicatorOf(state_->group);
+  if (options.reducer != "bucketed" && options.reducer != "flat") {
+    DDP_THROW(ConfigError, "ddp::DdpOptions::reducer is '", options.reducer, "'; use bucketed or flat");
+  }
   comm::ReducerOptions reducer;
   reducer.bucketCapBytes = megabytes(options.bucketCapMb, "bucketCapMb");
   reducer.firstBucketCapBytes = megabytes(options.firstBucketCapMb, "firstBucketCapMb");
@@ -56,7 +63,12 @@ DdpEngine::DdpEngine(torch::nn::Module& module, ProcessGroup group, DdpOptions o
   all.insert(all.end(), state_->buffers.begin(), state_->buffers.end());
   comm::broadcastTensors(comm, all, /*root=*/0);
   state_->syncBuffers = comm.size() > 1 && options.broadcastBuffers && !state_->buffers.empty();
-  if (comm.size() > 1) state_->reducer = std::make_unique<comm::Reducer>(comm, params, names, reducer);
+  if (comm.size() == 1) return;
+  if (options.reducer == "bucketed") {
+    state_->gradientSync = std::make_unique<comm::Reducer>(comm, params, names, reducer);
+  } else {
+    state_->gradientSync = std::make_unique<comm::FlatGradientSync>(comm, params);
+  }
 }
 
 DdpEngine::~DdpEngine() = default;
@@ -64,15 +76,15 @@ DdpEngine::~DdpEngine() = default;
 ProcessGroup& DdpEngine::group() { return state_->group; }
 
 void DdpEngine::beforeForward() {
-  // As PyTorch DDP: rank 0's buffers before every forward outside no_sync.
-  if (sync_ && state_->syncBuffers) {
+  if (state_->requireForwardParamSync && state_->syncBuffers) {
     comm::broadcastTensors(api::communicatorOf(state_->group), state_->buffers, /*root=*/0);
   }
 }
 
 void DdpEngine::afterForward(const std::vector<at::Tensor>& outputs) {
-  // Only a forward that backward will follow arms the reducer (torch.is_grad_enabled()).
-  if (state_->reducer && sync_ && c10::GradMode::is_enabled()) state_->reducer->prepareForBackward(outputs);
+  // Only a forward that backward will follow arms the gradient sync (torch.is_grad_enabled()).
+  state_->requireForwardParamSync = sync_ && c10::GradMode::is_enabled();
+  if (state_->gradientSync && state_->requireForwardParamSync) state_->gradientSync->prepareForBackward(outputs);
 }
 
 DdpEngine::NoSync::NoSync(DdpEngine& engine) : engine_(engine), previous_(engine.sync_) { engine_.sync_ = false; }

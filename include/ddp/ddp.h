@@ -15,6 +15,7 @@
 
 // One concept per header; this one includes them all.
 #include "ddp/checkpoint.h"                 // saveModel, loadModel, Checkpointer
+#include "ddp/data.h"                       // loadOncePerHost
 #include "ddp/distributed_data_parallel.h"  // DistributedDataParallel, DdpEngine
 #include "ddp/error.h"                      // Error, ConfigError, CommError, ...
 #include "ddp/process_group.h"              // initProcessGroup, ProcessGroup

@@ -20,10 +20,14 @@ struct DdpOptions {
   double bucketCapMb = 25;            // like DDP's bucket_cap_mb
   double firstBucketCapMb = 1;        // a small first bucket starts communication early
   bool findUnusedParameters = false;  // parameters the forward did not reach count as ready
-  bool broadcastBuffers = true;       // rank 0's buffers (BatchNorm statistics) before each forward
+  bool broadcastBuffers = true;       // rank 0's buffers (BatchNorm statistics) before a forward that
+                                      // follows a synchronising one (PyTorch's rule: under noSync, before
+                                      // the first micro-batch only)
   bool gradientAsBucketView = false;  // .grad aliases the communication bucket (saves a copy)
   std::string compression = "none";   // none | fp16 | bf16: the dtype gradients travel in (DDP's
                                       // fp16_compress_hook / bf16_compress_hook)
+  std::string reducer = "bucketed";   // bucketed: DDP's Reducer, all-reduces overlapped with backward;
+                                      // flat: one all-reduce of every gradient after backward
 };
 
 /// The engine behind DistributedDataParallel, for any torch::nn::Module. Construction broadcasts

@@ -12,10 +12,41 @@
 
 namespace {
 
+// What InitOptions::beforeGroup saw, and the data it shared with ddp::loadOncePerHost.
+struct BeforeGroup {
+  int calls = 0;
+  int rank = -1, size = -1, localRank = -1, localSize = -1;
+  std::string device;
+  int64_t timeoutMs = 0;
+  int loads = 0;  // load() calls in this process
+  ddp::HostCopy copy;
+};
+BeforeGroup& beforeGroup() {
+  static BeforeGroup seen;
+  return seen;
+}
+
+// The data a host's loading rank makes: known values, so every rank can check what it got.
+torch::Tensor hostData() { return torch::arange(24, torch::kFloat).reshape({4, 6}) * 0.5; }
+
 ddp::ProcessGroup& group() {
   static ddp::ProcessGroup g = [] {
     ddp::InitOptions options;
     options.timeout = std::chrono::seconds(60);  // a rank whose test failed early must not hang the other
+    options.beforeGroup = [](const ddp::GroupStart& start) {
+      BeforeGroup& seen = beforeGroup();
+      ++seen.calls;
+      seen.rank = start.rank();
+      seen.size = start.size();
+      seen.localRank = start.localRank();
+      seen.localSize = start.localSize();
+      seen.device = start.device().str();
+      seen.timeoutMs = start.timeout().count();
+      seen.copy = ddp::loadOncePerHost(start, [&seen] {
+        ++seen.loads;
+        return ddp::HostData{{hostData(), torch::tensor({3, 1, 4}, torch::kLong)}, "rows=4"};
+      });
+    };
     return ddp::initProcessGroup(options);
   }();
   return g;
@@ -83,6 +114,43 @@ TEST(ProcessGroup, ReadsTheEnvContract) {
   EXPECT_THROW(ddp::initProcessGroup(), ddp::ConfigError);  // one group per process
 }
 
+TEST(ProcessGroup, BeforeGroupRunsOnceWithTheRanksPlace) {
+  ddp::ProcessGroup& g = group();
+  const BeforeGroup& seen = beforeGroup();
+  EXPECT_EQ(seen.calls, 1);
+  EXPECT_EQ(seen.rank, g.rank());
+  EXPECT_EQ(seen.size, g.size());
+  EXPECT_EQ(seen.localRank, g.localRank());
+  EXPECT_EQ(seen.localSize, g.localSize());
+  EXPECT_EQ(seen.device, g.device().str());
+  EXPECT_EQ(seen.timeoutMs, 60000);
+}
+
+TEST(LoadOncePerHost, OneRankOfTheHostLoadsTheOthersMapItsCopy) {
+  ddp::ProcessGroup& g = group();
+  const BeforeGroup& seen = beforeGroup();
+  ASSERT_EQ(seen.copy.tensors.size(), 2u);
+  EXPECT_TRUE(torch::equal(seen.copy.tensors[0], hostData()));
+  EXPECT_TRUE(torch::equal(seen.copy.tensors[1], torch::tensor({3, 1, 4}, torch::kLong)));
+  EXPECT_EQ(seen.copy.meta, "rows=4");
+  // Over the job (every rank of this test runs on one host): load() ran once, on the rank that
+  // shared its copy; every other rank mapped that copy.
+  auto counts = torch::tensor({static_cast<double>(seen.loads),
+                               seen.copy.origin == ddp::HostCopyOrigin::kSharedByThisRank ? 1.0 : 0.0,
+                               seen.copy.origin == ddp::HostCopyOrigin::kMappedFromHostCopy ? 1.0 : 0.0,
+                               seen.copy.origin == ddp::HostCopyOrigin::kLoaded ? 1.0 : 0.0},
+                              torch::kDouble);
+  g.allReduceSum(counts);
+  EXPECT_EQ(counts[0].item<double>(), 1.0);
+  if (g.localSize() > 1) {
+    EXPECT_EQ(g.localSize(), g.size());
+    EXPECT_EQ(counts[1].item<double>(), 1.0);
+    EXPECT_EQ(counts[2].item<double>(), g.size() - 1.0);
+  } else {
+    EXPECT_EQ(counts[3].item<double>(), g.size());  // alone: the data is simply loaded
+  }
+}
+
 TEST(DistributedDataParallel, ReplicasStartFromRankZerosWeights) {
   torch::manual_seed(100 + group().rank());  // a different initialisation on every rank
   Net net;
@@ -103,6 +171,58 @@ TEST(DistributedDataParallel, GradientIsTheGradientOfTheWholeBatch) {
   torch::mse_loss(model(shard(x)), shard(y)).backward();
   torch::mse_loss(reference(x), y).backward();  // mean over all rows = mean of the shards' means
   EXPECT_TRUE(torch::allclose(flatGrads(*net), flatGrads(*reference), 1e-5, 1e-6));
+}
+
+TEST(DistributedDataParallel, FlatReducerGivesTheGradientOfTheWholeBatch) {
+  torch::manual_seed(11);
+  const int64_t w = group().size();
+  const auto x1 = torch::randn({6 * w, 5}), y1 = torch::randn({6 * w, 3});
+  const auto x2 = torch::randn({6 * w, 5}), y2 = torch::randn({6 * w, 3});
+  Net net;
+  ddp::DdpOptions options;
+  options.reducer = "flat";
+  ddp::DistributedDataParallel<Net> model(net, group(), options);
+  Net reference = copyOf(net);
+  torch::mse_loss(model(shard(x1)), shard(y1)).backward();
+  torch::mse_loss(reference(x1), y1).backward();
+  EXPECT_TRUE(torch::allclose(flatGrads(*net), flatGrads(*reference), 1e-5, 1e-6));
+  {  // and with accumulation: the sum of both micro-batches' gradients, averaged once
+    auto guard = model.noSync();
+    torch::mse_loss(model(shard(x2)), shard(y2)).backward();
+  }
+  EXPECT_EQ(equalOnAllRanks(flatGrads(*net)), w == 1);
+  torch::mse_loss(model(shard(x1)), shard(y1)).backward();
+  torch::mse_loss(reference(x2), y2).backward();
+  torch::mse_loss(reference(x1), y1).backward();
+  EXPECT_TRUE(torch::allclose(flatGrads(*net), flatGrads(*reference), 1e-5, 1e-6));
+  options.reducer = "ring";
+  EXPECT_THROW(ddp::DdpEngine(*net, group(), options), ddp::ConfigError);
+}
+
+// PyTorch's rule (require_forward_param_sync): rank 0's buffers arrive before a forward that follows
+// a synchronising one, so under noSync before the first micro-batch and not before the last.
+TEST(DistributedDataParallel, BuffersArriveBeforeTheFirstMicroBatchOnly) {
+  torch::nn::BatchNorm1d net(3);
+  ddp::DistributedDataParallel<torch::nn::BatchNorm1d> model(net, group());  // running stats 0 / 1 everywhere
+  torch::manual_seed(20 + group().rank());
+  const auto x1 = torch::randn({6, 3}) + group().rank(), x2 = torch::randn({6, 3}) * 2 + group().rank();
+  {
+    auto guard = model.noSync();
+    model(x1).sum().backward();  // broadcast (start state, equal anyway), then this rank's statistics
+  }
+  const auto afterFirst = net->running_mean.clone();
+  EXPECT_EQ(equalOnAllRanks(afterFirst), group().size() == 1);
+  model(x2).sum().backward();  // the last micro-batch: no broadcast, this rank's statistics go on
+  // BatchNorm's update with momentum 0.1: mean ← 0.9 · mean + 0.1 · batch mean.
+  const auto expected = afterFirst * 0.9 + x2.mean(0) * 0.1;
+  EXPECT_TRUE(torch::allclose(net->running_mean, expected, 1e-5, 1e-6));
+  model(x1).sum().backward();  // the next step's first forward: rank 0's buffers first
+  // mean = 0.9 · rank 0's + 0.1 · this rank's batch mean: what it implies for rank 0's is rank 0's.
+  const auto implied = ((net->running_mean - x1.mean(0) * 0.1) / 0.9).to(torch::kDouble);
+  auto rankZeros = implied.clone();
+  group().broadcast(rankZeros, 0);
+  EXPECT_TRUE(torch::allclose(implied, rankZeros, 1e-5, 1e-6));
+  if (group().rank() == 0) EXPECT_TRUE(torch::allclose(implied, expected.to(torch::kDouble), 1e-5, 1e-6));
 }
 
 TEST(DistributedDataParallel, NoSyncAccumulatesLocallyThenAveragesTheSum) {

@@ -9,7 +9,6 @@
 #include <optional>
 
 #include "libddp/internal.h"
-#include "comm/gradient_sync.h"
 #include "common/error.h"
 #include "libddp/checkpoint/atomic_file.h"
 #include "libddp/checkpoint/checkpoint_dir.h"
@@ -20,39 +19,28 @@
 namespace ddp::worker {
 namespace {
 
-// DDP's engine (the public API's DdpEngine: bucketed reducer) from the config; none for a group of
-// one or when gradients go through the flat path (comm.reducer: flat). Buffers are broadcast once
-// per step by beginStep (before the first micro-batch), so the engine does not.
+// DDP's engine (the public API's DdpEngine) from the config: the bucketed Reducer or the flat
+// all-reduce (comm.reducer), rank 0's buffers before each step's first forward
+// (comm.broadcast_buffers). None for a group of one: nothing to average.
 std::unique_ptr<DdpEngine> makeEngine(const CommConfig& config, const ProcessGroup& group, torch::nn::Module& module) {
-  if (group.size() == 1 || config.reducer != "bucketed") return nullptr;
+  if (group.size() == 1) return nullptr;
   DdpOptions options;
+  options.reducer = config.reducer;
   options.bucketCapMb = config.bucketCapMb;
   options.firstBucketCapMb = config.firstBucketMb;
   options.findUnusedParameters = config.findUnusedParameters;
+  options.broadcastBuffers = config.broadcastBuffers;
   options.gradientAsBucketView = config.gradientAsBucketView;
   options.compression = config.compression;
-  options.broadcastBuffers = false;
   return std::make_unique<DdpEngine>(module, group, options);
 }
 
-std::vector<at::Tensor> parametersAndBuffers(const torch::nn::Module& module) {
-  auto out = module.parameters(/*recurse=*/true);
-  for (auto& b : module.buffers(/*recurse=*/true)) out.push_back(b);
-  return out;
-}
-
-// mode ddp / single: this process's replica; gradients averaged over the group.
+// mode ddp / single: this process's replica; gradients averaged over the group by the engine.
 class DdpParallelism final : public Parallelism {
  public:
   DdpParallelism(const WorkerConfig& config, const ProcessGroup& group, torch::nn::AnyModule& model)
       : config_(config), comm_(api::communicatorOf(group)), device_(group.device()), model_(model),
-        engine_(makeEngine(config.comm, group, *model.ptr())),
-        buffers_(model.ptr()->buffers(/*recurse=*/true)),
-        // DDP: rank 0's buffers (BatchNorm running stats) before the first forward of every step.
-        syncBuffers_(group.size() > 1 && config.comm.broadcastBuffers && !buffers_.empty()) {
-    // The engine broadcasts rank 0's parameters and buffers itself; the flat path does it here.
-    if (!engine_) comm::broadcastTensors(comm_, parametersAndBuffers(*model_.ptr()), /*root=*/0);
-  }
+        engine_(makeEngine(config.comm, group, *model.ptr())) {}
 
   torch::nn::Module& module() override { return *model_.ptr(); }
   comm::Communicator& comm() override { return comm_; }
@@ -61,9 +49,6 @@ class DdpParallelism final : public Parallelism {
     data::LoaderOptions o = loaderOptions(config_.data, device_, config_.seed, epoch);
     if (!training) o.augment = {};
     return o;
-  }
-  void beginStep() override {
-    if (syncBuffers_) comm::broadcastTensors(comm_, buffers_, /*root=*/0);
   }
   at::Tensor forward(const at::Tensor& x, bool lastMicroBatch) override {
     if (!engine_) return model_.forward(x);
@@ -74,9 +59,6 @@ class DdpParallelism final : public Parallelism {
     at::Tensor output = model_.forward(x);
     engine_->afterForward({output});
     return output;
-  }
-  void endBackward(const std::vector<at::Tensor>& params, at::Tensor& lossForLog) override {
-    if (comm_.size() > 1 && !engine_) comm::allReduceGradients(comm_, params, lossForLog);
   }
   bool lossNeedsAverage() const override { return engine_ != nullptr; }
   EvalCounts evaluate(const data::TensorDataset& test) override {
@@ -89,8 +71,6 @@ class DdpParallelism final : public Parallelism {
   c10::Device device_;
   torch::nn::AnyModule& model_;
   std::unique_ptr<DdpEngine> engine_;
-  std::vector<at::Tensor> buffers_;
-  bool syncBuffers_;
 };
 
 }  // namespace

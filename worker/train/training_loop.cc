@@ -44,217 +44,281 @@ void zeroGradients(const std::vector<at::Tensor>& params) {
   }
 }
 
+// One run of the loop: the state every step shares, and the steps as named methods.
+class TrainingRun {
+ public:
+  TrainingRun(const WorkerConfig& config, const Datasets& data, Parallelism& parallelism, c10::Device device);
+  TrainResult run();
+
+ private:
+  // Where the step that just finished sits in its epoch.
+  struct StepPlace {
+    int64_t epoch = 0;
+    std::size_t first = 0;  // its first micro-batch
+    std::size_t count = 0;  // its micro-batches
+    std::size_t batches = 0;  // in the epoch
+    bool epochEnded() const { return first + count >= batches; }
+  };
+
+  void runEpoch(int64_t epoch);
+  int64_t accumulateAndStep(const std::vector<std::vector<int64_t>>& batches, data::BatchLoader& loader,
+                            const StepPlace& place);
+  void applyOrSkip(int64_t epoch);
+  void record(const StepPlace& place, bool last);
+  bool stopRequested(const TrainPosition& position);
+  void finish();
+  ProgressPoint progressAt(const StepPlace& place, double loss, double rate) const;
+
+  const WorkerConfig& config_;
+  const TrainConfig& train_;
+  const Datasets& data_;
+  Parallelism& parallelism_;
+  comm::Communicator& comm_;
+  const int rank_;
+  const int world_;
+  torch::nn::Module& module_;
+  const std::vector<at::Tensor> params_;
+  torch::optim::SGD optimizer_;
+  DistributedSampler sampler_;
+  TrainingCheckpointer checkpointer_;
+  TrainPosition resumed_;
+  MetricsWriter metrics_;
+  TrainResult result_;
+  std::unique_ptr<tensorboard::EventWriter> board_;  // output.tensorboard: the scalars
+                                                     // torch.utils.tensorboard users log, from rank 0
+  at::Tensor stopFlag_;
+  at::Tensor lossForLog_;
+  int64_t runSamples_ = 0;  // this process's share of the throughput figure
+  int64_t runSteps_ = 0;
+  int64_t windowSamples_ = 0;
+  int64_t skippedInARow_ = 0;
+  int64_t perEpoch_ = 0;
+  int64_t jobSteps_ = 0;
+  double shownLoss_ = 0;
+  double shownRate_ = 0;
+  bool done_ = false;
+  Clock::time_point start_;
+  Clock::time_point windowStart_;
+  ProgressBar bar_;
+};
+
+TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Parallelism& parallelism,
+                         c10::Device device)
+    : config_(config), train_(config.train), data_(data), parallelism_(parallelism), comm_(parallelism.comm()),
+      rank_(comm_.rank()), world_(comm_.size()), module_(parallelism.module()),
+      params_(module_.parameters(/*recurse=*/true)),
+      optimizer_(params_, torch::optim::SGDOptions(train_.lr).momentum(train_.momentum).weight_decay(train_.weightDecay)),
+      sampler_(data.train.size(), world_, rank_, {train_.shuffle, config.seed, train_.dropLast}),
+      checkpointer_(config, comm_, device),
+      bar_(rank_ == 0 && progressBarWanted(), std::getenv("DDP_LAUNCH_PREFIXED") != nullptr) {
+  if (rank_ == 0) checkpoint::makeDirectories(config_.output.dir);
+  resumed_ = checkpointer_.resume(module_, optimizer_);
+  // A resumed run appends to the metrics of the run it continues.
+  if (rank_ == 0) metrics_ = MetricsWriter(config_.output.dir + "/metrics.jsonl", resumed_.globalStep > 0);
+  result_.steps = resumed_.globalStep;
+  result_.samples = resumed_.samples;
+  stopFlag_ = at::zeros({1}, at::TensorOptions().device(comm_.device()));
+  lossForLog_ = at::zeros({1}, at::TensorOptions().device(parallelism.lossDevice()));
+  done_ = train_.maxSteps > 0 && result_.steps >= train_.maxSteps;
+  // Progress for people (rank 0): every epoch has the same number of batches (the sampler pads).
+  perEpoch_ = stepsPerEpoch((sampler_.numSamples() + train_.batchSize - 1) / train_.batchSize, train_.accumulateSteps);
+  jobSteps_ = totalSteps(train_.epochs, perEpoch_, train_.maxSteps);
+  if (rank_ == 0 && config_.output.tensorboard) {
+    board_ = std::make_unique<tensorboard::EventWriter>(config_.output.dir + "/tensorboard");
+  }
+}
+
+TrainResult TrainingRun::run() {
+  start_ = Clock::now();
+  windowStart_ = start_;
+  for (int64_t epoch = resumed_.epoch; epoch < train_.epochs && !done_; ++epoch) runEpoch(epoch);
+  bar_.clear();
+  result_.trainSeconds = secondsSince(start_);
+  result_.samplesPerSecond = result_.trainSeconds > 0 ? runSamples_ / result_.trainSeconds : 0;
+  if (result_.stopSignal != 0) return result_;  // preempted: the checkpoint is the record
+  finish();
+  return result_;
+}
+
+void TrainingRun::runEpoch(int64_t epoch) {
+  const int64_t accumulate = train_.accumulateSteps;
+  sampler_.setEpoch(epoch);
+  const auto batches = sampler_.batches(train_.batchSize, /*dropLast=*/false);
+  module_.train();
+  // A resumed epoch continues at the exact batch where the checkpoint was taken.
+  const std::size_t startBatch =
+      epoch == resumed_.epoch ? static_cast<std::size_t>(resumed_.stepInEpoch * accumulate) : 0;
+  // The batches from there on, made ahead by the loader's threads (data.num_workers).
+  data::BatchLoader loader(
+      data_.train,
+      std::vector<std::vector<int64_t>>(batches.begin() + static_cast<std::ptrdiff_t>(std::min(startBatch, batches.size())),
+                                        batches.end()),
+      parallelism_.loading(epoch, /*training=*/true));
+  // An optimizer step takes `accumulate` micro-batches (fewer at the end of an epoch);
+  // only the last one's backward communicates (DDP's no_sync for the others).
+  for (std::size_t first = startBatch; first < batches.size(); first += accumulate) {
+    const StepPlace place{epoch, first, std::min<std::size_t>(accumulate, batches.size() - first), batches.size()};
+    const int64_t stepRankSamples = accumulateAndStep(batches, loader, place);
+    ++result_.steps;
+    ++runSteps_;
+    // Every rank's batch has the same size (the sampler pads), so this is exact.
+    const int64_t stepSamples = stepRankSamples * world_;
+    result_.samples += stepSamples;
+    runSamples_ += stepSamples;
+    windowSamples_ += stepSamples;
+    const bool last = train_.maxSteps > 0 && result_.steps >= train_.maxSteps;
+    record(place, last);
+    const TrainPosition position =
+        place.epochEnded() ? TrainPosition{epoch + 1, 0, result_.steps, result_.samples}
+                           : TrainPosition{epoch, static_cast<int64_t>(first / accumulate) + 1, result_.steps,
+                                           result_.samples};
+    checkpointer_.maybeSave(module_, optimizer_, position, place.epochEnded());
+    if (((world_ == 1 || result_.steps % kStopCheckEvery == 0 || place.epochEnded()) && stopRequested(position)) ||
+        last) {
+      done_ = true;
+      return;
+    }
+  }
+}
+
+// The step's micro-batches: forward, loss, backward (the gradients averaged over the ranks by the
+// last one's), then the optimizer step. Returns the samples this rank consumed.
+int64_t TrainingRun::accumulateAndStep(const std::vector<std::vector<int64_t>>& batches, data::BatchLoader& loader,
+                                       const StepPlace& place) {
+  zeroGradients(params_);
+  int64_t stepRankSamples = 0;
+  {
+    c10::NoGradGuard noGrad;
+    lossForLog_.zero_();
+  }
+  for (std::size_t m = 0; m < place.count; ++m) {
+    const auto& batch = batches[place.first + m];
+    const data::Batch b = loader.next();  // batches[first + m], on device
+    const at::Tensor y = b.labels.to(parallelism_.lossDevice());
+    const at::Tensor output = parallelism_.forward(b.images, /*lastMicroBatch=*/m + 1 == place.count);
+    at::Tensor loss = torch::nn::functional::cross_entropy(output, y);
+    {
+      c10::NoGradGuard noGrad;
+      lossForLog_.add_(loss.detach().reshape({1}), 1.0 / static_cast<double>(place.count));
+    }
+    stepRankSamples += static_cast<int64_t>(batch.size());
+    if (place.count > 1) loss = loss / static_cast<double>(place.count);
+    loss.backward();
+  }
+  applyOrSkip(place.epoch);
+  return stepRankSamples;
+}
+
+// The all-reduced gradients are equal on every rank, so every rank decides alike; a NaN loss on
+// any rank reaches them through backward and the all-reduce.
+void TrainingRun::applyOrSkip(int64_t epoch) {
+  if (allFinite(gradientsOf(params_))) {
+    optimizer_.step();
+    skippedInARow_ = 0;
+  } else if (train_.skipNonfiniteSteps && skippedInARow_ < kMaxSkippedInARow) {
+    ++skippedInARow_;
+    if (rank_ == 0) {
+      bar_.clear();
+      spdlog::warn("step {} (epoch {}): a gradient is NaN or infinite; step skipped (train.skip_nonfinite_steps)",
+                   result_.steps + 1, epoch);
+    }
+  } else {
+    throwDiverged(config_, "a gradient is NaN or infinite at step " + std::to_string(result_.steps + 1) + " (epoch " +
+                               std::to_string(epoch) + ")" +
+                               (skippedInARow_ > 0 ? ", " + std::to_string(skippedInARow_ + 1) + " steps in a row"
+                                                   : std::string()) +
+                               ", so it was not applied");
+  }
+}
+
+ProgressPoint TrainingRun::progressAt(const StepPlace& place, double loss, double rate) const {
+  const int64_t accumulate = train_.accumulateSteps;
+  return ProgressPoint{result_.steps, jobSteps_, place.epoch, train_.epochs,
+                       static_cast<int64_t>((place.first + place.count + accumulate - 1) / accumulate), perEpoch_,
+                       loss, rate, secondsSince(start_), runSteps_};
+}
+
+// metrics.jsonl, TensorBoard and the log line at logged steps; the live bar at every step.
+void TrainingRun::record(const StepPlace& place, bool last) {
+  const bool logStep = result_.steps % train_.logEvery == 0 || last || result_.steps == 1;
+  const bool finalStep = last || (place.epoch + 1 == train_.epochs && place.epochEnded());
+  if (parallelism_.lossNeedsAverage() && (logStep || finalStep)) {
+    // The gradient sync carries only gradients; the loss is averaged here (every rank logs alike).
+    comm_.allReduceSum(lossForLog_);
+    c10::NoGradGuard noGrad;
+    lossForLog_.div_(world_);
+  }
+  if (logStep) {
+    const double lossValue = lossForLog_.item<double>();
+    const double window = secondsSince(windowStart_);
+    const double rate = window > 0 ? windowSamples_ / window : 0.0;
+    metrics_.write({{"step", result_.steps}, {"epoch", place.epoch}, {"loss", lossValue},
+                    {"samples", result_.samples}, {"samples_per_s", rate}, {"elapsed_s", secondsSince(start_)}});
+    shownLoss_ = lossValue;
+    shownRate_ = rate;
+    if (board_) board_->addTrainingStep(result_.steps, lossValue, rate, train_.lr);
+    if (rank_ == 0) {
+      bar_.clear();
+      spdlog::info("{}{}", progressLine(progressAt(place, lossValue, rate)), parallelism_.progressNote());
+    }
+    windowStart_ = Clock::now();
+    windowSamples_ = 0;
+  }
+  bar_.update(progressAt(place, shownLoss_, shownRate_));
+}
+
+// Preemption: every rank must stop after the same step, so a stop request (SIGTERM) is agreed on
+// with a tiny all-reduce; on one, the position is saved.
+bool TrainingRun::stopRequested(const TrainPosition& position) {
+  {
+    c10::NoGradGuard noGrad;
+    stopFlag_.fill_(stopSignal() != 0 ? 1.0 : 0.0);
+  }
+  if (world_ > 1) comm_.allReduceSum(stopFlag_);
+  if (stopFlag_.item<double>() <= 0) return false;
+  result_.checkpointPath = checkpointer_.save(module_, optimizer_, position);
+  result_.stopSignal = stopSignal() != 0 ? stopSignal() : SIGTERM;
+  if (rank_ == 0) {
+    bar_.clear();
+    spdlog::warn("stopping after step {} on a signal; checkpoint {} (resume with resume=auto)", result_.steps,
+                 result_.checkpointPath);
+  }
+  return true;
+}
+
+// After the last step: the final loss, evaluation, rank<r>_params.pt when asked, rank 0's export.
+void TrainingRun::finish() {
+  result_.finalLoss = lossForLog_.item<double>();
+  // Finite gradients can still overflow the weights (a huge train.lr) on the last step.
+  if (!allFinite(params_)) {
+    throwDiverged(config_, "the weights are no longer finite after step " + std::to_string(result_.steps) +
+                               ", the last one, so nothing is exported");
+  }
+  if (config_.eval.enabled) {
+    const auto evalStart = Clock::now();
+    const EvalCounts counts = parallelism_.evaluate(data_.test);
+    result_.evalSeconds = secondsSince(evalStart);
+    result_.testCorrect = counts.correct;
+    result_.testTotal = counts.total;
+    result_.testAccuracy = counts.accuracy();
+    if (board_) board_->addScalar("test/accuracy", result_.testAccuracy, result_.steps);
+  }
+  const std::string& outDir = config_.output.dir;
+  if (config_.output.dumpRankParams) {
+    checkpoint::makeDirectories(outDir);
+    checkpoint::exportStateDict(checkpoint::stateDict(module_), outDir + "/rank" + std::to_string(rank_) + "_params.pt");
+  }
+  if (rank_ == 0) {
+    result_.exportPath = (std::filesystem::path(outDir) / config_.output.exportName).string();
+    exportTrainedModel(config_, checkpoint::stateDict(module_), result_.exportPath);
+  }
+}
+
 }  // namespace
 
 TrainResult runTrainingLoop(const WorkerConfig& config, const Datasets& data, Parallelism& parallelism,
                             c10::Device device) {
-  comm::Communicator& comm = parallelism.comm();
-  const int rank = comm.rank();
-  const int world = comm.size();
-  const auto& train = config.train;
-  const std::string outDir = config.output.dir;
-  if (rank == 0) checkpoint::makeDirectories(outDir);
-
-  auto& module = parallelism.module();
-  const auto params = module.parameters(/*recurse=*/true);
-  const int64_t accumulate = train.accumulateSteps;
-
-  torch::optim::SGD optimizer(params, torch::optim::SGDOptions(train.lr)
-                                          .momentum(train.momentum)
-                                          .weight_decay(train.weightDecay));
-
-  DistributedSampler sampler(data.train.size(), world, rank, {train.shuffle, config.seed, train.dropLast});
-
-  TrainingCheckpointer checkpointer(config, comm, device);
-  const TrainPosition resumed = checkpointer.resume(module, optimizer);
-
-  // A resumed run appends to the metrics of the run it continues.
-  MetricsWriter metrics = rank == 0 ? MetricsWriter(outDir + "/metrics.jsonl", resumed.globalStep > 0)
-                                    : MetricsWriter();
-  TrainResult result;
-  result.steps = resumed.globalStep;
-  result.samples = resumed.samples;
-  int64_t runSamples = 0;  // this process's share of the throughput figure
-  at::Tensor stopFlag = at::zeros({1}, at::TensorOptions().device(comm.device()));
-  at::Tensor lossForLog = at::zeros({1}, at::TensorOptions().device(parallelism.lossDevice()));
-  const auto start = Clock::now();
-  auto windowStart = start;
-  int64_t windowSamples = 0;
-  int64_t skippedInARow = 0;
-  bool done = train.maxSteps > 0 && result.steps >= train.maxSteps;
-  // Progress for people (rank 0): every epoch has the same number of batches (the sampler pads).
-  const int64_t perEpoch = stepsPerEpoch((sampler.numSamples() + train.batchSize - 1) / train.batchSize, accumulate);
-  const int64_t jobSteps = totalSteps(train.epochs, perEpoch, train.maxSteps);
-  ProgressBar bar(rank == 0 && progressBarWanted(), std::getenv("DDP_LAUNCH_PREFIXED") != nullptr);
-  double shownLoss = 0;
-  double shownRate = 0;
-  int64_t runSteps = 0;
-  // output.tensorboard: the scalars torch.utils.tensorboard users log, from rank 0.
-  std::unique_ptr<tensorboard::EventWriter> board;
-  if (rank == 0 && config.output.tensorboard) board = std::make_unique<tensorboard::EventWriter>(outDir + "/tensorboard");
-  for (int64_t epoch = resumed.epoch; epoch < train.epochs && !done; ++epoch) {
-    sampler.setEpoch(epoch);
-    const auto batches = sampler.batches(train.batchSize, /*dropLast=*/false);
-    module.train();
-    // A resumed epoch continues at the exact batch where the checkpoint was taken.
-    const std::size_t startBatch =
-        epoch == resumed.epoch ? static_cast<std::size_t>(resumed.stepInEpoch * accumulate) : 0;
-    // The batches from there on, made ahead by the loader's threads (data.num_workers).
-    data::BatchLoader loader(data.train,
-                             std::vector<std::vector<int64_t>>(batches.begin() + static_cast<std::ptrdiff_t>(
-                                                                                     std::min(startBatch, batches.size())),
-                                                               batches.end()),
-                             parallelism.loading(epoch, /*training=*/true));
-    // An optimizer step takes `accumulate` micro-batches (fewer at the end of an epoch);
-    // only the last one's backward communicates (DDP's no_sync for the others).
-    for (std::size_t first = startBatch; first < batches.size(); first += accumulate) {
-      const std::size_t count = std::min<std::size_t>(accumulate, batches.size() - first);
-      zeroGradients(params);
-      parallelism.beginStep();
-      int64_t stepRankSamples = 0;
-      {
-        c10::NoGradGuard noGrad;
-        lossForLog.zero_();
-      }
-      for (std::size_t m = 0; m < count; ++m) {
-        const auto& batch = batches[first + m];
-        const data::Batch b = loader.next();  // batches[first + m], on device
-        const at::Tensor& x = b.images;
-        const at::Tensor y = b.labels.to(parallelism.lossDevice());
-        const at::Tensor output = parallelism.forward(x, /*lastMicroBatch=*/m + 1 == count);
-        at::Tensor loss = torch::nn::functional::cross_entropy(output, y);
-        {
-          c10::NoGradGuard noGrad;
-          lossForLog.add_(loss.detach().reshape({1}), 1.0 / static_cast<double>(count));
-        }
-        stepRankSamples += static_cast<int64_t>(batch.size());
-        if (count > 1) loss = loss / static_cast<double>(count);
-        loss.backward();
-      }
-      parallelism.endBackward(params, lossForLog);
-      // The all-reduced gradients are equal on every rank, so every rank decides alike; a NaN
-      // loss on any rank reaches them through backward and the all-reduce.
-      if (allFinite(gradientsOf(params))) {
-        optimizer.step();
-        skippedInARow = 0;
-      } else if (train.skipNonfiniteSteps && skippedInARow < kMaxSkippedInARow) {
-        ++skippedInARow;
-        if (rank == 0) {
-          bar.clear();
-          spdlog::warn("step {} (epoch {}): a gradient is NaN or infinite; step skipped (train.skip_nonfinite_steps)",
-                       result.steps + 1, epoch);
-        }
-      } else {
-        throwDiverged(config, "a gradient is NaN or infinite at step " + std::to_string(result.steps + 1) +
-                                   " (epoch " + std::to_string(epoch) + ")" +
-                                   (skippedInARow > 0 ? ", " + std::to_string(skippedInARow + 1) + " steps in a row"
-                                                      : std::string()) +
-                                   ", so it was not applied");
-      }
-
-      ++result.steps;
-      ++runSteps;
-      // Every rank's batch has the same size (the sampler pads), so this is exact.
-      const int64_t stepSamples = stepRankSamples * world;
-      result.samples += stepSamples;
-      runSamples += stepSamples;
-      windowSamples += stepSamples;
-      const bool last = train.maxSteps > 0 && result.steps >= train.maxSteps;
-      const bool logStep = result.steps % train.logEvery == 0 || last || result.steps == 1;
-      const bool finalStep =
-          last || (epoch + 1 == train.epochs && first + count >= batches.size());
-      if (parallelism.lossNeedsAverage() && (logStep || finalStep)) {
-        // The reducer carries only gradients; the loss is averaged here (every rank logs alike).
-        comm.allReduceSum(lossForLog);
-        c10::NoGradGuard noGrad;
-        lossForLog.div_(world);
-      }
-      if (logStep) {
-        const double lossValue = lossForLog.item<double>();
-        const double window = secondsSince(windowStart);
-        const double rate = window > 0 ? windowSamples / window : 0.0;
-        metrics.write({{"step", result.steps}, {"epoch", epoch}, {"loss", lossValue},
-                       {"samples", result.samples}, {"samples_per_s", rate},
-                       {"elapsed_s", secondsSince(start)}});
-        shownLoss = lossValue;
-        shownRate = rate;
-        if (board) board->addTrainingStep(result.steps, lossValue, rate, train.lr);
-        if (rank == 0) {
-          bar.clear();
-          spdlog::info("{}{}", progressLine(ProgressPoint{result.steps, jobSteps, epoch, train.epochs,
-                                                          static_cast<int64_t>((first + count + accumulate - 1) / accumulate),
-                                                          perEpoch, lossValue, rate, secondsSince(start), runSteps}),
-                       parallelism.progressNote());
-        }
-        windowStart = Clock::now();
-        windowSamples = 0;
-      }
-      bar.update(ProgressPoint{result.steps, jobSteps, epoch, train.epochs,
-                               static_cast<int64_t>((first + count + accumulate - 1) / accumulate), perEpoch, shownLoss,
-                               shownRate, secondsSince(start), runSteps});
-      const bool epochEnded = first + count >= batches.size();
-      const TrainPosition position =
-          epochEnded ? TrainPosition{epoch + 1, 0, result.steps, result.samples}
-                     : TrainPosition{epoch, static_cast<int64_t>(first / accumulate) + 1, result.steps,
-                                     result.samples};
-      checkpointer.maybeSave(module, optimizer, position, epochEnded);
-
-      // Preemption: every rank must stop after the same step, so the request is
-      // agreed on with a tiny all-reduce every kStopCheckEvery steps.
-      if (world == 1 || result.steps % kStopCheckEvery == 0 || epochEnded) {
-        {
-          c10::NoGradGuard noGrad;
-          stopFlag.fill_(stopSignal() != 0 ? 1.0 : 0.0);
-        }
-        if (world > 1) comm.allReduceSum(stopFlag);
-        if (stopFlag.item<double>() > 0) {
-          result.checkpointPath = checkpointer.save(module, optimizer, position);
-          result.stopSignal = stopSignal() != 0 ? stopSignal() : SIGTERM;
-          if (rank == 0) {
-            bar.clear();
-            spdlog::warn("stopping after step {} on a signal; checkpoint {} (resume with resume=auto)",
-                         result.steps, result.checkpointPath);
-          }
-          done = true;
-          break;
-        }
-      }
-      if (last) {
-        done = true;
-        break;
-      }
-    }
-  }
-  bar.clear();
-  result.trainSeconds = secondsSince(start);
-  result.samplesPerSecond = result.trainSeconds > 0 ? runSamples / result.trainSeconds : 0;
-  if (result.stopSignal != 0) return result;  // preempted: the checkpoint is the record
-  result.finalLoss = lossForLog.item<double>();
-  // Finite gradients can still overflow the weights (a huge train.lr) on the last step.
-  if (!allFinite(params)) {
-    throwDiverged(config, "the weights are no longer finite after step " + std::to_string(result.steps) +
-                               ", the last one, so nothing is exported");
-  }
-
-  if (config.eval.enabled) {
-    const auto evalStart = Clock::now();
-    const EvalCounts counts = parallelism.evaluate(data.test);
-    result.evalSeconds = secondsSince(evalStart);
-    result.testCorrect = counts.correct;
-    result.testTotal = counts.total;
-    result.testAccuracy = counts.accuracy();
-    if (board) board->addScalar("test/accuracy", result.testAccuracy, result.steps);
-  }
-
-  if (config.output.dumpRankParams) {
-    checkpoint::makeDirectories(outDir);
-    checkpoint::exportStateDict(checkpoint::stateDict(module), outDir + "/rank" + std::to_string(rank) + "_params.pt");
-  }
-  if (rank == 0) {
-    result.exportPath = (std::filesystem::path(outDir) / config.output.exportName).string();
-    exportTrainedModel(config, checkpoint::stateDict(module), result.exportPath);
-  }
-  return result;
+  return TrainingRun(config, data, parallelism, device).run();
 }
 
 }  // namespace ddp::worker

@@ -21,7 +21,7 @@
 namespace ddp::worker {
 
 /// How a mode computes one step. ddp/single: one replica per process, gradients averaged over the
-/// group (DdpEngine, or the flat all-reduce). dp: one process, the replicas on threads or GPUs,
+/// group by the library's DdpEngine (bucketed or flat). dp: one process, the replicas on threads or GPUs,
 /// the batch scattered and one loss on the gathered outputs (DataParallel).
 class Parallelism {
  public:
@@ -34,13 +34,9 @@ class Parallelism {
   virtual c10::Device lossDevice() const = 0;
   /// How batches are made for `epoch`; training: augmentation on, else off.
   virtual data::LoaderOptions loading(int64_t epoch, bool training) const = 0;
-  /// Start of an optimizer step, before its first micro-batch.
-  virtual void beginStep() {}
   /// The model's output on `x`; `lastMicroBatch` false: this backward must only accumulate.
   virtual at::Tensor forward(const at::Tensor& x, bool lastMicroBatch) = 0;
-  /// After the step's last backward (the flat all-reduce; `lossForLog` may ride along).
-  virtual void endBackward(const std::vector<at::Tensor>& /*params*/, at::Tensor& /*lossForLog*/) {}
-  /// Whether the logged loss still needs averaging over ranks (the reducer carries gradients only).
+  /// Whether the logged loss still needs averaging over ranks (the gradient sync carries gradients only).
   virtual bool lossNeedsAverage() const { return false; }
   /// Correct predictions over the whole test set (a collective in ddp).
   virtual EvalCounts evaluate(const data::TensorDataset& test) = 0;
