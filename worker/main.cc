@@ -20,9 +20,7 @@
 #include <thread>
 
 #include "ddp/ddp.h"
-#include "libddp/internal.h"
 #include "common/error.h"
-#include "common/job_token.h"
 #include "libddp/checkpoint/atomic_file.h"
 #include "worker/config/config.h"
 #include "worker/config/config_agreement.h"
@@ -48,8 +46,16 @@ constexpr const char* kUsage =
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
+/// Mode eval and dp run one process: its group is a group of one (no network) on `device`.
+ddp::ProcessGroup startGroupOfOne(const std::string& device, std::optional<int> legacyLocalRank) {
+  ddp::InitOptions init;
+  init.device = device;
+  init.legacyLocalRank = legacyLocalRank;
+  return ddp::initProcessGroup(init);
+}
+
 /// mode: dp — one process, the replicas on threads (CPU) or GPUs; no network.
-int runDataParallel(const ddp::worker::WorkerConfig& config) {
+int runDataParallel(const ddp::worker::WorkerConfig& config, std::optional<int> legacyLocalRank) {
   using namespace ddp::worker;
   if (config.threads > 0) torch::set_num_threads(static_cast<int>(config.threads));
   const dp::DpPlacement placement = dp::resolveDpPlacement(config);
@@ -68,7 +74,7 @@ int runDataParallel(const ddp::worker::WorkerConfig& config) {
   ddp::checkpoint::makeDirectories(config.output.dir);
   ddp::checkpoint::writeFileAtomic(config.output.dir + "/config.resolved.yaml", dumpConfig(config));
 
-  dp::DpTrainer trainer(config, placement);
+  dp::DpTrainer trainer(config, placement, startGroupOfOne(placement.devices.front().str(), legacyLocalRank));
   const dp::DpResult dpResult = trainer.run(data);
   const TrainResult& result = dpResult.train;
   const double rssMb = static_cast<double>(dp::peakRssBytes()) / kMiB;
@@ -195,7 +201,7 @@ int runDistributed(const ddp::worker::WorkerConfig& config, const ddp::runtime::
   Datasets data;
   ddp::HostCopyOrigin dataOrigin = ddp::HostCopyOrigin::kLoaded;
   ddp::ProcessGroup group = startGroup(config, legacyLocalRank, data, dataOrigin);
-  checkConfigAgreement(config, ddp::api::communicatorOf(group));
+  checkConfigAgreement(config, group);
   if (group.rank() == 0) {
     spdlog::info("mode {} world {} backend {} device {} model {} data {} ({} train / {} test)",
                  modeName(config.mode), group.size(), group.backend(), group.device().str(),
@@ -214,8 +220,7 @@ int runDistributed(const ddp::worker::WorkerConfig& config, const ddp::runtime::
   }
   // Every rank's peak RSS, where its data came from and its GPU, to rank 0 (a collective).
   const std::vector<RankReport> reports =
-      gatherRankReports(ddp::api::communicatorOf(group),
-                        measureRank(group.device(), dataOrigin != ddp::HostCopyOrigin::kMappedFromHostCopy));
+      gatherRankReports(group, measureRank(group.device(), dataOrigin != ddp::HostCopyOrigin::kMappedFromHostCopy));
   if (group.rank() == 0) writeDdpSummary(config, result, group, reports);
   // No rank leaves while another still needs the store that rank 0 hosts.
   group.destroy();
@@ -241,12 +246,11 @@ int runWorker(std::vector<std::string> args) {
   checkInputPaths(config);
   ddp::runtime::applyNumerics(config.cudnn.benchmark, config.cudnn.deterministic, config.deterministicAlgorithms);
   checkOneProcessModes(config, env.worldSize);
-  if (config.mode == Mode::kEval || config.mode == Mode::kDp) {
-    // The secret stays in this process: programs it may start (a data loader's helpers) do not get it.
-    ::unsetenv(ddp::kTokenEnv);
-    ::unsetenv(ddp::kStoreFdEnv);
-    return config.mode == Mode::kEval ? runEvalMode(config, env.localRank) : runDataParallel(config);
+  if (config.mode == Mode::kEval) {
+    ddp::ProcessGroup group = startGroupOfOne(config.device, legacyLocalRank);
+    return runEvalMode(config, group);
   }
+  if (config.mode == Mode::kDp) return runDataParallel(config, legacyLocalRank);
   return runDistributed(config, env, legacyLocalRank);
 }
 

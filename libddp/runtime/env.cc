@@ -66,63 +66,62 @@ EnvLookup processEnv() {
   };
 }
 
-DistEnv readDistEnv(const EnvLookup& env, std::optional<int> legacyLocalRank) {
-  DistEnv out;
-  if (env("RANK")) {
-    out.source = "torchrun";
-    out.rank = *intVar(env, "RANK", 0);
-    out.worldSize = intVar(env, "WORLD_SIZE", 1).value_or(1);
-    out.localRank = intVar(env, "LOCAL_RANK", 0).value_or(legacyLocalRank.value_or(out.rank));
-    out.localWorldSize = intVar(env, "LOCAL_WORLD_SIZE", 1).value_or(out.worldSize);
-    out.groupRank = intVar(env, "GROUP_RANK", 0).value_or(0);
-  } else if (env("OMPI_COMM_WORLD_RANK")) {
-    // Before Slurm's: mpirun inside an allocation starts its daemons with srun, so its ranks
-    // inherit SLURM_PROCID (the daemon's node) as well.
-    out.source = "openmpi";
-    out.rank = *intVar(env, "OMPI_COMM_WORLD_RANK", 0);
-    out.worldSize = intVar(env, "OMPI_COMM_WORLD_SIZE", 1).value_or(1);
-    out.localRank = intVar(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0).value_or(0);
-    out.localWorldSize = intVar(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1).value_or(out.worldSize);
-    out.groupRank = intVar(env, "OMPI_COMM_WORLD_NODE_RANK", 0).value_or(0);
-    const int nodes = intVar(env, "OMPI_MCA_orte_num_nodes", 1).value_or(out.localWorldSize < out.worldSize ? 2 : 1);
-    if (nodes > 1 && !env("MASTER_ADDR")) {
-      // Open MPI's environment names mpirun's host (orte_hnp_uri), not the host of rank 0.
-      DDP_THROW(ConfigError, "environment: mpirun started the ", out.worldSize, " ranks on ", nodes,
-                " hosts and Open MPI does not tell which one runs rank 0; export MASTER_ADDR=<host of rank 0> "
-                "MASTER_PORT=<free port> and pass them on: mpirun -x MASTER_ADDR -x MASTER_PORT ...");
-    }
-    if (auto job = env("OMPI_MCA_ess_base_jobid"); job && !job->empty()) {
-      out.masterPort = clusterJobPort(jobId("OMPI_MCA_ess_base_jobid", *job));
-    }
-  } else if (env("SLURM_PROCID") && env("SLURM_NTASKS")) {
-    out.source = "slurm";
-    out.rank = *intVar(env, "SLURM_PROCID", 0);
-    out.worldSize = intVar(env, "SLURM_STEP_NUM_TASKS", 1).value_or(*intVar(env, "SLURM_NTASKS", 1));
-    out.localRank = intVar(env, "SLURM_LOCALID", 0).value_or(0);
-    out.localWorldSize = slurmTasksOnThisNode(env).value_or(out.worldSize);
-    out.groupRank = intVar(env, "SLURM_NODEID", 0).value_or(0);
-    // Rank 0 runs on node 0 of the step, the first host of its node list (srun's block layout
-    // gives the lowest ranks to the first node); the port depends only on the job.
-    const int nodes = intVar(env, "SLURM_STEP_NUM_NODES", 1).value_or(out.localWorldSize < out.worldSize ? 2 : 1);
-    if (nodes > 1) {
-      for (const char* name : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
-        if (auto list = env(name); list && !list->empty()) {
-          out.masterAddr = firstHost(name, *list);
-          break;
-        }
+namespace {
+
+// torchrun's (and ddp-launch's) contract: RANK, WORLD_SIZE, LOCAL_RANK, ...
+void readTorchrun(const EnvLookup& env, std::optional<int> legacyLocalRank, DistEnv& out) {
+  out.source = "torchrun";
+  out.rank = *intVar(env, "RANK", 0);
+  out.worldSize = intVar(env, "WORLD_SIZE", 1).value_or(1);
+  out.localRank = intVar(env, "LOCAL_RANK", 0).value_or(legacyLocalRank.value_or(out.rank));
+  out.localWorldSize = intVar(env, "LOCAL_WORLD_SIZE", 1).value_or(out.worldSize);
+  out.groupRank = intVar(env, "GROUP_RANK", 0).value_or(0);
+}
+
+void readOpenMpi(const EnvLookup& env, DistEnv& out) {
+  out.source = "openmpi";
+  out.rank = *intVar(env, "OMPI_COMM_WORLD_RANK", 0);
+  out.worldSize = intVar(env, "OMPI_COMM_WORLD_SIZE", 1).value_or(1);
+  out.localRank = intVar(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0).value_or(0);
+  out.localWorldSize = intVar(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1).value_or(out.worldSize);
+  out.groupRank = intVar(env, "OMPI_COMM_WORLD_NODE_RANK", 0).value_or(0);
+  const int nodes = intVar(env, "OMPI_MCA_orte_num_nodes", 1).value_or(out.localWorldSize < out.worldSize ? 2 : 1);
+  if (nodes > 1 && !env("MASTER_ADDR")) {
+    // Open MPI's environment names mpirun's host (orte_hnp_uri), not the host of rank 0.
+    DDP_THROW(ConfigError, "environment: mpirun started the ", out.worldSize, " ranks on ", nodes,
+              " hosts and Open MPI does not tell which one runs rank 0; export MASTER_ADDR=<host of rank 0> "
+              "MASTER_PORT=<free port> and pass them on: mpirun -x MASTER_ADDR -x MASTER_PORT ...");
+  }
+  if (auto job = env("OMPI_MCA_ess_base_jobid"); job && !job->empty()) {
+    out.masterPort = clusterJobPort(jobId("OMPI_MCA_ess_base_jobid", *job));
+  }
+}
+
+void readSlurm(const EnvLookup& env, DistEnv& out) {
+  out.source = "slurm";
+  out.rank = *intVar(env, "SLURM_PROCID", 0);
+  out.worldSize = intVar(env, "SLURM_STEP_NUM_TASKS", 1).value_or(*intVar(env, "SLURM_NTASKS", 1));
+  out.localRank = intVar(env, "SLURM_LOCALID", 0).value_or(0);
+  out.localWorldSize = slurmTasksOnThisNode(env).value_or(out.worldSize);
+  out.groupRank = intVar(env, "SLURM_NODEID", 0).value_or(0);
+  // Rank 0 runs on node 0 of the step, the first host of its node list (srun's block layout
+  // gives the lowest ranks to the first node); the port depends only on the job.
+  const int nodes = intVar(env, "SLURM_STEP_NUM_NODES", 1).value_or(out.localWorldSize < out.worldSize ? 2 : 1);
+  if (nodes > 1) {
+    for (const char* name : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+      if (auto list = env(name); list && !list->empty()) {
+        out.masterAddr = firstHost(name, *list);
+        break;
       }
     }
-    if (auto job = env("SLURM_JOB_ID"); job && !job->empty()) {
-      out.masterPort = clusterJobPort(jobId("SLURM_JOB_ID", *job));
-    }
-  } else if (legacyLocalRank) {
-    out.source = "torchrun";
-    out.localRank = *legacyLocalRank;
   }
-  if (legacyLocalRank && *legacyLocalRank != out.localRank) {
-    DDP_THROW(ConfigError, "environment: --local_rank=", *legacyLocalRank,
-              " disagrees with LOCAL_RANK=", out.localRank);
+  if (auto job = env("SLURM_JOB_ID"); job && !job->empty()) {
+    out.masterPort = clusterJobPort(jobId("SLURM_JOB_ID", *job));
   }
+}
+
+// What every launcher shares: the store's address, torchrun's restarts and agent store, the token.
+void readStoreAndToken(const EnvLookup& env, DistEnv& out) {
   if (auto addr = env("MASTER_ADDR"); addr && !addr->empty()) out.masterAddr = *addr;
   if (auto port = intVar(env, "MASTER_PORT", 1)) {
     if (*port > 65535) DDP_THROW(ConfigError, "environment: MASTER_PORT=", *port, " is not a TCP port");
@@ -134,7 +133,6 @@ DistEnv readDistEnv(const EnvLookup& env, std::optional<int> legacyLocalRank) {
   const auto masterAddr = env("MASTER_ADDR");
   out.agentStore = env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True" && masterAddr &&
                    !masterAddr->empty() && env("MASTER_PORT").has_value();
-
   if (auto token = env(kTokenEnv); token && !token->empty()) {
     out.token = checkedToken(*token, kTokenEnv);
     out.tokenSource = kTokenEnv;
@@ -144,7 +142,29 @@ DistEnv readDistEnv(const EnvLookup& env, std::optional<int> legacyLocalRank) {
   }
   if (out.rank == 0) out.storeFd = intVar(env, kStoreFdEnv, 0).value_or(-1);
   out.rdzvBind = env("DDP_RDZV_BIND").value_or("");
+}
 
+}  // namespace
+
+DistEnv readDistEnv(const EnvLookup& env, std::optional<int> legacyLocalRank) {
+  DistEnv out;
+  if (env("RANK")) {
+    readTorchrun(env, legacyLocalRank, out);
+  } else if (env("OMPI_COMM_WORLD_RANK")) {
+    // Before Slurm's: mpirun inside an allocation starts its daemons with srun, so its ranks
+    // inherit SLURM_PROCID (the daemon's node) as well.
+    readOpenMpi(env, out);
+  } else if (env("SLURM_PROCID") && env("SLURM_NTASKS")) {
+    readSlurm(env, out);
+  } else if (legacyLocalRank) {
+    out.source = "torchrun";
+    out.localRank = *legacyLocalRank;
+  }
+  if (legacyLocalRank && *legacyLocalRank != out.localRank) {
+    DDP_THROW(ConfigError, "environment: --local_rank=", *legacyLocalRank,
+              " disagrees with LOCAL_RANK=", out.localRank);
+  }
+  readStoreAndToken(env, out);
   if (out.rank >= out.worldSize) {
     DDP_THROW(ConfigError, "environment: rank ", out.rank, " (from ", out.source,
               ") is not below the world size ", out.worldSize);

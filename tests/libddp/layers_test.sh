@@ -6,7 +6,8 @@
 #   common/        below everything: never comm/, sampler/, libddp/, worker/
 #   launcher/      ddp-launch: common/ only, no LibTorch header (nor in the common/ files it includes),
 #                  and its binary does not link LibTorch
-#   worker/        one way down: config/report <- models <- data <- train <- dp <- main.cc
+#   worker/        one way down: config/report <- models <- data <- train <- dp <- main.cc; the
+#                  public classes through include/ddp, never libddp/internal.h
 # Usage: layers_test.sh SOURCE_DIR [DDP_LAUNCH_BINARY]
 set -euo pipefail
 src=$1 launcher_bin=${2:-}
@@ -37,6 +38,7 @@ forbid '^(libddp|comm|sampler|common|api)/' "public headers use LibTorch, the st
 forbid '^libddp/' "comm/ and sampler/ are below the library" comm sampler
 forbid '^(libddp|comm|sampler)/' "common/ is below everything" common
 forbid '^(libddp|comm|sampler|worker|include)/' "the launcher builds on common/ only" launcher
+forbid '^libddp/internal\.h$' "the worker uses the public classes (include/ddp), not their insides" worker
 
 # No LibTorch in the launcher, nor in the common/ headers and sources it uses.
 torch_re='^(torch|ATen|c10|caffe2)/'

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "comm/process_group.h"
+#include "libddp/internal.h"
 #include "common/error.h"
 #include "worker/config/config.h"
 #include "libddp/runtime/device.h"
@@ -108,7 +109,8 @@ TEST(Numerics, ConfigKeysSetLibTorchsGlobalFlags) {
 
 // Every rank's report survives the trip to rank 0: numbers and the GPU's strings.
 TEST(RankReports, StringsAndNumbersReachRankZero) {
-  comm::LocalCommunicator local;
+  comm::LocalCommunicator one;
+  ProcessGroup local = api::wrapCommunicator(one, c10::Device(c10::kCPU));
   RankReport mine;
   mine.peakRssMb = 233.8;
   mine.ownDataCopy = false;

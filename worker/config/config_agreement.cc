@@ -26,8 +26,8 @@ int64_t hashOf(const std::string& text) {
 
 bool mayDifferAcrossRanks(const std::string& key) { return key == "data.root" || key == "threads"; }
 
-void checkConfigAgreement(const WorkerConfig& config, comm::Communicator& comm) {
-  if (comm.size() == 1) return;
+void checkConfigAgreement(const WorkerConfig& config, ProcessGroup& group) {
+  if (group.size() == 1) return;
   std::vector<std::pair<std::string, std::string>> values;
   for (auto& [key, value] : configValues(config)) {
     if (!mayDifferAcrossRanks(key)) values.emplace_back(key, value);
@@ -35,10 +35,10 @@ void checkConfigAgreement(const WorkerConfig& config, comm::Communicator& comm) 
   const auto n = static_cast<int64_t>(values.size());
   at::Tensor mine = at::empty({n}, at::kLong);
   for (int64_t i = 0; i < n; ++i) mine[i] = hashOf(values[static_cast<size_t>(i)].second);
-  at::Tensor rank0 = mine.clone().to(comm.device());
-  comm.broadcast(rank0, /*root=*/0);
-  at::Tensor differs = mine.ne(rank0.cpu()).to(at::kDouble).to(comm.device());
-  comm.allReduceSum(differs);
+  at::Tensor rank0 = mine.clone().to(group.collectiveDevice());
+  group.broadcast(rank0, /*root=*/0);
+  at::Tensor differs = mine.ne(rank0.cpu()).to(at::kDouble).to(group.collectiveDevice());
+  group.allReduceSum(differs);
   differs = differs.cpu();
   rank0 = rank0.cpu();
 
@@ -52,8 +52,8 @@ void checkConfigAgreement(const WorkerConfig& config, comm::Communicator& comm) 
   }
   if (keys.empty()) return;
   DDP_THROW(ConfigError, "config: ",
-            fromRank0 ? "rank " + std::to_string(comm.rank()) + " resolved another config than rank 0"
-                      : "another rank resolved another config than this one (rank " + std::to_string(comm.rank()) + ")",
+            fromRank0 ? "rank " + std::to_string(group.rank()) + " resolved another config than rank 0"
+                      : "another rank resolved another config than this one (rank " + std::to_string(group.rank()) + ")",
             ": ", keys, " here; start every rank with the same config file and overrides");
 }
 

@@ -2,7 +2,7 @@
 // would leave the others waiting in a collective. Checked once, right after the rendezvous.
 #pragma once
 
-#include "comm/communicator.h"
+#include "ddp/process_group.h"
 #include "worker/config/config.h"
 
 namespace ddp::worker {
@@ -13,6 +13,6 @@ bool mayDifferAcrossRanks(const std::string& key);
 /// Collective. Rank 0's per-key hashes are broadcast, each rank compares them with its own,
 /// and the mismatches are summed, so every rank throws the same ConfigError naming the keys
 /// that differ (with this rank's value) when any rank resolved a different config.
-void checkConfigAgreement(const WorkerConfig& config, comm::Communicator& comm);
+void checkConfigAgreement(const WorkerConfig& config, ProcessGroup& group);
 
 }  // namespace ddp::worker

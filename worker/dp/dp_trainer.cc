@@ -78,11 +78,11 @@ namespace {
 // on the output device, where the one loss is computed (nn.DataParallel).
 class DpParallelism final : public Parallelism {
  public:
-  DpParallelism(const WorkerConfig& config, const DpPlacement& placement, torch::nn::AnyModule& model)
-      : config_(config), placement_(placement), model_(model), dp_(model, dpOptions(placement)) {}
+  DpParallelism(const WorkerConfig& config, const DpPlacement& placement, ProcessGroup group, torch::nn::AnyModule& model)
+      : config_(config), placement_(placement), group_(std::move(group)), model_(model), dp_(model, dpOptions(placement)) {}
 
   torch::nn::Module& module() override { return *model_.ptr(); }
-  comm::Communicator& comm() override { return local_; }
+  ProcessGroup& group() override { return group_; }
   c10::Device lossDevice() const override { return placement_.outputDevice; }
   data::LoaderOptions loading(int64_t epoch, bool training) const override {
     // Batches stay on the CPU (DataParallel scatters them), page-locked when the replicas are GPUs.
@@ -116,15 +116,15 @@ class DpParallelism final : public Parallelism {
   }
   const WorkerConfig& config_;
   const DpPlacement& placement_;
+  ProcessGroup group_;
   torch::nn::AnyModule& model_;
   DataParallel dp_;
-  comm::LocalCommunicator local_;
 };
 
 }  // namespace
 
-DpTrainer::DpTrainer(const WorkerConfig& config, DpPlacement placement)
-    : config_(config), placement_(std::move(placement)) {}
+DpTrainer::DpTrainer(const WorkerConfig& config, DpPlacement placement, ProcessGroup group)
+    : config_(config), placement_(std::move(placement)), group_(std::move(group)) {}
 
 DpResult DpTrainer::run(const Datasets& data) {
   torch::manual_seed(config_.seed);
@@ -135,7 +135,7 @@ DpResult DpTrainer::run(const Datasets& data) {
     spdlog::info("initial weights from {}", config_.init.modelPath);
   }
   module.to(placement_.devices.front());  // DataParallel wants the master on device_ids[0]
-  DpParallelism parallelism(config_, placement_, model);
+  DpParallelism parallelism(config_, placement_, group_, model);
   // The master is the plain model: its export has the same keys as a single or DDP run.
   DpResult out;
   out.train = runTrainingLoop(config_, data, parallelism, placement_.devices.front());

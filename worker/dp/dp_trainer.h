@@ -31,7 +31,8 @@ struct DpResult {
 
 class DpTrainer {
  public:
-  DpTrainer(const WorkerConfig& config, DpPlacement placement);
+  /// `group`: this process's group of one (mode dp is one process), on the master's device.
+  DpTrainer(const WorkerConfig& config, DpPlacement placement, ProcessGroup group);
 
   /// Trains, evaluates and writes metrics.jsonl, the export (and rank0_params.pt when asked).
   DpResult run(const Datasets& data);
@@ -39,6 +40,7 @@ class DpTrainer {
  private:
   const WorkerConfig& config_;
   DpPlacement placement_;
+  ProcessGroup group_;
 };
 
 }  // namespace ddp::worker::dp

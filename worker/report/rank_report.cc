@@ -46,10 +46,10 @@ RankReport measureRank(c10::Device device, bool ownDataCopy) {
   return r;
 }
 
-std::vector<RankReport> gatherRankReports(comm::Communicator& comm, const RankReport& mine) {
-  const int size = comm.size();
+std::vector<RankReport> gatherRankReports(ProcessGroup& group, const RankReport& mine) {
+  const int size = group.size();
   at::Tensor all = at::zeros({size * kSlot}, at::kDouble);
-  double* slot = all.data_ptr<double>() + comm.rank() * kSlot;
+  double* slot = all.data_ptr<double>() + group.rank() * kSlot;
   slot[0] = mine.peakRssMb;
   slot[1] = mine.ownDataCopy ? 1 : 0;
   slot[2] = mine.gpu ? 1 : 0;
@@ -61,12 +61,12 @@ std::vector<RankReport> gatherRankReports(comm::Communicator& comm, const RankRe
     putString(slot + kNumbers + kDeviceBytes + kNameBytes, kBusBytes, mine.gpu->pciBusId);
   }
   putString(slot + kNumbers, kDeviceBytes, mine.device);
-  const c10::Device on = comm.device();
+  const c10::Device on = group.collectiveDevice();
   if (!on.is_cpu()) all = all.to(on);
-  comm.allReduceSum(all);
+  group.allReduceSum(all);
   all = all.cpu().contiguous();
   std::vector<RankReport> out;
-  if (comm.rank() != 0) return out;
+  if (group.rank() != 0) return out;
   for (int r = 0; r < size; ++r) {
     const double* s = all.data_ptr<double>() + r * kSlot;
     RankReport report;

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "ddp/process_group.h"
 
 namespace ddp::worker {
 
@@ -33,7 +33,7 @@ RankReport measureRank(c10::Device device, bool ownDataCopy);
 
 /// Every rank's report, in rank order, at rank 0 (others get an empty vector). A collective: every
 /// rank calls it. Strings travel as bytes in a tensor, so Gloo, NCCL and shm carry it alike.
-std::vector<RankReport> gatherRankReports(comm::Communicator& comm, const RankReport& mine);
+std::vector<RankReport> gatherRankReports(ProcessGroup& group, const RankReport& mine);
 
 /// summary.json's "gpus": one entry per rank on a GPU ({rank, device, name, pci_bus_id,
 /// total_mb, peak_allocated_mb, peak_reserved_mb}); empty when no rank used one.

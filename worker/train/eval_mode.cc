@@ -7,11 +7,9 @@
 
 #include <filesystem>
 
-#include "comm/communicator.h"
 #include "libddp/checkpoint/atomic_file.h"
 #include "libddp/checkpoint/state_dict_loader.h"
 #include "worker/data/gather_batch.h"
-#include "libddp/runtime/device.h"
 #include "worker/train/evaluate.h"
 #include "worker/train/metrics.h"
 #include "worker/models/models.h"
@@ -19,20 +17,15 @@
 
 namespace ddp::worker {
 
-int runEvalMode(const WorkerConfig& config, int localRank) {
-  runtime::DeviceRequest request;
-  request.requested = config.device;
-  request.localRank = localRank;
-  const c10::Device device = runtime::selectDevice(request);
-  runtime::useDevice(device);
+int runEvalMode(const WorkerConfig& config, ProcessGroup& group) {
+  const c10::Device device = group.device();
   const Datasets data = loadDatasets(config.data, config.seed);
   auto model = makeModel(config.model, data.input);
   // Loaded on the CPU (every tensor is mapped there), then moved: map_location done right.
   checkpoint::loadModelFile(*model.ptr(), config.eval.modelPath);
   model.ptr()->to(device);
 
-  comm::LocalCommunicator local;
-  const EvalCounts counts = evaluate(model, data.test, device, config.eval.batchSize, local,
+  const EvalCounts counts = evaluate(model, data.test, device, config.eval.batchSize, group,
                                      loaderOptions(config.data, device, config.seed, 0));
   spdlog::info("evaluated {} on {}: test accuracy {:.2f}% ({}/{})", config.eval.modelPath, device.str(),
                100 * counts.accuracy(), counts.correct, counts.total);

@@ -4,7 +4,7 @@
 #include <c10/core/Device.h>
 #include <torch/nn/modules/container/any.h>
 
-#include "comm/communicator.h"
+#include "ddp/process_group.h"
 #include "worker/data/batch_loader.h"
 #include "worker/data/tensor_dataset.h"
 
@@ -20,6 +20,6 @@ struct EvalCounts {
 /// over ranks, so every sample is counted exactly once. Collective: all ranks call it.
 /// `loading` (threads, pinning) makes the batches; its device is set to `device`.
 EvalCounts evaluate(torch::nn::AnyModule& model, const data::TensorDataset& test, c10::Device device,
-                    int64_t batchSize, comm::Communicator& comm, data::LoaderOptions loading = {});
+                    int64_t batchSize, ProcessGroup& group, data::LoaderOptions loading = {});
 
 }  // namespace ddp::worker

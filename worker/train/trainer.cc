@@ -8,8 +8,8 @@
 #include <memory>
 #include <optional>
 
-#include "libddp/internal.h"
 #include "common/error.h"
+#include "ddp/distributed_data_parallel.h"
 #include "libddp/checkpoint/atomic_file.h"
 #include "libddp/checkpoint/checkpoint_dir.h"
 #include "libddp/checkpoint/state_dict_loader.h"
@@ -39,11 +39,11 @@ std::unique_ptr<DdpEngine> makeEngine(const CommConfig& config, const ProcessGro
 class DdpParallelism final : public Parallelism {
  public:
   DdpParallelism(const WorkerConfig& config, const ProcessGroup& group, torch::nn::AnyModule& model)
-      : config_(config), comm_(api::communicatorOf(group)), device_(group.device()), model_(model),
+      : config_(config), group_(group), device_(group.device()), model_(model),
         engine_(makeEngine(config.comm, group, *model.ptr())) {}
 
   torch::nn::Module& module() override { return *model_.ptr(); }
-  comm::Communicator& comm() override { return comm_; }
+  ProcessGroup& group() override { return group_; }
   c10::Device lossDevice() const override { return device_; }
   data::LoaderOptions loading(int64_t epoch, bool training) const override {
     data::LoaderOptions o = loaderOptions(config_.data, device_, config_.seed, epoch);
@@ -62,12 +62,12 @@ class DdpParallelism final : public Parallelism {
   }
   bool lossNeedsAverage() const override { return engine_ != nullptr; }
   EvalCounts evaluate(const data::TensorDataset& test) override {
-    return worker::evaluate(model_, test, device_, config_.eval.batchSize, comm_, loading(0, false));
+    return worker::evaluate(model_, test, device_, config_.eval.batchSize, group_, loading(0, false));
   }
 
  private:
   const WorkerConfig& config_;
-  comm::Communicator& comm_;
+  ProcessGroup group_;
   c10::Device device_;
   torch::nn::AnyModule& model_;
   std::unique_ptr<DdpEngine> engine_;

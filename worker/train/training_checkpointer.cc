@@ -1,6 +1,5 @@
 #include "worker/train/training_checkpointer.h"
 
-#include "libddp/internal.h"
 
 namespace ddp::worker {
 namespace {
@@ -18,8 +17,8 @@ CheckpointOptions checkpointOptions(const WorkerConfig& config) {
 
 }  // namespace
 
-TrainingCheckpointer::TrainingCheckpointer(const WorkerConfig& config, comm::Communicator& comm, c10::Device device)
-    : config_(config), checkpointer_(api::wrapCommunicator(comm, device), checkpointOptions(config)) {}
+TrainingCheckpointer::TrainingCheckpointer(const WorkerConfig& config, ProcessGroup group)
+    : config_(config), checkpointer_(std::move(group), checkpointOptions(config)) {}
 
 TrainPosition TrainingCheckpointer::resume(torch::nn::Module& module, torch::optim::Optimizer& optimizer) {
   if (config_.resume.empty()) return {};

@@ -2,11 +2,8 @@
 // config's checkpoint.* and resume keys.
 #pragma once
 
-#include <c10/core/Device.h>
-
 #include <string>
 
-#include "comm/communicator.h"
 #include "ddp/ddp.h"
 #include "worker/config/config.h"
 
@@ -16,8 +13,8 @@ using TrainPosition = ::ddp::TrainPosition;
 
 class TrainingCheckpointer {
  public:
-  /// `device` is this rank's compute device: its GPU's generator is saved and restored per rank.
-  TrainingCheckpointer(const WorkerConfig& config, comm::Communicator& comm, c10::Device device);
+  /// The group's device is this rank's: its GPU's generator is saved and restored per rank.
+  TrainingCheckpointer(const WorkerConfig& config, ProcessGroup group);
   /// Applies config.resume (auto | path) to `module` and `optimizer` and the RNGs;
   /// returns where to continue (the start when there is nothing to resume).
   /// Collective. Throws CheckpointError for an explicit path that does not load.

@@ -73,7 +73,7 @@ class TrainingRun {
   const TrainConfig& train_;
   const Datasets& data_;
   Parallelism& parallelism_;
-  comm::Communicator& comm_;
+  ProcessGroup& group_;
   const int rank_;
   const int world_;
   torch::nn::Module& module_;
@@ -104,12 +104,12 @@ class TrainingRun {
 
 TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Parallelism& parallelism,
                          c10::Device device)
-    : config_(config), train_(config.train), data_(data), parallelism_(parallelism), comm_(parallelism.comm()),
-      rank_(comm_.rank()), world_(comm_.size()), module_(parallelism.module()),
+    : config_(config), train_(config.train), data_(data), parallelism_(parallelism), group_(parallelism.group()),
+      rank_(group_.rank()), world_(group_.size()), module_(parallelism.module()),
       params_(module_.parameters(/*recurse=*/true)),
       optimizer_(params_, torch::optim::SGDOptions(train_.lr).momentum(train_.momentum).weight_decay(train_.weightDecay)),
       sampler_(data.train.size(), world_, rank_, {train_.shuffle, config.seed, train_.dropLast}),
-      checkpointer_(config, comm_, device),
+      checkpointer_(config, group_),
       bar_(rank_ == 0 && progressBarWanted(), std::getenv("DDP_LAUNCH_PREFIXED") != nullptr) {
   if (rank_ == 0) checkpoint::makeDirectories(config_.output.dir);
   resumed_ = checkpointer_.resume(module_, optimizer_);
@@ -117,7 +117,7 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
   if (rank_ == 0) metrics_ = MetricsWriter(config_.output.dir + "/metrics.jsonl", resumed_.globalStep > 0);
   result_.steps = resumed_.globalStep;
   result_.samples = resumed_.samples;
-  stopFlag_ = at::zeros({1}, at::TensorOptions().device(comm_.device()));
+  stopFlag_ = at::zeros({1}, at::TensorOptions().device(group_.collectiveDevice()));
   lossForLog_ = at::zeros({1}, at::TensorOptions().device(parallelism.lossDevice()));
   done_ = train_.maxSteps > 0 && result_.steps >= train_.maxSteps;
   // Progress for people (rank 0): every epoch has the same number of batches (the sampler pads).
@@ -244,7 +244,7 @@ void TrainingRun::record(const StepPlace& place, bool last) {
   const bool finalStep = last || (place.epoch + 1 == train_.epochs && place.epochEnded());
   if (parallelism_.lossNeedsAverage() && (logStep || finalStep)) {
     // The gradient sync carries only gradients; the loss is averaged here (every rank logs alike).
-    comm_.allReduceSum(lossForLog_);
+    group_.allReduceSum(lossForLog_);
     c10::NoGradGuard noGrad;
     lossForLog_.div_(world_);
   }
@@ -274,7 +274,7 @@ bool TrainingRun::stopRequested(const TrainPosition& position) {
     c10::NoGradGuard noGrad;
     stopFlag_.fill_(stopSignal() != 0 ? 1.0 : 0.0);
   }
-  if (world_ > 1) comm_.allReduceSum(stopFlag_);
+  if (world_ > 1) group_.allReduceSum(stopFlag_);
   if (stopFlag_.item<double>() <= 0) return false;
   result_.checkpointPath = checkpointer_.save(module_, optimizer_, position);
   result_.stopSignal = stopSignal() != 0 ? stopSignal() : SIGTERM;

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "ddp/process_group.h"
 #include "worker/config/config.h"
 #include "worker/data/batch_loader.h"
 #include "worker/data/tensor_dataset.h"
@@ -28,8 +28,8 @@ class Parallelism {
   virtual ~Parallelism() = default;
   /// The plain model (no wrapper): the optimizer, checkpoints and the export use it.
   virtual torch::nn::Module& module() = 0;
-  /// The group the loop's own collectives use (a world of one for dp).
-  virtual comm::Communicator& comm() = 0;
+  /// The group the loop's own collectives use (a group of one for dp).
+  virtual ProcessGroup& group() = 0;
   /// Labels go here; the loss is computed here.
   virtual c10::Device lossDevice() const = 0;
   /// How batches are made for `epoch`; training: augmentation on, else off.
