@@ -15,9 +15,11 @@
 
 // One concept per header; this one includes them all.
 #include "ddp/checkpoint.h"                 // saveModel, loadModel, Checkpointer
+#include "ddp/clip_grad.h"                  // clipGradNorm
 #include "ddp/data.h"                       // loadOncePerHost
 #include "ddp/distributed_data_parallel.h"  // DistributedDataParallel, DdpEngine
 #include "ddp/error.h"                      // Error, ConfigError, CommError, ...
+#include "ddp/lr_schedule.h"                // LrSchedule
 #include "ddp/process_group.h"              // initProcessGroup, ProcessGroup
 #include "ddp/sampler.h"                    // DistributedSampler
 #include "ddp/version.h"

@@ -336,6 +336,20 @@ INSTANTIATE_TEST_SUITE_P(
                  "has 1e+16 parameters: training needs about", 2},
         BadInput{"TimeoutBeyondRange", [](const Fixture& f) { return worker({"comm.timeout_s=1e10"}, f); },
                  "'comm.timeout_s' must be at most 604800 (7 days)", 2},
+        // Training recipes (train.optimizer, schedules, clipping).
+        BadInput{"UnknownOptimizer", [](const Fixture& f) { return worker({"train.optimizer=adamx"}, f); },
+                 "config: 'train.optimizer' is 'adamx'; use sgd, adamw or adam", 2},
+        BadInput{"UnknownSchedule", [](const Fixture& f) { return worker({"train.lr_schedule=cosin"}, f); },
+                 "config: 'train.lr_schedule' is 'cosin'; use constant, step, cosine or linear", 2},
+        BadInput{"NegativeClip", [](const Fixture& f) { return worker({"train.clip_grad_norm=-1"}, f); },
+                 "config: 'train.clip_grad_norm' must be a finite number >= 0", 2},
+        BadInput{"WarmupLongerThanTheRun", [](const Fixture& f) {
+                   return worker({"train.warmup_steps=500", "train.lr_schedule=cosine", "train.max_steps=20"}, f);
+                 }, "config: 'train.warmup_steps' is 500 but the run has 20 optimizer steps", 2},
+        BadInput{"NesterovWithoutMomentum", [](const Fixture& f) { return worker({"train.nesterov=true", "train.momentum=0"}, f); },
+                 "config: 'train.nesterov' needs train.momentum > 0", 2},
+        BadInput{"BetasNotAPair", [](const Fixture& f) { return worker({"train.optimizer=adamw", "train.betas=[0.9]"}, f); },
+                 "config: 'train.betas' must be two numbers in [0, 1)", 2},
         BadInput{"ShutdownGraceBeyondRange", [](const Fixture& f) { return worker({}, f, 2, {"--shutdown_grace_s=1e308"}); },
                  "--shutdown_grace_s must be a number of seconds from 0 to 86400", 2},
         // Messages that pointed the wrong way.

@@ -92,6 +92,15 @@ TEST_P(ExactResume, StoppedAndResumedEqualsUninterruptedBitwise) { checkExactRes
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, ExactResume, ::testing::Values(1, 2));
 
+// AdamW's moments and step count travel in the checkpoint; the lr schedule is a function of the
+// step, so the resumed run continues on the same curve (train.decay_steps fixes the curve's length
+// while train.max_steps differs between the two halves); clipping sees the same gradients.
+TEST(ExactResumeRecipe, AdamWCosineClippingResumesBitwise) {
+  checkExactResume(2, {"train.optimizer=adamw", "train.lr=0.01", "train.weight_decay=0.01",
+                       "train.lr_schedule=cosine", "train.warmup_steps=5", "train.decay_steps=30",
+                       "train.min_lr=0.0005", "train.clip_grad_norm=1.0"});
+}
+
 // mode dp runs the same loop (worker/train/training_loop.h), so its checkpoints resume exactly too:
 // 2 replicas on CPU threads, the whole batch of 16 per step.
 TEST(ExactResumeDp, StoppedAndResumedEqualsUninterruptedBitwise) {

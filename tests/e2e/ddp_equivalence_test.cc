@@ -6,6 +6,8 @@
 
 #include <ATen/ops/cat.h>
 #include <torch/nn/functional/loss.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
@@ -13,7 +15,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 
+#include "ddp/clip_grad.h"
+#include "ddp/lr_schedule.h"
 #include "sampler/batching.h"
 #include "sampler/distributed_sampler.h"
 #include "tests/e2e/run_command.h"
@@ -46,7 +51,25 @@ void loadBuffers(torch::nn::Module& m, const std::map<std::string, at::Tensor>& 
   for (auto& item : m.named_buffers(true)) item.value().copy_(values.at(item.key()));
 }
 
-/// The reference: one process, one model, plain torch::optim::SGD, no communication.
+/// train.optimizer as LibTorch has it, in one process.
+std::unique_ptr<torch::optim::Optimizer> referenceOptimizer(const worker::TrainConfig& t, torch::nn::Module& module) {
+  if (t.optimizer == "adamw") {
+    return std::make_unique<torch::optim::AdamW>(
+        module.parameters(),
+        torch::optim::AdamWOptions(t.lr).betas({t.betas[0], t.betas[1]}).eps(t.eps).weight_decay(t.weightDecay));
+  }
+  if (t.optimizer == "adam") {
+    return std::make_unique<torch::optim::Adam>(
+        module.parameters(),
+        torch::optim::AdamOptions(t.lr).betas({t.betas[0], t.betas[1]}).eps(t.eps).weight_decay(t.weightDecay));
+  }
+  return std::make_unique<torch::optim::SGD>(
+      module.parameters(),
+      torch::optim::SGDOptions(t.lr).momentum(t.momentum).weight_decay(t.weightDecay).nesterov(t.nesterov));
+}
+
+/// The reference: one process, one model, the plain LibTorch optimizer (at the lr of the schedule,
+/// gradients clipped as configured: both checked against PyTorch in api_recipes), no communication.
 /// Without BatchNorm each step is one batch: the union of every rank's
 /// `accumulate` micro-batches (so accumulation over k micro-batches is checked
 /// against one batch k times larger). With BatchNorm, whose statistics are per
@@ -58,8 +81,16 @@ Reference referenceRun(const WorkerConfig& config, int world) {
   torch::manual_seed(config.seed);
   auto model = worker::makeModel(config.model, data.input);
   auto& module = *model.ptr();
-  torch::optim::SGD sgd(module.parameters(),
-                        torch::optim::SGDOptions(config.train.lr).momentum(config.train.momentum));
+  const auto optimizer = referenceOptimizer(config.train, module);
+  ddp::LrScheduleOptions lr;
+  lr.kind = config.train.lrSchedule;
+  lr.baseLr = config.train.lr;
+  lr.warmupSteps = config.train.warmupSteps;
+  lr.totalSteps = config.train.maxSteps;  // the cases run max_steps steps, well inside train.epochs
+  lr.minLr = config.train.minLr;
+  lr.stepSize = std::max<int64_t>(1, config.train.stepSize);
+  lr.gamma = config.train.gamma;
+  const ddp::LrSchedule schedule(lr);
   const bool perForward = config.model.batchNorm;
   const int64_t k = config.train.accumulateSteps;
   const int64_t batch = perForward ? config.train.batchSize : config.train.batchSize * k;
@@ -84,7 +115,7 @@ Reference referenceRun(const WorkerConfig& config, int world) {
     const int64_t n = static_cast<int64_t>(perRank[0].size());
     for (int64_t first = 0; first < n && steps < config.train.maxSteps; first += window, ++steps) {
       const int64_t count = std::min(window, n - first);
-      sgd.zero_grad();
+      optimizer->zero_grad();
       if (!perForward) {
         std::vector<int64_t> all;
         for (int r = 0; r < world; ++r) all.insert(all.end(), perRank[r][first].begin(), perRank[r][first].end());
@@ -102,7 +133,9 @@ Reference referenceRun(const WorkerConfig& config, int world) {
           buffers[r] = buffersOf(module);
         }
       }
-      sgd.step();
+      if (config.train.clipGradNorm > 0) ddp::clipGradNorm(module.parameters(), config.train.clipGradNorm);
+      schedule.apply(*optimizer, steps);
+      optimizer->step();
     }
   }
   if (perForward) loadBuffers(module, buffers[0]);
@@ -234,6 +267,17 @@ std::vector<Case> allCases() {
   both.push_back(Case{4, "mlp", 150, 12, {}});  // 150 % 4 != 0: sampler pads; short last batch
   both.push_back(Case{4, "mlp", 192, 5, {"comm.gradient_as_bucket_view=true", tiny, "train.accumulate_steps=3"}});
   both.push_back(Case{4, "mlp", 150, 6, {"comm.reducer=flat"}});
+  // Recipes: AdamW with decoupled weight decay, warm-up then cosine, clipping (the clipping bites:
+  // the MLP's first gradients are larger than 0.5); Adam with a step schedule and accumulation;
+  // Nesterov SGD with a linear decay.
+  both.push_back(Case{2, "mlp", 160, 14, {"train.optimizer=adamw", "train.lr=0.01", "train.weight_decay=0.05",
+                                          "train.lr_schedule=cosine", "train.warmup_steps=3", "train.min_lr=0.001",
+                                          "train.clip_grad_norm=0.5"}});
+  both.push_back(Case{2, "mlp", 160, 10, {"train.optimizer=adam", "train.lr=0.01", "train.betas=[0.8, 0.99]",
+                                          "train.lr_schedule=step", "train.step_size=3", "train.gamma=0.5",
+                                          "train.accumulate_steps=2"}});
+  both.push_back(Case{2, "cnn", 64, 6, {"train.nesterov=true", "train.lr_schedule=linear", "train.warmup_steps=2",
+                                        "train.clip_grad_norm=1.0"}});
   both.push_back(Case{2, "cnn", 64, 5, {}});
   both.push_back(Case{4, "cnn", 50, 3, {"comm.gradient_as_bucket_view=true"}});
   for (const char* bcast : {"true", "false"}) {

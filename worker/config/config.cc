@@ -106,6 +106,17 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("train.log_every", "integer", c.train.logEvery),
       bindField("train.accumulate_steps", "integer", c.train.accumulateSteps),
       bindField("train.skip_nonfinite_steps", "boolean", c.train.skipNonfiniteSteps),
+      bindField("train.optimizer", "string", c.train.optimizer),
+      bindField("train.betas", "list of two numbers", c.train.betas),
+      bindField("train.eps", "number", c.train.eps),
+      bindField("train.nesterov", "boolean", c.train.nesterov),
+      bindField("train.lr_schedule", "string", c.train.lrSchedule),
+      bindField("train.warmup_steps", "integer", c.train.warmupSteps),
+      bindField("train.min_lr", "number", c.train.minLr),
+      bindField("train.decay_steps", "integer", c.train.decaySteps),
+      bindField("train.step_size", "integer", c.train.stepSize),
+      bindField("train.gamma", "number", c.train.gamma),
+      bindField("train.clip_grad_norm", "number", c.train.clipGradNorm),
       bindField("eval.enabled", "boolean", c.eval.enabled),
       bindField("eval.batch_size", "integer", c.eval.batchSize),
       bindField("eval.model_path", "string", c.eval.modelPath),
@@ -209,10 +220,32 @@ constexpr int64_t kThreadsPerCore = 4;
 // Timeouts become std::chrono::milliseconds; far beyond any real wait, far below overflow.
 constexpr double kMaxTimeoutS = 7 * 24 * 3600;
 
+void require(bool ok, const std::string& key, const std::string& rule) {
+  if (!ok) DDP_THROW(ConfigError, "config: '", key, "' ", rule);
+}
+
+// The optimizer, the learning-rate schedule and clipping (train.*).
+void validateRecipe(const TrainConfig& t) {
+  require(t.optimizer == "sgd" || t.optimizer == "adamw" || t.optimizer == "adam", "train.optimizer",
+          "is '" + t.optimizer + "'; use sgd, adamw or adam");
+  require(t.betas.size() == 2 && t.betas[0] >= 0 && t.betas[0] < 1 && t.betas[1] >= 0 && t.betas[1] < 1,
+          "train.betas", "must be two numbers in [0, 1), e.g. [0.9, 0.999]");
+  require(t.eps > 0 && std::isfinite(t.eps), "train.eps", "must be a positive finite number, e.g. 1e-8");
+  require(!t.nesterov || t.optimizer == "sgd", "train.nesterov", "applies to train.optimizer: sgd only");
+  require(!t.nesterov || t.momentum > 0, "train.nesterov", "needs train.momentum > 0 (PyTorch's rule)");
+  require(t.lrSchedule == "constant" || t.lrSchedule == "step" || t.lrSchedule == "cosine" || t.lrSchedule == "linear",
+          "train.lr_schedule", "is '" + t.lrSchedule + "'; use constant, step, cosine or linear");
+  require(t.warmupSteps >= 0, "train.warmup_steps", "must be >= 0 (0 = no warm-up)");
+  require(t.minLr >= 0 && t.minLr < t.lr, "train.min_lr", "must be >= 0 and below train.lr");
+  require(t.decaySteps >= 0, "train.decay_steps", "must be >= 0 (0 = the run's last step)");
+  require(t.lrSchedule != "step" || t.stepSize >= 1, "train.step_size",
+          "must be >= 1 with train.lr_schedule: step (steps between two multiplications by train.gamma)");
+  require(t.gamma > 0 && t.gamma <= 1, "train.gamma", "must be in (0, 1]");
+  require(t.clipGradNorm >= 0 && std::isfinite(t.clipGradNorm), "train.clip_grad_norm",
+          "must be a finite number >= 0 (0 = no clipping)");
+}
+
 void validate(const WorkerConfig& c) {
-  auto require = [](bool ok, const std::string& key, const std::string& rule) {
-    if (!ok) DDP_THROW(ConfigError, "config: '", key, "' ", rule);
-  };
   require(c.model.name != "torchscript" || !c.model.path.empty(), "model.path",
           "is needed with model.name torchscript: a file saved by torch.jit.script(model).save(path)");
   require(c.model.name == "mlp" || c.model.name == "cnn" || c.model.name == "torchscript", "model.name",
@@ -284,6 +317,7 @@ void validate(const WorkerConfig& c) {
   for (auto id : c.dp.deviceIds) require(id >= 0, "dp.device_ids", "ids must be >= 0");
   require(c.dp.outputDevice >= -1, "dp.output_device", "must be a device id or -1 (= device_ids[0])");
   require(c.dp.replicas >= 1, "dp.replicas", "must be >= 1");
+  validateRecipe(c.train);
 }
 
 WorkerConfig build(const YAML::Node& root, const std::vector<std::string>& overrides,

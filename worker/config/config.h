@@ -57,6 +57,19 @@ struct TrainConfig {
   int64_t logEvery = 20;   // steps between metrics.jsonl records
   int64_t accumulateSteps = 1;  // micro-batches per optimizer step; no communication until the last (no_sync)
   bool skipNonfiniteSteps = false;  // a NaN/Inf gradient skips that step (up to 10 in a row) instead of failing
+  // The optimizer: LibTorch's SGD, AdamW (decoupled weight decay) or Adam, with PyTorch's defaults.
+  std::string optimizer = "sgd";             // sgd | adamw | adam
+  std::vector<double> betas = {0.9, 0.999};  // adam, adamw
+  double eps = 1e-8;                         // adam, adamw
+  bool nesterov = false;                     // sgd (needs momentum > 0)
+  // The learning rate per optimizer step (ddp::LrSchedule): warm-up, then the schedule.
+  std::string lrSchedule = "constant";  // constant | step | cosine | linear
+  int64_t warmupSteps = 0;              // linear warm-up: step k < W uses lr·(k+1)/(W+1)
+  double minLr = 0;                     // cosine, linear: the lr the decay ends at
+  int64_t decaySteps = 0;               // cosine, linear: the step the decay ends at (0 = the run's last)
+  int64_t stepSize = 0;                 // step: every step_size steps (after the warm-up) ...
+  double gamma = 0.1;                   // ... the lr is multiplied by gamma (StepLR)
+  double clipGradNorm = 0;              // > 0: clip_grad_norm_ of the averaged gradients to this
 };
 
 struct EvalConfig {

@@ -4,6 +4,8 @@
 #include <c10/core/GradMode.h>
 #include <spdlog/spdlog.h>
 #include <torch/nn/functional/loss.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
 #include <algorithm>
@@ -12,7 +14,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
+#include "common/error.h"
 #include "ddp/ddp.h"
 #include "libddp/checkpoint/atomic_file.h"
 #include "worker/train/finite_check.h"
@@ -42,6 +46,43 @@ void zeroGradients(const std::vector<at::Tensor>& params) {
   for (const auto& p : params) {
     if (p.grad().defined()) p.grad().zero_();
   }
+}
+
+// train.optimizer over `params`, with PyTorch's semantics for each option.
+std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const TrainConfig& t, const std::vector<at::Tensor>& params) {
+  if (t.optimizer == "adamw") {
+    return std::make_unique<torch::optim::AdamW>(
+        params, torch::optim::AdamWOptions(t.lr).betas({t.betas[0], t.betas[1]}).eps(t.eps).weight_decay(t.weightDecay));
+  }
+  if (t.optimizer == "adam") {
+    return std::make_unique<torch::optim::Adam>(
+        params, torch::optim::AdamOptions(t.lr).betas({t.betas[0], t.betas[1]}).eps(t.eps).weight_decay(t.weightDecay));
+  }
+  return std::make_unique<torch::optim::SGD>(
+      params, torch::optim::SGDOptions(t.lr).momentum(t.momentum).weight_decay(t.weightDecay).nesterov(t.nesterov));
+}
+
+// train.lr_schedule over train.decay_steps, else the job's `jobSteps`; a warm-up that would take
+// the whole run is refused.
+LrSchedule makeSchedule(const TrainConfig& t, int64_t jobSteps) {
+  if (t.warmupSteps > 0 && t.warmupSteps >= jobSteps) {
+    DDP_THROW(ConfigError, "config: 'train.warmup_steps' is ", t.warmupSteps, " but the run has ", jobSteps,
+              " optimizer steps (train.epochs, the data and train.max_steps); use fewer warm-up steps");
+  }
+  const int64_t totalSteps = t.decaySteps > 0 ? t.decaySteps : jobSteps;
+  if ((t.lrSchedule == "cosine" || t.lrSchedule == "linear") && t.warmupSteps >= totalSteps) {
+    DDP_THROW(ConfigError, "config: 'train.warmup_steps' is ", t.warmupSteps, " but train.decay_steps is ",
+              totalSteps, "; the decay must end after the warm-up");
+  }
+  LrScheduleOptions o;
+  o.kind = t.lrSchedule;
+  o.baseLr = t.lr;
+  o.warmupSteps = t.warmupSteps;
+  o.totalSteps = totalSteps;
+  o.minLr = t.minLr;
+  o.stepSize = std::max<int64_t>(1, t.stepSize);
+  o.gamma = t.gamma;
+  return LrSchedule(o);
 }
 
 // One run of the loop: the state every step shares, and the steps as named methods.
@@ -78,7 +119,10 @@ class TrainingRun {
   const int world_;
   torch::nn::Module& module_;
   const std::vector<at::Tensor> params_;
-  torch::optim::SGD optimizer_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::optional<LrSchedule> schedule_;
+  double lr_ = 0;          // the last step's
+  at::Tensor gradNorm_;    // the last step's, before clipping (train.clip_grad_norm)
   DistributedSampler sampler_;
   TrainingCheckpointer checkpointer_;
   TrainPosition resumed_;
@@ -107,12 +151,12 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
     : config_(config), train_(config.train), data_(data), parallelism_(parallelism), group_(parallelism.group()),
       rank_(group_.rank()), world_(group_.size()), module_(parallelism.module()),
       params_(module_.parameters(/*recurse=*/true)),
-      optimizer_(params_, torch::optim::SGDOptions(train_.lr).momentum(train_.momentum).weight_decay(train_.weightDecay)),
+      optimizer_(makeOptimizer(train_, params_)),
       sampler_(data.train.size(), world_, rank_, {train_.shuffle, config.seed, train_.dropLast}),
       checkpointer_(config, group_),
       bar_(rank_ == 0 && progressBarWanted(), std::getenv("DDP_LAUNCH_PREFIXED") != nullptr) {
   if (rank_ == 0) checkpoint::makeDirectories(config_.output.dir);
-  resumed_ = checkpointer_.resume(module_, optimizer_);
+  resumed_ = checkpointer_.resume(module_, *optimizer_);
   // A resumed run appends to the metrics of the run it continues.
   if (rank_ == 0) metrics_ = MetricsWriter(config_.output.dir + "/metrics.jsonl", resumed_.globalStep > 0);
   result_.steps = resumed_.globalStep;
@@ -123,6 +167,8 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
   // Progress for people (rank 0): every epoch has the same number of batches (the sampler pads).
   perEpoch_ = stepsPerEpoch((sampler_.numSamples() + train_.batchSize - 1) / train_.batchSize, train_.accumulateSteps);
   jobSteps_ = totalSteps(train_.epochs, perEpoch_, train_.maxSteps);
+  schedule_.emplace(makeSchedule(train_, jobSteps_));
+  lr_ = schedule_->at(result_.steps);
   if (rank_ == 0 && config_.output.tensorboard) {
     board_ = std::make_unique<tensorboard::EventWriter>(config_.output.dir + "/tensorboard");
   }
@@ -172,7 +218,7 @@ void TrainingRun::runEpoch(int64_t epoch) {
         place.epochEnded() ? TrainPosition{epoch + 1, 0, result_.steps, result_.samples}
                            : TrainPosition{epoch, static_cast<int64_t>(first / accumulate) + 1, result_.steps,
                                            result_.samples};
-    checkpointer_.maybeSave(module_, optimizer_, position, place.epochEnded());
+    checkpointer_.maybeSave(module_, *optimizer_, position, place.epochEnded());
     if (((world_ == 1 || result_.steps % kStopCheckEvery == 0 || place.epochEnded()) && stopRequested(position)) ||
         last) {
       done_ = true;
@@ -182,7 +228,8 @@ void TrainingRun::runEpoch(int64_t epoch) {
 }
 
 // The step's micro-batches: forward, loss, backward (the gradients averaged over the ranks by the
-// last one's), then the optimizer step. Returns the samples this rank consumed.
+// last one's), clipping, then the optimizer step at the schedule's lr. Returns the samples this
+// rank consumed.
 int64_t TrainingRun::accumulateAndStep(const std::vector<std::vector<int64_t>>& batches, data::BatchLoader& loader,
                                        const StepPlace& place) {
   zeroGradients(params_);
@@ -205,6 +252,9 @@ int64_t TrainingRun::accumulateAndStep(const std::vector<std::vector<int64_t>>& 
     if (place.count > 1) loss = loss / static_cast<double>(place.count);
     loss.backward();
   }
+  // The averaged gradients are equal on every rank, so are the norm and the clipping.
+  if (train_.clipGradNorm > 0) gradNorm_ = clipGradNorm(params_, train_.clipGradNorm);
+  lr_ = schedule_->apply(*optimizer_, result_.steps);  // result_.steps: this step's index
   applyOrSkip(place.epoch);
   return stepRankSamples;
 }
@@ -213,7 +263,7 @@ int64_t TrainingRun::accumulateAndStep(const std::vector<std::vector<int64_t>>& 
 // any rank reaches them through backward and the all-reduce.
 void TrainingRun::applyOrSkip(int64_t epoch) {
   if (allFinite(gradientsOf(params_))) {
-    optimizer_.step();
+    optimizer_->step();
     skippedInARow_ = 0;
   } else if (train_.skipNonfiniteSteps && skippedInARow_ < kMaxSkippedInARow) {
     ++skippedInARow_;
@@ -252,11 +302,14 @@ void TrainingRun::record(const StepPlace& place, bool last) {
     const double lossValue = lossForLog_.item<double>();
     const double window = secondsSince(windowStart_);
     const double rate = window > 0 ? windowSamples_ / window : 0.0;
-    metrics_.write({{"step", result_.steps}, {"epoch", place.epoch}, {"loss", lossValue},
-                    {"samples", result_.samples}, {"samples_per_s", rate}, {"elapsed_s", secondsSince(start_)}});
+    nlohmann::json record = {{"step", result_.steps}, {"epoch", place.epoch}, {"loss", lossValue},
+                             {"samples", result_.samples}, {"samples_per_s", rate}, {"elapsed_s", secondsSince(start_)},
+                             {"lr", lr_}};
+    if (gradNorm_.defined()) record["grad_norm"] = gradNorm_.item<double>();
+    metrics_.write(record);
     shownLoss_ = lossValue;
     shownRate_ = rate;
-    if (board_) board_->addTrainingStep(result_.steps, lossValue, rate, train_.lr);
+    if (board_) board_->addTrainingStep(result_.steps, lossValue, rate, lr_);
     if (rank_ == 0) {
       bar_.clear();
       spdlog::info("{}{}", progressLine(progressAt(place, lossValue, rate)), parallelism_.progressNote());
@@ -276,7 +329,7 @@ bool TrainingRun::stopRequested(const TrainPosition& position) {
   }
   if (world_ > 1) group_.allReduceSum(stopFlag_);
   if (stopFlag_.item<double>() <= 0) return false;
-  result_.checkpointPath = checkpointer_.save(module_, optimizer_, position);
+  result_.checkpointPath = checkpointer_.save(module_, *optimizer_, position);
   result_.stopSignal = stopSignal() != 0 ? stopSignal() : SIGTERM;
   if (rank_ == 0) {
     bar_.clear();

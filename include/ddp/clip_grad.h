@@ -1,0 +1,19 @@
+// ddp::clipGradNorm: torch.nn.utils.clip_grad_norm_ for LibTorch programs, meant for the gradients
+// DDP has just averaged (so the norm, and the clipping, are the same on every rank).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+namespace ddp {
+
+/// The L2 norm of all gradients of `params` taken together (parameters without a gradient are
+/// skipped); when it exceeds `maxNorm` every gradient is scaled by maxNorm / (norm + 1e-6), as
+/// PyTorch's clip_grad_norm_(params, max_norm) does (same kernels, same order: equal bits on the
+/// CPU). Returns the norm before clipping as a 0-dim tensor where the gradients live: reading it
+/// (item()) waits for a GPU, so read it at log steps only. A NaN or infinite norm makes every
+/// gradient NaN, as in PyTorch (error_if_nonfinite=False). Throws ConfigError for maxNorm <= 0.
+at::Tensor clipGradNorm(const std::vector<at::Tensor>& params, double maxNorm);
+
+}  // namespace ddp

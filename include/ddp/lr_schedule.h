@@ -1,0 +1,47 @@
+// ddp::LrSchedule: the learning rate of every optimizer step, by the formulas of PyTorch's
+// schedulers (LibTorch has StepLR and ReduceLROnPlateau only): a linear warm-up (LinearLR), then
+// constant, StepLR, cosine (CosineAnnealingLR) or linear decay (LinearLR), chained as SequentialLR
+// chains them. A pure function of the step: a resumed run continues where it was.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace ddp {
+
+struct LrScheduleOptions {
+  std::string kind = "constant";  // constant | step | cosine | linear (what follows the warm-up)
+  double baseLr = 0.1;            // the optimizer's lr
+  int64_t warmupSteps = 0;        // steps 0..W-1 use baseLr·(k+1)/(W+1): PyTorch's
+                                  // LinearLR(start_factor=1/(W+1), total_iters=W); then baseLr
+  int64_t totalSteps = 0;         // cosine / linear: the step at which the decay reaches minLr (after
+                                  // it, linear stays there and cosine rises again, as PyTorch's do)
+  double minLr = 0;               // cosine: CosineAnnealingLR's eta_min; linear: the end value
+  int64_t stepSize = 1;           // step: StepLR's step_size (steps after the warm-up)
+  double gamma = 0.1;             // step: StepLR's gamma
+};
+
+class LrSchedule {
+ public:
+  /// Throws ConfigError for a kind it does not know, a negative warm-up, a cosine or linear decay
+  /// with totalSteps <= warmupSteps, stepSize < 1, or a non-positive baseLr.
+  explicit LrSchedule(LrScheduleOptions options);
+
+  /// The lr of optimizer step `step` (0-based: the lr the first update uses is at(0)); what
+  /// optimizer.param_groups()[i]["lr"] holds in Python after `step` calls of scheduler.step().
+  double at(int64_t step) const;
+
+  /// Sets every parameter group of `optimizer` to at(step); returns it.
+  double apply(torch::optim::Optimizer& optimizer, int64_t step) const;
+
+  const LrScheduleOptions& options() const { return options_; }
+
+ private:
+  LrScheduleOptions options_;
+};
+
+}  // namespace ddp

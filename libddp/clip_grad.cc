@@ -1,0 +1,37 @@
+#include "ddp/clip_grad.h"
+
+#include <ATen/ops/clamp.h>
+#include <ATen/ops/linalg_vector_norm.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/GradMode.h>
+
+#include <cmath>
+
+#include "common/error.h"
+
+namespace ddp {
+
+at::Tensor clipGradNorm(const std::vector<at::Tensor>& params, double maxNorm) {
+  if (!(maxNorm > 0) || !std::isfinite(maxNorm)) {
+    DDP_THROW(ConfigError, "ddp::clipGradNorm: maxNorm must be a positive finite number (got ", maxNorm, ")");
+  }
+  c10::NoGradGuard noGrad;
+  std::vector<at::Tensor> grads;
+  for (const auto& p : params) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  if (grads.empty()) return at::zeros({});
+  // torch/nn/utils/clip_grad.py: the norm of the per-gradient norms, then one clamped coefficient
+  // that multiplies every gradient (by 1.0 when the norm is within bounds).
+  std::vector<at::Tensor> norms;
+  norms.reserve(grads.size());
+  for (const auto& g : grads) norms.push_back(at::linalg_vector_norm(g, 2.0));
+  const at::Tensor total = at::linalg_vector_norm(at::stack(norms), 2.0);
+  // Python's max_norm / (total + 1e-6) is Tensor.__rtruediv__: reciprocal, then the product.
+  const at::Tensor coefficient = at::clamp((total + 1e-6).reciprocal() * maxNorm, c10::nullopt, 1.0);
+  for (auto& g : grads) g.mul_(coefficient.to(g.device()));
+  return total;
+}
+
+}  // namespace ddp
