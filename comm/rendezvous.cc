@@ -159,7 +159,7 @@ std::string unansweredStoreMessage(const RendezvousOptions& options) {
   const std::string hint = protocolHint(options);
   return "start-up: rank " + std::to_string(options.rank) + " got no answer from the store at " + where +
          (served ? " (its own)" : options.storeServedElsewhere ? " (served by the launcher)" : " (served by rank 0)") +
-         " within comm.timeout_s=" + detail::concat(seconds(options.timeout)) + " s" +
+         " within " + options.timeoutName + "=" + detail::concat(seconds(options.timeout)) + " s" +
          (hint.empty() ? "; is it a c10d store of the same PyTorch version, and is every rank's network up?"
                        : hint);
 }

@@ -19,6 +19,7 @@ struct RendezvousOptions {
   int rank = 0;
   int worldSize = 1;
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // like c10d's default
+  std::string timeoutName = "timeout";  // how messages name `timeout` (the program's own option)
   /// Another process already serves the store at masterAddr:masterPort (torchrun's agent,
   /// TORCHELASTIC_USE_AGENT_STORE=True, or a test harness): every rank, rank 0 too, is a client.
   bool storeServedElsewhere = false;

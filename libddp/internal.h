@@ -43,7 +43,8 @@ comm::Communicator& communicatorOf(const ProcessGroup& group);
 
 /// This rank's rendezvous from the env contract: the store at MASTER_ADDR:MASTER_PORT (or torchrun's
 /// agent store), the job's token. Rank 0 warns when no token protects the store.
-comm::RendezvousOptions rendezvousOptions(const runtime::DistEnv& env, std::chrono::milliseconds timeout);
+comm::RendezvousOptions rendezvousOptions(const runtime::DistEnv& env, std::chrono::milliseconds timeout,
+                                          const std::string& timeoutName);
 
 /// comm::rendezvous() under a watchdog: a store client blocked past timeout + 5 s ends the process
 /// with one line (LibTorch's client cannot be interrupted).
@@ -53,9 +54,9 @@ c10::intrusive_ptr<c10d::Store> meetAtStore(const comm::RendezvousOptions& rdv);
 comm::ProcessGroupOptions groupOptions(const runtime::DistEnv& env, comm::Backend backend, c10::Device device,
                                        std::chrono::milliseconds timeout, bool groupForSingleRank);
 
-/// comm::makeCommunicator() under the same watchdog; `timeoutName` is how its line names the limit.
+/// comm::makeCommunicator() under the same watchdog; rdv.timeoutName is how its line names the limit.
 std::unique_ptr<comm::Communicator> createGroup(const c10::intrusive_ptr<c10d::Store>& store,
                                                 const comm::ProcessGroupOptions& pg,
-                                                const comm::RendezvousOptions& rdv, const std::string& timeoutName);
+                                                const comm::RendezvousOptions& rdv);
 
 }  // namespace ddp::api

@@ -165,13 +165,13 @@ ProcessGroup initProcessGroup(const InitOptions& options) {
     return ProcessGroup(std::move(impl));
   }
 
-  const comm::RendezvousOptions rdv = api::rendezvousOptions(env, options.timeout);
+  const comm::RendezvousOptions rdv = api::rendezvousOptions(env, options.timeout, options.timeoutName);
   impl->store = api::meetAtStore(rdv);
   start.store = impl->store;
   if (options.beforeGroup) options.beforeGroup(GroupStart(start));
   const comm::ProcessGroupOptions pg =
       api::groupOptions(env, backend, impl->device, options.timeout, groupForSingleRank);
-  impl->owned = api::createGroup(impl->store, pg, rdv, options.timeoutName);
+  impl->owned = api::createGroup(impl->store, pg, rdv);
   impl->attach(impl->owned.get());
   return ProcessGroup(std::move(impl));
 }
@@ -189,8 +189,10 @@ ProcessGroup wrapCommunicator(comm::Communicator& comm, c10::Device device, int 
 
 comm::Communicator& communicatorOf(const ProcessGroup& group) { return group.impl().live(); }
 
-comm::RendezvousOptions rendezvousOptions(const runtime::DistEnv& env, std::chrono::milliseconds timeout) {
+comm::RendezvousOptions rendezvousOptions(const runtime::DistEnv& env, std::chrono::milliseconds timeout,
+                                          const std::string& timeoutName) {
   comm::RendezvousOptions rdv;
+  rdv.timeoutName = timeoutName;
   rdv.masterAddr = env.masterAddr;
   rdv.masterPort = static_cast<std::uint16_t>(env.masterPort);
   rdv.rank = env.rank;
@@ -237,10 +239,10 @@ comm::ProcessGroupOptions groupOptions(const runtime::DistEnv& env, comm::Backen
 
 std::unique_ptr<comm::Communicator> createGroup(const c10::intrusive_ptr<c10d::Store>& store,
                                                 const comm::ProcessGroupOptions& pg,
-                                                const comm::RendezvousOptions& rdv, const std::string& timeoutName) {
-  runtime::StartupWatchdog watchdog(phaseLimit(rdv), [&rdv, &pg, &timeoutName] {
+                                                const comm::RendezvousOptions& rdv) {
+  runtime::StartupWatchdog watchdog(phaseLimit(rdv), [&rdv, &pg] {
     return "start-up: rank " + std::to_string(rdv.rank) + " could not create its " + comm::backendName(pg.backend) +
-           " process group within " + timeoutName + "=" +
+           " process group within " + rdv.timeoutName + "=" +
            ::ddp::detail::concat(static_cast<double>(rdv.timeout.count()) / 1000.0) + " s (the store at " +
            rdv.masterAddr + ":" + std::to_string(rdv.masterPort) + " stopped answering); did another rank fail?";
   });
