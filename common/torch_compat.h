@@ -46,4 +46,12 @@ auto makeNode(Args&&... args) {
 /// Gloo sums bfloat16 in 2.x (checked on 2.15); 1.13's Gloo cannot.
 constexpr bool kGlooSumsBFloat16 = DDP_TORCH_2;
 
+// Autocast's API differs too: common/torch_compat_autocast.h (apart: its header is heavy).
+
+/// CPU autocast to fp16 (2.x; 1.13's CPU autocast is bf16 only).
+constexpr bool kCpuAutocastHalf = DDP_TORCH_2;
+/// The GradScaler kernels (_amp_foreach_non_finite_check_and_unscale_, _amp_update_scale_) have CPU
+/// implementations in 2.x; 1.13 has CUDA ones only.
+constexpr bool kAmpKernelsOnCpu = DDP_TORCH_2;
+
 }  // namespace ddp::compat

@@ -38,6 +38,7 @@ checkpoint::NamedTensors optimizerState(torch::optim::Optimizer& optimizer, cons
   if (auto* sgd = dynamic_cast<torch::optim::SGD*>(&optimizer)) {
     return checkpoint::sgdMomentumBuffers(*sgd, namedParameters(module));  // readable by name in Python
   }
+  if (checkpoint::isAdam(optimizer)) return checkpoint::adamMoments(optimizer, namedParameters(module));
   torch::serialize::OutputArchive archive;
   optimizer.save(archive);
   std::ostringstream bytes;
@@ -57,7 +58,19 @@ void restoreOptimizerState(torch::optim::Optimizer& optimizer, const torch::nn::
                   "optimizer that wrote it");
       }
     }
+    if (checkpoint::holdsAdamMoments(saved)) {
+      DDP_THROW(CheckpointError, path, " holds Adam/AdamW state, but this optimizer is SGD; resume with the "
+                "optimizer that wrote it");
+    }
     checkpoint::restoreSgdMomentumBuffers(*sgd, namedParameters(module), saved, path);
+    return;
+  }
+  if (checkpoint::isAdam(optimizer) && !saved.empty() && saved.front().first != kArchiveKey) {
+    if (!checkpoint::holdsAdamMoments(saved)) {
+      DDP_THROW(CheckpointError, path, " holds SGD momentum buffers, but this optimizer is Adam/AdamW; resume "
+                "with the optimizer that wrote it");
+    }
+    checkpoint::restoreAdamMoments(optimizer, namedParameters(module), saved, path);
     return;
   }
   for (const auto& [key, value] : saved) {
@@ -126,11 +139,13 @@ Checkpointer::Checkpointer(ProcessGroup group, CheckpointOptions options)
 }
 
 std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                               const TrainPosition& position) {
+                               const TrainPosition& position, const GradScaler* scaler) {
   comm::Communicator& comm = api::communicatorOf(group_);
   const std::string& dir = options_.dir;
   const std::string path = checkpoint::checkpointPath(dir, position.globalStep);
   if (position.globalStep == lastSavedStep_) return path;  // this very step is on disk already
+  // Read on every rank (a collective-free read of the scale, which waits for the device).
+  if (scaler != nullptr && comm.rank() != 0) (void)scaler->stateDict();
   std::vector<at::Tensor> cudaRng = gatherCudaRngStates(comm, group_.device());  // collective: before rank 0 writes
   std::string error;
   if (comm.rank() == 0) {
@@ -148,6 +163,12 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
       state.cpuRng = checkpoint::cpuRngState();
       state.cudaRng = std::move(cudaRng);
       state.config = options_.config;
+      if (scaler != nullptr) {
+        if (const auto st = scaler->stateDict()) {
+          state.scaler = checkpoint::ScalerState{st->scale, st->growthFactor, st->backoffFactor, st->growthInterval,
+                                                 st->growthTracker};
+        }
+      }
       try {
         checkpoint::saveTrainingCheckpoint(state, path);
       } catch (const CheckpointError& e) {
@@ -179,21 +200,22 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
   return path;
 }
 
-std::optional<TrainPosition> Checkpointer::resume(torch::nn::Module& module, torch::optim::Optimizer& optimizer) {
+std::optional<TrainPosition> Checkpointer::resume(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                                 GradScaler* scaler) {
   const auto found = checkpoint::latestValidCheckpoint(options_.dir, [&](const std::string& p, const std::string& why) {
     if (group_.rank() == 0) spdlog::warn("resume: skipping {}: {}", p, why);
   });
   if (!found) {
     // Every rank must agree that there is nothing, or some would resume and some not.
-    resumeFrom("", module, optimizer);
+    resumeFrom("", module, optimizer, scaler);
     if (group_.rank() == 0) spdlog::info("resume: no checkpoint in {}; starting from the beginning", options_.dir);
     return std::nullopt;
   }
-  return resumeFrom(*found, module, optimizer);
+  return resumeFrom(*found, module, optimizer, scaler);
 }
 
 TrainPosition Checkpointer::resumeFrom(const std::string& path, torch::nn::Module& module,
-                                       torch::optim::Optimizer& optimizer) {
+                                       torch::optim::Optimizer& optimizer, GradScaler* scaler) {
   comm::Communicator& comm = api::communicatorOf(group_);
   checkpoint::TrainingState state;
   if (!path.empty()) state = checkpoint::loadTrainingCheckpoint(path);
@@ -211,6 +233,16 @@ TrainPosition Checkpointer::resumeFrom(const std::string& path, torch::nn::Modul
   const c10::Device device = group_.device();
   checkpoint::loadStateDictInto(module, state.model, path);
   restoreOptimizerState(optimizer, module, state.optimizer, path, device);
+  if (scaler != nullptr && scaler->isEnabled()) {
+    if (state.scaler) {
+      const auto& st = *state.scaler;
+      scaler->loadStateDict(GradScalerState{st.scale, st.growthFactor, st.backoffFactor, st.growthInterval,
+                                            st.growthTracker});
+    } else if (comm.rank() == 0) {
+      spdlog::warn("resume: {} holds no loss-scaler state (written without fp16); the scaler starts at scale {}",
+                   path, scaler->getScale());
+    }
+  }
   checkpoint::setCpuRngState(state.cpuRng);
   const auto rank = static_cast<size_t>(comm.rank());
   if (device.is_cuda() && rank < state.cudaRng.size()) {

@@ -6,6 +6,10 @@ SGD lr 0.05 momentum 0.9, one epoch, DistributedSampler seed 0 with set_epoch) u
 DistributedDataParallel over Gloo, then evaluates the whole test set sharded over the ranks in
 batches of 100 and all-reduces the counts, as our worker does. Rank 0 exports the plain state_dict.
 Rank 0 prints one JSON line: steps, test accuracy, train and eval seconds.
+
+bench/precision/run.sh varies it through the environment: PY_JOB_MODEL (cnn | mlp: 784-512-256-10),
+PY_JOB_PRECISION (fp32 | bf16 | fp16: the forward and loss under torch.autocast("cpu", dtype), fp16
+with torch.amp.GradScaler("cpu")), PY_JOB_BATCH (per rank, default 32), PY_JOB_MAX_STEPS (0: the epoch).
 """
 import gzip
 import json
@@ -39,6 +43,18 @@ class Cnn(nn.Module):  # worker/models/models.cc "cnn"
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
+class Mlp(nn.Module):  # worker/models/models.cc "mlp" with model.hidden [512, 256]
+    def __init__(self, classes=10):
+        super().__init__()
+        self.fc1 = nn.Linear(784, 512)
+        self.fc2 = nn.Linear(512, 256)
+        self.fc3 = nn.Linear(256, classes)
+
+    def forward(self, x):
+        x = F.relu(self.fc1(x.flatten(1)))
+        return self.fc3(F.relu(self.fc2(x)))
+
+
 def read_idx(path):
     with gzip.open(path, "rb") as f:
         data = f.read()
@@ -61,9 +77,13 @@ def main():
     torch.manual_seed(0)
     train, test = load(root, "train"), load(root, "t10k")
     sampler = DistributedSampler(train, num_replicas=world, rank=rank, shuffle=True, seed=0)
-    loader = DataLoader(train, batch_size=32, sampler=sampler)
-    model = DDP(Cnn())
+    loader = DataLoader(train, batch_size=int(os.environ.get("PY_JOB_BATCH", "32")), sampler=sampler)
+    model = DDP(Mlp() if os.environ.get("PY_JOB_MODEL", "cnn") == "mlp" else Cnn())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    precision = os.environ.get("PY_JOB_PRECISION", "fp32")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    scaler = torch.amp.GradScaler("cpu", enabled=precision == "fp16")
+    max_steps = int(os.environ.get("PY_JOB_MAX_STEPS", "0"))
 
     start = time.perf_counter()
     steps = 0
@@ -72,9 +92,14 @@ def main():
         model.train()
         for x, y in loader:
             optimizer.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            optimizer.step()
+            with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+                loss = F.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
             steps += 1
+            if steps == max_steps:
+                break
     train_s = time.perf_counter() - start
 
     start = time.perf_counter()
@@ -84,6 +109,11 @@ def main():
     correct = 0
     with torch.no_grad():
         for i in range(begin, end, 100):
+            if dtype is not None:  # evaluated in the precision it was trained in, as our worker does
+                with torch.autocast("cpu", dtype=dtype):
+                    correct += int((model(test.tensors[0][i:min(i + 100, end)]).argmax(1) ==
+                                    test.tensors[1][i:min(i + 100, end)]).sum())
+                continue
             x, y = test.tensors[0][i:min(i + 100, end)], test.tensors[1][i:min(i + 100, end)]
             correct += int((model(x).argmax(1) == y).sum())
     counts = torch.tensor([correct, end - begin])

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "ddp/amp.h"
 #include "ddp/process_group.h"
 
 namespace ddp {
@@ -41,20 +42,27 @@ struct CheckpointOptions {
   std::string keepLastName = "CheckpointOptions::keepLast";
 };
 
-/// Training checkpoints for exact resume: model, optimizer state (SGD momentum by parameter name;
-/// any other LibTorch optimizer through its own archive), position, the CPU generator and every
-/// rank's GPU generator; checksummed, written atomically by rank 0 (Python's torch.load reads it).
+/// Training checkpoints for exact resume: model, optimizer state (SGD momentum and Adam/AdamW
+/// moments by parameter name, as Python names them; any other LibTorch optimizer through its own
+/// archive), the fp16 loss scaler's state (GradScaler.state_dict()), position, the CPU generator and
+/// every rank's GPU generator; checksummed, written atomically by rank 0 (Python's torch.load reads
+/// it).
 class Checkpointer {
  public:
   Checkpointer(ProcessGroup group, CheckpointOptions options = {});
   /// Collective: every rank returns once the file is complete. Returns its path.
-  std::string save(torch::nn::Module& module, torch::optim::Optimizer& optimizer, const TrainPosition& position);
+  /// With a scaler, its state is saved too.
+  std::string save(torch::nn::Module& module, torch::optim::Optimizer& optimizer, const TrainPosition& position,
+                   const GradScaler* scaler = nullptr);
   /// Collective: loads the newest checkpoint of dir that verifies (skipping damaged ones) into the
   /// module, optimizer and generators; nullopt when there is none. Ranks that found different
   /// checkpoints get a CommError. Call after the module is on its device and the optimizer built.
-  std::optional<TrainPosition> resume(torch::nn::Module& module, torch::optim::Optimizer& optimizer);
+  /// With a scaler, its saved state is restored (a file without one leaves it as it is, warning).
+  std::optional<TrainPosition> resume(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                      GradScaler* scaler = nullptr);
   /// resume() from one file.
-  TrainPosition resumeFrom(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer);
+  TrainPosition resumeFrom(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                           GradScaler* scaler = nullptr);
 
  private:
   ProcessGroup group_;

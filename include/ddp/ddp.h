@@ -14,6 +14,7 @@
 #pragma once
 
 // One concept per header; this one includes them all.
+#include "ddp/amp.h"                        // Autocast, GradScaler
 #include "ddp/checkpoint.h"                 // saveModel, loadModel, Checkpointer
 #include "ddp/clip_grad.h"                  // clipGradNorm
 #include "ddp/data.h"                       // loadOncePerHost

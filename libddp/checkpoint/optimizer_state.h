@@ -11,6 +11,7 @@
 #include "libddp/checkpoint/training_checkpoint.h"
 
 namespace torch::optim {
+class Optimizer;
 class SGD;
 }
 
@@ -23,6 +24,18 @@ NamedTensors sgdMomentumBuffers(torch::optim::SGD& optimizer, const NamedTensors
 /// CheckpointError naming `source` if a buffer's parameter is unknown or its shape differs.
 void restoreSgdMomentumBuffers(torch::optim::SGD& optimizer, const NamedTensors& namedParams,
                                const NamedTensors& buffers, const std::string& source);
+
+/// Adam's and AdamW's state as Python's names it, by parameter name: "exp_avg.<name>",
+/// "exp_avg_sq.<name>", "max_exp_avg_sq.<name>" (amsgrad) and "step.<name>" (int64), CPU copies.
+/// Empty for other optimizers (isAdam() says which).
+bool isAdam(const torch::optim::Optimizer& optimizer);
+NamedTensors adamMoments(torch::optim::Optimizer& optimizer, const NamedTensors& namedParams);
+/// Installs them; CheckpointError naming `source` for an unknown parameter, a wrong shape or a
+/// parameter with some of its entries missing.
+void restoreAdamMoments(torch::optim::Optimizer& optimizer, const NamedTensors& namedParams,
+                        const NamedTensors& saved, const std::string& source);
+/// Whether `saved` holds Adam's (AdamW's) entries.
+bool holdsAdamMoments(const NamedTensors& saved);
 
 /// The default CPU generator's state, and one per visible GPU.
 at::Tensor cpuRngState();

@@ -64,6 +64,15 @@ int64_t intField(const PyValue& dict, const char* key, const std::string& path) 
   return v->integer;
 }
 
+double floatField(const PyValue& dict, const char* key, const std::string& path) {
+  const PyValue* v = dict.get(key);
+  if (v != nullptr && v->kind == PyValue::Kind::kInt) return static_cast<double>(v->integer);
+  if (v == nullptr || v->kind != PyValue::Kind::kFloat) {
+    DDP_THROW(CheckpointError, "'", path, "' is not a complete training checkpoint (no number '", key, "')");
+  }
+  return v->real;
+}
+
 }  // namespace
 
 uint32_t checksumOf(const TrainingState& s) {
@@ -75,6 +84,12 @@ uint32_t checksumOf(const TrainingState& s) {
   crc.add(static_cast<int64_t>(s.cudaRng.size()));
   for (const auto& t : s.cudaRng) crc.add(t);
   crc.add(s.config);
+  if (s.scaler) {  // absent in fp32/bf16 runs (and in files written before it existed)
+    crc.add(std::string("scaler"));
+    for (double v : {s.scaler->scale, s.scaler->growthFactor, s.scaler->backoffFactor}) crc.add(&v, sizeof v);
+    crc.add(s.scaler->growthInterval);
+    crc.add(s.scaler->growthTracker);
+  }
   return crc.value();
 }
 
@@ -97,6 +112,16 @@ void saveTrainingCheckpoint(const TrainingState& s, const std::string& path) {
   for (size_t i = 0; i < s.cudaRng.size(); ++i) rng.emplace_back("cuda" + std::to_string(i), s.cudaRng[i]);
   pySet(*root, "rng", toDict(rng));
   pySet(*root, "config", pyString(s.config));
+  if (s.scaler) {
+    // Python: GradScaler(...).load_state_dict(torch.load(path)["scaler"]).
+    auto scaler = pyDict();
+    pySet(*scaler, "scale", pyFloat(s.scaler->scale));
+    pySet(*scaler, "growth_factor", pyFloat(s.scaler->growthFactor));
+    pySet(*scaler, "backoff_factor", pyFloat(s.scaler->backoffFactor));
+    pySet(*scaler, "growth_interval", pyInt(s.scaler->growthInterval));
+    pySet(*scaler, "_growth_tracker", pyInt(s.scaler->growthTracker));
+    pySet(*root, "scaler", scaler);
+  }
   pySet(*root, "checksum", pyString("crc32:" + hex(checksumOf(s))));
   writeTorchFile(*root, path);
 }
@@ -128,6 +153,15 @@ TrainingState loadTrainingCheckpoint(const std::string& path) {
     else s.cudaRng.push_back(t);
   }
   if (const PyValue* config = root->get("config")) s.config = config->text;
+  if (const PyValue* scaler = root->get("scaler")) {
+    ScalerState st;
+    st.scale = floatField(*scaler, "scale", path);
+    st.growthFactor = floatField(*scaler, "growth_factor", path);
+    st.backoffFactor = floatField(*scaler, "backoff_factor", path);
+    st.growthInterval = intField(*scaler, "growth_interval", path);
+    st.growthTracker = intField(*scaler, "_growth_tracker", path);
+    s.scaler = st;
+  }
   const PyValue* stored = root->get("checksum");
   const std::string expected = "crc32:" + hex(checksumOf(s));
   if (stored == nullptr || stored->text != expected) {

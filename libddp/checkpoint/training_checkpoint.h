@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,9 +15,19 @@ namespace ddp::checkpoint {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
+/// An fp16 loss scaler's state, as Python's GradScaler.state_dict() names it.
+struct ScalerState {
+  double scale = 65536.0;
+  double growthFactor = 2.0;
+  double backoffFactor = 0.5;
+  int64_t growthInterval = 2000;
+  int64_t growthTracker = 0;
+};
+
 struct TrainingState {
   NamedTensors model;        // plain keys, CPU
-  NamedTensors optimizer;    // "momentum_buffer.<param name>", CPU
+  NamedTensors optimizer;    // "momentum_buffer.<param name>", "exp_avg.<param name>", ..., CPU
+  std::optional<ScalerState> scaler;  // "scaler": GradScaler.state_dict() (fp16 runs only)
   int64_t epoch = 0;         // epoch in progress
   int64_t stepInEpoch = 0;   // optimizer steps already taken in that epoch
   int64_t globalStep = 0;    // optimizer steps since the start of training

@@ -2,7 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ops/arange.h>
+#include <ATen/ops/rand.h>
 #include <ATen/ops/randn.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <caffe2/serialize/inline_container.h>
 #include <nlohmann/json.hpp>
 #include <torch/nn/modules/linear.h>
@@ -184,6 +186,34 @@ TEST_F(Checkpoint, PythonsPlainTorchLoadReadsEverySection) {
   char crc[16];
   std::snprintf(crc, sizeof crc, "%08x", checksumOf(s));
   EXPECT_EQ(c["checksum"], std::string("crc32:") + crc);
+}
+
+// An fp16 run's checkpoint: Python's GradScaler.load_state_dict takes its "scaler" section as it is,
+// and Adam's moments sit under the names Python's Adam state uses, by parameter.
+TEST_F(Checkpoint, PythonsGradScalerLoadsTheScalerSection) {
+  TrainingState s = sampleState();
+  s.optimizer = {{"exp_avg.fc1.weight", at::randn({4, 3})}, {"exp_avg_sq.fc1.weight", at::rand({4, 3})},
+                 {"step.fc1.weight", at::scalar_tensor(17, at::kLong)}};
+  s.scaler = ScalerState{8192.0, 2.0, 0.5, 100, 37};
+  const std::string path = dir_ + "/scaler.pt";
+  saveTrainingCheckpoint(s, path);
+  const std::string script =
+      "import sys, torch; c = torch.load(sys.argv[1]); g = torch.amp.GradScaler('cpu'); "
+      "g.load_state_dict(c['scaler']); o = c['optimizer']; "
+      "print(g.get_scale(), g._growth_interval, g._init_growth_tracker, o['step.fc1.weight'].item(), "
+      "o['exp_avg.fc1.weight'].shape == (4, 3), sorted(c))";
+  const std::string out = run(std::string(DDP_PYTHON) + " -c \"" + script + "\" " + path + " 2>&1");
+  EXPECT_EQ(out, "8192.0 100 37 17 True ['checksum', 'config', 'format', 'model', 'optimizer', 'progress', 'rng', "
+                 "'scaler']\n");
+  const TrainingState r = loadTrainingCheckpoint(path);
+  ASSERT_TRUE(r.scaler.has_value());
+  EXPECT_EQ(r.scaler->scale, 8192.0);
+  EXPECT_EQ(r.scaler->growthInterval, 100);
+  EXPECT_EQ(r.scaler->growthTracker, 37);
+  EXPECT_EQ(checksumOf(r), checksumOf(s));
+  TrainingState t = s;
+  t.scaler->growthTracker = 36;
+  EXPECT_NE(checksumOf(t), checksumOf(s));  // the scaler is covered by the checksum
 }
 
 TEST_F(Checkpoint, ChecksumChangesWithAnyField) {

@@ -350,6 +350,12 @@ INSTANTIATE_TEST_SUITE_P(
                  "config: 'train.nesterov' needs train.momentum > 0", 2},
         BadInput{"BetasNotAPair", [](const Fixture& f) { return worker({"train.optimizer=adamw", "train.betas=[0.9]"}, f); },
                  "config: 'train.betas' must be two numbers in [0, 1)", 2},
+        BadInput{"UnknownPrecision", [](const Fixture& f) { return worker({"train.precision=fp8"}, f); },
+                 "config: 'train.precision' is 'fp8'; use fp32, bf16 or fp16", 2},
+        BadInput{"MixedPrecisionInModeDp", [](const Fixture& f) { return worker({"mode=dp", "train.precision=bf16"}, f, 1); },
+                 "config: 'train.precision' is bf16 but mode dp (DataParallel) trains in fp32 only; use mode ddp", 2},
+        BadInput{"ZeroLossScale", [](const Fixture& f) { return worker({"train.precision=fp16", "train.loss_scale_init=0"}, f); },
+                 "config: 'train.loss_scale_init' must be a positive finite number", 2},
         BadInput{"ShutdownGraceBeyondRange", [](const Fixture& f) { return worker({}, f, 2, {"--shutdown_grace_s=1e308"}); },
                  "--shutdown_grace_s must be a number of seconds from 0 to 86400", 2},
         // Messages that pointed the wrong way.

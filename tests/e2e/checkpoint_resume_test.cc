@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "ddp/amp.h"
 #include "tests/e2e/run_command.h"
 #include "libddp/checkpoint/checkpoint_dir.h"
 #include "libddp/checkpoint/training_checkpoint.h"
@@ -99,6 +100,19 @@ TEST(ExactResumeRecipe, AdamWCosineClippingResumesBitwise) {
   checkExactResume(2, {"train.optimizer=adamw", "train.lr=0.01", "train.weight_decay=0.01",
                        "train.lr_schedule=cosine", "train.warmup_steps=5", "train.decay_steps=30",
                        "train.min_lr=0.0005", "train.clip_grad_norm=1.0"});
+}
+
+// fp16 on the CPU: the loss scaler's scale and growth tracker travel in the checkpoint as well. With
+// a growth interval of 3 the scale changes on both sides of the resume point, and the scale decides
+// how the fp16 backward rounds: a resumed run that restarted the scaler would not be bitwise equal.
+TEST(ExactResumeRecipe, AdamWCosineFp16LossScalerResumesBitwise) {
+  if (!Autocast::supports(c10::DeviceType::CPU, at::kHalf)) {
+    GTEST_SKIP() << "this LibTorch (1.13) cannot autocast the CPU to float16; fp16 is covered by the 2.x build";
+  }
+  checkExactResume(2, {"train.optimizer=adamw", "train.lr=0.01", "train.weight_decay=0.01",
+                       "train.lr_schedule=cosine", "train.warmup_steps=5", "train.decay_steps=30",
+                       "train.min_lr=0.0005", "train.clip_grad_norm=1.0", "train.precision=fp16",
+                       "train.loss_scale_init=1024", "train.loss_scale_growth_interval=3"});
 }
 
 // mode dp runs the same loop (worker/train/training_loop.h), so its checkpoints resume exactly too:

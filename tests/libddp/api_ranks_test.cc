@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -365,6 +366,78 @@ TEST(Checkpointer, AdamResumesExactly) {
   checkExactResume("adam", [](NetImpl& net) {
     return std::make_unique<torch::optim::Adam>(net.parameters(), torch::optim::AdamOptions(0.01));
   });
+}
+
+// AdamW under an fp16 GradScaler: the moments (by parameter name) and the scaler's scale and growth
+// tracker come back from the checkpoint, so step 3 is the same to the bit.
+TEST(Checkpointer, AdamWWithGradScalerResumesExactly) {
+  const std::string dir = scratchDir("adamw_scaler");
+  if (group().rank() == 0) std::filesystem::remove_all(dir);
+  group().barrier();
+  torch::manual_seed(6);
+  const auto x = torch::randn({6, 5}), y = torch::randn({6, 3});
+  const ddp::GradScalerOptions options{1024.0, 2.0, 0.5, /*growthInterval=*/2};
+  auto step = [&](ddp::DistributedDataParallel<Net>& model, torch::optim::Optimizer& opt, ddp::GradScaler& scaler) {
+    opt.zero_grad();
+    scaler.scale(torch::mse_loss(model(x), y)).backward();
+    scaler.step(opt);
+    scaler.update();
+  };
+  auto makeAdamW = [](NetImpl& net) {
+    return std::make_unique<torch::optim::AdamW>(net.parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.1));
+  };
+  Net net;
+  ddp::DistributedDataParallel<Net> model(net, group());
+  auto optimizer = makeAdamW(*net);
+  ddp::GradScaler scaler(group(), options);
+  ddp::Checkpointer checkpointer(group(), {dir});
+  step(model, *optimizer, scaler);
+  step(model, *optimizer, scaler);  // the second finite step: the scale grows to 2048
+  step(model, *optimizer, scaler);
+  const std::string path = checkpointer.save(*net, *optimizer, {0, 3, 3, 18}, &scaler);
+  EXPECT_EQ(scaler.getScale(), 2048.0);
+  EXPECT_EQ(scaler.stateDict()->growthTracker, 1);
+  step(model, *optimizer, scaler);
+  const auto expected = flatParams(*net);
+  EXPECT_EQ(scaler.getScale(), 4096.0);
+
+  torch::manual_seed(99);
+  Net fresh;
+  ddp::DistributedDataParallel<Net> freshModel(fresh, group());
+  auto freshOptimizer = makeAdamW(*fresh);
+  ddp::GradScaler freshScaler(group(), options);
+  ddp::Checkpointer again(group(), {dir});
+  ASSERT_TRUE(again.resume(*fresh, *freshOptimizer, &freshScaler).has_value());
+  EXPECT_EQ(freshScaler.getScale(), 2048.0);
+  step(freshModel, *freshOptimizer, freshScaler);
+  EXPECT_TRUE(torch::equal(flatParams(*fresh), expected));
+  EXPECT_EQ(freshScaler.getScale(), 4096.0);
+  // An SGD cannot take Adam's state: one CheckpointError, nothing changed.
+  torch::optim::SGD sgd(fresh->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  EXPECT_THROW(again.resumeFrom(path, *fresh, sgd), ddp::CheckpointError);
+  group().barrier();
+  if (group().rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// The found-inf flag is agreed on over the group: a gradient that overflows on one rank only
+// (gradients outside DDP, so nothing averages them) makes every rank skip the step and back off.
+TEST(GradScaler, EveryRankSkipsTheStepOneRankOverflowed) {
+  auto p = torch::ones({4}, torch::requires_grad());
+  torch::optim::SGD sgd({p}, torch::optim::SGDOptions(0.5));
+  ddp::GradScaler scaler(group(), {256.0});
+  const bool lastRank = group().rank() == group().size() - 1;
+  for (int i = 0; i < 2; ++i) {
+    sgd.zero_grad();
+    auto g = torch::full({4}, 1.0);
+    if (i == 0 && lastRank) g[1] = INFINITY;
+    scaler.scale((p * g).sum()).backward();
+    const bool stepped = scaler.step(sgd);
+    scaler.update();
+    EXPECT_EQ(stepped, i == 1) << "iteration " << i;
+    EXPECT_EQ(scaler.getScale(), 128.0) << "iteration " << i;  // backed off once, then one finite step
+  }
+  EXPECT_TRUE(torch::equal(p.detach(), torch::full({4}, 0.5)));  // only the second step: 1 - 0.5 · 1
+  EXPECT_TRUE(equalOnAllRanks(p));
 }
 
 TEST(Checkpointer, NothingToResumeIsNullopt) {

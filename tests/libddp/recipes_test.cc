@@ -1,7 +1,9 @@
 // The training recipes of the public library against PyTorch itself (tests/python/recipes_reference.py,
 // the pinned wheel): ddp::LrSchedule's lr at every step equals what PyTorch's schedulers
 // (LinearLR warm-up, then ConstantLR / StepLR / CosineAnnealingLR / LinearLR, chained by
-// SequentialLR) leave in the optimizer, and ddp::clipGradNorm equals clip_grad_norm_.
+// SequentialLR) leave in the optimizer, ddp::clipGradNorm equals clip_grad_norm_, ddp::GradScaler
+// gives torch.amp.GradScaler's scales, skipped steps and parameters, and ddp::Autocast computes what
+// torch.autocast("cpu") does.
 #include <ddp/ddp.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -10,6 +12,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -141,6 +144,151 @@ TEST(ClipGradNorm, EqualsClipGradNormOfPyTorch) {
   }
   EXPECT_THROW(ddp::clipGradNorm({}, 0.0), ddp::ConfigError);
   EXPECT_EQ(ddp::clipGradNorm({torch::zeros({1}, torch::requires_grad())}, 1.0).item<double>(), 0.0);  // no gradients
+}
+
+// One GradScaler run: SGD on loss = sum(p * g), some g made non-finite; growth_interval small enough
+// to grow within the run, and a scale near the float limit so that a growth would overflow.
+struct ScalerCase {
+  ddp::GradScalerOptions options;
+  double lr;
+  std::vector<std::pair<std::string, int>> bad;  // per step: "none" | "inf" | "-inf" | "nan", and where
+};
+
+TEST(GradScaler, ScalesAndSkippedStepsEqualTorchAmpGradScaler) {
+  torch::manual_seed(11);
+  const int64_t n = 6;
+  std::vector<ScalerCase> cases;
+  {
+    ScalerCase c{{65536.0, 2.0, 0.5, 3, true}, 0.1, {}};
+    const char* pattern[] = {"none", "inf", "none", "none", "none", "none", "nan", "-inf", "none",
+                             "none", "none", "none", "none", "none", "inf", "none", "none", "none"};
+    for (int i = 0; i < 18; ++i) c.bad.emplace_back(pattern[i], i % n);
+    cases.push_back(c);
+  }
+  {
+    // 2^126 · 2 = 2^127 is finite, 2^127 · 2 is not: that growth is refused (the kernel's isfinite).
+    ScalerCase c{{std::ldexp(1.0, 126), 2.0, 0.25, 2, true}, 0.01, {}};
+    for (int i = 0; i < 9; ++i) c.bad.emplace_back(i == 6 ? "inf" : "none", 2);
+    cases.push_back(c);
+  }
+  std::vector<torch::Tensor> initial;
+  std::vector<std::vector<torch::Tensor>> gradients;
+  nlohmann::json request = {{"scaler", nlohmann::json::array()}};
+  for (const auto& c : cases) {
+    initial.push_back(torch::randn({n}));
+    nlohmann::json steps = nlohmann::json::array();
+    gradients.emplace_back();
+    for (const auto& [bad, at] : c.bad) {
+      const auto g = torch::randn({n}) + 3.0;  // no zero: every taken step moves every parameter
+      gradients.back().push_back(g);
+      steps.push_back({{"g", std::vector<float>(g.data_ptr<float>(), g.data_ptr<float>() + n)}, {"bad", bad}, {"at", at}});
+    }
+    const auto& p = initial.back();
+    request["scaler"].push_back({{"init_scale", c.options.initScale}, {"growth_factor", c.options.growthFactor},
+                                 {"backoff_factor", c.options.backoffFactor},
+                                 {"growth_interval", c.options.growthInterval}, {"lr", c.lr},
+                                 {"params", std::vector<float>(p.data_ptr<float>(), p.data_ptr<float>() + n)},
+                                 {"steps", steps}});
+  }
+  const nlohmann::json reply = askPython(request);
+  ASSERT_EQ(reply["scaler"].size(), cases.size());
+  for (std::size_t c = 0; c < cases.size(); ++c) {
+    const auto& want = reply["scaler"][c];
+    auto p = initial[c].clone().requires_grad_();
+    torch::optim::SGD sgd({p}, torch::optim::SGDOptions(cases[c].lr));
+    ddp::GradScaler scaler(cases[c].options);
+    for (std::size_t i = 0; i < cases[c].bad.size(); ++i) {
+      auto g = gradients[c][i].clone();
+      const auto& [bad, at] = cases[c].bad[i];
+      if (bad != "none") g[at] = bad == "nan" ? NAN : (bad == "inf" ? INFINITY : -INFINITY);
+      sgd.zero_grad();
+      scaler.scale((p * g).sum()).backward();
+      const bool stepped = scaler.step(sgd);
+      scaler.update();
+      EXPECT_EQ(stepped, want["stepped"][i].get<bool>()) << "case " << c << " step " << i;
+      EXPECT_EQ(scaler.foundInf().item<float>(), stepped ? 0.0f : 1.0f) << "case " << c << " step " << i;
+      EXPECT_EQ(scaler.getScale(), want["scales"][i].get<double>()) << "case " << c << " step " << i;
+      EXPECT_EQ(scaler.stateDict()->growthTracker, want["trackers"][i].get<int64_t>()) << "case " << c << " step " << i;
+    }
+    const auto params = want["params"].get<std::vector<float>>();
+    for (int64_t k = 0; k < n; ++k) EXPECT_EQ(p[k].item<float>(), params[k]) << "case " << c << " parameter " << k;
+  }
+}
+
+TEST(GradScaler, MisuseIsAnErrorAsInPyTorch) {
+  auto p = torch::ones({3}, torch::requires_grad());
+  torch::optim::SGD sgd({p}, torch::optim::SGDOptions(0.1));
+  ddp::GradScaler scaler;
+  EXPECT_THROW(scaler.unscale_(sgd), ddp::Error);  // before scale()
+  scaler.scale(p.sum()).backward();
+  scaler.unscale_(sgd);
+  EXPECT_THROW(scaler.unscale_(sgd), ddp::Error);  // twice before update()
+  EXPECT_TRUE(scaler.step(sgd));
+  EXPECT_THROW(scaler.step(sgd), ddp::Error);  // twice before update()
+  EXPECT_THROW(scaler.unscale_(sgd), ddp::Error);  // after step()
+  scaler.update();
+  EXPECT_EQ(p.grad()[0].item<float>(), 1.0f);  // unscaled once: 65536 · 1 / 65536
+  EXPECT_THROW(ddp::GradScaler({65536.0, 1.0}), ddp::ConfigError);        // growth must be > 1
+  EXPECT_THROW(ddp::GradScaler({65536.0, 2.0, 1.5}), ddp::ConfigError);   // backoff must be < 1
+  EXPECT_THROW(ddp::GradScaler({65536.0, 2.0, 0.5, 0}), ddp::ConfigError);
+  // Disabled: the identity, a plain step, no state.
+  ddp::GradScaler off({65536.0, 2.0, 0.5, 2000, false});
+  EXPECT_TRUE(torch::equal(off.scale(torch::ones({2})), torch::ones({2})));
+  EXPECT_EQ(off.getScale(), 1.0);
+  EXPECT_FALSE(off.stateDict().has_value());
+  // A state loaded before the first scale() is where the scale starts (load_state_dict).
+  ddp::GradScaler loaded;
+  loaded.loadStateDict({1024.0, 2.0, 0.5, 2000, 7});
+  EXPECT_EQ(loaded.scale(torch::ones({})).item<float>(), 1024.0f);
+  EXPECT_EQ(loaded.stateDict()->growthTracker, 7);
+}
+
+TEST(Autocast, ComputesWhatTorchAutocastComputes) {
+  torch::manual_seed(5);
+  const auto x = torch::randn({4, 8}), w = torch::randn({3, 8}), b = torch::randn({3});
+  std::vector<std::string> dtypes = {"bf16"};
+  if (ddp::Autocast::supports(torch::kCPU, torch::kHalf)) dtypes.push_back("fp16");
+  nlohmann::json request = {{"autocast", nlohmann::json::array()}};
+  auto flat = [](const torch::Tensor& t) {
+    const auto c = t.flatten().contiguous();
+    return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+  };
+  for (const auto& d : dtypes) {
+    request["autocast"].push_back({{"x", flat(x)}, {"x_shape", x.sizes().vec()}, {"w", flat(w)},
+                                   {"w_shape", w.sizes().vec()}, {"b", flat(b)}, {"dtype", d}});
+  }
+  const nlohmann::json reply = askPython(request);
+  ASSERT_EQ(reply["autocast"].size(), dtypes.size());
+  for (std::size_t i = 0; i < dtypes.size(); ++i) {
+    const auto dtype = dtypes[i] == "bf16" ? torch::kBFloat16 : torch::kHalf;
+    torch::Tensor y, loss;
+    {
+      ddp::Autocast autocast(torch::kCPU, dtype);
+      y = torch::nn::functional::linear(x, w, b);
+      loss = torch::nn::functional::cross_entropy(y, torch::zeros({4}, torch::kLong));
+      {
+        ddp::Autocast off(torch::kCPU, dtype, /*enabled=*/false);  // nested: fp32 inside, restored after
+        EXPECT_EQ(torch::mm(x, w.t()).scalar_type(), torch::kFloat);
+      }
+      EXPECT_EQ(torch::mm(x, w.t()).scalar_type(), dtype);
+    }
+    EXPECT_EQ(torch::mm(x, w.t()).scalar_type(), torch::kFloat);  // restored
+    const auto& want = reply["autocast"][i];
+    EXPECT_EQ(want["dtype"].get<std::string>(), dtypes[i] == "bf16" ? "bfloat16" : "float16");
+    EXPECT_EQ(y.scalar_type(), dtype);
+    EXPECT_EQ(want["loss_dtype"].get<std::string>(), "float32");  // cross_entropy runs in fp32 under autocast
+    EXPECT_EQ(loss.scalar_type(), torch::kFloat);
+    const auto ys = want["y"].get<std::vector<float>>();
+    const auto got = flat(y.to(torch::kFloat));
+    ASSERT_EQ(got.size(), ys.size());
+    // The same LibTorch as the reference computes the same bits; 1.13 (Debian) may round differently.
+    const double tolerance = TORCH_VERSION_MAJOR >= 2 ? 0.0 : 1e-2;
+    for (std::size_t k = 0; k < ys.size(); ++k) {
+      EXPECT_NEAR(got[k], ys[k], tolerance * std::max(1.0f, std::abs(ys[k]))) << dtypes[i] << " element " << k;
+    }
+    EXPECT_NEAR(loss.item<double>(), want["loss"].get<double>(), TORCH_VERSION_MAJOR >= 2 ? 0.0 : 1e-2);
+  }
+  EXPECT_THROW(ddp::Autocast(torch::kCPU, torch::kDouble), ddp::ConfigError);
 }
 
 }  // namespace

@@ -3,11 +3,18 @@
 
 Reads one JSON object on stdin:
   {"schedules": [{"kind", "base_lr", "warmup_steps", "total_steps", "min_lr", "step_size", "gamma", "steps"}],
-   "clip": [{"grads": [[...], ...] (flat float32 values), "shapes": [[...], ...], "max_norm": x}]}
-and prints {"schedules": [[lr at step 0, 1, ...], ...], "clip": [{"norm": x, "grads": [[...], ...]}]}:
+   "clip": [{"grads": [[...], ...] (flat float32 values), "shapes": [[...], ...], "max_norm": x}],
+   "scaler": [{"init_scale", "growth_factor", "backoff_factor", "growth_interval", "lr", "params": [...],
+               "steps": [{"g": [...], "bad": "none" | "inf" | "-inf" | "nan", "at": index}]}]}
+and prints {"schedules": [[lr at step 0, 1, ...], ...], "clip": [{"norm": x, "grads": [[...], ...]}],
+            "scaler": [{"scales": [...], "trackers": [...], "stepped": [...], "params": [...]}],
+            "autocast": [{"dtype", "y", "loss_dtype", "loss"}]} for "autocast": [{"x", "x_shape", "w",
+            "w_shape", "b", "dtype": "bf16" | "fp16"}] (linear + cross_entropy under torch.autocast("cpu")):
 the lr that optimizer.param_groups[0]["lr"] holds after k calls of scheduler.step(), with the warm-up
 as LinearLR(start_factor=1/(W+1), total_iters=W) chained by SequentialLR, and clip_grad_norm_'s
-norm and clipped gradients.
+norm and clipped gradients, and torch.amp.GradScaler("cpu") driving SGD on loss = sum(p * g) (so the
+scaled gradient is g × scale), a value of g made non-finite where "bad" says: the scale and growth
+tracker after each update(), whether each step was taken, and the final parameters.
 """
 import json
 import sys
@@ -55,10 +62,46 @@ def clip(c):
     return {"norm": float(norm), "grads": [p.grad.flatten().tolist() for p in params]}
 
 
+def scaler_run(c):
+    p = torch.nn.Parameter(torch.tensor(c["params"], dtype=torch.float32))
+    opt = SGD([p], lr=c["lr"])
+    scaler = torch.amp.GradScaler("cpu", init_scale=c["init_scale"], growth_factor=c["growth_factor"],
+                                  backoff_factor=c["backoff_factor"], growth_interval=c["growth_interval"])
+    out = {"scales": [], "trackers": [], "stepped": []}
+    for step in c["steps"]:
+        g = torch.tensor(step["g"], dtype=torch.float32)
+        if step["bad"] != "none":
+            g[step["at"]] = float(step["bad"])
+        opt.zero_grad()
+        scaler.scale((p * g).sum()).backward()
+        before = p.detach().clone()
+        scaler.step(opt)
+        scaler.update()
+        out["stepped"].append(not torch.equal(before, p.detach()))
+        out["scales"].append(scaler.get_scale())
+        out["trackers"].append(int(scaler._get_growth_tracker()))
+    out["params"] = p.detach().tolist()
+    return out
+
+
+def autocast_run(c):
+    x = torch.tensor(c["x"], dtype=torch.float32).reshape(c["x_shape"])
+    w = torch.tensor(c["w"], dtype=torch.float32).reshape(c["w_shape"])
+    b = torch.tensor(c["b"], dtype=torch.float32)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[c["dtype"]]
+    with torch.autocast("cpu", dtype=dtype):
+        y = torch.nn.functional.linear(x, w, b)
+        loss = torch.nn.functional.cross_entropy(y, torch.zeros(y.shape[0], dtype=torch.long))
+    return {"dtype": str(y.dtype).replace("torch.", ""), "y": y.float().flatten().tolist(),
+            "loss_dtype": str(loss.dtype).replace("torch.", ""), "loss": float(loss)}
+
+
 def main():
     request = json.load(sys.stdin)
     out = {"schedules": [schedule_lrs(s) for s in request.get("schedules", [])],
-           "clip": [clip(c) for c in request.get("clip", [])]}
+           "clip": [clip(c) for c in request.get("clip", [])],
+           "scaler": [scaler_run(c) for c in request.get("scaler", [])],
+           "autocast": [autocast_run(c) for c in request.get("autocast", [])]}
     json.dump(out, sys.stdout)
 
 

@@ -117,6 +117,9 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("train.step_size", "integer", c.train.stepSize),
       bindField("train.gamma", "number", c.train.gamma),
       bindField("train.clip_grad_norm", "number", c.train.clipGradNorm),
+      bindField("train.precision", "string", c.train.precision),
+      bindField("train.loss_scale_init", "number", c.train.lossScaleInit),
+      bindField("train.loss_scale_growth_interval", "integer", c.train.lossScaleGrowthInterval),
       bindField("eval.enabled", "boolean", c.eval.enabled),
       bindField("eval.batch_size", "integer", c.eval.batchSize),
       bindField("eval.model_path", "string", c.eval.modelPath),
@@ -243,6 +246,12 @@ void validateRecipe(const TrainConfig& t) {
   require(t.gamma > 0 && t.gamma <= 1, "train.gamma", "must be in (0, 1]");
   require(t.clipGradNorm >= 0 && std::isfinite(t.clipGradNorm), "train.clip_grad_norm",
           "must be a finite number >= 0 (0 = no clipping)");
+  require(t.precision == "fp32" || t.precision == "bf16" || t.precision == "fp16", "train.precision",
+          "is '" + t.precision + "'; use fp32, bf16 or fp16");
+  require(t.lossScaleInit > 0 && std::isfinite(t.lossScaleInit), "train.loss_scale_init",
+          "must be a positive finite number (GradScaler's init_scale, default 65536)");
+  require(t.lossScaleGrowthInterval >= 1, "train.loss_scale_growth_interval",
+          "must be >= 1 (GradScaler's growth_interval, default 2000)");
 }
 
 void validate(const WorkerConfig& c) {
@@ -282,6 +291,9 @@ void validate(const WorkerConfig& c) {
   require(c.eval.show >= 0, "eval.show", "must be >= 0");
   require(c.mode != Mode::kEval || !c.eval.modelPath.empty(), "eval.model_path",
           "must name the model file to evaluate when mode is eval");
+  // Autocast is per thread and DataParallel's replicas run on threads of their own.
+  require(c.mode != Mode::kDp || c.train.precision == "fp32", "train.precision",
+          "is " + c.train.precision + " but mode dp (DataParallel) trains in fp32 only; use mode ddp for mixed precision");
   require(c.checkpoint.everySteps >= 0, "checkpoint.every_steps", "must be >= 0 (0 = off)");
   require(c.checkpoint.everyEpochs >= 0, "checkpoint.every_epochs", "must be >= 0 (0 = off)");
   require(c.checkpoint.keepLast >= 0, "checkpoint.keep_last", "must be >= 0 (0 = keep all)");

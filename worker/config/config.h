@@ -70,6 +70,11 @@ struct TrainConfig {
   int64_t stepSize = 0;                 // step: every step_size steps (after the warm-up) ...
   double gamma = 0.1;                   // ... the lr is multiplied by gamma (StepLR)
   double clipGradNorm = 0;              // > 0: clip_grad_norm_ of the averaged gradients to this
+  // Mixed precision: the forward (and loss) under autocast on the rank's device, master weights and
+  // optimizer state in fp32; fp16 with a dynamic loss scale (ddp::GradScaler), bf16 without.
+  std::string precision = "fp32";  // fp32 | bf16 | fp16
+  double lossScaleInit = 65536.0;    // fp16: GradScaler(init_scale=...)
+  int64_t lossScaleGrowthInterval = 2000;  // fp16: GradScaler(growth_interval=...)
 };
 
 struct EvalConfig {

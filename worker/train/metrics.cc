@@ -35,6 +35,8 @@ nlohmann::json trainingSummary(const WorkerConfig& config, const TrainResult& re
       {"batch_size_per_rank", config.train.batchSize},
       {"global_batch_size", globalBatch},
       {"steps", result.steps},
+      {"skipped_steps", result.skippedSteps},
+      {"precision", config.train.precision},
       {"samples", result.samples},
       {"train_seconds", result.trainSeconds},
       {"samples_per_s", result.samplesPerSecond},

@@ -16,7 +16,8 @@
 namespace ddp::worker {
 
 struct TrainResult {
-  int64_t steps = 0;           // optimizer steps taken
+  int64_t steps = 0;           // optimizer steps taken (skipped ones included: the schedule counts them)
+  int64_t skippedSteps = 0;    // steps not applied: fp16 overflow (the loss scaler), train.skip_nonfinite_steps
   int64_t samples = 0;         // training samples consumed over all ranks
   double trainSeconds = 0;     // wall time of the training loop (no evaluation)
   double samplesPerSecond = 0; // over all ranks

@@ -20,24 +20,25 @@ CheckpointOptions checkpointOptions(const WorkerConfig& config) {
 TrainingCheckpointer::TrainingCheckpointer(const WorkerConfig& config, ProcessGroup group)
     : config_(config), checkpointer_(std::move(group), checkpointOptions(config)) {}
 
-TrainPosition TrainingCheckpointer::resume(torch::nn::Module& module, torch::optim::Optimizer& optimizer) {
+TrainPosition TrainingCheckpointer::resume(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                           GradScaler* scaler) {
   if (config_.resume.empty()) return {};
-  if (config_.resume == "auto") return checkpointer_.resume(module, optimizer).value_or(TrainPosition{});
-  return checkpointer_.resumeFrom(config_.resume, module, optimizer);
+  if (config_.resume == "auto") return checkpointer_.resume(module, optimizer, scaler).value_or(TrainPosition{});
+  return checkpointer_.resumeFrom(config_.resume, module, optimizer, scaler);
 }
 
 void TrainingCheckpointer::maybeSave(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                                     const TrainPosition& position, bool epochEnded) {
+                                     const TrainPosition& position, bool epochEnded, const GradScaler* scaler) {
   const auto& c = config_.checkpoint;
   const bool byStep = c.everySteps > 0 && position.globalStep % c.everySteps == 0;
   // position.epoch is already the next epoch when one has just ended.
   const bool byEpoch = c.everyEpochs > 0 && epochEnded && position.epoch % c.everyEpochs == 0;
-  if (byStep || byEpoch) save(module, optimizer, position);
+  if (byStep || byEpoch) save(module, optimizer, position, scaler);
 }
 
 std::string TrainingCheckpointer::save(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                                       const TrainPosition& position) {
-  return checkpointer_.save(module, optimizer, position);
+                                       const TrainPosition& position, const GradScaler* scaler) {
+  return checkpointer_.save(module, optimizer, position, scaler);
 }
 
 }  // namespace ddp::worker

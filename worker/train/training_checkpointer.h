@@ -18,12 +18,14 @@ class TrainingCheckpointer {
   /// Applies config.resume (auto | path) to `module` and `optimizer` and the RNGs;
   /// returns where to continue (the start when there is nothing to resume).
   /// Collective. Throws CheckpointError for an explicit path that does not load.
-  TrainPosition resume(torch::nn::Module& module, torch::optim::Optimizer& optimizer);
+  /// With a scaler (train.precision: fp16), its state is restored as well.
+  TrainPosition resume(torch::nn::Module& module, torch::optim::Optimizer& optimizer, GradScaler* scaler = nullptr);
   /// Saves if checkpoint.every_steps / every_epochs says so. Collective.
   void maybeSave(torch::nn::Module& module, torch::optim::Optimizer& optimizer, const TrainPosition& position,
-                 bool epochEnded);
+                 bool epochEnded, const GradScaler* scaler = nullptr);
   /// Saves now (e.g. on SIGTERM) and returns the path. Collective.
-  std::string save(torch::nn::Module& module, torch::optim::Optimizer& optimizer, const TrainPosition& position);
+  std::string save(torch::nn::Module& module, torch::optim::Optimizer& optimizer, const TrainPosition& position,
+                   const GradScaler* scaler = nullptr);
 
  private:
   const WorkerConfig& config_;

@@ -85,6 +85,17 @@ LrSchedule makeSchedule(const TrainConfig& t, int64_t jobSteps) {
   return LrSchedule(o);
 }
 
+// Steps the fp16 loss scaler may skip in a row before the run counts as diverged: the scale is then
+// 2^16 · 0.5^30 = 2^-14, so the gradients are not finite at any scale.
+constexpr int64_t kMaxScalerSkipsInARow = 30;
+
+// train.precision → the autocast dtype (kFloat: none).
+at::ScalarType autocastDtype(const std::string& precision) {
+  if (precision == "bf16") return at::kBFloat16;
+  if (precision == "fp16") return at::kHalf;
+  return at::kFloat;
+}
+
 // One run of the loop: the state every step shares, and the steps as named methods.
 class TrainingRun {
  public:
@@ -105,6 +116,7 @@ class TrainingRun {
   int64_t accumulateAndStep(const std::vector<std::vector<int64_t>>& batches, data::BatchLoader& loader,
                             const StepPlace& place);
   void applyOrSkip(int64_t epoch);
+  void scaledStep(int64_t epoch);
   void record(const StepPlace& place, bool last);
   bool stopRequested(const TrainPosition& position);
   void finish();
@@ -121,6 +133,9 @@ class TrainingRun {
   const std::vector<at::Tensor> params_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::optional<LrSchedule> schedule_;
+  const c10::Device device_;
+  const at::ScalarType autocastDtype_;  // kFloat: fp32, no autocast
+  std::optional<GradScaler> scaler_;    // train.precision: fp16
   double lr_ = 0;          // the last step's
   at::Tensor gradNorm_;    // the last step's, before clipping (train.clip_grad_norm)
   DistributedSampler sampler_;
@@ -151,12 +166,27 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
     : config_(config), train_(config.train), data_(data), parallelism_(parallelism), group_(parallelism.group()),
       rank_(group_.rank()), world_(group_.size()), module_(parallelism.module()),
       params_(module_.parameters(/*recurse=*/true)),
-      optimizer_(makeOptimizer(train_, params_)),
+      optimizer_(makeOptimizer(train_, params_)), device_(device), autocastDtype_(autocastDtype(train_.precision)),
       sampler_(data.train.size(), world_, rank_, {train_.shuffle, config.seed, train_.dropLast}),
       checkpointer_(config, group_),
       bar_(rank_ == 0 && progressBarWanted(), std::getenv("DDP_LAUNCH_PREFIXED") != nullptr) {
   if (rank_ == 0) checkpoint::makeDirectories(config_.output.dir);
-  resumed_ = checkpointer_.resume(module_, *optimizer_);
+  if (autocastDtype_ != at::kFloat && !Autocast::supports(device_.type(), autocastDtype_)) {
+    DDP_THROW(ConfigError, "config: 'train.precision' is ", train_.precision, " but this LibTorch cannot autocast ",
+              device_.str(), " to it; use bf16 on a CPU (fp16 needs LibTorch 2.x there) or fp32");
+  }
+  // fp16 needs a loss scale; its found-inf flag is agreed on by every rank of the group.
+  if (train_.precision == "fp16") {
+    GradScalerOptions options;
+    options.initScale = train_.lossScaleInit;
+    options.growthInterval = train_.lossScaleGrowthInterval;
+    scaler_.emplace(group_, options);
+  }
+  if (train_.precision == "fp16" && device_.is_cpu() && rank_ == 0) {
+    spdlog::warn("train.precision fp16 on a CPU: LibTorch's CPU float16 kernels are slow (tens of times slower "
+                 "than fp32 for the CNN); bf16 is the CPU's mixed precision");
+  }
+  resumed_ = checkpointer_.resume(module_, *optimizer_, scaler_ ? &*scaler_ : nullptr);
   // A resumed run appends to the metrics of the run it continues.
   if (rank_ == 0) metrics_ = MetricsWriter(config_.output.dir + "/metrics.jsonl", resumed_.globalStep > 0);
   result_.steps = resumed_.globalStep;
@@ -218,7 +248,7 @@ void TrainingRun::runEpoch(int64_t epoch) {
         place.epochEnded() ? TrainPosition{epoch + 1, 0, result_.steps, result_.samples}
                            : TrainPosition{epoch, static_cast<int64_t>(first / accumulate) + 1, result_.steps,
                                            result_.samples};
-    checkpointer_.maybeSave(module_, *optimizer_, position, place.epochEnded());
+    checkpointer_.maybeSave(module_, *optimizer_, position, place.epochEnded(), scaler_ ? &*scaler_ : nullptr);
     if (((world_ == 1 || result_.steps % kStopCheckEvery == 0 || place.epochEnded()) && stopRequested(position)) ||
         last) {
       done_ = true;
@@ -242,21 +272,53 @@ int64_t TrainingRun::accumulateAndStep(const std::vector<std::vector<int64_t>>& 
     const auto& batch = batches[place.first + m];
     const data::Batch b = loader.next();  // batches[first + m], on device
     const at::Tensor y = b.labels.to(parallelism_.lossDevice());
-    const at::Tensor output = parallelism_.forward(b.images, /*lastMicroBatch=*/m + 1 == place.count);
-    at::Tensor loss = torch::nn::functional::cross_entropy(output, y);
+    at::Tensor loss;
+    {
+      // The forward and the loss under autocast (train.precision); backward outside it, as in PyTorch.
+      const Autocast mixed(device_.type(), autocastDtype_, /*enabled=*/autocastDtype_ != at::kFloat);
+      const at::Tensor output = parallelism_.forward(b.images, /*lastMicroBatch=*/m + 1 == place.count);
+      loss = torch::nn::functional::cross_entropy(output, y);
+    }
     {
       c10::NoGradGuard noGrad;
       lossForLog_.add_(loss.detach().reshape({1}), 1.0 / static_cast<double>(place.count));
     }
     stepRankSamples += static_cast<int64_t>(batch.size());
     if (place.count > 1) loss = loss / static_cast<double>(place.count);
-    loss.backward();
+    if (scaler_) scaler_->scale(loss).backward();
+    else loss.backward();
   }
+  // fp16: the true gradients (and one found-inf flag for every rank) before the norm is taken.
+  if (scaler_) scaler_->unscale_(*optimizer_);
   // The averaged gradients are equal on every rank, so are the norm and the clipping.
   if (train_.clipGradNorm > 0) gradNorm_ = clipGradNorm(params_, train_.clipGradNorm);
   lr_ = schedule_->apply(*optimizer_, result_.steps);  // result_.steps: this step's index
-  applyOrSkip(place.epoch);
+  if (scaler_) scaledStep(place.epoch);
+  else applyOrSkip(place.epoch);
   return stepRankSamples;
+}
+
+// fp16: torch.amp.GradScaler's step — an overflowed step is skipped and the scale backs off, the
+// same on every rank (the flag was summed over the group). Only a scale driven to 2^-14 by
+// kMaxScalerSkipsInARow skips in a row means the gradients are not finite at all.
+void TrainingRun::scaledStep(int64_t epoch) {
+  const double scale = scaler_->getScale();
+  const bool stepped = scaler_->step(*optimizer_);
+  scaler_->update();
+  if (stepped) {
+    skippedInARow_ = 0;
+    return;
+  }
+  ++skippedInARow_;
+  ++result_.skippedSteps;
+  spdlog::debug("step {} (epoch {}): fp16 gradients overflowed at loss scale {}; step skipped, scale now {}",
+                result_.steps + 1, epoch, scale, scaler_->getScale());
+  if (skippedInARow_ >= kMaxScalerSkipsInARow) {
+    throwDiverged(config_, "the gradients are NaN or infinite at every loss scale down to " +
+                               std::to_string(scaler_->getScale()) + " (" + std::to_string(skippedInARow_) +
+                               " fp16 steps skipped in a row, the last at step " + std::to_string(result_.steps + 1) +
+                               ")");
+  }
 }
 
 // The all-reduced gradients are equal on every rank, so every rank decides alike; a NaN loss on
@@ -267,6 +329,7 @@ void TrainingRun::applyOrSkip(int64_t epoch) {
     skippedInARow_ = 0;
   } else if (train_.skipNonfiniteSteps && skippedInARow_ < kMaxSkippedInARow) {
     ++skippedInARow_;
+    ++result_.skippedSteps;
     if (rank_ == 0) {
       bar_.clear();
       spdlog::warn("step {} (epoch {}): a gradient is NaN or infinite; step skipped (train.skip_nonfinite_steps)",
@@ -306,6 +369,7 @@ void TrainingRun::record(const StepPlace& place, bool last) {
                              {"samples", result_.samples}, {"samples_per_s", rate}, {"elapsed_s", secondsSince(start_)},
                              {"lr", lr_}};
     if (gradNorm_.defined()) record["grad_norm"] = gradNorm_.item<double>();
+    if (scaler_) record["loss_scale"] = scaler_->getScale();
     metrics_.write(record);
     shownLoss_ = lossValue;
     shownRate_ = rate;
@@ -329,7 +393,7 @@ bool TrainingRun::stopRequested(const TrainPosition& position) {
   }
   if (world_ > 1) group_.allReduceSum(stopFlag_);
   if (stopFlag_.item<double>() <= 0) return false;
-  result_.checkpointPath = checkpointer_.save(module_, *optimizer_, position);
+  result_.checkpointPath = checkpointer_.save(module_, *optimizer_, position, scaler_ ? &*scaler_ : nullptr);
   result_.stopSignal = stopSignal() != 0 ? stopSignal() : SIGTERM;
   if (rank_ == 0) {
     bar_.clear();
@@ -349,7 +413,11 @@ void TrainingRun::finish() {
   }
   if (config_.eval.enabled) {
     const auto evalStart = Clock::now();
-    const EvalCounts counts = parallelism_.evaluate(data_.test);
+    const EvalCounts counts = [&] {
+      // Evaluated in the precision it was trained in.
+      const Autocast mixed(device_.type(), autocastDtype_, /*enabled=*/autocastDtype_ != at::kFloat);
+      return parallelism_.evaluate(data_.test);
+    }();
     result_.evalSeconds = secondsSince(evalStart);
     result_.testCorrect = counts.correct;
     result_.testTotal = counts.total;
