@@ -6,6 +6,7 @@
 #include <ATen/ops/_amp_update_scale.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/isfinite.h>
+#include <ATen/ops/ones.h>
 #include <c10/core/GradMode.h>
 #include <torch/optim/optimizer.h>
 
@@ -17,6 +18,7 @@
 
 #include "common/error.h"
 #include "common/torch_compat_autocast.h"
+#include "ddp/fused_optim.h"
 
 namespace ddp {
 namespace {
@@ -135,17 +137,8 @@ at::Tensor GradScaler::scale(const at::Tensor& outputs) {
   return outputs * scale_.to(outputs.device(), /*non_blocking=*/true);
 }
 
-void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
-  if (!options_.enabled) return;
-  requireScale("unscale_");
-  PerOptimizer& state = perOptimizer_[&optimizer];
-  if (state.stage == Stage::kUnscaled) {
-    DDP_THROW(Error, "ddp::GradScaler::unscale_ has already been called on this optimizer since the last update()");
-  }
-  if (state.stage == Stage::kStepped) DDP_THROW(Error, "ddp::GradScaler::unscale_ is being called after step()");
+at::Tensor GradScaler::checkAndUnscale(torch::optim::Optimizer& optimizer, const at::Tensor& invScale) {
   c10::NoGradGuard noGrad;
-  // In fp64 as PyTorch does: fp32 division can be imprecise under some compile options.
-  const at::Tensor invScale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
   // Gradients by device and dtype, one kernel call per group; one flag per device.
   std::vector<std::pair<c10::Device, std::map<at::ScalarType, std::vector<at::Tensor>>>> groups;
   for (const auto& paramGroup : optimizer.param_groups()) {
@@ -176,25 +169,43 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
     foundInf.copy_(flag);
   }
   foundInf.clamp_max_(1.0);
-  state.foundInf = foundInf;
   lastFoundInf_ = foundInf;
+  return foundInf;
+}
+
+void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
+  if (!options_.enabled) return;
+  requireScale("unscale_");
+  PerOptimizer& state = perOptimizer_[&optimizer];
+  if (state.stage == Stage::kUnscaled) {
+    DDP_THROW(Error, "ddp::GradScaler::unscale_ has already been called on this optimizer since the last update()");
+  }
+  if (state.stage == Stage::kStepped) DDP_THROW(Error, "ddp::GradScaler::unscale_ is being called after step()");
+  // In fp64 as PyTorch does: fp32 division can be imprecise under some compile options.
+  state.foundInf = checkAndUnscale(optimizer, scale_.to(at::kDouble).reciprocal().to(at::kFloat));
   state.stage = Stage::kUnscaled;
 }
 
-bool GradScaler::step(torch::optim::Optimizer& optimizer) {
+void GradScaler::step(torch::optim::Optimizer& optimizer) {
   if (!options_.enabled) {
     optimizer.step();
-    return true;
+    return;
   }
   requireScale("step");
   PerOptimizer& state = perOptimizer_[&optimizer];
   if (state.stage == Stage::kStepped) DDP_THROW(Error, "ddp::GradScaler::step has already been called since the last update()");
+  if (auto* fused = dynamic_cast<FusedAdamW*>(&optimizer)) {
+    // PyTorch's _step_supports_amp_scaling path: check without unscaling (× 1), and let the kernel
+    // divide by the scale (unless unscale_() did) and skip on the flag.
+    const bool unscaled = state.stage == Stage::kUnscaled;
+    if (!unscaled) state.foundInf = checkAndUnscale(optimizer, at::ones({}, scale_.options()));
+    fused->step(unscaled ? at::Tensor() : scale_, state.foundInf);
+    state.stage = Stage::kStepped;
+    return;
+  }
   if (state.stage == Stage::kReady) unscale_(optimizer);
-  PerOptimizer& after = perOptimizer_[&optimizer];
-  const bool finite = after.foundInf.item<float>() == 0.0f;
-  if (finite) optimizer.step();
-  after.stage = Stage::kStepped;
-  return finite;
+  if (state.foundInf.item<float>() == 0.0f) optimizer.step();
+  state.stage = Stage::kStepped;
 }
 
 void GradScaler::update() {

@@ -1,5 +1,6 @@
 // ddp::saveModel / loadModel (the rank-0 export) and ddp::Checkpointer (training checkpoints).
 #include <ATen/ops/empty.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 #include <spdlog/spdlog.h>
@@ -10,11 +11,13 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <sstream>
 
 #include "libddp/internal.h"
 #include "common/error.h"
 #include "ddp/ddp.h"
+#include "ddp/fused_optim.h"
 #include "libddp/checkpoint/atomic_file.h"
 #include "libddp/checkpoint/checkpoint_dir.h"
 #include "libddp/checkpoint/optimizer_state.h"
@@ -34,7 +37,68 @@ checkpoint::NamedTensors namedParameters(const torch::nn::Module& module) {
   return out;
 }
 
+// ddp::FusedAdamW's state under Adam's keys ("exp_avg.<name>", ..., "step.<name>" as int64): a
+// checkpoint of AdamW resumes into FusedAdamW and back.
+checkpoint::NamedTensors fusedAdamState(const FusedAdamW& optimizer, const torch::nn::Module& module) {
+  checkpoint::NamedTensors out;
+  for (const auto& [name, param] : namedParameters(module)) {
+    const FusedAdamWState* st = optimizer.stateOf(param);
+    if (st == nullptr) continue;
+    out.emplace_back("exp_avg." + name, st->expAvg.detach().cpu().clone());
+    out.emplace_back("exp_avg_sq." + name, st->expAvgSq.detach().cpu().clone());
+    if (st->maxExpAvgSq.defined()) out.emplace_back("max_exp_avg_sq." + name, st->maxExpAvgSq.detach().cpu().clone());
+    out.emplace_back("step." + name, at::scalar_tensor(static_cast<int64_t>(st->step.item<float>()), at::kLong));
+  }
+  return out;
+}
+
+void restoreFusedAdamState(FusedAdamW& optimizer, const torch::nn::Module& module, const checkpoint::NamedTensors& saved,
+                           const std::string& path) {
+  std::map<std::string, std::map<std::string, at::Tensor>> perParam;  // name → prefix → tensor
+  const auto params = namedParameters(module);
+  std::map<std::string, at::Tensor> byName(params.begin(), params.end());
+  for (const auto& [key, value] : saved) {
+    bool known = false;
+    for (const char* prefix : {"exp_avg.", "exp_avg_sq.", "max_exp_avg_sq.", "step."}) {
+      if (key.rfind(prefix, 0) != 0) continue;
+      const std::string name = key.substr(std::string(prefix).size());
+      if (byName.count(name) == 0) {
+        DDP_THROW(CheckpointError, "'", path, "' has optimizer state for unknown parameter '", name, "'");
+      }
+      perParam[name][prefix] = value;
+      known = true;
+      break;
+    }
+    if (!known) {
+      DDP_THROW(CheckpointError, path, " holds state of another optimizer than Adam/AdamW ('", key,
+                "'); resume with the optimizer that wrote it");
+    }
+  }
+  for (auto& [name, entries] : perParam) {
+    const at::Tensor& param = byName.at(name);
+    for (const char* required : {"exp_avg.", "exp_avg_sq.", "step."}) {
+      if (entries.count(required) == 0) {
+        DDP_THROW(CheckpointError, "'", path, "' has incomplete Adam state for '", name, "' (no ", required, name, ")");
+      }
+    }
+    for (const char* moment : {"exp_avg.", "exp_avg_sq.", "max_exp_avg_sq."}) {
+      if (entries.count(moment) && !entries[moment].sizes().equals(param.sizes())) {
+        DDP_THROW(CheckpointError, "'", path, "' has Adam state of the wrong shape for '", name, "'");
+      }
+    }
+    FusedAdamWState st;
+    st.expAvg = entries["exp_avg."].to(param.device(), param.scalar_type()).clone();
+    st.expAvgSq = entries["exp_avg_sq."].to(param.device(), param.scalar_type()).clone();
+    if (entries.count("max_exp_avg_sq.")) {
+      st.maxExpAvgSq = entries["max_exp_avg_sq."].to(param.device(), param.scalar_type()).clone();
+    }
+    st.step = entries["step."].to(param.device(), at::kFloat).reshape({}).clone();
+    optimizer.setStateOf(param, std::move(st));
+  }
+}
+
 checkpoint::NamedTensors optimizerState(torch::optim::Optimizer& optimizer, const torch::nn::Module& module) {
+  if (const auto* fused = dynamic_cast<const FusedAdamW*>(&optimizer)) return fusedAdamState(*fused, module);
   if (auto* sgd = dynamic_cast<torch::optim::SGD*>(&optimizer)) {
     return checkpoint::sgdMomentumBuffers(*sgd, namedParameters(module));  // readable by name in Python
   }
@@ -51,6 +115,10 @@ checkpoint::NamedTensors optimizerState(torch::optim::Optimizer& optimizer, cons
 
 void restoreOptimizerState(torch::optim::Optimizer& optimizer, const torch::nn::Module& module,
                            const checkpoint::NamedTensors& saved, const std::string& path, c10::Device device) {
+  if (auto* fused = dynamic_cast<FusedAdamW*>(&optimizer)) {
+    restoreFusedAdamState(*fused, module, saved, path);
+    return;
+  }
   if (auto* sgd = dynamic_cast<torch::optim::SGD*>(&optimizer)) {
     for (const auto& [key, value] : saved) {
       if (key == kArchiveKey) {

@@ -92,9 +92,11 @@ class GradScaler {
   /// infinite (on every rank, with a group). At most once per optimizer between update()s, before
   /// step(). Throws Error on fp16 gradients (PyTorch: "Attempting to unscale FP16 gradients").
   void unscale_(torch::optim::Optimizer& optimizer);
-  /// unscale_() if not done yet, then optimizer.step() unless a gradient was not finite. Returns
-  /// whether the step was taken (reading the flag waits for the device).
-  bool step(torch::optim::Optimizer& optimizer);
+  /// optimizer.step() unless a gradient was not finite (every rank alike). For a ddp::FusedAdamW,
+  /// as PyTorch does for its fused optimizers, the kernel takes the scale (unless unscale_() ran)
+  /// and the found-inf flag: nothing waits for the device. Any other optimizer: unscale_() if not
+  /// done yet, then the host reads the flag to decide (a wait on a GPU, as in PyTorch).
+  void step(torch::optim::Optimizer& optimizer);
   /// The new scale: backoff × scale after a skipped step; growth × scale after growthInterval
   /// finite steps in a row (if still finite). Call once per iteration, after step().
   void update();
@@ -103,8 +105,9 @@ class GradScaler {
 
   /// The current scale (the initial one before the first scale()); 1.0 when disabled.
   double getScale() const;
-  /// 1 if the last unscale_() found a NaN or infinite gradient, else 0, as a float tensor on the
-  /// scale's device (undefined before the first unscale_()). Reading it does not change anything.
+  /// 1 if the last unscale_()/step() found a NaN or infinite gradient (the step was skipped), else
+  /// 0, as a float tensor on the scale's device (undefined before the first one). Read it when you
+  /// log: item() waits for the device.
   at::Tensor foundInf() const;
   bool isEnabled() const { return options_.enabled; }
 
@@ -119,6 +122,9 @@ class GradScaler {
     at::Tensor foundInf;
   };
   void requireScale(const char* what) const;
+  // The optimizer's gradients multiplied by invScale (1: only checked), and the found-inf flag
+  // summed over the group.
+  at::Tensor checkAndUnscale(torch::optim::Optimizer& optimizer, const at::Tensor& invScale);
 
   GradScalerOptions options_;
   std::optional<ProcessGroup> group_;

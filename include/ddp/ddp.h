@@ -19,6 +19,7 @@
 #include "ddp/clip_grad.h"                  // clipGradNorm
 #include "ddp/data.h"                       // loadOncePerHost
 #include "ddp/distributed_data_parallel.h"  // DistributedDataParallel, DdpEngine
+#include "ddp/fused_optim.h"                // FusedAdamW
 #include "ddp/error.h"                      // Error, ConfigError, CommError, ...
 #include "ddp/lr_schedule.h"                // LrSchedule
 #include "ddp/process_group.h"              // initProcessGroup, ProcessGroup

@@ -9,7 +9,10 @@ Reads one JSON object on stdin:
 and prints {"schedules": [[lr at step 0, 1, ...], ...], "clip": [{"norm": x, "grads": [[...], ...]}],
             "scaler": [{"scales": [...], "trackers": [...], "stepped": [...], "params": [...]}],
             "autocast": [{"dtype", "y", "loss_dtype", "loss"}]} for "autocast": [{"x", "x_shape", "w",
-            "w_shape", "b", "dtype": "bf16" | "fp16"}] (linear + cross_entropy under torch.autocast("cpu")):
+            "w_shape", "b", "dtype": "bf16" | "fp16"}] (linear + cross_entropy under torch.autocast("cpu")),
+            "fused": [{"params", "scales", "steps"} per step] for "fused": [{"decoupled", "lr", "betas", "eps",
+            "weight_decay", "amsgrad", "init_scale", "growth_interval", "params", "steps": [{"g", "bad",
+            "at", "unscale"}]}] (torch.optim.AdamW/Adam(fused=True) on the CPU under GradScaler):
 the lr that optimizer.param_groups[0]["lr"] holds after k calls of scheduler.step(), with the warm-up
 as LinearLR(start_factor=1/(W+1), total_iters=W) chained by SequentialLR, and clip_grad_norm_'s
 norm and clipped gradients, and torch.amp.GradScaler("cpu") driving SGD on loss = sum(p * g) (so the
@@ -96,12 +99,38 @@ def autocast_run(c):
             "loss_dtype": str(loss.dtype).replace("torch.", ""), "loss": float(loss)}
 
 
+def fused_run(c):
+    """AdamW(fused=True) (or Adam) on CPU under GradScaler: params after each step."""
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.tensor(c["params"], dtype=torch.float32))
+    cls = torch.optim.AdamW if c["decoupled"] else torch.optim.Adam
+    opt = cls([p], lr=c["lr"], betas=tuple(c["betas"]), eps=c["eps"], weight_decay=c["weight_decay"],
+              amsgrad=c["amsgrad"], fused=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=c["init_scale"], growth_interval=c["growth_interval"])
+    out = {"params": [], "scales": [], "steps": []}
+    for step in c["steps"]:
+        g = torch.tensor(step["g"], dtype=torch.float32)
+        if step["bad"] != "none":
+            g[step["at"]] = float(step["bad"])
+        opt.zero_grad()
+        scaler.scale((p * g).sum()).backward()
+        if step["unscale"]:
+            scaler.unscale_(opt)
+        scaler.step(opt)
+        scaler.update()
+        out["params"].append(p.detach().tolist())
+        out["scales"].append(scaler.get_scale())
+        out["steps"].append(float(opt.state[p]["step"]) if p in opt.state else 0.0)
+    return out
+
+
 def main():
     request = json.load(sys.stdin)
     out = {"schedules": [schedule_lrs(s) for s in request.get("schedules", [])],
            "clip": [clip(c) for c in request.get("clip", [])],
            "scaler": [scaler_run(c) for c in request.get("scaler", [])],
-           "autocast": [autocast_run(c) for c in request.get("autocast", [])]}
+           "autocast": [autocast_run(c) for c in request.get("autocast", [])],
+           "fused": [fused_run(c) for c in request.get("fused", [])]}
     json.dump(out, sys.stdout)
 
 

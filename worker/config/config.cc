@@ -110,6 +110,7 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("train.betas", "list of two numbers", c.train.betas),
       bindField("train.eps", "number", c.train.eps),
       bindField("train.nesterov", "boolean", c.train.nesterov),
+      bindField("train.fused", "string", c.train.fused),
       bindField("train.lr_schedule", "string", c.train.lrSchedule),
       bindField("train.warmup_steps", "integer", c.train.warmupSteps),
       bindField("train.min_lr", "number", c.train.minLr),
@@ -236,6 +237,10 @@ void validateRecipe(const TrainConfig& t) {
   require(t.eps > 0 && std::isfinite(t.eps), "train.eps", "must be a positive finite number, e.g. 1e-8");
   require(!t.nesterov || t.optimizer == "sgd", "train.nesterov", "applies to train.optimizer: sgd only");
   require(!t.nesterov || t.momentum > 0, "train.nesterov", "needs train.momentum > 0 (PyTorch's rule)");
+  require(t.fused == "auto" || t.fused == "true" || t.fused == "false", "train.fused",
+          "is '" + t.fused + "'; use auto (fused on GPUs), true or false");
+  require(t.fused != "true" || t.optimizer != "sgd", "train.fused",
+          "applies to train.optimizer adamw and adam (ddp::FusedAdamW); SGD runs LibTorch's own step");
   require(t.lrSchedule == "constant" || t.lrSchedule == "step" || t.lrSchedule == "cosine" || t.lrSchedule == "linear",
           "train.lr_schedule", "is '" + t.lrSchedule + "'; use constant, step, cosine or linear");
   require(t.warmupSteps >= 0, "train.warmup_steps", "must be >= 0 (0 = no warm-up)");

@@ -48,8 +48,27 @@ void zeroGradients(const std::vector<at::Tensor>& params) {
   }
 }
 
-// train.optimizer over `params`, with PyTorch's semantics for each option.
-std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const TrainConfig& t, const std::vector<at::Tensor>& params) {
+// train.optimizer over `params`, with PyTorch's semantics for each option; Adam and AdamW with
+// LibTorch's fused kernel (ddp::FusedAdamW) when train.fused says so (auto: on a GPU).
+std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const TrainConfig& t, const std::vector<at::Tensor>& params,
+                                                       c10::Device device) {
+  const bool adam = t.optimizer == "adamw" || t.optimizer == "adam";
+  const bool fused = adam && (t.fused == "true" || (t.fused == "auto" && device.is_cuda() &&
+                                                    FusedAdamW::available(device.type())));
+  if (fused) {
+    if (!FusedAdamW::available(device.type())) {
+      DDP_THROW(ConfigError, "config: 'train.fused' is true but this LibTorch has no fused Adam kernel for ",
+                device.str(), " (LibTorch 2.x has, on CUDA and CPU); use train.fused: auto");
+    }
+    FusedAdamWOptions o;
+    o.lr = t.lr;
+    o.beta1 = t.betas[0];
+    o.beta2 = t.betas[1];
+    o.eps = t.eps;
+    o.weightDecay = t.weightDecay;
+    o.decoupledWeightDecay = t.optimizer == "adamw";
+    return std::make_unique<FusedAdamW>(params, o);
+  }
   if (t.optimizer == "adamw") {
     return std::make_unique<torch::optim::AdamW>(
         params, torch::optim::AdamWOptions(t.lr).betas({t.betas[0], t.betas[1]}).eps(t.eps).weight_decay(t.weightDecay));
@@ -85,9 +104,10 @@ LrSchedule makeSchedule(const TrainConfig& t, int64_t jobSteps) {
   return LrSchedule(o);
 }
 
-// Steps the fp16 loss scaler may skip in a row before the run counts as diverged: the scale is then
-// 2^16 · 0.5^30 = 2^-14, so the gradients are not finite at any scale.
-constexpr int64_t kMaxScalerSkipsInARow = 30;
+// The fp16 loss scale below which skipped steps mean the run has diverged: 2^-14, fp16's smallest
+// normal number (from the default 2^16, 30 overflows in a row); gradients that overflow at such a
+// scale are not finite at any.
+constexpr double kMinLossScale = 1.0 / 16384;
 
 // train.precision → the autocast dtype (kFloat: none).
 at::ScalarType autocastDtype(const std::string& precision) {
@@ -116,7 +136,8 @@ class TrainingRun {
   int64_t accumulateAndStep(const std::vector<std::vector<int64_t>>& batches, data::BatchLoader& loader,
                             const StepPlace& place);
   void applyOrSkip(int64_t epoch);
-  void scaledStep(int64_t epoch);
+  void scaledStep();
+  void checkScalerSkips();
   void record(const StepPlace& place, bool last);
   bool stopRequested(const TrainPosition& position);
   void finish();
@@ -136,6 +157,7 @@ class TrainingRun {
   const c10::Device device_;
   const at::ScalarType autocastDtype_;  // kFloat: fp32, no autocast
   std::optional<GradScaler> scaler_;    // train.precision: fp16
+  at::Tensor scalerSkips_;              // fp16: steps the scaler skipped, in all and in a row (device)
   double lr_ = 0;          // the last step's
   at::Tensor gradNorm_;    // the last step's, before clipping (train.clip_grad_norm)
   DistributedSampler sampler_;
@@ -166,7 +188,7 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
     : config_(config), train_(config.train), data_(data), parallelism_(parallelism), group_(parallelism.group()),
       rank_(group_.rank()), world_(group_.size()), module_(parallelism.module()),
       params_(module_.parameters(/*recurse=*/true)),
-      optimizer_(makeOptimizer(train_, params_)), device_(device), autocastDtype_(autocastDtype(train_.precision)),
+      optimizer_(makeOptimizer(train_, params_, device)), device_(device), autocastDtype_(autocastDtype(train_.precision)),
       sampler_(data.train.size(), world_, rank_, {train_.shuffle, config.seed, train_.dropLast}),
       checkpointer_(config, group_),
       bar_(rank_ == 0 && progressBarWanted(), std::getenv("DDP_LAUNCH_PREFIXED") != nullptr) {
@@ -293,31 +315,35 @@ int64_t TrainingRun::accumulateAndStep(const std::vector<std::vector<int64_t>>& 
   // The averaged gradients are equal on every rank, so are the norm and the clipping.
   if (train_.clipGradNorm > 0) gradNorm_ = clipGradNorm(params_, train_.clipGradNorm);
   lr_ = schedule_->apply(*optimizer_, result_.steps);  // result_.steps: this step's index
-  if (scaler_) scaledStep(place.epoch);
+  if (scaler_) scaledStep();
   else applyOrSkip(place.epoch);
   return stepRankSamples;
 }
 
 // fp16: torch.amp.GradScaler's step — an overflowed step is skipped and the scale backs off, the
-// same on every rank (the flag was summed over the group). Only a scale driven to 2^-14 by
-// kMaxScalerSkipsInARow skips in a row means the gradients are not finite at all.
-void TrainingRun::scaledStep(int64_t epoch) {
-  const double scale = scaler_->getScale();
-  const bool stepped = scaler_->step(*optimizer_);
+// same on every rank (the flag was summed over the group). The skips are counted on the device (with
+// ddp::FusedAdamW nothing here waits for a GPU) and read when logging (checkScalerSkips).
+void TrainingRun::scaledStep() {
+  scaler_->step(*optimizer_);
   scaler_->update();
-  if (stepped) {
-    skippedInARow_ = 0;
-    return;
-  }
-  ++skippedInARow_;
-  ++result_.skippedSteps;
-  spdlog::debug("step {} (epoch {}): fp16 gradients overflowed at loss scale {}; step skipped, scale now {}",
-                result_.steps + 1, epoch, scale, scaler_->getScale());
-  if (skippedInARow_ >= kMaxScalerSkipsInARow) {
-    throwDiverged(config_, "the gradients are NaN or infinite at every loss scale down to " +
-                               std::to_string(scaler_->getScale()) + " (" + std::to_string(skippedInARow_) +
-                               " fp16 steps skipped in a row, the last at step " + std::to_string(result_.steps + 1) +
-                               ")");
+  c10::NoGradGuard noGrad;
+  const at::Tensor found = scaler_->foundInf();
+  if (!scalerSkips_.defined()) scalerSkips_ = at::zeros({2}, found.options());
+  scalerSkips_[0].add_(found);            // skipped in all
+  scalerSkips_[1].add_(found).mul_(found);  // skipped in a row
+}
+
+// Only overflows that drove the scale below kMinLossScale mean the gradients are not finite at any
+// scale: the run has diverged.
+void TrainingRun::checkScalerSkips() {
+  if (!scalerSkips_.defined()) return;
+  const at::Tensor counts = scalerSkips_.to(at::kCPU, at::kDouble);
+  result_.skippedSteps = static_cast<int64_t>(counts[0].item<double>());
+  const auto inARow = static_cast<int64_t>(counts[1].item<double>());
+  if (inARow > 0 && scaler_->getScale() < kMinLossScale) {
+    throwDiverged(config_, fmt::format("the gradients are NaN or infinite at every loss scale down to {:g} ({} fp16 "
+                                       "steps skipped in a row up to step {})",
+                                       scaler_->getScale(), inARow, result_.steps));
   }
 }
 
@@ -362,6 +388,7 @@ void TrainingRun::record(const StepPlace& place, bool last) {
     lossForLog_.div_(world_);
   }
   if (logStep) {
+    checkScalerSkips();
     const double lossValue = lossForLog_.item<double>();
     const double window = secondsSince(windowStart_);
     const double rate = window > 0 ? windowSamples_ / window : 0.0;
@@ -406,6 +433,11 @@ bool TrainingRun::stopRequested(const TrainPosition& position) {
 // After the last step: the final loss, evaluation, rank<r>_params.pt when asked, rank 0's export.
 void TrainingRun::finish() {
   result_.finalLoss = lossForLog_.item<double>();
+  checkScalerSkips();
+  if (scaler_ && rank_ == 0 && result_.skippedSteps * 10 > result_.steps) {
+    spdlog::warn("the fp16 loss scaler skipped {} of {} steps (gradients overflowed at scales up to {:g}); lower "
+                 "train.loss_scale_init", result_.skippedSteps, result_.steps, train_.lossScaleInit);
+  }
   // Finite gradients can still overflow the weights (a huge train.lr) on the last step.
   if (!allFinite(params_)) {
     throwDiverged(config_, "the weights are no longer finite after step " + std::to_string(result_.steps) +

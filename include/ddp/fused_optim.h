@@ -1,0 +1,69 @@
+// ddp::FusedAdamW: torch.optim.AdamW(fused=True) (and Adam(fused=True)) for LibTorch programs, whose
+// step takes the GradScaler's scale and found-inf flag on the device: no host synchronisation per
+// step, as Python's GradScaler gets from fused optimizers.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+
+#include <unordered_map>
+#include <vector>
+
+namespace ddp {
+
+struct FusedAdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weightDecay = 1e-2;  // decoupled (AdamW); with decoupledWeightDecay false: Adam's L2 term
+  bool amsgrad = false;
+  bool decoupledWeightDecay = true;  // false: torch.optim.Adam(fused=True)
+};
+
+/// One parameter's state, as Python's fused Adam keeps it: the moments in the parameter's dtype
+/// and device, `step` a float32 0-dim tensor on the same device (so a skipped step is undone on the
+/// device).
+struct FusedAdamWState {
+  at::Tensor expAvg;
+  at::Tensor expAvgSq;
+  at::Tensor maxExpAvgSq;  // amsgrad only
+  at::Tensor step;
+};
+
+/// AdamW with LibTorch's fused kernel (_fused_adamw_, or _fused_adam_ for Adam): one call per
+/// device and dtype updates every parameter. The same update as torch.optim.AdamW(fused=True), to
+/// the bit on the same LibTorch (test api_recipes). Runs where LibTorch has the kernel: CUDA, and
+/// CPU with LibTorch 2.x (`available()`); elsewhere construction throws ConfigError. The parameter
+/// groups' options are AdamWOptions, so ddp::LrSchedule::apply sets their lr as for any optimizer.
+/// ddp::GradScaler::step hands it the scale and the found-inf flag: the kernel unscales the
+/// gradients itself and skips a step whose gradients are not finite, all on the device.
+class FusedAdamW : public torch::optim::Optimizer {
+ public:
+  explicit FusedAdamW(const std::vector<at::Tensor>& params, FusedAdamWOptions options = {});
+
+  /// Whether this LibTorch has the fused kernel for `deviceType`.
+  static bool available(c10::DeviceType deviceType);
+
+  /// optimizer.step() (a closure, if given, is called first with grad enabled, as in PyTorch).
+  at::Tensor step(LossClosure closure = nullptr) override;
+  /// The step with a loss scaler's tensors: `gradScale` (undefined when the gradients are already
+  /// unscaled) divides the gradients inside the kernel; `foundInf` (undefined: none) nonzero makes
+  /// the step a no-op on the device, its step counts included.
+  void step(const at::Tensor& gradScale, const at::Tensor& foundInf);
+
+  /// The state of `param` (nullptr before its first step), and installing one (checkpoints).
+  const FusedAdamWState* stateOf(const at::Tensor& param) const;
+  void setStateOf(const at::Tensor& param, FusedAdamWState state);
+  bool decoupledWeightDecay() const { return decoupled_; }
+
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+
+ private:
+  bool decoupled_;
+  std::unordered_map<const c10::TensorImpl*, FusedAdamWState> states_;
+};
+
+}  // namespace ddp
