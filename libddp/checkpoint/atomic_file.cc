@@ -1,6 +1,7 @@
 #include "libddp/checkpoint/atomic_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,6 +14,21 @@ namespace ddp::checkpoint {
 namespace {
 
 std::string errnoText() { return std::strerror(errno); }
+
+// ".<name>.tmp.<pid>" files a killed process left beside `name` (kill -9 during a write). Only
+// those of processes that no longer exist: another job writing the same name keeps its own.
+void removeStaleTemporaries(const std::filesystem::path& dir, const std::string& name) {
+  const std::string prefix = "." + name + ".tmp.";
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string file = entry.path().filename().string();
+    if (file.rfind(prefix, 0) != 0) continue;
+    const std::string digits = file.substr(prefix.size());
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) continue;
+    const auto pid = static_cast<pid_t>(std::stol(digits));
+    if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) std::filesystem::remove(entry.path(), ec);
+  }
+}
 
 }  // namespace
 
@@ -56,6 +72,7 @@ void writeFileAtomic(const std::string& path, std::string_view bytes) {
     ::unlink(tmp.c_str());
     DDP_THROW(CheckpointError, "cannot rename '", tmp.string(), "' to '", path, "': ", why);
   }
+  removeStaleTemporaries(dir, target.filename().string());
   // The rename is durable only once the directory entry is on disk.
   const int dirFd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dirFd >= 0) {

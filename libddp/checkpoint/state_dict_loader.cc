@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "libddp/checkpoint/torch_file.h"
+#include "libddp/checkpoint/training_checkpoint.h"
 
 namespace ddp::checkpoint {
 namespace {
@@ -76,6 +77,11 @@ void loadModelFile(torch::nn::Module& module, const std::string& path) {
   const PyValuePtr root = readTorchFile(path);
   if (root->kind != PyValue::Kind::kDict) {
     DDP_THROW(CheckpointError, "'", path, "' does not hold a dict; expected a state_dict (torch.save(model.state_dict(), path))");
+  }
+  // A training checkpoint carries a checksum: every reader verifies it, not only resume.
+  if (const PyValue* format = root->get("format"); format && format->text == kCheckpointFormat) {
+    loadStateDictInto(module, loadTrainingCheckpoint(path).model, path);
+    return;
   }
   const PyValue* state = root.get();
   for (const char* key : {"model", "state_dict", "model_state_dict"}) {

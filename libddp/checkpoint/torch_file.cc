@@ -1,5 +1,7 @@
 #include "libddp/checkpoint/torch_file.h"
 
+#include <sys/stat.h>
+
 #include <ATen/ops/empty.h>
 #include <caffe2/serialize/inline_container.h>
 
@@ -310,6 +312,13 @@ const PyValue* PyValue::get(const std::string& key) const {
 }
 
 PyValuePtr readTorchFile(const std::string& path) {
+  // A named pipe without a writer would block the open for ever (and a device has no end).
+  struct stat info {};
+  if (::stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode) && !S_ISDIR(info.st_mode)) {
+    DDP_THROW(CheckpointError, "'", path, "' is not a regular file (",
+              S_ISFIFO(info.st_mode) ? "a named pipe" : S_ISSOCK(info.st_mode) ? "a socket" : "a device",
+              "); give the path of a file torch.save wrote");
+  }
   std::ifstream probe(path, std::ios::binary);
   if (!probe) DDP_THROW(CheckpointError, "cannot open '", path, "': no such file or not readable");
   char magic[4] = {0, 0, 0, 0};

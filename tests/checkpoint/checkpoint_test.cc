@@ -9,11 +9,15 @@
 #include <nlohmann/json.hpp>
 #include <torch/nn/modules/linear.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 
 #include "common/error.h"
+#include "libddp/checkpoint/atomic_file.h"
 #include "libddp/checkpoint/checkpoint_dir.h"
 #include "libddp/checkpoint/state_dict_loader.h"
 #include "libddp/checkpoint/training_checkpoint.h"
@@ -216,6 +220,24 @@ TEST_F(Checkpoint, PythonsGradScalerLoadsTheScalerSection) {
   EXPECT_NE(checksumOf(t), checksumOf(s));  // the scaler is covered by the checksum
 }
 
+// A writer killed mid-write leaves ".<name>.tmp.<pid>" (issue 30, 9): the next successful write of
+// the same name removes those of dead processes and keeps a live process's own.
+TEST_F(Checkpoint, AtomicWritesRemoveTemporariesOfDeadWriters) {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);  // reaped: the pid names no process now
+  const std::string dead = dir_ + "/.model.pt.tmp." + std::to_string(child);
+  const std::string live = dir_ + "/.model.pt.tmp." + std::to_string(::getppid());
+  const std::string other = dir_ + "/.summary.json.tmp." + std::to_string(child);
+  for (const auto& path : {dead, live, other}) std::ofstream(path) << "partial";
+  writeFileAtomic(dir_ + "/model.pt", "bytes");
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::exists(live));   // another job may be writing it
+  EXPECT_TRUE(fs::exists(other));  // another name: its own next write cleans it
+  EXPECT_EQ(run("cat " + dir_ + "/model.pt"), "bytes");
+}
+
 TEST_F(Checkpoint, ChecksumChangesWithAnyField) {
   const TrainingState s = sampleState();
   TrainingState t = sampleState();
@@ -254,6 +276,16 @@ TEST_F(Checkpoint, CorruptOrTruncatedFilesAreDetectedAndNamed) {
   const std::string m = errorOf([&] { loadTrainingCheckpoint(flipped); });
   EXPECT_NE(m.find("flipped.pt"), std::string::npos) << m;
   EXPECT_NE(m.find("corrupt"), std::string::npos) << m;
+  // Read as a model file (eval.model_path, init.model_path, ddp::loadModel) the checksum is verified
+  // too (issue 30, 7): the damaged copy is refused, the good one loads.
+  struct Holder : torch::nn::Module {
+    torch::nn::Linear fc1{nullptr};
+    Holder() { fc1 = register_module("fc1", torch::nn::Linear(3, 4)); }
+  };
+  Holder holder;
+  const std::string asModel = errorOf([&] { loadModelFile(holder, flipped); });
+  EXPECT_NE(asModel.find("'" + flipped + "' is corrupt: checksum"), std::string::npos) << asModel;
+  EXPECT_EQ(errorOf([&] { loadModelFile(holder, good); }), "<no error>");
 
   const std::string cut = dir_ + "/cut.pt";
   fs::copy_file(good, cut, fs::copy_options::overwrite_existing);

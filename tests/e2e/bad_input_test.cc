@@ -207,6 +207,12 @@ std::string writeFile(const std::string& path, const std::string& text) {
   return path;
 }
 
+// A named pipe nobody writes to: opening it for reading blocks until a writer comes.
+std::string fifo(const std::string& path) {
+  if (::mkfifo(path.c_str(), 0600) != 0) ADD_FAILURE() << "mkfifo " << path << " failed";
+  return path;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Readme, BadInputTable,
     ::testing::Values(
@@ -356,6 +362,41 @@ INSTANTIATE_TEST_SUITE_P(
                  "config: 'train.precision' is bf16 but mode dp (DataParallel) trains in fp32 only; use mode ddp", 2},
         BadInput{"ZeroLossScale", [](const Fixture& f) { return worker({"train.precision=fp16", "train.loss_scale_init=0"}, f); },
                  "config: 'train.loss_scale_init' must be a positive finite number", 2},
+        // Robustness, second round (issue 30).
+        BadInput{"NamedPipeAsConfig", [](const Fixture& f) {
+                   return std::vector<std::string>{"--nproc_per_node=1", DDP_WORKER_BIN, fifo(f.dir + "/f.yaml")};
+                 }, "f.yaml' is a named pipe, not a file; pass the path of a YAML config", 2},
+        BadInput{"NamedPipeAsResume", [](const Fixture& f) { return worker({"resume=" + fifo(f.dir + "/f.pt")}, f); },
+                 "f.pt', a named pipe, not a file; give a checkpoint file, or resume=auto", 2},
+        BadInput{"NamedPipeAsInitModel", [](const Fixture& f) { return worker({"init.model_path=" + fifo(f.dir + "/f.pt")}, f); },
+                 "f.pt', a named pipe, not a file; give a model file", 2},
+        BadInput{"NamedPipeAsEvalModel", [](const Fixture& f) {
+                   return worker({"mode=eval", "eval.model_path=" + fifo(f.dir + "/f.pt")}, f, 1);
+                 }, "config: 'eval.model_path' is '", 2},
+        BadInput{"EmptyOutputDir", [](const Fixture& f) { return worker({"output.dir="}, f); },
+                 "config: 'output.dir' must not be empty", 2},
+        BadInput{"EmptyExportName", [](const Fixture& f) { return worker({"output.export="}, f); },
+                 "config: 'output.export' must be a file name inside output.dir", 2},
+        BadInput{"SectionIsANumber", [](const Fixture& f) {
+                   return std::vector<std::string>{"--nproc_per_node=1", DDP_WORKER_BIN,
+                                                   writeFile(f.dir + "/n.yaml", "train: 5\n")};
+                 }, "must be a map of keys such as train.epochs (got '5')", 2},
+        BadInput{"SectionIsAList", [](const Fixture& f) {
+                   return std::vector<std::string>{"--nproc_per_node=1", DDP_WORKER_BIN,
+                                                   writeFile(f.dir + "/l.yaml", "model: []\n")};
+                 }, "config: 'model' in " , 2},
+        BadInput{"SectionIsEmpty", [](const Fixture& f) {
+                   return std::vector<std::string>{"--nproc_per_node=1", DDP_WORKER_BIN,
+                                                   writeFile(f.dir + "/e.yaml", "train: ~\n")};
+                 }, "must be a map of keys such as train.epochs (got nothing)", 2},
+        BadInput{"TwoYamlDocuments", [](const Fixture& f) {
+                   return std::vector<std::string>{"--nproc_per_node=1", DDP_WORKER_BIN,
+                                                   writeFile(f.dir + "/two.yaml", "mode: ddp\n---\nmode: dp\n")};
+                 }, "holds 2 YAML documents (separated by '---'); a config is one document", 2},
+        BadInput{"InfiniteBucket", [](const Fixture& f) { return worker({"comm.bucket_cap_mb=.inf"}, f); },
+                 "config: 'comm.bucket_cap_mb' must be > 0 and at most 1000000 (MB)", 2},
+        BadInput{"HugeFirstBucket", [](const Fixture& f) { return worker({"comm.first_bucket_mb=1e300"}, f); },
+                 "config: 'comm.first_bucket_mb' must be > 0 and at most 1000000 (MB)", 2},
         BadInput{"ShutdownGraceBeyondRange", [](const Fixture& f) { return worker({}, f, 2, {"--shutdown_grace_s=1e308"}); },
                  "--shutdown_grace_s must be a number of seconds from 0 to 86400", 2},
         // Messages that pointed the wrong way.

@@ -27,6 +27,18 @@ TEST(Config, EmptyDocumentGivesDocumentedDefaults) {
   EXPECT_EQ(c.train.maxSteps, 0);
 }
 
+// An empty value is the empty string (the key's default where it has one), never the text "null"
+// (issue 30, 2): `checkpoint.dir=` is <output.dir>/checkpoints, `resume=` no resume.
+TEST(Config, AnEmptyValueIsTheDefaultNotTheTextNull) {
+  const WorkerConfig c = parseConfig("checkpoint:\n  dir:\nresume:\n", {"checkpoint.dir=", "resume=", "data.root="});
+  EXPECT_EQ(c.checkpoint.dir, "");
+  EXPECT_EQ(checkpointDir(c), c.output.dir + "/checkpoints");
+  EXPECT_EQ(c.resume, "");
+  EXPECT_EQ(c.data.root, "");
+  EXPECT_EQ(errorOf("", {"output.dir="}), "config: 'output.dir' must not be empty");
+  EXPECT_NE(errorOf("train: 5"), "<no error>");
+}
+
 TEST(Config, ReadsNestedKeysAndLists) {
   const WorkerConfig c = parseConfig(R"(
 mode: single

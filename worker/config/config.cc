@@ -34,6 +34,14 @@ Field bindField(const std::string& key, const std::string& type, T& ref) {
                [&ref] { return YAML::Node(ref); }};
 }
 
+// An empty value (`output.dir=`, `dir:` with nothing after it) is the empty string, which means the
+// key's default or is refused by validate(); yaml-cpp would read it as the text "null".
+template <>
+Field bindField<std::string>(const std::string& key, const std::string& type, std::string& ref) {
+  return Field{key, type, [&ref](const YAML::Node& n) { ref = n.IsNull() ? std::string() : n.as<std::string>(); },
+               [&ref] { return YAML::Node(ref); }};
+}
+
 // Shortest faithful form: 0.05, not 0.050000000000000003.
 template <>
 Field bindField<double>(const std::string& key, const std::string& type, double& ref) {
@@ -178,6 +186,19 @@ std::size_t editDistance(const std::string& a, const std::string& b) {
   DDP_THROW(ConfigError, "config: unknown key '", key, "'", origin, hint);
 }
 
+// `train: 5`, `train: ~`, `model: []`: a section given something other than a map of keys.
+void notASection(const std::string& key, const YAML::Node& value, const std::vector<Field>& fields,
+                 const std::string& origin) {
+  const auto member = std::find_if(fields.begin(), fields.end(),
+                                   [&](const Field& f) { return f.key.rfind(key + ".", 0) == 0; });
+  if (member == fields.end()) return;
+  std::string got = "nothing";
+  if (value.IsSequence()) got = "a list";
+  else if (value.IsScalar()) got = "'" + value.Scalar() + "'";
+  DDP_THROW(ConfigError, "config: '", key, "'", origin, " must be a map of keys such as ", member->key,
+            " (got ", got, ")");
+}
+
 void setField(const Field& field, const YAML::Node& value, const std::string& origin) {
   try {
     field.set(value);
@@ -221,6 +242,8 @@ const Field* findField(const std::vector<Field>& fields, const std::string& key)
 constexpr size_t kMaxConfigBytes = 1u << 20;
 // More intra-op threads than this per core only adds scheduling overhead.
 constexpr int64_t kThreadsPerCore = 4;
+// Bucket sizes become byte counts: 1 TB is beyond any model, far below size_t's range.
+constexpr double kMaxBucketMb = 1e6;
 // Timeouts become std::chrono::milliseconds; far beyond any real wait, far below overflow.
 constexpr double kMaxTimeoutS = 7 * 24 * 3600;
 
@@ -326,8 +349,11 @@ void validate(const WorkerConfig& c) {
           "must be at most " + std::to_string(static_cast<int64_t>(kMaxTimeoutS)) + " (7 days)");
   require(c.comm.reducer == "bucketed" || c.comm.reducer == "flat", "comm.reducer",
           "is '" + c.comm.reducer + "'; use bucketed or flat");
-  require(c.comm.bucketCapMb > 0, "comm.bucket_cap_mb", "must be > 0");
-  require(c.comm.firstBucketMb > 0, "comm.first_bucket_mb", "must be > 0");
+  // Megabytes become byte counts (size_t): finite and far below any memory.
+  require(c.comm.bucketCapMb > 0 && c.comm.bucketCapMb <= kMaxBucketMb, "comm.bucket_cap_mb",
+          "must be > 0 and at most " + std::to_string(static_cast<int64_t>(kMaxBucketMb)) + " (MB), e.g. 25");
+  require(c.comm.firstBucketMb > 0 && c.comm.firstBucketMb <= kMaxBucketMb, "comm.first_bucket_mb",
+          "must be > 0 and at most " + std::to_string(static_cast<int64_t>(kMaxBucketMb)) + " (MB), e.g. 1"); 
   require(c.comm.compression == "none" || c.comm.compression == "fp16" || c.comm.compression == "bf16",
           "comm.compression", "is '" + c.comm.compression + "'; use none, fp16 or bf16");
   require(c.train.accumulateSteps >= 1, "train.accumulate_steps", "must be >= 1");
@@ -348,6 +374,7 @@ WorkerConfig build(const YAML::Node& root, const std::vector<std::string>& overr
     flatten(root, "", flat, origin, seen);
     for (const auto& [key, value] : flat) {
       const Field* f = findField(fields, key);
+      if (f == nullptr) notASection(key, value, fields, origin);
       if (f == nullptr) unknownKey(key, fields, origin);
       setField(*f, value, origin);
     }
@@ -399,6 +426,12 @@ WorkerConfig parseConfig(const std::string& yamlText, const std::vector<std::str
 }
 
 WorkerConfig loadConfig(const std::string& path, const std::vector<std::string>& overrides) {
+  // A named pipe without a writer would block the open below for ever.
+  struct stat pipeInfo {};
+  if (::stat(path.c_str(), &pipeInfo) == 0 && (S_ISFIFO(pipeInfo.st_mode) || S_ISSOCK(pipeInfo.st_mode))) {
+    DDP_THROW(ConfigError, "config: '", path, "' is a ", S_ISFIFO(pipeInfo.st_mode) ? "named pipe" : "socket",
+              ", not a file; pass the path of a YAML config such as configs/fmnist_cnn_ddp.yaml");
+  }
   std::ifstream in(path);
   if (!in) DDP_THROW(ConfigError, "config: cannot read '", path, "'; pass the path of a YAML config such as configs/fmnist_cnn_ddp.yaml");
   struct stat info {};
@@ -416,7 +449,12 @@ WorkerConfig loadConfig(const std::string& path, const std::vector<std::string>&
   }
   YAML::Node root;
   try {
-    root = YAML::Load(text);
+    const std::vector<YAML::Node> documents = YAML::LoadAll(text);
+    if (documents.size() > 1) {
+      DDP_THROW(ConfigError, "config: ", path, " holds ", documents.size(), " YAML documents (separated by '---'); "
+                "a config is one document: merge them or keep one");
+    }
+    if (!documents.empty()) root = documents.front();
   } catch (const YAML::Exception& e) {
     DDP_THROW(ConfigError, "config: ", path, ":", e.mark.line + 1, ": YAML syntax error: ", e.msg);
   }

@@ -34,7 +34,29 @@ void probeFile(const std::string& dir, const std::string& name, const std::strin
 
 }  // namespace
 
+// What `path` is when it exists but is neither a regular file nor a directory ("" otherwise):
+// opening a named pipe nobody writes to blocks for ever.
+static std::string specialFileKind(const std::string& path) {
+  struct stat info {};
+  if (path.empty() || ::stat(path.c_str(), &info) != 0 || S_ISREG(info.st_mode) || S_ISDIR(info.st_mode)) return "";
+  if (S_ISFIFO(info.st_mode)) return "a named pipe";
+  if (S_ISSOCK(info.st_mode)) return "a socket";
+  return "a device";
+}
+
+static void refuseSpecialFile(const std::string& key, const std::string& path, const std::string& what) {
+  const std::string kind = specialFileKind(path);
+  if (!kind.empty()) {
+    DDP_THROW(ConfigError, "config: '", key, "' is '", path, "', ", kind, ", not a file; give ", what);
+  }
+}
+
 void checkInputPaths(const WorkerConfig& config) {
+  if (config.resume != "auto") refuseSpecialFile("resume", config.resume, "a checkpoint file, or resume=auto");
+  refuseSpecialFile("init.model_path", config.init.modelPath, "a model file torch.save or our export wrote");
+  if (config.mode == Mode::kEval) {
+    refuseSpecialFile("eval.model_path", config.eval.modelPath, "a model file torch.save or our export wrote");
+  }
   if (!config.resume.empty() && config.resume != "auto" && isDirectory(config.resume)) {
     DDP_THROW(ConfigError, "config: 'resume' is the directory '", config.resume,
               "'; give a checkpoint file in it, or resume=auto to take the newest valid one in checkpoint.dir");
