@@ -294,7 +294,11 @@ int main(int argc, char** argv) {
     return 1;
   } catch (const std::exception& e) {
     std::string what = e.what();
-    std::cerr << "worker: " << what.substr(0, what.find("\nException raised from")) << std::endl;
+    what = what.substr(0, what.find("\nException raised from"));
+    // LibTorch's allocator error relayed by another rank (the host's data copy) reads as rank 0's.
+    const bool outOfMemory = what.find("can't allocate memory") != std::string::npos;
+    std::cerr << "worker: " << (outOfMemory ? "out of memory: " : "") << what
+              << (outOfMemory ? "; use a smaller model (model.hidden) or train.batch_size" : "") << std::endl;
     return 1;
   }
 }

@@ -1,5 +1,6 @@
 #include "libddp/data/host_copy.h"
 
+#include <c10/util/Exception.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -83,7 +84,11 @@ HostCopy loadOncePerHost(c10d::Store& store, std::chrono::milliseconds timeout, 
     } catch (const std::exception& e) {
       const auto* config = dynamic_cast<const ConfigError*>(&e);
       const auto* dataError = dynamic_cast<const DataError*>(&e);
-      message = {{"kind", config ? "config" : dataError ? "data" : "other"}, {"message", e.what()}};
+      // LibTorch's errors carry a C++ backtrace in what(): the other ranks get the message only.
+      const auto* torchError = dynamic_cast<const c10::Error*>(&e);
+      std::string what = torchError ? torchError->what_without_backtrace() : e.what();
+      if (torchError) what = what.substr(0, what.find('\n'));
+      message = {{"kind", config ? "config" : dataError ? "data" : "other"}, {"message", what}};
       store.set(key + "/copy", bytesOf(message.dump()));
       try {
         waitForOthers(std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(30)));

@@ -393,6 +393,10 @@ INSTANTIATE_TEST_SUITE_P(
                    return std::vector<std::string>{"--nproc_per_node=1", DDP_WORKER_BIN,
                                                    writeFile(f.dir + "/two.yaml", "mode: ddp\n---\nmode: dp\n")};
                  }, "holds 2 YAML documents (separated by '---'); a config is one document", 2},
+        BadInput{"SyntheticClassesBeyondMemory", [](const Fixture& f) { return worker({"data.synthetic_classes=100000000"}, f); },
+                 "and data.synthetic_classes=100000000 need about 1.25e+03 GiB to generate", 2},
+        BadInput{"SyntheticSamplesBeyondMemory", [](const Fixture& f) { return worker({"data.synthetic_train=2000000000"}, f); },
+                 "config: data.synthetic_train=2000000000, data.synthetic_test=", 2},
         BadInput{"InfiniteBucket", [](const Fixture& f) { return worker({"comm.bucket_cap_mb=.inf"}, f); },
                  "config: 'comm.bucket_cap_mb' must be > 0 and at most 1000000 (MB)", 2},
         BadInput{"HugeFirstBucket", [](const Fixture& f) { return worker({"comm.first_bucket_mb=1e300"}, f); },

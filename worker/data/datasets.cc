@@ -2,7 +2,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <thread>
 
@@ -32,6 +35,30 @@ Datasets fromShared(const std::vector<at::Tensor>& t, const nlohmann::json& j) {
   const auto input = j.at("input").get<std::vector<int64_t>>();
   d.input = InputSpec{input.at(0), input.at(1), input.at(2), input.at(3)};
   return d;
+}
+
+// makeSynthetic's tensors (float32 images [N, F], the rule [F, C], the scores [N, C]) before any is
+// allocated: keys that ask for more than the host has are one line naming them, not an allocator
+// error from deep inside LibTorch.
+void checkSyntheticFits(const DataConfig& config, const data::SyntheticOptions& opts) {
+  double features = 1;
+  for (int64_t d : opts.shape) features *= static_cast<double>(d);
+  const double n = static_cast<double>(opts.size);
+  const double classes = static_cast<double>(opts.numClasses);
+  const double bytes = 4.0 * (n * features + features * classes + n * classes) + 8.0 * n;
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long pageSize = ::sysconf(_SC_PAGESIZE);
+  const double memory = pages > 0 && pageSize > 0 ? static_cast<double>(pages) * static_cast<double>(pageSize) : 0;
+  if (memory <= 0 || bytes <= memory) return;
+  const auto gib = [](double b) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.3g GiB", b / (1024.0 * 1024 * 1024));
+    return std::string(text);
+  };
+  DDP_THROW(ConfigError, "config: data.synthetic_train=", config.syntheticTrain, ", data.synthetic_test=",
+            config.syntheticTest, " and data.synthetic_classes=", config.syntheticClasses, " need about ", gib(bytes),
+            " to generate (images, labelling rule, scores) but this host has ", gib(memory),
+            "; use fewer samples or classes");
 }
 
 }  // namespace
@@ -95,6 +122,7 @@ Datasets loadDatasets(const DataConfig& config, uint64_t seed) {
     opts.size = config.syntheticTrain + config.syntheticTest;
     opts.numClasses = config.syntheticClasses;
     opts.seed = seed;
+    checkSyntheticFits(config, opts);
     auto all = data::makeSynthetic(opts);
     d.train = all.rows(0, config.syntheticTrain);
     d.test = all.rows(config.syntheticTrain, config.syntheticTest);
