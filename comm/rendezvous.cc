@@ -13,6 +13,7 @@
 #include "common/error.h"
 #include "common/job_token.h"
 #include "common/listen_socket.h"
+#include "common/rank_list.h"
 
 namespace ddp::comm {
 namespace {
@@ -125,13 +126,12 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const RendezvousOptions& options) {
       const int64_t joined = store->add(kCountKey, 0);
       if (joined >= options.worldSize) break;
       if (std::chrono::steady_clock::now() >= deadline) {
-        std::string missing;
-        int missingCount = 0;
+        std::vector<int> absent;
         for (int r = 0; r < options.worldSize; ++r) {
-          if (!store->check({joinedKey(r)})) {
-            missing += (missingCount++ ? ", " : "") + std::to_string(r);
-          }
+          if (!store->check({joinedKey(r)})) absent.push_back(r);
         }
+        const int missingCount = static_cast<int>(absent.size());
+        const std::string missing = rankRanges(absent);
         DDP_THROW(TimeoutError, "rendezvous timed out after ", seconds(options.timeout), " s: ",
                   options.worldSize - missingCount, "/", options.worldSize,
                   " ranks joined (missing: ", missing, "). Did every rank start with WORLD_SIZE=",

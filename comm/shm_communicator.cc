@@ -19,6 +19,7 @@
 #include <random>
 
 #include "common/error.h"
+#include "common/rank_list.h"
 #include "common/sha256.h"
 #include "common/shm_segment_name.h"
 
@@ -179,15 +180,16 @@ class ShmCommunicator final : public Communicator {
       if (std::chrono::steady_clock::now() > deadline) {
         header_->broken.store(1);
         futex(&header_->generation, FUTEX_WAKE, INT_MAX, nullptr);
-        std::string missing;
+        std::vector<int> absent;
         int joined = 0;
         for (int r = 0; r < size(); ++r) {
           if (header_->entered[r].load(std::memory_order_relaxed) == gen + 1) {
             ++joined;
           } else {
-            missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+            absent.push_back(r);
           }
         }
+        const std::string missing = rankRanges(absent);
         DDP_THROW(TimeoutError, "shm ", op, " on rank ", rank(), "/", size(), " timed out after ",
                   options_.timeout.count() / 1000.0, " s: ", joined, "/", size(), " ranks joined",
                   missing.empty() ? std::string("; another rank stopped answering or crashed")

@@ -8,6 +8,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/rank_list.h"
+
 namespace ddp::comm {
 namespace {
 
@@ -48,7 +50,7 @@ std::string TimeoutCensus::missingRanks() const {
         if (missing.empty() || std::chrono::steady_clock::now() >= deadline) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
-      for (size_t i = 0; i < missing.size(); ++i) answer += (i ? ", " : "missing: ") + std::to_string(missing[i]);
+      if (!missing.empty()) answer = "missing: " + rankRanges(missing);
       store->set(countedKey(rank), std::vector<uint8_t>{1});
       // Rank 0 hosts the store: it stays until every rank that signed in has counted too (each
       // within its own window), or those that signed after it would find the store gone.

@@ -246,7 +246,10 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
         std::error_code ec;
         const auto bytes = kept.empty() ? 0 : std::filesystem::file_size(kept.back(), ec);
         const int64_t keep = options_.keepLast;
-        const std::string size = ec || bytes == 0 ? std::string() : " of " + std::to_string(bytes >> 20) + " MiB";
+        // KiB below a MiB: "checkpoints of 0 MiB" said nothing about a 0.4 MiB file.
+        const std::string size = ec || bytes == 0                ? std::string()
+                                 : bytes < (uintmax_t{1} << 20) ? " of " + std::to_string((bytes + 1023) >> 10) + " KiB"
+                                                                : " of " + std::to_string(bytes >> 20) + " MiB";
         DDP_THROW(CheckpointError, e.what(), "; ", options_.keepLastName, "=", keep,
                   keep > 0 ? " needs room for " + std::to_string(keep + 1) + " checkpoints" + size +
                                  " (the new one is written before the oldest is removed)"

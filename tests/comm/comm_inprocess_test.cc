@@ -21,6 +21,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include "comm/shm_communicator.h"
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include "common/rank_list.h"
 #include "tests/comm/thread_ranks.h"
 #include "common/error.h"
 
@@ -169,6 +170,34 @@ TEST(Rendezvous, TimeoutNamesTheMissingRanks) {
   for (const auto& e : errors) {
     EXPECT_NE(e.find("2/3 ranks joined (missing: 2)"), std::string::npos) << e;
   }
+}
+
+// At a large world size the missing ranks are ranges (issue 30, 11): one short line, not one
+// number per rank (59 KB at 10 000 ranks before).
+TEST(Rendezvous, MissingRanksOfALargeWorldAreRanges) {
+  EXPECT_EQ(rankRanges({2, 3, 4, 7, 9, 10}), "2-4, 7, 9-10");
+  EXPECT_EQ(rankRanges({}), "");
+  std::vector<int> every;
+  for (int r = 0; r < 100; r += 2) every.push_back(r);  // 50 separate ranks
+  EXPECT_EQ(rankRanges(every, 3), "0, 2, 4, ... (47 more ranks)");
+  auto host = hostStore();
+  const uint16_t port = host->getPort();
+  std::string error;
+  std::thread rank0([&] {
+    try {
+      RendezvousOptions rdv;
+      rdv.masterPort = port;
+      rdv.rank = 0;
+      rdv.worldSize = 2000;
+      rdv.storeServedElsewhere = true;
+      rdv.timeout = std::chrono::seconds(2);
+      rendezvous(rdv);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  rank0.join();
+  EXPECT_NE(error.find("1/2000 ranks joined (missing: 1-1999)"), std::string::npos) << error;
 }
 
 TEST(Rendezvous, AStoreServedElsewhereKeepsEachAttemptApart) {

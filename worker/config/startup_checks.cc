@@ -24,9 +24,13 @@ void probeFile(const std::string& dir, const std::string& name, const std::strin
   const std::string probe = dir + "/." + name + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) {
+    const int error = errno;
     const std::string shown = name.size() > 40 ? name.substr(0, 40) + "..." : name;
-    DDP_THROW(ConfigError, "config: '", key, "': cannot create '", shown, "' (", name.size(), " characters) in '", dir,
-              "' (", std::strerror(errno), "); ", fix);
+    // The length matters when the name is too long; for a permission error it is noise.
+    const std::string length = error == ENAMETOOLONG ? " (" + std::to_string(name.size()) + " characters)" : "";
+    DDP_THROW(ConfigError, "config: '", key, "': cannot create '", shown, "'", length, " in '", dir, "' (",
+              std::strerror(error), "); ",
+              error == ENAMETOOLONG ? fix : "make '" + dir + "' writable or choose another directory");
   }
   ::close(fd);
   ::unlink(probe.c_str());
