@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 
 #include "libddp/internal.h"
@@ -130,7 +131,9 @@ ProcessGroup initProcessGroup(const InitOptions& options) {
   ::setenv("TORCH_CPP_LOG_LEVEL", "FATAL", /*overwrite=*/0);
   c10::initLogging();
   const DistEnv env = readDistEnv(processEnv(), options.legacyLocalRank);
-  // The secret stays in this process: programs it starts do not get it.
+  // The secret stays in this process: programs it starts do not get it, and /proc/PID/environ (the
+  // initial environment block, which unsetenv leaves as it was) shows only x's where it was.
+  if (char* token = ::getenv(kTokenEnv)) std::memset(token, 'x', std::strlen(token));
   ::unsetenv(kTokenEnv);
   ::unsetenv(kStoreFdEnv);
   if (options.timeout.count() <= 0) DDP_THROW(ConfigError, "ddp::InitOptions::timeout must be positive");

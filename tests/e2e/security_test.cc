@@ -181,6 +181,17 @@ TEST(Security, EverySocketOfASingleNodeJobIsOnLoopbackAndTheTokenIsNotOnAnyComma
     // The token travels in the environment only.
     const std::string cmdline = test::readFile("/proc/" + pid + "/cmdline");
     EXPECT_EQ(cmdline.find("TOKEN"), std::string::npos) << cmdline;
+    // Nor in a worker's initial environment block, which /proc/PID/environ shows to the same user
+    // even after unsetenv (issue 30, 6): initProcessGroup overwrites the value in place.
+    const std::string environ = test::readFile("/proc/" + pid + "/environ");
+    const auto at = environ.find("DDP_RDZV_TOKEN=");
+    if (pid != pids[0]) ASSERT_NE(at, std::string::npos) << "the launcher hands the token over in the environment";
+    if (at != std::string::npos) {
+      const auto begin = at + std::string("DDP_RDZV_TOKEN=").size();
+      const std::string value = environ.substr(begin, environ.find('\0', begin) - begin);
+      EXPECT_FALSE(value.empty());
+      EXPECT_EQ(value.find_first_not_of('x'), std::string::npos) << "pid " << pid << " still shows its token";
+    }
   }
   // Every TCP socket of the job (listening or connected: the store, its clients, Gloo's pairs)
   // has a loopback local address. (Gloo 1.13 closes its listeners once the pairs connect; 2.x
