@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -229,11 +230,19 @@ std::unique_ptr<Communicator> makeShmCommunicator(const c10::intrusive_ptr<c10d:
     name = "/" + shmSegmentPrefix(::getpid()) + crypto::toHex(crypto::randomBytes(16));
     fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd >= 0) unlinkOnExit.name = name;
-    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-      const int error = errno;
+    // ftruncate never fails on tmpfs: the pages come on first touch, and a /dev/shm too small for
+    // them is a SIGBUS in the middle of a collective. posix_fallocate takes them now, or says no.
+    int error = 0;
+    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) error = errno;
+    if (error == 0) error = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+    if (error != 0) {
       if (fd >= 0) ::close(fd);
-      DDP_THROW(CommError, "shm: cannot create a ", bytes >> 20, " MiB segment in /dev/shm (", std::strerror(error),
-                "); free /dev/shm or use backend: gloo");
+      struct statvfs fs {};
+      const std::string room = ::statvfs("/dev/shm", &fs) == 0
+                                   ? "; /dev/shm has " + std::to_string((fs.f_bavail * fs.f_frsize) >> 20) + " MiB free"
+                                   : std::string();
+      DDP_THROW(CommError, "shm: cannot create a ", (bytes + (1u << 20) - 1) >> 20, " MiB segment in /dev/shm (",
+                std::strerror(error), room, "); free /dev/shm, enlarge it (docker run --shm-size) or use backend: gloo");
     }
     try {
       store->set("ddp/shm/name", std::vector<uint8_t>(name.begin(), name.end()));

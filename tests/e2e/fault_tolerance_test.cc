@@ -139,6 +139,25 @@ INSTANTIATE_TEST_SUITE_P(FaultTolerance, StuckRank,
 
 bool sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0; }
 
+// A /dev/shm too small for the shm backend's segment (issue 30, 4): one line with the sizes, not
+// a SIGBUS at the first collective (ftruncate never fails on tmpfs; the pages came on first touch).
+// The job runs in a mount namespace of its own whose /dev/shm is an 8 MiB tmpfs.
+TEST(FaultTolerance, ADevShmTooSmallForTheShmBackendIsOneLineNotASigbus) {
+  if (::geteuid() != 0 || !sh("unshare -m true")) GTEST_SKIP() << "needs root and unshare -m";
+  const std::string base = tempDir();
+  std::string job = std::string(DDP_LAUNCH_BIN) + " --nproc_per_node=2 " + DDP_WORKER_BIN;
+  for (const auto& a : trainArgs(base + "/out")) job += " '" + a + "'";
+  job += " backend=shm 'model.hidden=[2048, 2048]' train.max_steps=3";
+  const auto r = test::runCommand(
+      {"/usr/bin/unshare", "-m", "/bin/sh", "-c", "mount -t tmpfs -o size=8m tmpfs /dev/shm && exec " + job}, 120);
+  EXPECT_NE(r.exitCode, 0) << r.output;
+  EXPECT_NE(r.output.find(" MiB segment in /dev/shm (No space left on device; /dev/shm has "), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("enlarge it (docker run --shm-size) or use backend: gloo"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("SIGBUS"), std::string::npos) << r.output;
+  fs::remove_all(base);
+}
+
 TEST(FaultTolerance, TwoNodesInTwoNetworkNamespaces) {
   const std::string tag = "ddpt" + std::to_string(::getpid() % 100000);
   const std::string a = tag + "a", b = tag + "b";
