@@ -121,6 +121,27 @@ TEST_P(BadInputTable, OneClearLineNonZeroExitNothingWrittenNothingLeft) {
   fs::remove_all(f.dir);
 }
 
+// Two jobs, one output.dir (issue 30): the second is refused with one line naming the first's pid,
+// instead of both overwriting (and deleting the temporaries of) each other's files.
+TEST(OutputDir, ASecondJobOnTheSameOutputDirIsRefused) {
+  const std::string dir = test::makeTempDir("ddp_two_jobs");
+  test::Background first({DDP_LAUNCH_BIN, "--nproc_per_node=1", DDP_WORKER_BIN, kConfig, "output.dir=" + dir + "/out",
+                          "train.epochs=100000", "train.log_every=1"},
+                         dir + "/first.log");
+  ASSERT_TRUE(first.waitFor("step 1/", 120)) << test::readFile(first.log);
+  const auto second = test::runCommand({DDP_LAUNCH_BIN, "--nproc_per_node=2", DDP_WORKER_BIN, kConfig,
+                                        "output.dir=" + dir + "/out", "train.max_steps=2"},
+                                       90);
+  EXPECT_EQ(second.exitCode, 2) << second.output;
+  EXPECT_NE(second.output.find("config: 'output.dir' " + dir + "/out is in use by another job (pid "),
+            std::string::npos)
+      << second.output;
+  ::kill(-first.pid, SIGTERM);
+  EXPECT_GE(first.wait(60), 0) << test::readFile(first.log);  // it stops on the signal, as any job
+  EXPECT_EQ(test::readFile(first.log).find("worker:"), std::string::npos) << test::readFile(first.log);
+  std::filesystem::remove_all(dir);
+}
+
 // Issue 15 (7): a store that takes the connection but never answers (a peer left half a request
 // on it, or it speaks another protocol version) held the rank forever. Here the "store" is a
 // socket that listens and never accepts: the kernel completes the connection, nothing replies.

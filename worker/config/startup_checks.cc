@@ -1,6 +1,7 @@
 #include "worker/config/startup_checks.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -75,8 +76,32 @@ void checkInputPaths(const WorkerConfig& config) {
   }
 }
 
+// One job per output.dir: two jobs writing one directory would overwrite each other's outputs and
+// remove each other's temporaries. An flock held for the life of this process (released by the
+// kernel when it ends, however it ends); the file names the holder.
+static void lockOutputDir(const std::string& dir) {
+  static int held = -1;
+  if (held >= 0) return;
+  const std::string path = dir + "/.ddp-launch.lock";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return;  // a read-only place fails its own probe with the reason
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    char owner[32] = {};
+    const ssize_t n = ::pread(fd, owner, sizeof owner - 1, 0);
+    ::close(fd);
+    std::string pid = n > 0 ? std::string(owner, static_cast<size_t>(n)) : std::string("?");
+    pid = pid.substr(0, pid.find('\n'));
+    DDP_THROW(ConfigError, "config: 'output.dir' ", dir, " is in use by another job (pid ", pid, " holds ", path,
+              "); give each job its own output.dir");
+  }
+  const std::string mine = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd, 0) == 0) (void)::pwrite(fd, mine.data(), mine.size(), 0);
+  held = fd;
+}
+
 void checkOutputPaths(const WorkerConfig& config) {
   checkpoint::makeDirectories(config.output.dir, "output.dir");
+  lockOutputDir(config.output.dir);
   probeFile(config.output.dir, "summary.json", "output.dir", "set output.dir to a writable directory");
   if (config.mode != Mode::kEval) {
     probeFile(config.output.dir, config.output.exportName, "output.export", "use a shorter file name");
