@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -151,6 +152,38 @@ TEST(Security, AnAttackedJobFinishesAsAnUndisturbedOne) {
   EXPECT_EQ(got["steps"], expected["steps"]);
   EXPECT_EQ(got["final_loss"], expected["final_loss"]);
   EXPECT_EQ(got["test_correct"], expected["test_correct"]);
+  fs::remove_all(base);
+}
+
+// The store of a running shm job (issue 30, 5: reported silent after start-up) greets a client and
+// closes it when it does not authenticate, as on a Gloo job: nothing queues on the port.
+TEST(Security, TheStoreOfARunningShmJobClosesAnUnauthenticatedClient) {
+  const std::string base = test::makeTempDir("security_shm");
+  const uint16_t port = test::freePort();
+  test::Background job({DDP_LAUNCH_BIN, "--nproc_per_node=2", "--master_port=" + std::to_string(port), DDP_WORKER_BIN,
+                        kConfig, "backend=shm", "output.dir=" + base + "/out", "train.epochs=100000",
+                        "train.log_every=1"},
+                       base + "/job.log");
+  ASSERT_TRUE(job.waitFor("step 2/", 120)) << test::readFile(job.log);  // start-up is over
+  const int fd = connectTo(port);
+  ASSERT_GE(fd, 0) << "the store's port refuses connections while the job runs";
+  // Read until the server closes (read() returns 0), at most 20 s.
+  std::string received;
+  bool closed = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!closed && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 1000) <= 0) continue;
+    char buf[256];
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n <= 0) closed = true;
+    else received.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  EXPECT_EQ(received.rfind("DDPSTORE", 0), 0u) << "no greeting: " << received.size() << " bytes";
+  EXPECT_TRUE(closed) << "the unauthenticated client was not closed within 20 s";
+  ::kill(-job.pid, SIGTERM);
+  EXPECT_GE(job.wait(60), 0);
   fs::remove_all(base);
 }
 
