@@ -254,7 +254,7 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
                   keep > 0 ? " needs room for " + std::to_string(keep + 1) + " checkpoints" + size +
                                  " (the new one is written before the oldest is removed)"
                            : " keeps every checkpoint" + size,
-                  ": free space in ", dir, " or lower ", options_.keepLastName);
+                  ": free space (or inodes: df -i) in ", dir, " or lower ", options_.keepLastName);
       }
       checkpoint::pruneCheckpoints(dir, options_.keepLast);
       spdlog::info("checkpoint {} (epoch {} step {})", path, position.epoch, position.stepInEpoch);

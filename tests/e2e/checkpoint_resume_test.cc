@@ -412,7 +412,7 @@ TEST(FullDisk, KeepLastNeedsRoomForOneMoreAndTheLineSaysSo) {
   const auto run = launch(2, args);
   EXPECT_EQ(run.exitCode, 1) << run.output;
   EXPECT_NE(run.output.find("checkpoint.keep_last=2 needs room for 3 checkpoints of 3 MiB (the new one is "
-                            "written before the oldest is removed): free space in " + disk.path),
+                            "written before the oldest is removed): free space (or inodes: df -i) in " + disk.path),
             std::string::npos)
       << run.output;
   // The two complete checkpoints are intact, the failed write left nothing.

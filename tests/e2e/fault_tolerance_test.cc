@@ -158,6 +158,26 @@ TEST(FaultTolerance, ADevShmTooSmallForTheShmBackendIsOneLineNotASigbus) {
   fs::remove_all(base);
 }
 
+// A file system out of inodes (issue 30): the start-up probe says so, with the errno's text, before
+// any training (a tmpfs with nr_inodes=2 in a mount namespace: the output directory takes one).
+TEST(FaultTolerance, AnOutputDirWithoutInodesIsOneLineAtStartUp) {
+  if (::geteuid() != 0 || !sh("unshare -m true")) GTEST_SKIP() << "needs root and unshare -m";
+  const std::string base = tempDir();
+  const std::string mnt = base + "/ino";
+  fs::create_directories(mnt);
+  std::string job = std::string(DDP_LAUNCH_BIN) + " --nproc_per_node=1 " + DDP_WORKER_BIN + " " + kConfig +
+                    " train.max_steps=3 output.dir=" + mnt + "/out";
+  const auto r = test::runCommand(
+      {"/usr/bin/unshare", "-m", "/bin/sh", "-c",
+       "mount -t tmpfs -o size=20m,nr_inodes=2 tmpfs " + mnt + " && exec " + job}, 120);
+  EXPECT_EQ(r.exitCode, 2) << r.output;
+  EXPECT_NE(r.output.find("config: 'output.dir': cannot create 'summary.json' in '" + mnt +
+                          "/out' (No space left on device); free space or inodes (df -i)"),
+            std::string::npos)
+      << r.output;
+  fs::remove_all(base);
+}
+
 TEST(FaultTolerance, TwoNodesInTwoNetworkNamespaces) {
   const std::string tag = "ddpt" + std::to_string(::getpid() % 100000);
   const std::string a = tag + "a", b = tag + "b";

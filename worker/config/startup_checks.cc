@@ -31,7 +31,9 @@ void probeFile(const std::string& dir, const std::string& name, const std::strin
     const std::string length = error == ENAMETOOLONG ? " (" + std::to_string(name.size()) + " characters)" : "";
     DDP_THROW(ConfigError, "config: '", key, "': cannot create '", shown, "'", length, " in '", dir, "' (",
               std::strerror(error), "); ",
-              error == ENAMETOOLONG ? fix : "make '" + dir + "' writable or choose another directory");
+              error == ENAMETOOLONG ? fix
+              : error == ENOSPC     ? "free space or inodes (df -i) on its file system, or choose another directory"
+                                    : "make '" + dir + "' writable or choose another directory");
   }
   ::close(fd);
   ::unlink(probe.c_str());
