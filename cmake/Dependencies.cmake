@@ -24,6 +24,21 @@ find_package(Boost 1.71 REQUIRED COMPONENTS filesystem)
 # Worker side. Pass -DCMAKE_PREFIX_PATH=<site-packages>/torch for the wheel
 # (scripts/build.sh does); it is searched before Debian's /usr copy.
 find_package(Torch REQUIRED)
+# LibTorch's caffe2::mkl names ${MKL_ROOT}/lib/intel64, intel64_win and win-x64 as link directories
+# whether they exist or not (pytorch/pytorch#73008): with MKL_ROOT empty they became /lib/intel64...
+# in every program's RPATH. Only the directories that exist are kept (the package config does the same).
+if(TARGET caffe2::mkl)
+  get_target_property(_mkl_dirs caffe2::mkl INTERFACE_LINK_DIRECTORIES)
+  if(_mkl_dirs)
+    set(_mkl_kept "")
+    foreach(_dir IN LISTS _mkl_dirs)
+      if(IS_DIRECTORY "${_dir}")
+        list(APPEND _mkl_kept "${_dir}")
+      endif()
+    endforeach()
+    set_property(TARGET caffe2::mkl PROPERTY INTERFACE_LINK_DIRECTORIES "${_mkl_kept}")
+  endif()
+endif()
 find_package(yaml-cpp REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
 find_package(ZLIB REQUIRED)

@@ -14,6 +14,32 @@ for f in bin/ddp-launch bin/worker include/ddp/ddp.h include/ddp/version.h lib/c
 done
 ls "$work/prefix"/lib*/libddp.so >/dev/null || fail "the install lacks libddp.so"
 
+# The installed programs load the LibTorch they were built with, even where another one sits in the
+# system library directory (this machine has Debian's libtorch next to the wheel), and carry no
+# RPATH entry that does not exist (LibTorch's MKL target names /lib/intel64*: pytorch#73008).
+torch_lib=$(realpath "$(sed -n 's/^Torch_DIR:PATH=//p' "$build/CMakeCache.txt")/../../../lib")
+for f in "$work/prefix/bin/worker" "$work/prefix/bin/ddp-launch" "$work/prefix"/lib*/libddp.so; do
+  rpath=$(readelf -d "$f" | sed -n 's/.*R\(UN\)\{0,1\}PATH.*\[\(.*\)\]/\2/p')
+  IFS=: read -ra entries <<<"$rpath"
+  for e in "${entries[@]}"; do
+    e=${e//\$ORIGIN/$(dirname "$f")}
+    [[ -z "$e" || -d "$e" ]] || fail "$f has the RPATH entry '$e', which does not exist (RPATH: $rpath)"
+  done
+done
+for f in "$work/prefix/bin/worker" "$work/prefix"/lib*/libddp.so; do
+  libs=$(ldd "$f")
+  loaded=$(sed -n 's/.*libtorch_cpu.so => \([^ ]*\) .*/\1/p' <<<"$libs")
+  [[ "$(realpath "$loaded")" == "$torch_lib"/* ]] || { echo "$libs"; fail "$f loads libtorch_cpu from '$loaded', not from $torch_lib"; }
+done
+"$work/prefix/bin/worker" --help >"$work/help.log" 2>&1 || { cat "$work/help.log"; fail "installed worker --help"; }
+grep -q "config" "$work/help.log" || { cat "$work/help.log"; fail "installed worker --help printed no usage"; }
+# The installed launcher and worker run a 2-rank job.
+"$work/prefix/bin/ddp-launch" --nproc_per_node=2 "$work/prefix/bin/worker" "$source/configs/synthetic_mlp.yaml" \
+  output.dir="$work/worker_out" train.max_steps=5 >"$work/worker.log" 2>&1 || { cat "$work/worker.log"; fail "installed worker, 2 ranks"; }
+[[ -s "$work/worker_out/summary.json" ]] || { cat "$work/worker.log"; fail "the installed worker wrote no summary.json"; }
+"$python" -c "import json,sys; s=json.load(open(sys.argv[1])); sys.exit(0 if s.get('world_size') == 2 else 1)" \
+  "$work/worker_out/summary.json" || { cat "$work/worker_out/summary.json"; fail "summary.json does not say world_size 2"; }
+
 # Only the install prefix: LibTorch comes through the package (the one it was built with).
 cmake -S "$source/examples/resnet_cifar" -B "$work/ex" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$work/prefix" >"$work/configure.log" 2>&1 || { cat "$work/configure.log"; fail "configure the example"; }
