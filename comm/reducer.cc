@@ -38,7 +38,7 @@ WireDtype parseCompression(const std::string& name) {
   if (name == "none") return WireDtype::kNone;
   if (name == "fp16") return WireDtype::kFp16;
   if (name == "bf16") return WireDtype::kBf16;
-  DDP_THROW(ConfigError, "config: 'comm.compression' is '", name, "'; use none, fp16 or bf16");
+  DDP_THROW(ConfigError, "ddp::DdpOptions::compression is '", name, "'; use none, fp16 or bf16");
 }
 
 Reducer::Reducer(Communicator& comm, std::vector<at::Tensor> params,
@@ -55,7 +55,7 @@ Reducer::Reducer(Communicator& comm, std::vector<at::Tensor> params,
   c10::NoGradGuard noGrad;
   // Gloo of LibTorch 1.13 has no bfloat16 sum: the all-reduce would fail and poison the group.
   if (!compat::kGlooSumsBFloat16 && options_.compression == WireDtype::kBf16 && comm_.backendName() == "gloo") {
-    DDP_THROW(ConfigError, "config: 'comm.compression' is bf16 but the gloo backend cannot "
+    DDP_THROW(ConfigError, "ddp::DdpOptions::compression is bf16 but the gloo backend cannot "
               "all-reduce bfloat16; use fp16 or none (bf16 needs nccl)");
   }
   layout_ = assignBuckets(params_, options_.firstBucketCapBytes, options_.bucketCapBytes);
@@ -260,7 +260,7 @@ std::string Reducer::describeMissingLocked() const {
   return detail::concat(
       count, " parameter(s) received no gradient in this backward (", names,
       "), so their buckets were never all-reduced. Make every parameter take part in the loss, "
-      "or set comm.find_unused_parameters=true (DDP's find_unused_parameters)");
+      "or set ddp::DdpOptions::findUnusedParameters = true (DDP's find_unused_parameters)");
 }
 
 }  // namespace ddp::comm

@@ -193,6 +193,7 @@ void saveModel(const torch::nn::Module& module, const std::string& path, Process
     }
   }
   at::Tensor failed = at::tensor({error.empty() ? 0.0 : 1.0});
+  api::CollectiveLabel label(group, "saveModel");
   group.allReduceSum(failed);
   if (!error.empty()) DDP_THROW(CheckpointError, error);
   if (failed.item<double>() > 0) DDP_THROW(CheckpointError, "rank 0 could not write '", path, "' (its log says why)");
@@ -202,13 +203,14 @@ void loadModel(torch::nn::Module& module, const std::string& path) { checkpoint:
 
 Checkpointer::Checkpointer(ProcessGroup group, CheckpointOptions options)
     : group_(std::move(group)), options_(std::move(options)) {
-  if (options_.dir.empty()) DDP_THROW(ConfigError, options_.dirName, " is empty; name a directory for the checkpoints");
-  if (options_.keepLast < 0) DDP_THROW(ConfigError, options_.keepLastName, " must be >= 0 (0 keeps all)");
+  if (options_.dir.empty()) DDP_THROW(ConfigError, "ddp::CheckpointOptions::dir", " is empty; name a directory for the checkpoints");
+  if (options_.keepLast < 0) DDP_THROW(ConfigError, "ddp::CheckpointOptions::keepLast", " must be >= 0 (0 keeps all)");
 }
 
 std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                const TrainPosition& position, const GradScaler* scaler) {
-  comm::Communicator& comm = api::communicatorOf(group_);
+  comm::Communicator& comm = api::communicatorOf(group_, "Checkpointer::save");
+  api::CollectiveLabel label(group_, "Checkpointer::save");
   const std::string& dir = options_.dir;
   const std::string path = checkpoint::checkpointPath(dir, position.globalStep);
   if (position.globalStep == lastSavedStep_) return path;  // this very step is on disk already
@@ -218,7 +220,7 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
   std::string error;
   if (comm.rank() == 0) {
     try {
-      checkpoint::makeDirectories(dir, options_.dirName);
+      checkpoint::makeDirectories(dir, "ddp::CheckpointOptions::dir");
       checkpoint::TrainingState state;
       for (auto& [key, tensor] : checkpoint::stateDict(module)) state.model.emplace_back(key, tensor);
       state.optimizer = optimizerState(optimizer, module);
@@ -250,11 +252,11 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
         const std::string size = ec || bytes == 0                ? std::string()
                                  : bytes < (uintmax_t{1} << 20) ? " of " + std::to_string((bytes + 1023) >> 10) + " KiB"
                                                                 : " of " + std::to_string(bytes >> 20) + " MiB";
-        DDP_THROW(CheckpointError, e.what(), "; ", options_.keepLastName, "=", keep,
+        DDP_THROW(CheckpointError, e.what(), "; ", "ddp::CheckpointOptions::keepLast", "=", keep,
                   keep > 0 ? " needs room for " + std::to_string(keep + 1) + " checkpoints" + size +
                                  " (the new one is written before the oldest is removed)"
                            : " keeps every checkpoint" + size,
-                  ": free space (or inodes: df -i) in ", dir, " or lower ", options_.keepLastName);
+                  ": free space (or inodes: df -i) in ", dir, " or lower ", "ddp::CheckpointOptions::keepLast");
       }
       checkpoint::pruneCheckpoints(dir, options_.keepLast);
       spdlog::info("checkpoint {} (epoch {} step {})", path, position.epoch, position.stepInEpoch);
@@ -287,7 +289,8 @@ std::optional<TrainPosition> Checkpointer::resume(torch::nn::Module& module, tor
 
 TrainPosition Checkpointer::resumeFrom(const std::string& path, torch::nn::Module& module,
                                        torch::optim::Optimizer& optimizer, GradScaler* scaler) {
-  comm::Communicator& comm = api::communicatorOf(group_);
+  comm::Communicator& comm = api::communicatorOf(group_, "Checkpointer::resume");
+  api::CollectiveLabel label(group_, "Checkpointer::resume");
   checkpoint::TrainingState state;
   if (!path.empty()) state = checkpoint::loadTrainingCheckpoint(path);
   const int64_t step = path.empty() ? -1 : state.globalStep;
@@ -297,7 +300,7 @@ TrainPosition Checkpointer::resumeFrom(const std::string& path, torch::nn::Modul
   steps = steps.cpu();
   if (steps[0].item<int64_t>() != step * steps[1].item<int64_t>()) {
     DDP_THROW(CommError, "resume: ranks found different checkpoints (rank ", comm.rank(), " has step ", step,
-              " from '", path.empty() ? "<none>" : path, "'); point every rank at the same ", options_.dirName);
+              " from '", path.empty() ? "<none>" : path, "'); point every rank at the same ", "ddp::CheckpointOptions::dir");
   }
   if (path.empty()) return {};
 

@@ -15,6 +15,7 @@
 namespace ddp {
 
 struct DdpEngine::State {
+  explicit State(ProcessGroup g) : group(std::move(g)) {}
   ProcessGroup group;
   std::vector<at::Tensor> buffers;
   bool syncBuffers = false;
@@ -22,7 +23,8 @@ struct DdpEngine::State {
   // (or there was none yet), so the next forward starts from rank 0's buffers. Inside no_sync that
   // is the first micro-batch's forward only.
   bool requireForwardParamSync = true;
-  std::unique_ptr<comm::GradientSync> gradientSync;  // none for a group of one
+  std::unique_ptr<api::LabelledCommunicator> gradients;  // the reducer's collectives, named in reports
+  std::unique_ptr<comm::GradientSync> gradientSync;       // none for a group of one
 };
 
 namespace {
@@ -35,8 +37,9 @@ size_t megabytes(double mb, const char* name) {
 }  // namespace
 
 DdpEngine::DdpEngine(torch::nn::Module& module, ProcessGroup group, DdpOptions options)
-    : state_(std::make_unique<State>(State{std::move(group), {}, false, true, nullptr})) {
-  comm::Communicator& comm = api::communicatorOf(state_->group);
+    : state_(std::make_unique<State>(std::move(group))) {
+  comm::Communicator& comm = api::communicatorOf(state_->group, "DistributedDataParallel's construction");
+  api::CollectiveLabel label(state_->group, "DistributedDataParallel construction");
   if (options.reducer != "bucketed" && options.reducer != "flat") {
     DDP_THROW(ConfigError, "ddp::DdpOptions::reducer is '", options.reducer, "'; use bucketed or flat");
   }
@@ -64,10 +67,11 @@ DdpEngine::DdpEngine(torch::nn::Module& module, ProcessGroup group, DdpOptions o
   comm::broadcastTensors(comm, all, /*root=*/0);
   state_->syncBuffers = comm.size() > 1 && options.broadcastBuffers && !state_->buffers.empty();
   if (comm.size() == 1) return;
+  state_->gradients = std::make_unique<api::LabelledCommunicator>(state_->group, "DDP gradients");
   if (options.reducer == "bucketed") {
-    state_->gradientSync = std::make_unique<comm::Reducer>(comm, params, names, reducer);
+    state_->gradientSync = std::make_unique<comm::Reducer>(*state_->gradients, params, names, reducer);
   } else {
-    state_->gradientSync = std::make_unique<comm::FlatGradientSync>(comm, params);
+    state_->gradientSync = std::make_unique<comm::FlatGradientSync>(*state_->gradients, params);
   }
 }
 
@@ -76,8 +80,10 @@ DdpEngine::~DdpEngine() = default;
 ProcessGroup& DdpEngine::group() { return state_->group; }
 
 void DdpEngine::beforeForward() {
+  comm::Communicator& comm = api::communicatorOf(state_->group, "a forward through the DDP wrapper");
   if (state_->requireForwardParamSync && state_->syncBuffers) {
-    comm::broadcastTensors(api::communicatorOf(state_->group), state_->buffers, /*root=*/0);
+    api::CollectiveLabel label(state_->group, "DDP buffer broadcast");
+    comm::broadcastTensors(comm, state_->buffers, /*root=*/0);
   }
 }
 
@@ -130,4 +136,11 @@ std::vector<std::vector<int64_t>> DistributedSampler::batches(int64_t batchSize,
   return sampler::makeBatches(indices(), batchSize, dropLast);
 }
 
+}  // namespace ddp
+
+namespace ddp {
+std::vector<std::vector<int64_t>> DistributedSampler::epochBatches(int64_t epoch, int64_t batchSize, bool dropLast) {
+  setEpoch(epoch);
+  return batches(batchSize, dropLast);
+}
 }  // namespace ddp

@@ -23,35 +23,217 @@
 
 namespace ddp {
 
-struct ProcessGroup::Impl {
+// Every collective of a group passes through its Impl: after destroy() it refuses with one line
+// (a DDP wrapper or checkpointer that outlived the group's communicator would otherwise use freed
+// memory), and it numbers the collectives so that destroy() and a failed collective can tell ranks
+// whose collectives did not pair (one rank in an extra all-reduce, the other in destroy()).
+struct ProcessGroup::Impl final : comm::Communicator {
   std::unique_ptr<comm::Communicator> owned;  // null when wrapping the worker's communicator
   comm::Communicator* comm = nullptr;
   c10::intrusive_ptr<c10d::Store> store;      // keeps rank 0's store server alive
-  c10::Device device{c10::kCPU};
+  c10::Device rankDevice{c10::kCPU};  // where this rank computes
   int localRank = 0;
   int localSize = 1;
   // Kept so that they still answer after destroy().
-  int rank = 0;
-  int size = 1;
+  int rank_ = 0;
+  int size_ = 1;
   std::string backend;
   c10::Device collectiveDevice{c10::kCPU};
   bool destroyed = false;
+  std::string destroyedAt;  // file:line of the destroy() call
+
+  // The last collectives entered: sequence number (1-based), operation, who asked for it.
+  struct Entry {
+    uint64_t seq = 0;
+    const char* op = "";
+    const char* label = "";
+  };
+  static constexpr size_t kRecent = 8;
+  uint64_t seq = 0;
+  Entry recent[kRecent];
+  const char* label = "";  // set by api::CollectiveLabel for the library's own collectives
 
   void attach(comm::Communicator* c) {
     comm = c;
-    rank = c->rank();
-    size = c->size();
+    rank_ = c->rank();
+    size_ = c->size();
     backend = c->backendName();
     collectiveDevice = c->device();
   }
 
-  comm::Communicator& live() {
-    if (destroyed || comm == nullptr) {
-      DDP_THROW(ConfigError, "ddp::ProcessGroup used after destroy(); make a new one with ddp::initProcessGroup()");
+  comm::Communicator& live(const char* what = "a collective") {
+    if (destroyed) {
+      DDP_THROW(ConfigError, "ddp::ProcessGroup: ", what, " on rank ", rank_, " after the group was destroyed (",
+                "ProcessGroup::destroy() at ", destroyedAt, "); collectives, DDP wrappers and checkpointers ",
+                "need a live group: call destroy() once, after the last of them");
     }
+    if (comm == nullptr) DDP_THROW(ConfigError, "ddp::ProcessGroup has no communicator; get one from ddp::initProcessGroup()");
     return *comm;
   }
+
+  static std::string describe(const Entry& e) {
+    std::string out = std::string(e.op) + " #" + std::to_string(e.seq);
+    if (*e.label) out += std::string(" (") + e.label + ")";
+    return out;
+  }
+  const Entry* entry(uint64_t n) const {
+    if (n == 0 || n > seq || seq - n >= kRecent) return nullptr;
+    return &recent[n % kRecent];
+  }
+  std::string lastCollective() const {
+    const Entry* e = entry(seq);
+    return e ? describe(*e) : std::string("none yet");
+  }
+
+  // What the store knows about ranks that already left through destroy(): appended to a failed
+  // collective's error, since a rank that destroyed while this one was in another collective is the
+  // likeliest cause. Never throws (the store may be gone with rank 0).
+  std::string destroyedPeers() const {
+    if (!store || size_ <= 1) return "";
+    std::string out;
+    try {
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_) continue;
+        const std::string key = destroyKey(r);
+        if (!store->check({key})) continue;
+        const auto bytes = store->get(key);
+        const std::string theirs(bytes.begin(), bytes.end());
+        out += "; rank " + std::to_string(r) + " had called destroy() after its collective " + theirs +
+               " while this rank was in " + lastCollective();
+      }
+    } catch (const std::exception&) {
+      return out;
+    }
+    if (!out.empty()) {
+      out += " — ranks called different collectives: every rank must run the same collectives in the same "
+             "order (a step, saveModel(..., group) or an evaluation through the DDP wrapper on some ranks only "
+             "breaks this)";
+    }
+    return out;
+  }
+
+  static std::string destroyKey(int r) { return "ddp/destroy/rank/" + std::to_string(r); }
+
+  template <typename Fn>
+  void run(const char* op, const char* by, Fn&& fn) {
+    comm::Communicator& c = live(op);
+    ++seq;
+    recent[seq % kRecent] = Entry{seq, op, *by ? by : label};
+    try {
+      fn(c);
+    } catch (const TimeoutError& e) {
+      throw TimeoutError(e.what() + destroyedPeers());
+    } catch (const CommError& e) {
+      throw CommError(e.what() + destroyedPeers());
+    }
+  }
+
+  // comm::Communicator: what the DDP engine, checkpoints and the public methods call.
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backendName() const override { return backend; }
+  c10::Device device() const override { return collectiveDevice; }
+  void allReduceSum(at::Tensor& tensor) override {
+    run("all_reduce", "", [&tensor](comm::Communicator& c) { c.allReduceSum(tensor); });
+  }
+  // A failed wait() says what a failed blocking collective says.
+  class ExplainedWork final : public comm::PendingWork {
+   public:
+    ExplainedWork(const Impl& owner, std::unique_ptr<comm::PendingWork> work) : owner_(owner), work_(std::move(work)) {}
+    void wait() override {
+      try {
+        work_->wait();
+      } catch (const TimeoutError& e) {
+        throw TimeoutError(e.what() + owner_.destroyedPeers());
+      } catch (const CommError& e) {
+        throw CommError(e.what() + owner_.destroyedPeers());
+      }
+    }
+
+   private:
+    const Impl& owner_;
+    std::unique_ptr<comm::PendingWork> work_;
+  };
+  std::unique_ptr<comm::PendingWork> allReduceSumAsync(at::Tensor& tensor) override {
+    std::unique_ptr<comm::PendingWork> work;
+    run("all_reduce", "", [&](comm::Communicator& c) { work = c.allReduceSumAsync(tensor); });
+    if (!store || size_ <= 1) return work;
+    return std::make_unique<ExplainedWork>(*this, std::move(work));
+  }
+  void broadcast(at::Tensor& tensor, int root) override {
+    run("broadcast", "", [&](comm::Communicator& c) { c.broadcast(tensor, root); });
+  }
+  void barrier() override {
+    run("barrier", "", [](comm::Communicator& c) { c.barrier(); });
+  }
+
+  void destroyCollectively(const std::string& where);
 };
+
+// Each rank publishes how many collectives it ran before destroy(), meets the others in a barrier,
+// and then finds every other rank's number there: a rank whose key is missing met this barrier with
+// some other collective (it never called destroy()), a different number means the ranks' sequences
+// drifted apart. Then a second barrier, so that rank 0, which serves the store, leaves last. Costs
+// two store writes, one store check and two barriers.
+void ProcessGroup::Impl::destroyCollectively(const std::string& where) {
+  comm::Communicator& c = live("destroy()");
+  const bool check = store && size_ > 1;
+  const uint64_t before = seq;
+  const std::string mine = lastCollective();
+  std::vector<std::string> arrived;  // "rank r reached destroy() after `before` collectives"
+  for (int r = 0; r < size_; ++r) arrived.push_back("ddp/destroy/after/" + std::to_string(before) + "/" + std::to_string(r));
+  if (check) {
+    store->set(destroyKey(rank_), std::vector<uint8_t>(mine.begin(), mine.end()));
+    store->set(arrived[rank_], std::vector<uint8_t>{1});
+  }
+  // Who is not in destroy() with this rank, and what the store knows of them. Never throws.
+  auto elsewhere = [&]() -> std::string {
+    std::string out;
+    try {
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_ || store->check({arrived[r]})) continue;
+        if (!out.empty()) out += "; ";
+        if (store->check({destroyKey(r)})) {
+          const auto bytes = store->get(destroyKey(r));
+          out += "rank " + std::to_string(r) + " called destroy() after its collective " +
+                 std::string(bytes.begin(), bytes.end());
+        } else {
+          out += "rank " + std::to_string(r) + " had not called destroy(): its collective #" + std::to_string(before + 1) +
+                 " (an all_reduce, broadcast or barrier outside destroy()) met destroy()'s barrier";
+        }
+      }
+    } catch (const std::exception&) {
+    }
+    return out;
+  };
+  const std::string advice =
+      ". Every rank must run the same collectives in the same order: a step, a saveModel(..., group) or an evaluation "
+      "through the DDP wrapper on some ranks only breaks this";
+  ++seq;
+  recent[seq % kRecent] = Entry{seq, "barrier", "destroy"};
+  try {
+    c.barrier();  // no rank leaves while another may still need rank 0's store
+  } catch (const CommError& e) {
+    const std::string others = check ? elsewhere() : "";
+    if (others.empty()) throw CommError(std::string("ddp::ProcessGroup::destroy() at ") + where + ": " + e.what());
+    throw CommError(std::string("ddp::ProcessGroup::destroy() at ") + where + ": ranks called different collectives: rank " +
+                    std::to_string(rank_) + " called destroy() after its collective " + mine + "; " + others + advice +
+                    " (" + e.what() + ")");
+  }
+  if (!check) return;
+  if (!store->check(arrived)) {  // one round trip when all is well
+    DDP_THROW(CommError, "ddp::ProcessGroup::destroy() at ", where, ": ranks called different collectives: rank ", rank_,
+              " called destroy() after its collective ", mine, "; ", elsewhere(), advice);
+  }
+  // Every rank is in destroy(); a second barrier keeps rank 0 (and its store) until all have checked.
+  ++seq;
+  recent[seq % kRecent] = Entry{seq, "barrier", "destroy"};
+  try {
+    c.barrier();
+  } catch (const CommError& e) {
+    throw CommError(std::string("ddp::ProcessGroup::destroy() at ") + where + ": " + e.what());
+  }
+}
 
 int GroupStart::rank() const { return impl_->rank; }
 int GroupStart::size() const { return impl_->size; }
@@ -60,17 +242,28 @@ int GroupStart::localSize() const { return impl_->localSize; }
 c10::Device GroupStart::device() const { return impl_->device; }
 std::chrono::milliseconds GroupStart::timeout() const { return impl_->timeout; }
 
-ProcessGroup::ProcessGroup(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
-ProcessGroup::Impl& ProcessGroup::impl() const { return *impl_; }
+ProcessGroup::ProcessGroup(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {
+  if (!impl_) {
+    DDP_THROW(ConfigError, "ddp::ProcessGroup: no group (a null handle); get one from ddp::initProcessGroup() and "
+              "pass it on (copies share the group)");
+  }
+}
+ProcessGroup::Impl& ProcessGroup::impl() const {
+  if (!impl_) {
+    DDP_THROW(ConfigError, "ddp::ProcessGroup: this handle was moved from; use the handle it was moved to (or a "
+              "copy: copies share the group)");
+  }
+  return *impl_;
+}
 
-int ProcessGroup::rank() const { return impl_->rank; }
-int ProcessGroup::size() const { return impl_->size; }
-int ProcessGroup::localRank() const { return impl_->localRank; }
-int ProcessGroup::localSize() const { return impl_->localSize; }
-c10::Device ProcessGroup::device() const { return impl_->device; }
-std::string ProcessGroup::backend() const { return impl_->backend; }
-c10::Device ProcessGroup::collectiveDevice() const { return impl_->collectiveDevice; }
-bool ProcessGroup::destroyed() const { return impl_->destroyed; }
+int ProcessGroup::rank() const { return impl().rank_; }
+int ProcessGroup::size() const { return impl().size_; }
+int ProcessGroup::localRank() const { return impl().localRank; }
+int ProcessGroup::localSize() const { return impl().localSize; }
+c10::Device ProcessGroup::device() const { return impl().rankDevice; }
+std::string ProcessGroup::backend() const { return impl().backend; }
+c10::Device ProcessGroup::collectiveDevice() const { return impl().collectiveDevice; }
+bool ProcessGroup::destroyed() const { return impl().destroyed; }
 
 namespace {
 
@@ -89,7 +282,8 @@ void onCollectiveDevice(comm::Communicator& comm, at::Tensor& tensor, Op op) {
 }  // namespace
 
 void ProcessGroup::allReduceSum(at::Tensor& tensor) {
-  auto& comm = impl_->live();
+  Impl& comm = impl();
+  comm.live("all_reduce");
   onCollectiveDevice(comm, tensor, [&comm](at::Tensor& t) { comm.allReduceSum(t); });
 }
 
@@ -99,22 +293,31 @@ void ProcessGroup::allReduceMean(at::Tensor& tensor) {
 }
 
 void ProcessGroup::broadcast(at::Tensor& tensor, int root) {
-  auto& comm = impl_->live();
+  Impl& comm = impl();
+  comm.live("broadcast");
   onCollectiveDevice(comm, tensor, [&comm, root](at::Tensor& t) { comm.broadcast(t, root); });
 }
 
 void ProcessGroup::broadcast(const std::vector<at::Tensor>& tensors, int root) {
-  comm::broadcastTensors(impl_->live(), tensors, root);
+  Impl& comm = impl();
+  comm.live("broadcast");
+  comm::broadcastTensors(comm, tensors, root);
 }
 
-void ProcessGroup::barrier() { impl_->live().barrier(); }
+void ProcessGroup::barrier() { impl().barrier(); }
 
-void ProcessGroup::destroy() {
-  if (impl_->destroyed) return;
-  impl_->live().barrier();  // no rank leaves while another may still need rank 0's store
-  impl_->destroyed = true;
-  impl_->owned.reset();
-  impl_->store.reset();
+void ProcessGroup::destroy(const char* file, int line) {
+  Impl& s = impl();
+  if (s.destroyed) return;
+  const std::string where = std::string(file ? file : "?") + ":" + std::to_string(line);
+  s.destroyCollectively(where);
+  s.destroyed = true;
+  s.destroyedAt = where;
+  // The communicator goes; the Impl stays with every handle (DDP wrappers, checkpointers), which
+  // now get ConfigError from live() instead of a freed communicator.
+  s.owned.reset();
+  s.comm = nullptr;
+  s.store.reset();
 }
 
 ProcessGroup initProcessGroup(const InitOptions& options) {
@@ -147,16 +350,16 @@ ProcessGroup initProcessGroup(const InitOptions& options) {
   request.localRank = env.localRank;
   request.localWorldSize = env.localWorldSize;
   request.ranksMayShareGpu = requested == comm::Backend::kGloo;
-  impl->device = selectDevice(request);
-  useDevice(impl->device);  // before any CUDA work: no rank opens a context on GPU 0
+  impl->rankDevice = selectDevice(request);
+  useDevice(impl->rankDevice);  // before any CUDA work: no rank opens a context on GPU 0
   const comm::Backend backend =
-      comm::resolveBackend(requested, impl->device.is_cuda(), /*singleHost=*/env.localWorldSize == env.worldSize);
+      comm::resolveBackend(requested, impl->rankDevice.is_cuda(), /*singleHost=*/env.localWorldSize == env.worldSize);
   GroupStart::Impl start;
   start.rank = env.rank;
   start.size = env.worldSize;
   start.localRank = env.localRank;
   start.localSize = env.localWorldSize;
-  start.device = impl->device;
+  start.device = impl->rankDevice;
   start.timeout = options.timeout;
   // backend: nccl gets a real NCCL group even for one rank (as init_process_group does); the others
   // take the network-free path.
@@ -173,7 +376,7 @@ ProcessGroup initProcessGroup(const InitOptions& options) {
   start.store = impl->store;
   if (options.beforeGroup) options.beforeGroup(GroupStart(start));
   const comm::ProcessGroupOptions pg =
-      api::groupOptions(env, backend, impl->device, options.timeout, groupForSingleRank);
+      api::groupOptions(env, backend, impl->rankDevice, options.timeout, groupForSingleRank);
   impl->owned = api::createGroup(impl->store, pg, rdv);
   impl->attach(impl->owned.get());
   return ProcessGroup(std::move(impl));
@@ -184,13 +387,46 @@ namespace api {
 ProcessGroup wrapCommunicator(comm::Communicator& comm, c10::Device device, int localRank, int localSize) {
   auto impl = std::make_shared<ProcessGroup::Impl>();
   impl->attach(&comm);
-  impl->device = device;
+  impl->rankDevice = device;
   impl->localRank = localRank;
   impl->localSize = localSize;
   return ProcessGroup(std::move(impl));
 }
 
-comm::Communicator& communicatorOf(const ProcessGroup& group) { return group.impl().live(); }
+comm::Communicator& communicatorOf(const ProcessGroup& group, const char* what) {
+  ProcessGroup::Impl& impl = group.impl();
+  impl.live(what);
+  return impl;
+}
+
+CollectiveLabel::CollectiveLabel(const ProcessGroup& group, const char* label)
+    : impl_(&group.impl()), previous_(impl_->label) {
+  impl_->label = label;
+}
+CollectiveLabel::~CollectiveLabel() { impl_->label = previous_; }
+
+LabelledCommunicator::LabelledCommunicator(const ProcessGroup& group, const char* label)
+    : group_(group), label_(label) {}
+int LabelledCommunicator::rank() const { return group_.rank(); }
+int LabelledCommunicator::size() const { return group_.size(); }
+std::string LabelledCommunicator::backendName() const { return group_.impl().backend; }
+c10::Device LabelledCommunicator::device() const { return group_.impl().collectiveDevice; }
+void LabelledCommunicator::allReduceSum(at::Tensor& tensor) {
+  CollectiveLabel label(group_, label_);
+  group_.impl().allReduceSum(tensor);
+}
+std::unique_ptr<comm::PendingWork> LabelledCommunicator::allReduceSumAsync(at::Tensor& tensor) {
+  CollectiveLabel label(group_, label_);
+  return group_.impl().allReduceSumAsync(tensor);
+}
+void LabelledCommunicator::broadcast(at::Tensor& tensor, int root) {
+  CollectiveLabel label(group_, label_);
+  group_.impl().broadcast(tensor, root);
+}
+void LabelledCommunicator::barrier() {
+  CollectiveLabel label(group_, label_);
+  group_.impl().barrier();
+}
 
 comm::RendezvousOptions rendezvousOptions(const runtime::DistEnv& env, std::chrono::milliseconds timeout,
                                           const std::string& timeoutName) {

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -267,6 +268,29 @@ void tuneMalloc() {
   if (std::getenv("MALLOC_TRIM_THRESHOLD_") == nullptr) ::mallopt(M_TRIM_THRESHOLD, 64 << 20);
 }
 
+// The library's errors name its C++ options (ddp::DdpOptions::findUnusedParameters); the worker's
+// user sets YAML keys, so its one line names those instead.
+static std::string inConfigTerms(std::string what) {
+  static const std::pair<const char*, const char*> kNames[] = {
+      {"ddp::DdpOptions::findUnusedParameters = true", "comm.find_unused_parameters=true"},
+      {"ddp::DdpOptions::findUnusedParameters", "comm.find_unused_parameters"},
+      {"ddp::DdpOptions::compression", "comm.compression"},
+      {"ddp::DdpOptions::bucketCapMb", "comm.bucket_cap_mb"},
+      {"ddp::DdpOptions::firstBucketCapMb", "comm.first_bucket_mb"},
+      {"ddp::CheckpointOptions::dir", "checkpoint.dir"},
+      {"ddp::CheckpointOptions::keepLast", "checkpoint.keep_last"},
+      {"load it with ddp::loadModel instead of resuming", "use init.model_path instead of resume"},
+      {"check that the model is built as the one that wrote it (same layers and sizes)",
+       "check model.name / model.hidden / model.batch_norm against the run that wrote it"},
+  };
+  for (const auto& [from, to] : kNames) {
+    for (size_t at = what.find(from); at != std::string::npos; at = what.find(from, at + std::strlen(to))) {
+      what.replace(at, std::strlen(from), to);
+    }
+  }
+  return what;
+}
+
 int main(int argc, char** argv) {
   tuneMalloc();
   // LibTorch's own log lines (c10d's socket retries, with C++ stack traces) would bury the one-line
@@ -278,11 +302,11 @@ int main(int argc, char** argv) {
   try {
     return runWorker(std::move(args));
   } catch (const ddp::ConfigError& e) {
-    std::cerr << "worker: " << e.what() << std::endl;
+    std::cerr << "worker: " << inConfigTerms(e.what()) << std::endl;
     return 2;
   } catch (const c10::Error& e) {
     // LibTorch's own errors: the message without its C++ backtrace, on one line.
-    std::string what = e.what_without_backtrace();
+    std::string what = inConfigTerms(e.what_without_backtrace());
     what = what.substr(0, what.find('\n'));
     const bool outOfMemory = dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr ||
                              what.find("can't allocate memory") != std::string::npos;
@@ -293,7 +317,7 @@ int main(int argc, char** argv) {
     std::cerr << "worker: out of memory; use a smaller model (model.hidden) or train.batch_size" << std::endl;
     return 1;
   } catch (const std::exception& e) {
-    std::string what = e.what();
+    std::string what = inConfigTerms(e.what());
     what = what.substr(0, what.find("\nException raised from"));
     // LibTorch's allocator error relayed by another rank (the host's data copy) reads as rank 0's.
     const bool outOfMemory = what.find("can't allocate memory") != std::string::npos;

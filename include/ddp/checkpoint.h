@@ -37,9 +37,6 @@ struct CheckpointOptions {
   int64_t keepLast = 3;  // older checkpoints are deleted (0: keep all)
   uint64_t seed = 0;     // recorded in the file
   std::string config;    // recorded in the file: the run's settings, as text (e.g. YAML)
-  // How error messages name `dir` and `keepLast` (e.g. your own config's keys).
-  std::string dirName = "CheckpointOptions::dir";
-  std::string keepLastName = "CheckpointOptions::keepLast";
 };
 
 /// Training checkpoints for exact resume: model, optimizer state (SGD momentum and Adam/AdamW

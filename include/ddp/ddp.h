@@ -3,11 +3,14 @@
 //   ddp::ProcessGroup group = ddp::initProcessGroup();     // env contract → rendezvous → Gloo/NCCL
 //   Net net;  net->to(group.device());
 //   ddp::DistributedDataParallel<Net> model(net, group);  // rank 0's weights everywhere
-//   ddp::DistributedSampler sampler(dataset_size, group);
-//   for (epoch ...) { sampler.setEpoch(epoch); for (batch of sampler.batches(64)) {
+//   ddp::DistributedSampler sampler(dataset_size, group);  // or ddp::DataLoaderSampler for torch::data
+//   for (epoch ...) { for (batch of sampler.epochBatches(epoch, 64)) {
 //       optimizer.zero_grad(); loss(model.forward(x), y).backward(); optimizer.step(); } }
 //   ddp::saveModel(*net, "model.pt", group);               // rank 0 writes; plain keys, CPU, torch.load
-//   group.destroy();                                      // every rank leaves together
+//   group.destroy();                                      // last, on every rank: they leave together
+//
+// Models: a TORCH_MODULE holder or a std::shared_ptr<YourModule>. Errors: the ddp::Error family,
+// one line each; catch ddp::Error at the top of main (README: "Your own training loop").
 //
 // Start the program with `ddp-launch --nproc_per_node=N ./program` (or torchrun, srun, mpirun).
 // Every class here is safe to use with world size 1 (a program run on its own).
@@ -18,6 +21,7 @@
 #include "ddp/checkpoint.h"                 // saveModel, loadModel, Checkpointer
 #include "ddp/clip_grad.h"                  // clipGradNorm
 #include "ddp/data.h"                       // loadOncePerHost
+#include "ddp/data_loader.h"                // DataLoaderSampler (torch::data)
 #include "ddp/distributed_data_parallel.h"  // DistributedDataParallel, DdpEngine
 #include "ddp/fused_optim.h"                // FusedAdamW
 #include "ddp/error.h"                      // Error, ConfigError, CommError, ...

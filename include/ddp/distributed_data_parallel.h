@@ -5,8 +5,10 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/GradMode.h>
 #include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
 
 #include <memory>
+#include <type_traits>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -82,14 +84,46 @@ void collectTensors(const std::pair<A, B>& p, std::vector<at::Tensor>& out) {
 }
 }  // namespace detail
 
-/// Wraps a module holder (a TORCH_MODULE type, e.g. `Net`, or any ModuleHolder). forward() returns
-/// what the module's forward returns: a tensor, a vector, tuple or pair of tensors.
-/// module() is the plain model: save it, evaluate it, its keys have no "module." prefix.
-template <typename ModuleHolder>
+namespace detail {
+template <typename T>
+struct IsSharedModule : std::false_type {};
+template <typename T>
+struct IsSharedModule<std::shared_ptr<T>> : std::is_base_of<torch::nn::Module, T> {};
+
+template <typename Model>
+constexpr bool kIsModel = std::is_base_of_v<torch::detail::ModuleHolderIndicator, Model> || IsSharedModule<Model>::value;
+
+// The module a holder or a shared_ptr points to; an empty one is a ConfigError, not a crash.
+template <typename Model>
+torch::nn::Module& moduleOf(Model& model) {
+  if constexpr (IsSharedModule<Model>::value) {
+    if (!model) throw ConfigError("ddp::DistributedDataParallel: the model is a null std::shared_ptr; pass the model");
+    return *model;
+  } else {
+    if (model.is_empty()) {
+      throw ConfigError("ddp::DistributedDataParallel: the model holder is empty (constructed from nullptr); pass a "
+                        "constructed model");
+    }
+    return *model.ptr();
+  }
+}
+}  // namespace detail
+
+/// Wraps a model as you hold it: a module holder (a TORCH_MODULE type, e.g. `Net`, or any
+/// torch::nn ModuleHolder such as torch::nn::Linear) or a std::shared_ptr to your torch::nn::Module
+/// subclass (`std::make_shared<Model>()`). forward() returns what the module's forward returns: a
+/// tensor, a vector, tuple or pair of tensors. module() is your model: save it, evaluate it, its
+/// keys have no "module." prefix.
+template <typename Model>
 class DistributedDataParallel {
+  static_assert(detail::kIsModel<Model>,
+                "ddp::DistributedDataParallel<Model>: Model must be a module holder (a TORCH_MODULE type such as "
+                "Net, or torch::nn::Linear) or a std::shared_ptr<YourModule> with YourModule derived from "
+                "torch::nn::Module; hold a module you have by value with std::make_shared<YourModule>(...)");
+
  public:
-  DistributedDataParallel(ModuleHolder module, ProcessGroup group, DdpOptions options = {})
-      : module_(std::move(module)), engine_(*module_.ptr(), std::move(group), options) {}
+  DistributedDataParallel(Model module, ProcessGroup group, DdpOptions options = {})
+      : module_(std::move(module)), engine_(detail::moduleOf(module_), std::move(group), options) {}
 
   template <typename... Args>
   auto forward(Args&&... args) {
@@ -105,14 +139,14 @@ class DistributedDataParallel {
     return forward(std::forward<Args>(args)...);
   }
 
-  ModuleHolder& module() { return module_; }
-  const ModuleHolder& module() const { return module_; }
+  Model& module() { return module_; }
+  const Model& module() const { return module_; }
   DdpEngine& engine() { return engine_; }
   /// `{ auto guard = model.noSync(); ...forward, backward... }`: accumulate without communicating.
   [[nodiscard]] DdpEngine::NoSync noSync() { return DdpEngine::NoSync(engine_); }
 
  private:
-  ModuleHolder module_;
+  Model module_;
   DdpEngine engine_;
 };
 

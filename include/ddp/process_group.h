@@ -76,10 +76,19 @@ class ProcessGroup {
 
   /// Clean shutdown: a barrier (rank 0 hosts the store, so it must leave last), then the group is
   /// closed. Collective; idempotent. The destructor of the last handle closes without the barrier.
-  void destroy();
+  /// End every program with it: a rank that returns from main while another still evaluates or
+  /// saves alone would be taken for a crashed rank (ddp-launch's --early_exit_grace_s).
+  /// It checks that every rank reached it after the same number of collectives: a rank whose other
+  /// collective (an extra step, a saveModel(..., group) or an evaluation through the DDP wrapper on
+  /// some ranks only) met this barrier gets a CommError naming both ranks' collectives instead of
+  /// a rank that returns while another is left behind. Afterwards every collective of the group,
+  /// the DDP wrappers and checkpointers made from it included, throws ConfigError (naming where
+  /// destroy() was called).
+  void destroy(const char* file = __builtin_FILE(), int line = __builtin_LINE());
   bool destroyed() const;
 
   struct Impl;
+  /// Internal: handles come from initProcessGroup() (a null `impl` throws ConfigError).
   explicit ProcessGroup(std::shared_ptr<Impl> impl);
   Impl& impl() const;
 

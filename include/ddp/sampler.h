@@ -16,6 +16,7 @@ struct SamplerOptions {
   bool dropLast = false;  // false: pad by repeating the head, so every rank has as many samples
 };
 
+/// For torch::data::make_data_loader use ddp::DataLoaderSampler (<ddp/data_loader.h>).
 class DistributedSampler {
  public:
   DistributedSampler(int64_t datasetSize, const ProcessGroup& group, SamplerOptions options = {});
@@ -30,6 +31,9 @@ class DistributedSampler {
   std::vector<int64_t> indices() const;
   /// indices() cut into batches of `batchSize` (the last one shorter unless dropLast).
   std::vector<std::vector<int64_t>> batches(int64_t batchSize, bool dropLast = false) const;
+  /// setEpoch(epoch), then batches(): a loop that cannot forget setEpoch,
+  /// `for (const auto& batch : sampler.epochBatches(epoch, 64)) { ... }`.
+  std::vector<std::vector<int64_t>> epochBatches(int64_t epoch, int64_t batchSize, bool dropLast = false);
   int64_t numSamples() const;
 
  private:

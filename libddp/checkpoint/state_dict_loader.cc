@@ -64,7 +64,7 @@ void loadStateDictInto(torch::nn::Module& module,
     if (!missing.empty()) message += " missing keys: " + joinList(missing) + ";";
     if (!unexpected.empty()) message += " unexpected keys: " + joinList(unexpected) + ";";
     if (!shapes.empty()) message += " shape differences: " + joinList(shapes) + ";";
-    message += " check model.name / model.hidden / model.batch_norm against the run that wrote it";
+    message += " check that the model is built as the one that wrote it (same layers and sizes)";
     throw CheckpointError(message);
   }
   c10::NoGradGuard noGrad;

@@ -131,7 +131,7 @@ TrainingState loadTrainingCheckpoint(const std::string& path) {
   const PyValue* format = root->get("format");
   if (format == nullptr || format->text != kCheckpointFormat) {
     DDP_THROW(CheckpointError, "'", path, "' is not a ddp-launch training checkpoint (no format '",
-              kCheckpointFormat, "'); to start from a model file use init.model_path instead of resume");
+              kCheckpointFormat, "'); to start from a model file load it with ddp::loadModel instead of resuming");
   }
   TrainingState s;
   for (const char* section : {"model", "optimizer", "progress", "rng"}) {

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <type_traits>
 
 namespace {
 
@@ -172,6 +173,29 @@ TEST(DistributedDataParallel, GradientIsTheGradientOfTheWholeBatch) {
   torch::mse_loss(model(shard(x)), shard(y)).backward();
   torch::mse_loss(reference(x), y).backward();  // mean over all rows = mean of the shards' means
   EXPECT_TRUE(torch::allclose(flatGrads(*net), flatGrads(*reference), 1e-5, 1e-6));
+}
+
+// A model held the way plain LibTorch programs hold it: std::shared_ptr<YourModule>.
+TEST(DistributedDataParallel, TakesAModelHeldInASharedPtr) {
+  torch::manual_seed(3);
+  const int64_t w = group().size();
+  const auto x = torch::randn({4 * w, 5});
+  const auto y = torch::randn({4 * w, 3});
+  auto plain = std::make_shared<NetImpl>();
+  Net reference = copyOf(Net(plain));  // a holder over the same module: copyOf reads its weights
+  ddp::DistributedDataParallel model(plain, group());  // deduced: DistributedDataParallel<std::shared_ptr<NetImpl>>
+  static_assert(std::is_same_v<decltype(model), ddp::DistributedDataParallel<std::shared_ptr<NetImpl>>>);
+  EXPECT_EQ(model.module().get(), plain.get());
+  torch::mse_loss(model(shard(x)), shard(y)).backward();
+  torch::mse_loss(reference(x), y).backward();
+  EXPECT_TRUE(torch::allclose(flatGrads(*plain), flatGrads(*reference), 1e-5, 1e-6));
+}
+
+TEST(DistributedDataParallel, AnEmptyModelIsAConfigErrorNotACrash) {
+  std::shared_ptr<NetImpl> none;
+  EXPECT_THROW(ddp::DistributedDataParallel<std::shared_ptr<NetImpl>>(none, group()), ddp::ConfigError);
+  Net empty{nullptr};
+  EXPECT_THROW(ddp::DistributedDataParallel<Net>(empty, group()), ddp::ConfigError);
 }
 
 TEST(DistributedDataParallel, FlatReducerGivesTheGradientOfTheWholeBatch) {

@@ -10,8 +10,6 @@ CheckpointOptions checkpointOptions(const WorkerConfig& config) {
   o.keepLast = config.checkpoint.keepLast;
   o.seed = config.seed;
   o.config = dumpConfig(config);
-  o.dirName = "checkpoint.dir";
-  o.keepLastName = "checkpoint.keep_last";
   return o;
 }
 

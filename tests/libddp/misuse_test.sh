@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# A library user's mistakes, each run for real (misuse_program.cc under ddp-launch, 2 ranks): every
+# one must end with one line naming the mistake and a non-zero exit, never a segfault, and no rank
+# may report success while another is left in a collective.
+# Usage: misuse_test.sh DDP_LAUNCH MISUSE_PROGRAM
+set -uo pipefail
+launch=$1 program=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+failures=0
+fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+
+# run NAME EXPECTED_RC COMMAND...: output in $work/NAME.log, checks the exit code
+run() {
+  local name=$1 expected=$2
+  shift 2
+  timeout 120 "$@" >"$work/$name.log" 2>&1
+  local rc=$?
+  if [[ "$expected" == nonzero ]]; then
+    [[ $rc -ne 0 && $rc -ne 124 ]] || { cat "$work/$name.log"; fail "$name: exit code $rc, expected a failure (not a timeout)"; }
+  else
+    [[ $rc -eq $expected ]] || { cat "$work/$name.log"; fail "$name: exit code $rc, expected $expected"; }
+  fi
+  if grep -qiE "segmentation|SIGSEGV|SIGABRT|core dumped|terminate called" "$work/$name.log"; then
+    cat "$work/$name.log"; fail "$name: crashed"
+  fi
+}
+expect() {  # expect NAME TEXT: the log has the text
+  grep -qF -- "$2" "$work/$1.log" || { cat "$work/$1.log"; fail "$1: no line with '$2'"; }
+}
+expect_not() {
+  if grep -qF -- "$2" "$work/$1.log"; then cat "$work/$1.log"; fail "$1: unexpected '$2'"; fi
+}
+
+# A null group handle is refused where it is made.
+run null_group 3 "$program" null_group
+expect null_group "caught ddp::ConfigError: ddp::ProcessGroup: no group (a null handle); get one from ddp::initProcessGroup()"
+
+# A LibTorch loader over three passes without setEpoch: one warning, not three, and no error.
+run forget_set_epoch 0 "$program" forget_set_epoch
+expect forget_set_epoch "three passes done"
+count=$(grep -c "call sampler.setEpoch(epoch) before each epoch" "$work/forget_set_epoch.log")
+[[ "$count" == 1 ]] || { cat "$work/forget_set_epoch.log"; fail "forget_set_epoch: $count warnings, expected 1"; }
+
+# The pairing itself: a clean shutdown passes on both CPU backends.
+for backend in shm gloo; do
+  run "clean_$backend" 0 "$launch" --nproc_per_node=2 "$program" clean "$backend" 10
+  expect "clean_$backend" "rank 0 finished clean"
+  expect "clean_$backend" "rank 1 finished clean"
+done
+
+# A handle used after it was moved from, a step or a backward after destroy().
+run moved_group nonzero "$launch" --nproc_per_node=2 "$program" moved_group shm 10
+expect moved_group "caught ddp::ConfigError: ddp::ProcessGroup: this handle was moved from"
+for scenario in forward_after_destroy backward_after_destroy; do
+  run "$scenario" nonzero "$launch" --nproc_per_node=2 "$program" "$scenario" shm 10
+  expect "$scenario" "after the group was destroyed (ProcessGroup::destroy() at "
+  expect "$scenario" "misuse_program.cc:"
+  expect_not "$scenario" "finished $scenario"
+done
+expect forward_after_destroy "ddp::ProcessGroup: a forward through the DDP wrapper on rank "
+expect backward_after_destroy "ddp::ProcessGroup: all_reduce on rank "
+
+# Collectives that do not pair: rank 0 saves, steps or evaluates through the DDP wrapper alone while
+# rank 1 calls destroy(). shm: at once; Gloo: at the collectives' timeout (5 s here).
+for backend in shm gloo; do
+  for scenario in save_on_rank0_only extra_step_on_rank0 eval_on_rank0_only; do
+    name="${scenario}_$backend"
+    run "$name" nonzero "$launch" --nproc_per_node=2 "$program" "$scenario" "$backend" 5
+    expect "$name" "caught ddp::CommError: ddp::ProcessGroup::destroy() at "
+    expect "$name" "ranks called different collectives: rank 1 called destroy() after its collective all_reduce #3 (DDP gradients); rank 0 had not called destroy()"
+    expect_not "$name" "rank 1 finished"
+    expect_not "$name" "rank 0 finished"
+  done
+done
+
+if [[ $failures -gt 0 ]]; then
+  echo "$failures check(s) failed"
+  exit 1
+fi
+echo "PASS"
