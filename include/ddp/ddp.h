@@ -25,6 +25,7 @@
 #include "ddp/distributed_data_parallel.h"  // DistributedDataParallel, DdpEngine
 #include "ddp/fused_optim.h"                // FusedAdamW
 #include "ddp/error.h"                      // Error, ConfigError, CommError, ...
+#include "ddp/sync_batch_norm.h"            // SyncBatchNorm, convertSyncBatchNorm
 #include "ddp/lr_schedule.h"                // LrSchedule
 #include "ddp/process_group.h"              // initProcessGroup, ProcessGroup
 #include "ddp/sampler.h"                    // DistributedSampler

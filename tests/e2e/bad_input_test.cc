@@ -381,6 +381,11 @@ INSTANTIATE_TEST_SUITE_P(
                  "config: 'train.precision' is 'fp8'; use fp32, bf16 or fp16", 2},
         BadInput{"MixedPrecisionInModeDp", [](const Fixture& f) { return worker({"mode=dp", "train.precision=bf16"}, f, 1); },
                  "config: 'train.precision' is bf16 but mode dp (DataParallel) trains in fp32 only; use mode ddp", 2},
+        BadInput{"SyncBatchNormInModeDp",
+                 [](const Fixture& f) { return worker({"mode=dp", "model.name=cnn", "model.batch_norm=true", "model.sync_batch_norm=true"}, f, 1); },
+                 "config: 'model.sync_batch_norm' is for mode ddp; dp and single train in one process", 2},
+        BadInput{"SyncBatchNormWithoutBatchNorm", [](const Fixture& f) { return worker({"model.sync_batch_norm=true"}, f); },
+                 "config: 'model.sync_batch_norm' synchronises the cnn's BatchNorm layers; set model.name: cnn and model.batch_norm: true", 2},
         BadInput{"ZeroLossScale", [](const Fixture& f) { return worker({"train.precision=fp16", "train.loss_scale_init=0"}, f); },
                  "config: 'train.loss_scale_init' must be a positive finite number", 2},
         // Robustness, second round (issue 30).

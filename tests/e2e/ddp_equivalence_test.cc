@@ -91,7 +91,8 @@ Reference referenceRun(const WorkerConfig& config, int world) {
   lr.stepSize = std::max<int64_t>(1, config.train.stepSize);
   lr.gamma = config.train.gamma;
   const ddp::LrSchedule schedule(lr);
-  const bool perForward = config.model.batchNorm;
+  // SyncBatchNorm's statistics are the whole batch's: one forward over the union, as without BatchNorm.
+  const bool perForward = config.model.batchNorm && !config.model.syncBatchNorm;
   const int64_t k = config.train.accumulateSteps;
   const int64_t batch = perForward ? config.train.batchSize : config.train.batchSize * k;
   const int64_t window = perForward ? k : 1;  // sampler batches per optimizer step
@@ -139,12 +140,13 @@ Reference referenceRun(const WorkerConfig& config, int world) {
     }
   }
   if (perForward) loadBuffers(module, buffers[0]);
+  if (!perForward) buffers.assign(world, buffersOf(module));  // every rank ends with the whole batch's
   return {checkpoint::stateDict(module), buffers};
 }
 
 struct Case {
   int world;
-  std::string model;  // mlp | cnn | cnn_bn
+  std::string model;  // mlp | cnn | cnn_bn | cnn_sbn (SyncBatchNorm)
   int64_t trainSize;
   int64_t maxSteps;
   std::vector<std::string> options;  // comm.* / train.accumulate_steps overrides
@@ -164,7 +166,8 @@ std::ostream& operator<<(std::ostream& out, const Case& c) {
 std::vector<std::string> overridesFor(const Case& c, const std::string& dir) {
   std::vector<std::string> o = {
       "mode=ddp", "seed=3", "model.name=" + std::string(c.model == "mlp" ? "mlp" : "cnn"),
-      "model.batch_norm=" + std::string(c.model == "cnn_bn" ? "true" : "false"),
+      "model.batch_norm=" + std::string(c.model == "cnn_bn" || c.model == "cnn_sbn" ? "true" : "false"),
+      "model.sync_batch_norm=" + std::string(c.model == "cnn_sbn" ? "true" : "false"),
       "model.hidden=[32]", "data.name=synthetic",
       "data.synthetic_train=" + std::to_string(c.trainSize), "data.synthetic_test=64",
       "train.batch_size=8", "train.lr=0.1", "train.momentum=0.9", "train.epochs=100",
@@ -287,6 +290,10 @@ std::vector<Case> allCases() {
     }
   }
   both.push_back(Case{4, "cnn_bn", 64, 2, {"comm.broadcast_buffers=true", tiny}});
+  // SyncBatchNorm: every rank's statistics are the whole batch's, so one process on the union of
+  // the ranks' batches with plain BatchNorm is the reference (parameters and running statistics).
+  both.push_back(Case{2, "cnn_sbn", 64, 3, {}});
+  both.push_back(Case{4, "cnn_sbn", 64, 2, {tiny}});
   // fp16 on the wire: gradients carry ~2^-11 relative error, so the bar is looser.
   both.push_back(Case{2, "mlp", 160, 6, {"comm.compression=fp16"}, 2e-3});
   both.push_back(Case{2, "cnn", 64, 3, {"comm.compression=fp16", "comm.gradient_as_bucket_view=true"}, 2e-3});

@@ -82,6 +82,7 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("model.name", "string", c.model.name),
       bindField("model.hidden", "list of integers", c.model.hidden),
       bindField("model.batch_norm", "boolean", c.model.batchNorm),
+      bindField("model.sync_batch_norm", "boolean", c.model.syncBatchNorm),
       bindField("model.path", "string", c.model.path),
       bindField("model.unused_layer", "boolean", c.model.unusedLayer),
       bindField("data.name", "string", c.data.name),
@@ -288,6 +289,10 @@ void validate(const WorkerConfig& c) {
   require(c.model.name == "mlp" || c.model.name == "cnn" || c.model.name == "torchscript", "model.name",
           "is '" + c.model.name + "'; use mlp, cnn or torchscript");
   require(!c.model.hidden.empty(), "model.hidden", "must list at least one layer width");
+  require(!c.model.syncBatchNorm || (c.model.name == "cnn" && c.model.batchNorm), "model.sync_batch_norm",
+          "synchronises the cnn's BatchNorm layers; set model.name: cnn and model.batch_norm: true");
+  require(!c.model.syncBatchNorm || c.mode == Mode::kDdp || c.mode == Mode::kEval, "model.sync_batch_norm",
+          "is for mode ddp; dp and single train in one process, where BatchNorm already sees the whole batch");
   for (auto h : c.model.hidden) require(h > 0, "model.hidden", "widths must be positive");
   require(c.data.name == "fashion-mnist" || c.data.name == "synthetic" || c.data.name == "tensors" ||
               c.data.name == "image_folder",

@@ -15,6 +15,7 @@ struct ModelConfig {
   std::string name = "cnn";               // mlp | cnn (Fashion-MNIST CNN: conv32-pool-conv64-pool-fc128-fc10)
   std::vector<int64_t> hidden = {512, 256};  // mlp hidden layer widths
   bool batchNorm = false;                    // cnn: BatchNorm2d after each conv (has buffers)
+  bool syncBatchNorm = false;  // with batchNorm, mode ddp: ddp::SyncBatchNorm (statistics of the whole batch)
   bool unusedLayer = false;  // adds Linear 'unused' that forward never calls (find_unused_parameters tests)
   std::string path;          // torchscript: the file torch.jit.script(model).save(path) wrote
 };

@@ -4,6 +4,7 @@
 #include <torch/nn/functional/pooling.h>
 
 #include "common/error.h"
+#include "ddp/sync_batch_norm.h"
 #include "worker/models/torchscript_model.h"
 
 namespace ddp::worker {
@@ -34,7 +35,10 @@ at::Tensor MlpImpl::forward(at::Tensor x) {
   return x;
 }
 
-CnnImpl::CnnImpl(const InputSpec& input, bool batchNorm) : input_(input), batchNorm_(batchNorm) {
+CnnImpl::CnnImpl(const InputSpec& input, bool batchNorm, const ProcessGroup* syncGroup)
+    : input_(input),
+      batchNorm_(batchNorm),
+      syncGroup_(syncGroup != nullptr ? std::make_shared<ProcessGroup>(*syncGroup) : nullptr) {
   reset();
 }
 
@@ -46,25 +50,29 @@ void CnnImpl::reset() {
   }
   conv1_ = register_module(
       "conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(input_.channels, 32, 3).padding(1)));
-  if (batchNorm_) bn1_ = register_module("bn1", torch::nn::BatchNorm2d(32));
+  auto batchNorm = [this](const char* name, int64_t channels) {
+    if (syncGroup_) return torch::nn::AnyModule(register_module(name, SyncBatchNorm(channels, *syncGroup_)));
+    return torch::nn::AnyModule(register_module(name, torch::nn::BatchNorm2d(channels)));
+  };
+  if (batchNorm_) bn1_ = batchNorm("bn1", 32);
   conv2_ = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).padding(1)));
-  if (batchNorm_) bn2_ = register_module("bn2", torch::nn::BatchNorm2d(64));
+  if (batchNorm_) bn2_ = batchNorm("bn2", 64);
   fc1_ = register_module("fc1", torch::nn::Linear(64 * (input_.height / 4) * (input_.width / 4), 128));
   fc2_ = register_module("fc2", torch::nn::Linear(128, input_.classes));
 }
 
 at::Tensor CnnImpl::forward(at::Tensor x) {
   x = conv1_->forward(x);
-  if (batchNorm_) x = bn1_->forward(x);
+  if (batchNorm_) x = bn1_.forward(x);
   x = F::max_pool2d(F::relu(x), F::MaxPool2dFuncOptions(2));
   x = conv2_->forward(x);
-  if (batchNorm_) x = bn2_->forward(x);
+  if (batchNorm_) x = bn2_.forward(x);
   x = F::max_pool2d(F::relu(x), F::MaxPool2dFuncOptions(2));
   x = F::relu(fc1_->forward(x.flatten(1)));
   return fc2_->forward(x);
 }
 
-torch::nn::AnyModule makeModel(const ModelConfig& config, const InputSpec& input) {
+torch::nn::AnyModule makeModel(const ModelConfig& config, const InputSpec& input, const ProcessGroup* group) {
   if (config.batchNorm && config.name != "cnn") {
     DDP_THROW(ConfigError, "config: 'model.batch_norm' is true but model '", config.name,
               "' has no BatchNorm layers; use model.name: cnn or model.batch_norm: false");
@@ -73,7 +81,7 @@ torch::nn::AnyModule makeModel(const ModelConfig& config, const InputSpec& input
   if (config.name == "mlp") {
     model = torch::nn::AnyModule(Mlp(input, config.hidden));
   } else if (config.name == "cnn") {
-    model = torch::nn::AnyModule(Cnn(input, config.batchNorm));
+    model = torch::nn::AnyModule(Cnn(input, config.batchNorm, config.syncBatchNorm ? group : nullptr));
   } else if (config.name == "torchscript") {
     model = torch::nn::AnyModule(loadTorchScriptModel(config.path, input));
   } else {

@@ -11,6 +11,7 @@
 
 #include <vector>
 
+#include "ddp/process_group.h"
 #include "worker/config/config.h"
 
 namespace ddp::worker {
@@ -38,20 +39,22 @@ class MlpImpl : public torch::nn::Cloneable<MlpImpl> {
 TORCH_MODULE(Mlp);
 
 /// conv1(32, 3x3, pad 1) → [bn1] → ReLU → pool 2 → conv2(64) → [bn2] → ReLU → pool 2 →
-/// fc1(128) → ReLU → fc2. bn1/bn2 (BatchNorm2d) only with `batchNorm`.
+/// fc1(128) → ReLU → fc2. bn1/bn2 (BatchNorm2d) only with `batchNorm`; given `syncGroup`, they are
+/// ddp::SyncBatchNorm over that group (same parameter and buffer names).
 class CnnImpl : public torch::nn::Cloneable<CnnImpl> {
  public:
-  explicit CnnImpl(const InputSpec& input, bool batchNorm = false);
+  explicit CnnImpl(const InputSpec& input, bool batchNorm = false, const ProcessGroup* syncGroup = nullptr);
   void reset() override;
   at::Tensor forward(at::Tensor x);
 
  private:
   InputSpec input_;
   bool batchNorm_;
+  std::shared_ptr<ProcessGroup> syncGroup_;  // null: plain BatchNorm2d
   torch::nn::Conv2d conv1_{nullptr};
-  torch::nn::BatchNorm2d bn1_{nullptr};
+  torch::nn::AnyModule bn1_;  // BatchNorm2d or ddp::SyncBatchNorm
   torch::nn::Conv2d conv2_{nullptr};
-  torch::nn::BatchNorm2d bn2_{nullptr};
+  torch::nn::AnyModule bn2_;
   torch::nn::Linear fc1_{nullptr};
   torch::nn::Linear fc2_{nullptr};
 };
@@ -59,6 +62,7 @@ TORCH_MODULE(Cnn);
 
 /// Builds the configured model with freshly initialised parameters (seed the
 /// generator first for a reproducible start).
-torch::nn::AnyModule makeModel(const ModelConfig& config, const InputSpec& input);
+/// `group`: the training group, for model.sync_batch_norm (null: plain BatchNorm, as in evaluation).
+torch::nn::AnyModule makeModel(const ModelConfig& config, const InputSpec& input, const ProcessGroup* group = nullptr);
 
 }  // namespace ddp::worker

@@ -119,7 +119,7 @@ Trainer::Trainer(const WorkerConfig& config, ProcessGroup group) : config_(confi
 TrainResult Trainer::run(const Datasets& data) {
   // Same seed everywhere, then rank 0's values win: replicas start bit-identical.
   torch::manual_seed(config_.seed);
-  auto model = makeModel(config_.model, data.input);
+  auto model = makeModel(config_.model, data.input, &group_);
   auto& module = *model.ptr();
   module.to(group_.device());
   // init.model_path: rank 0 reads the file (the others need not see it), the broadcast hands its
