@@ -106,6 +106,25 @@ c10::intrusive_ptr<c10d::Store> connectToJobStore(const RendezvousOptions& optio
 
 }  // namespace
 
+namespace {
+
+constexpr int kCensusBlock = 1024;  // join keys asked about in one request
+
+// Appends the ranks of [lo, hi) whose join key is missing: one request for the whole block when
+// every rank of it joined, else one per rank, until `deadline` (the rest are counted, not named).
+void findAbsent(c10d::Store& store, int lo, int hi, std::chrono::steady_clock::time_point deadline,
+                std::vector<int>& absent) {
+  std::vector<std::string> keys;
+  keys.reserve(static_cast<size_t>(hi - lo));
+  for (int r = lo; r < hi; ++r) keys.push_back(joinedKey(r));
+  if (store.check(keys)) return;
+  for (int r = lo; r < hi && std::chrono::steady_clock::now() < deadline; ++r) {
+    if (!store.check({keys[static_cast<size_t>(r - lo)]})) absent.push_back(r);
+  }
+}
+
+}  // namespace
+
 c10::intrusive_ptr<c10d::Store> rendezvous(const RendezvousOptions& options) {
   DDP_ENFORCE(options.worldSize >= 1 && options.rank >= 0 && options.rank < options.worldSize,
               "rank ", options.rank, " world size ", options.worldSize);
@@ -126,12 +145,18 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const RendezvousOptions& options) {
       const int64_t joined = store->add(kCountKey, 0);
       if (joined >= options.worldSize) break;
       if (std::chrono::steady_clock::now() >= deadline) {
+        // A few round trips at any world size (one per rank at 100 000 ranks outlasted the watchdog).
         std::vector<int> absent;
-        for (int r = 0; r < options.worldSize; ++r) {
-          if (!store->check({joinedKey(r)})) absent.push_back(r);
+        const auto censusEnd = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+        for (int lo = 0; lo < options.worldSize && std::chrono::steady_clock::now() < censusEnd; lo += kCensusBlock) {
+          findAbsent(*store, lo, std::min(options.worldSize, lo + kCensusBlock), censusEnd, absent);
         }
-        const int missingCount = static_cast<int>(absent.size());
-        const std::string missing = rankRanges(absent);
+        const int missingCount = static_cast<int>(options.worldSize - std::min<int64_t>(store->add(kCountKey, 0), options.worldSize));
+        std::string missing = rankRanges(absent);
+        if (static_cast<int>(absent.size()) < missingCount) {
+          missing += (absent.empty() ? "" : ", ") + std::string("... (") +
+                     std::to_string(missingCount - static_cast<int>(absent.size())) + " more ranks)";
+        }
         DDP_THROW(TimeoutError, "rendezvous timed out after ", seconds(options.timeout), " s: ",
                   options.worldSize - missingCount, "/", options.worldSize,
                   " ranks joined (missing: ", missing, "). Did every rank start with WORLD_SIZE=",

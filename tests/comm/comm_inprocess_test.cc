@@ -200,6 +200,34 @@ TEST(Rendezvous, MissingRanksOfALargeWorldAreRanges) {
   EXPECT_NE(error.find("1/2000 ranks joined (missing: 1-1999)"), std::string::npos) << error;
 }
 
+// 100 000 ranks (issue 30, 11): the census of the absent ranks takes a few requests per 1024 ranks
+// and at most 2 s (ranks it had no time to name are counted: "... (N more ranks)"), so the timeout
+// line comes before the start-up watchdog (timeout + 5 s) would blame an unanswering store.
+TEST(Rendezvous, AHundredThousandRanksTimeOutWithTheRendezvousLine) {
+  auto host = hostStore();
+  const uint16_t port = host->getPort();
+  std::string error;
+  const auto started = std::chrono::steady_clock::now();
+  std::thread rank0([&] {
+    try {
+      RendezvousOptions rdv;
+      rdv.masterPort = port;
+      rdv.rank = 0;
+      rdv.worldSize = 100000;
+      rdv.storeServedElsewhere = true;
+      rdv.timeout = std::chrono::seconds(2);
+      rendezvous(rdv);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  rank0.join();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  EXPECT_NE(error.find("1/100000 ranks joined (missing: 1-"), std::string::npos) << error;
+  EXPECT_LT(error.size(), 400u) << error;
+  EXPECT_LT(seconds, 2 + 5) << "the census outlasted the start-up watchdog's limit";
+}
+
 TEST(Rendezvous, AStoreServedElsewhereKeepsEachAttemptApart) {
   // torchrun's static agent keeps one store across restarts: attempt 0's joins must not count
   // for attempt 1, where rank 1 never comes.
