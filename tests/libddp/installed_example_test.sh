@@ -17,7 +17,8 @@ ls "$work/prefix"/lib*/libddp.so >/dev/null || fail "the install lacks libddp.so
 # The installed programs load the LibTorch they were built with, even where another one sits in the
 # system library directory (this machine has Debian's libtorch next to the wheel), and carry no
 # RPATH entry that does not exist (LibTorch's MKL target names /lib/intel64*: pytorch#73008).
-torch_lib=$(realpath "$(sed -n 's/^Torch_DIR:PATH=//p' "$build/CMakeCache.txt")/../../../lib")
+# The directory of the libtorch.so this build linked (the wheel's torch/lib, or Debian's multiarch dir).
+torch_lib=$(dirname "$(realpath "$(sed -n 's/^TORCH_LIBRARY:FILEPATH=//p' "$build/CMakeCache.txt")")")
 for f in "$work/prefix/bin/worker" "$work/prefix/bin/ddp-launch" "$work/prefix"/lib*/libddp.so; do
   rpath=$(readelf -d "$f" | sed -n 's/.*R\(UN\)\{0,1\}PATH.*\[\(.*\)\]/\2/p')
   IFS=: read -ra entries <<<"$rpath"
@@ -28,8 +29,9 @@ for f in "$work/prefix/bin/worker" "$work/prefix/bin/ddp-launch" "$work/prefix"/
 done
 for f in "$work/prefix/bin/worker" "$work/prefix"/lib*/libddp.so; do
   libs=$(ldd "$f")
-  loaded=$(sed -n 's/.*libtorch_cpu.so => \([^ ]*\) .*/\1/p' <<<"$libs")
-  [[ "$(realpath "$loaded")" == "$torch_lib"/* ]] || { echo "$libs"; fail "$f loads libtorch_cpu from '$loaded', not from $torch_lib"; }
+  # libtorch_cpu.so (the wheel) or libtorch_cpu.so.1.13 (Debian)
+  loaded=$(sed -n 's/.*libtorch_cpu\.so[.0-9]* => \([^ ]*\) .*/\1/p' <<<"$libs")
+  [[ -n "$loaded" && "$(realpath "$loaded")" == "$torch_lib"/* ]] || { echo "$libs"; fail "$f loads libtorch_cpu from '$loaded', not from $torch_lib"; }
 done
 "$work/prefix/bin/worker" --help >"$work/help.log" 2>&1 || { cat "$work/help.log"; fail "installed worker --help"; }
 grep -q "config" "$work/help.log" || { cat "$work/help.log"; fail "installed worker --help printed no usage"; }
