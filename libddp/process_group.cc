@@ -320,6 +320,66 @@ void ProcessGroup::destroy(const char* file, int line) {
   s.store.reset();
 }
 
+namespace {
+
+std::vector<uint8_t> bytesOf(const std::string& text) { return {text.begin(), text.end()}; }
+
+// The rank's own error as the others rethrow it: its class (so its exit code) and its first line.
+std::string verdictOf(const std::exception& e) {
+  const char* kind = dynamic_cast<const ConfigError*>(&e) ? "C"
+                     : dynamic_cast<const DataError*>(&e) ? "D"
+                     : dynamic_cast<const CheckpointError*>(&e) ? "K" : "E";
+  const std::string what = e.what();
+  return kind + what.substr(0, what.find('\n'));
+}
+
+[[noreturn]] void rethrowVerdict(const std::string& verdict) {
+  const std::string what = verdict.substr(1) + " (rank 0's error; this rank stops with it)";
+  switch (verdict.front()) {
+    case 'C': throw ConfigError(what);
+    case 'D': throw DataError(what);
+    case 'K': throw CheckpointError(what);
+    default: throw Error(what);
+  }
+}
+
+// InitOptions::beforeGroup on every rank, with rank 0's outcome shared: rank 0 hosts the store, so
+// were it to leave at once on its own error (a model too large, a bad data set), a rank still
+// talking to the store would fail with "connection closed" (exit 1) instead of the same one line
+// (exit 2). Rank 0 publishes its verdict and, on an error, waits (at most 30 s) until every rank has
+// come through its own beforeGroup; a rank that succeeded rethrows rank 0's error. Costs one store
+// add per rank and one wait on the other ranks, once per job.
+void runBeforeGroup(const std::function<void(const GroupStart&)>& beforeGroup, const GroupStart& start,
+                    c10d::Store& store, std::chrono::milliseconds timeout) {
+  static const std::string kDone = "ddp/before_group/done";
+  static const std::string kAll = "ddp/before_group/all";
+  static const std::string kVerdict = "ddp/before_group/rank0";
+  const auto checkIn = [&] {
+    if (store.add(kDone, 1) == start.size()) store.set(kAll, bytesOf("1"));
+  };
+  try {
+    beforeGroup(start);
+  } catch (const std::exception& e) {
+    try {
+      if (start.rank() == 0) store.set(kVerdict, bytesOf(verdictOf(e)));
+      checkIn();
+      if (start.rank() == 0) store.wait({kAll}, std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(30)));
+    } catch (const std::exception&) {
+      // A rank that never comes cannot be helped: this rank's own error is what matters.
+    }
+    throw;
+  }
+  if (start.rank() == 0) store.set(kVerdict, bytesOf("+"));
+  checkIn();
+  if (start.rank() == 0) return;
+  store.wait({kVerdict}, timeout);
+  const std::vector<uint8_t> raw = store.get(kVerdict);
+  const std::string verdict(raw.begin(), raw.end());
+  if (!verdict.empty() && verdict != "+") rethrowVerdict(verdict);
+}
+
+}  // namespace
+
 ProcessGroup initProcessGroup(const InitOptions& options) {
   using namespace ddp::runtime;
   // The env contract describes one group: a second rendezvous at the same MASTER_PORT would meet
@@ -374,7 +434,7 @@ ProcessGroup initProcessGroup(const InitOptions& options) {
   const comm::RendezvousOptions rdv = api::rendezvousOptions(env, options.timeout, options.timeoutName);
   impl->store = api::meetAtStore(rdv);
   start.store = impl->store;
-  if (options.beforeGroup) options.beforeGroup(GroupStart(start));
+  if (options.beforeGroup) runBeforeGroup(options.beforeGroup, GroupStart(start), *impl->store, options.timeout);
   const comm::ProcessGroupOptions pg =
       api::groupOptions(env, backend, impl->rankDevice, options.timeout, groupForSingleRank);
   impl->owned = api::createGroup(impl->store, pg, rdv);

@@ -54,6 +54,17 @@ int run(const std::string& scenario, const std::string& backend) {
     std::cout << "three passes done" << std::endl;
     return 0;
   }
+  if (scenario == "before_group_fails_on_rank0") {  // rank 0 hosts the store and leaves on its error
+    ddp::InitOptions options;
+    options.backend = backend;
+    options.timeout = std::chrono::seconds(timeoutSeconds);
+    options.beforeGroup = [](const ddp::GroupStart& start) {
+      if (start.rank() == 0) throw ddp::ConfigError("the model does not fit (a check of rank 0's own)");
+    };
+    ddp::ProcessGroup group = ddp::initProcessGroup(options);
+    std::cout << "rank " << group.rank() << " made its group" << std::endl;
+    return 0;
+  }
   ddp::ProcessGroup group = start(backend);
   if (scenario == "moved_group") {
     ddp::ProcessGroup other = std::move(group);

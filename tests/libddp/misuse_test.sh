@@ -50,6 +50,16 @@ for backend in shm gloo; do
   expect "clean_$backend" "rank 1 finished clean"
 done
 
+# Rank 0 (the store's host) fails its beforeGroup check alone: rank 1 stops with rank 0's line and
+# class, not with a lost connection to the store.
+for backend in shm gloo; do
+  name="before_group_fails_on_rank0_$backend"
+  run "$name" 3 "$launch" --nproc_per_node=2 "$program" before_group_fails_on_rank0 "$backend" 10
+  expect "$name" "caught ddp::ConfigError: the model does not fit (a check of rank 0's own) (rank 0's error; this rank stops with it)"
+  expect_not "$name" "made its group"
+  expect_not "$name" "connection"
+done
+
 # A handle used after it was moved from, a step or a backward after destroy().
 run moved_group nonzero "$launch" --nproc_per_node=2 "$program" moved_group shm 10
 expect moved_group "caught ddp::ConfigError: ddp::ProcessGroup: this handle was moved from"
