@@ -114,6 +114,24 @@ Reducer::~Reducer() {
   }
 }
 
+void Reducer::setHook(std::shared_ptr<BucketHook> hook, const std::string& name) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (hook_) {
+    DDP_THROW(ConfigError, "ddp::DistributedDataParallel::registerCommHook: a hook (", hookName_,
+              ") is registered already; register one hook, once (as register_comm_hook)");
+  }
+  if (reducedOnce_ || armed_) {
+    DDP_THROW(ConfigError, "ddp::DistributedDataParallel::registerCommHook: register the hook before the first "
+              "forward and backward (as register_comm_hook)");
+  }
+  if (options_.compression != WireDtype::kNone) {
+    DDP_THROW(ConfigError, "ddp::DistributedDataParallel::registerCommHook: ddp::DdpOptions::compression is set; "
+              "compression is a hook itself (fp16CompressHook, bf16CompressHook): use one or the other");
+  }
+  hook_ = std::move(hook);
+  hookName_ = name;
+}
+
 void Reducer::prepareForBackward(const std::vector<at::Tensor>& outputs) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (armed_) {
@@ -126,8 +144,12 @@ void Reducer::prepareForBackward(const std::vector<at::Tensor>& outputs) {
   nextBucket_ = 0;
   for (auto& slot : slots_) slot.ready = false;
   for (auto& bucket : buckets_) bucket.pending = bucket.params.size();
-  unused_.clear();
   if (!options_.findUnusedParameters) return;
+  if (options_.staticGraph && staticUsedKnown_) {  // the graph is the first backward's: unused_ as then
+    if (unused_.size() == slots_.size()) markUnusedReadyLocked();
+    return;
+  }
+  unused_.clear();
   usedMap_.zero_();
   // Every node backward can reach from the outputs; an AccumulateGrad outside
   // this set will never fire its hook.
@@ -162,7 +184,7 @@ void Reducer::onGradientReady(size_t index) {
     torch::autograd::Engine::get_default_engine().queue_callback([this] { finalizeBackward(); });
     markUnusedReadyLocked();
   }
-  if (options_.findUnusedParameters) usedMap_.data_ptr<int>()[index] = 1;
+  if (options_.findUnusedParameters && !staticUsedKnown_) usedMap_.data_ptr<int>()[index] = 1;
   markReadyLocked(index);
 }
 
@@ -196,12 +218,19 @@ void Reducer::launchReadyBucketsLocked() {
   // Launched in bucket order on every rank, or collectives mismatch and hang.
   const double divisor = static_cast<double>(comm_.size());
   while (nextBucket_ < buckets_.size() && buckets_[nextBucket_].pending == 0) {
-    Bucket& bucket = buckets_[nextBucket_++];
-    bucket.buffer.div_(divisor);  // pre-divide, then SUM: Gloo has no AVG
-    if (bucket.wire.defined()) {
+    const size_t index = nextBucket_++;
+    Bucket& bucket = buckets_[index];
+    if (hook_) {
+      std::vector<at::Tensor> params;
+      for (size_t i : bucket.params) params.push_back(params_[i]);
+      bucket.work = hook_->run(index, index + 1 == buckets_.size(), bucket.buffer, bucket.views, params);
+    } else if (bucket.wire.defined()) {
+      // Cast, then divide in the wire dtype: fp16_compress_hook's arithmetic, bit for bit.
       bucket.wire.copy_(bucket.buffer);
+      bucket.wire.div_(divisor);
       bucket.work = comm_.allReduceSumAsync(bucket.wire);
     } else {
+      bucket.buffer.div_(divisor);  // pre-divide, then SUM: Gloo has no AVG
       bucket.work = comm_.allReduceSumAsync(bucket.buffer);
     }
   }
@@ -225,11 +254,15 @@ void Reducer::finalizeBackward() {
   }
   const int* used = nullptr;
   if (options_.findUnusedParameters) {
-    // A parameter no rank used keeps its .grad as it was, as in DDP.
-    at::Tensor usedEverywhere = usedMap_.to(comm_.device());
-    usedMapWork_ = comm_.allReduceSumAsync(usedEverywhere);
-    std::move(usedMapWork_)->wait();
-    usedMap_.copy_(usedEverywhere);  // back on the host: blocks until the GPU is done
+    // A parameter no rank used keeps its .grad as it was, as in DDP. With a static graph the first
+    // backward's global map holds for every later one: no search and no all-reduce any more.
+    if (!staticUsedKnown_) {
+      at::Tensor usedEverywhere = usedMap_.to(comm_.device());
+      usedMapWork_ = comm_.allReduceSumAsync(usedEverywhere);
+      std::move(usedMapWork_)->wait();
+      usedMap_.copy_(usedEverywhere);  // back on the host: blocks until the GPU is done
+      staticUsedKnown_ = options_.staticGraph;
+    }
     used = usedMap_.data_ptr<int>();
   }
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -247,6 +280,7 @@ void Reducer::finalizeBackward() {
   lastWaitSeconds_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   armed_ = false;
+  reducedOnce_ = true;
 }
 
 std::string Reducer::describeMissingLocked() const {

@@ -24,12 +24,23 @@ enum class WireDtype { kNone, kFp16, kBf16 };
 /// "none" | "fp16" | "bf16"; throws ConfigError otherwise.
 WireDtype parseCompression(const std::string& name);
 
+/// Reduces one bucket instead of the built-in all-reduce (the library's CommHook behind it).
+/// `buffer` holds this rank's sum, not yet divided; the work's wait() leaves the mean there.
+class BucketHook {
+ public:
+  virtual ~BucketHook() = default;
+  virtual std::unique_ptr<PendingWork> run(size_t index, bool isLast, at::Tensor& buffer,
+                                           const std::vector<at::Tensor>& views,
+                                           const std::vector<at::Tensor>& params) = 0;
+};
+
 struct ReducerOptions {
   size_t bucketCapBytes = 25u << 20;      // like DDP's bucket_cap_mb=25
   size_t firstBucketCapBytes = 1u << 20;  // DDP's smaller first bucket: communication starts early
   bool findUnusedParameters = false;      // mark parameters the graph does not reach as ready
   bool gradientAsBucketView = false;      // .grad aliases the bucket (no copy back)
   WireDtype compression = WireDtype::kNone;
+  bool staticGraph = false;  // findUnusedParameters: the first backward's used set holds for all
 };
 
 /// Averages gradients over the communicator's ranks during backward.
@@ -52,6 +63,10 @@ class Reducer final : public GradientSync {
   /// searched for parameters it does not reach. Throws CommError when the
   /// previous armed backward never completed its reduction.
   void prepareForBackward(const std::vector<at::Tensor>& outputs) override;
+
+  /// Replaces the built-in all-reduce; before the first synchronising backward only (throws
+  /// ConfigError after it, or for a second hook).
+  void setHook(std::shared_ptr<BucketHook> hook, const std::string& name);
 
   /// Parameter indices per bucket, in launch order.
   const std::vector<std::vector<size_t>>& bucketIndices() const { return layout_; }
@@ -94,6 +109,10 @@ class Reducer final : public GradientSync {
   std::vector<size_t> unused_;  // this backward's parameters the graph does not reach
   at::Tensor usedMap_;          // findUnusedParameters: 1 where this rank produced a gradient
   std::unique_ptr<PendingWork> usedMapWork_;
+  std::shared_ptr<BucketHook> hook_;
+  std::string hookName_;
+  bool reducedOnce_ = false;   // a synchronising backward has completed (static graph, setHook)
+  bool staticUsedKnown_ = false;  // staticGraph: usedMap_ holds the first backward's global map
 
   std::mutex mutex_;
   bool armed_ = false;          // prepared, reduction not finished yet

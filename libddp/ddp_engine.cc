@@ -25,6 +25,8 @@ struct DdpEngine::State {
   bool requireForwardParamSync = true;
   std::unique_ptr<api::LabelledCommunicator> gradients;  // the reducer's collectives, named in reports
   std::unique_ptr<comm::GradientSync> gradientSync;       // none for a group of one
+  comm::Reducer* reducer = nullptr;                       // gradientSync when bucketed
+  bool flat = false;
 };
 
 namespace {
@@ -34,7 +36,48 @@ size_t megabytes(double mb, const char* name) {
   return static_cast<size_t>(mb * (1 << 20));
 }
 
+// A CommHook's Work as the reducer waits for it.
+class WorkAsPending final : public comm::PendingWork {
+ public:
+  explicit WorkAsPending(Work work) : work_(std::move(work)) {}
+  void wait() override { work_.wait(); }
+
+ private:
+  Work work_;
+};
+
+// The public CommHook behind the reducer's BucketHook; its collectives go through `group`, whose
+// collectives are labelled "DDP gradients" in reports.
+class HookAdapter final : public comm::BucketHook {
+ public:
+  HookAdapter(std::shared_ptr<CommHook> hook, ProcessGroup group) : hook_(std::move(hook)), group_(std::move(group)) {}
+  std::unique_ptr<comm::PendingWork> run(size_t index, bool isLast, at::Tensor& buffer,
+                                         const std::vector<at::Tensor>& views,
+                                         const std::vector<at::Tensor>& params) override {
+    GradBucket bucket(index, isLast, buffer, views, params);
+    return std::make_unique<WorkAsPending>(hook_->run(bucket, group_));
+  }
+
+ private:
+  std::shared_ptr<CommHook> hook_;
+  ProcessGroup group_;
+};
+
 }  // namespace
+
+void DdpEngine::registerCommHook(std::shared_ptr<CommHook> hook) {
+  if (!hook) DDP_THROW(ConfigError, "ddp::DistributedDataParallel::registerCommHook: the hook is null");
+  api::communicatorOf(state_->group, "registerCommHook");
+  if (state_->flat) {
+    DDP_THROW(ConfigError, "ddp::DistributedDataParallel::registerCommHook: hooks reduce the buckets of the bucketed "
+              "reducer; ddp::DdpOptions::reducer is flat");
+  }
+  if (!state_->reducer) return;  // a group of one: nothing to reduce
+  const std::string name = hook->name();
+  ProcessGroup hookGroup = api::wrapCommunicator(*state_->gradients, state_->group.device(),
+                                                 state_->group.localRank(), state_->group.localSize());
+  state_->reducer->setHook(std::make_shared<HookAdapter>(std::move(hook), std::move(hookGroup)), name);
+}
 
 DdpEngine::DdpEngine(torch::nn::Module& module, ProcessGroup group, DdpOptions options)
     : state_(std::make_unique<State>(std::move(group))) {
@@ -49,6 +92,8 @@ DdpEngine::DdpEngine(torch::nn::Module& module, ProcessGroup group, DdpOptions o
   reducer.findUnusedParameters = options.findUnusedParameters;
   reducer.gradientAsBucketView = options.gradientAsBucketView;
   reducer.compression = comm::parseCompression(options.compression);
+  reducer.staticGraph = options.staticGraph;
+  state_->flat = options.reducer == "flat";
 
   std::vector<at::Tensor> params;
   std::vector<std::string> names;
@@ -69,8 +114,15 @@ DdpEngine::DdpEngine(torch::nn::Module& module, ProcessGroup group, DdpOptions o
   if (comm.size() == 1) return;
   state_->gradients = std::make_unique<api::LabelledCommunicator>(state_->group, "DDP gradients");
   if (options.reducer == "bucketed") {
-    state_->gradientSync = std::make_unique<comm::Reducer>(*state_->gradients, params, names, reducer);
+    auto bucketed = std::make_unique<comm::Reducer>(*state_->gradients, params, names, reducer);
+    state_->reducer = bucketed.get();
+    state_->gradientSync = std::move(bucketed);
+    if (options.commHook) registerCommHook(options.commHook);
   } else {
+    if (options.commHook) {
+      DDP_THROW(ConfigError, "ddp::DdpOptions::commHook reduces the buckets of the bucketed reducer; "
+                "ddp::DdpOptions::reducer is flat");
+    }
     state_->gradientSync = std::make_unique<comm::FlatGradientSync>(*state_->gradients, params);
   }
 }

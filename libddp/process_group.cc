@@ -287,6 +287,49 @@ void ProcessGroup::allReduceSum(at::Tensor& tensor) {
   onCollectiveDevice(comm, tensor, [&comm](at::Tensor& t) { comm.allReduceSum(t); });
 }
 
+struct Work::Impl {
+  // Destroyed in reverse: an unwaited collective finishes before `next` lets go of its tensor.
+  std::function<void()> next;               // runs once the below are done
+  std::unique_ptr<Impl> first;              // Work::then: what runs before
+  std::unique_ptr<comm::PendingWork> work;  // a collective in flight
+  void wait() {
+    if (auto before = std::move(first)) before->wait();
+    if (auto pending = std::move(work)) pending->wait();
+    if (auto after = std::move(next)) after();
+  }
+};
+
+Work::Work() = default;
+Work::Work(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Work::~Work() = default;  // a pending collective's own destructor waits for it
+Work::Work(Work&&) noexcept = default;
+Work& Work::operator=(Work&&) noexcept = default;
+
+void Work::wait() {
+  if (auto impl = std::move(impl_)) impl->wait();
+}
+
+Work Work::then(Work first, std::function<void()> next) {
+  auto impl = std::make_unique<Impl>();
+  impl->first = std::move(first.impl_);
+  impl->next = std::move(next);
+  return Work(std::move(impl));
+}
+
+Work ProcessGroup::allReduceSumAsync(at::Tensor& tensor) {
+  Impl& comm = impl();
+  comm.live("all_reduce");
+  auto work = std::make_unique<Work::Impl>();
+  if (tensor.device() == comm.device() && tensor.is_contiguous()) {
+    work->work = comm.allReduceSumAsync(tensor);
+    return Work(std::move(work));
+  }
+  auto moved = std::make_shared<at::Tensor>(tensor.to(comm.device()).contiguous());
+  work->work = comm.allReduceSumAsync(*moved);
+  work->next = [target = tensor, moved]() mutable { target.copy_(*moved); };
+  return Work(std::move(work));
+}
+
 void ProcessGroup::allReduceMean(at::Tensor& tensor) {
   allReduceSum(tensor);
   tensor.div_(size());

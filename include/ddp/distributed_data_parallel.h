@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "ddp/comm_hook.h"
 #include "ddp/process_group.h"
 
 namespace ddp {
@@ -30,6 +31,13 @@ struct DdpOptions {
                                       // fp16_compress_hook / bf16_compress_hook)
   std::string reducer = "bucketed";   // bucketed: DDP's Reducer, all-reduces overlapped with backward;
                                       // flat: one all-reduce of every gradient after backward
+  /// How each bucket is reduced (register_comm_hook): allReduceHook(), fp16CompressHook(),
+  /// bf16CompressHook(), powerSgdHook(...) or your own CommHook; null: the built-in all-reduce.
+  std::shared_ptr<CommHook> commHook;
+  /// static_graph=True: the set of parameters the forward uses never changes, so with
+  /// findUnusedParameters the graph is searched and the used map all-reduced in the first
+  /// synchronising backward only.
+  bool staticGraph = false;
 };
 
 /// The engine behind DistributedDataParallel, for any torch::nn::Module. Construction broadcasts
@@ -60,6 +68,8 @@ class DdpEngine {
     bool previous_;
   };
   bool syncEnabled() const { return sync_; }
+  /// register_comm_hook: before the first forward, once; the bucketed reducer only.
+  void registerCommHook(std::shared_ptr<CommHook> hook);
   ProcessGroup& group();
 
  private:
@@ -144,6 +154,9 @@ class DistributedDataParallel {
   DdpEngine& engine() { return engine_; }
   /// `{ auto guard = model.noSync(); ...forward, backward... }`: accumulate without communicating.
   [[nodiscard]] DdpEngine::NoSync noSync() { return DdpEngine::NoSync(engine_); }
+  /// `model.registerCommHook(ddp::powerSgdHook({.matrixApproximationRank = 2}))`, as
+  /// register_comm_hook(state, powerSGD_hook): before the first forward, once.
+  void registerCommHook(std::shared_ptr<CommHook> hook) { engine_.registerCommHook(std::move(hook)); }
 
  private:
   Model module_;

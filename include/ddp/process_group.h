@@ -53,6 +53,31 @@ struct InitOptions {
   std::string timeoutName = "ddp::InitOptions::timeout";
 };
 
+/// A collective in flight (c10d's Work and Future in one). wait() returns once this rank's result
+/// is in place and throws what the blocking collective would (CommError, TimeoutError); a second
+/// wait() returns at once. A Work destroyed unwaited still lets its collective finish (the peers run
+/// it too): its tensor is never freed under it.
+class Work {
+ public:
+  Work();  // already done
+  ~Work();
+  Work(Work&&) noexcept;
+  Work& operator=(Work&&) noexcept;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  void wait();
+  /// `first`, then `next` on the thread that waits (Future.then's twin): e.g. decompress a bucket
+  /// once its all-reduce is in, or start the next collective of a chain.
+  static Work then(Work first, std::function<void()> next);
+
+  struct Impl;
+  explicit Work(std::unique_ptr<Impl> impl);
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
 /// A handle on the job's process group (copies share it). Made by initProcessGroup().
 class ProcessGroup {
  public:
@@ -69,6 +94,9 @@ class ProcessGroup {
   /// moved to collectiveDevice() and back when it lives elsewhere.
   void allReduceSum(at::Tensor& tensor);
   void allReduceMean(at::Tensor& tensor);
+  /// Starts the in-place sum and returns at once (dist.all_reduce(..., async_op=True)); `tensor`
+  /// must stay alive and untouched until wait(). Collectives complete in the order they started.
+  Work allReduceSumAsync(at::Tensor& tensor);
   /// In place, every rank ends with `root`'s values.
   void broadcast(at::Tensor& tensor, int root = 0);
   void broadcast(const std::vector<at::Tensor>& tensors, int root = 0);

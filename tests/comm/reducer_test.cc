@@ -121,12 +121,12 @@ TEST(ReducerCompression, Fp16WireMatchesRoundedSumAtWorldTwo) {
     at::Tensor loss = net.loss(comm.rank(), 0);
     reducer.prepareForBackward({loss});
     loss.backward();
-    // Each rank sends half(g_r / 2); Gloo adds two halves and rounds to half.
+    // Each rank sends half(g_r) / 2 (cast, then divide: fp16_compress_hook); Gloo adds two halves and rounds to half.
     std::vector<std::vector<at::Tensor>> perRank(2);
     for (int r = 0; r < 2; ++r) {
       Net plain;
       plain.loss(r, 0).backward();
-      for (auto& p : plain.params) perRank[r].push_back((p.grad() / 2).to(at::kHalf).to(at::kFloat));
+      for (auto& p : plain.params) perRank[r].push_back((p.grad().to(at::kHalf) / 2).to(at::kFloat));
     }
     for (size_t i = 0; i < net.params.size(); ++i) {
       const at::Tensor expected = (perRank[0][i] + perRank[1][i]).to(at::kHalf).to(at::kFloat);
@@ -164,7 +164,7 @@ TEST(ReducerCompression, Bf16WireRoundsToBf16OnGlooThatSumsItAndIsRefusedOtherwi
     for (int r = 0; r < 2; ++r) {
       Net plain;
       plain.loss(r, 0).backward();
-      for (auto& p : plain.params) perRank[r].push_back((p.grad() / 2).to(at::kBFloat16).to(at::kFloat));
+      for (auto& p : plain.params) perRank[r].push_back((p.grad().to(at::kBFloat16) / 2).to(at::kFloat));
     }
     for (size_t i = 0; i < net.params.size(); ++i) {
       const at::Tensor expected = (perRank[0][i] + perRank[1][i]).to(at::kBFloat16).to(at::kFloat);

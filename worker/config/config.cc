@@ -150,6 +150,10 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("comm.broadcast_buffers", "boolean", c.comm.broadcastBuffers),
       bindField("comm.gradient_as_bucket_view", "boolean", c.comm.gradientAsBucketView),
       bindField("comm.compression", "string", c.comm.compression),
+      bindField("comm.hook", "string", c.comm.hook),
+      bindField("comm.powersgd_rank", "integer", c.comm.powersgdRank),
+      bindField("comm.powersgd_start_iter", "integer", c.comm.powersgdStartIter),
+      bindField("comm.static_graph", "boolean", c.comm.staticGraph),
       bindField("dp.device_ids", "list of integers", c.dp.deviceIds),
       bindField("dp.output_device", "integer", c.dp.outputDevice),
       bindField("dp.replicas", "integer", c.dp.replicas),
@@ -361,6 +365,18 @@ void validate(const WorkerConfig& c) {
           "must be > 0 and at most " + std::to_string(static_cast<int64_t>(kMaxBucketMb)) + " (MB), e.g. 1"); 
   require(c.comm.compression == "none" || c.comm.compression == "fp16" || c.comm.compression == "bf16",
           "comm.compression", "is '" + c.comm.compression + "'; use none, fp16 or bf16");
+  require(c.comm.hook == "none" || c.comm.hook == "fp16" || c.comm.hook == "bf16" || c.comm.hook == "powersgd",
+          "comm.hook", "is '" + c.comm.hook + "'; use none, fp16, bf16 or powersgd");
+  require(c.comm.hook == "none" || c.comm.compression == "none", "comm.hook",
+          "is " + c.comm.hook + " and comm.compression is " + c.comm.compression +
+              ": compression is a hook itself; set one of them");
+  require(c.comm.hook == "none" || c.mode == Mode::kDdp, "comm.hook",
+          "is for mode ddp: dp and single train in one process and reduce no gradients over ranks");
+  require(c.comm.hook == "none" || c.comm.reducer == "bucketed", "comm.hook",
+          "reduces the buckets of the bucketed reducer; set comm.reducer: bucketed");
+  require(c.comm.powersgdRank >= 1 && c.comm.powersgdRank <= 1024, "comm.powersgd_rank", "must be from 1 to 1024 (1-4 typical)");
+  require(c.comm.powersgdStartIter >= 2, "comm.powersgd_start_iter",
+          "must be >= 2: PowerSGD's error feedback and warm start begin after plain all-reduce iterations");
   require(c.train.accumulateSteps >= 1, "train.accumulate_steps", "must be >= 1");
   for (auto id : c.dp.deviceIds) require(id >= 0, "dp.device_ids", "ids must be >= 0");
   require(c.dp.outputDevice >= -1, "dp.output_device", "must be a device id or -1 (= device_ids[0])");

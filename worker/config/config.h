@@ -104,6 +104,10 @@ struct CommConfig {
   bool broadcastBuffers = true;          // rank 0's buffers (e.g. BatchNorm stats) before each forward
   bool gradientAsBucketView = false;     // grads alias the bucket buffers (no copy back)
   std::string compression = "none";      // none | fp16 | bf16: gradient dtype on the wire
+  std::string hook = "none";             // none | fp16 | bf16 | powersgd (DDP communication hooks)
+  int64_t powersgdRank = 1;              // PowerSGD's matrix_approximation_rank
+  int64_t powersgdStartIter = 1000;      // PowerSGD's start_powerSGD_iter (plain all-reduce before)
+  bool staticGraph = false;              // DDP's static_graph: the used set is searched once
 };
 
 struct CheckpointConfig {

@@ -46,6 +46,9 @@ nlohmann::json trainingSummary(const WorkerConfig& config, const TrainResult& re
       {"test_accuracy", result.testAccuracy},
       {"eval_seconds", result.evalSeconds},
       {"export_path", std::filesystem::absolute(result.exportPath).string()},
+      {"comm_hook", config.comm.hook},
+      {"gradient_elements", result.gradientElements},
+      {"gradient_elements_sent", result.gradientElementsSent},
   };
 }
 

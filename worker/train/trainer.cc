@@ -22,7 +22,20 @@ namespace {
 // DDP's engine (the public API's DdpEngine) from the config: the bucketed Reducer or the flat
 // all-reduce (comm.reducer), rank 0's buffers before each step's first forward
 // (comm.broadcast_buffers). None for a group of one: nothing to average.
-std::unique_ptr<DdpEngine> makeEngine(const CommConfig& config, const ProcessGroup& group, torch::nn::Module& module) {
+std::shared_ptr<CommHook> makeHook(const CommConfig& config) {
+  if (config.hook == "fp16") return fp16CompressHook();
+  if (config.hook == "bf16") return bf16CompressHook();
+  if (config.hook == "powersgd") {
+    PowerSgdOptions o;
+    o.matrixApproximationRank = config.powersgdRank;
+    o.startPowerSgdIter = config.powersgdStartIter;
+    return powerSgdHook(o);
+  }
+  return nullptr;
+}
+
+std::unique_ptr<DdpEngine> makeEngine(const CommConfig& config, const ProcessGroup& group, torch::nn::Module& module,
+                                      const std::shared_ptr<CommHook>& hook) {
   if (group.size() == 1) return nullptr;
   DdpOptions options;
   options.reducer = config.reducer;
@@ -32,6 +45,8 @@ std::unique_ptr<DdpEngine> makeEngine(const CommConfig& config, const ProcessGro
   options.broadcastBuffers = config.broadcastBuffers;
   options.gradientAsBucketView = config.gradientAsBucketView;
   options.compression = config.compression;
+  options.commHook = hook;
+  options.staticGraph = config.staticGraph;
   return std::make_unique<DdpEngine>(module, group, options);
 }
 
@@ -40,7 +55,15 @@ class DdpParallelism final : public Parallelism {
  public:
   DdpParallelism(const WorkerConfig& config, const ProcessGroup& group, torch::nn::AnyModule& model)
       : config_(config), group_(group), device_(group.device()), model_(model),
-        engine_(makeEngine(config.comm, group, *model.ptr())) {}
+        hook_(makeHook(config.comm)), engine_(makeEngine(config.comm, group, *model.ptr(), hook_)) {}
+
+  void describe(TrainResult& result) const override {
+    if (const auto* psgd = dynamic_cast<const PowerSgdHook*>(hook_.get())) {
+      const PowerSgdHook::Stats stats = psgd->compressionStats();
+      result.gradientElements = stats.elementsBefore;
+      result.gradientElementsSent = stats.elementsAfter;
+    }
+  }
 
   torch::nn::Module& module() override { return *model_.ptr(); }
   ProcessGroup& group() override { return group_; }
@@ -70,6 +93,7 @@ class DdpParallelism final : public Parallelism {
   ProcessGroup group_;
   c10::Device device_;
   torch::nn::AnyModule& model_;
+  std::shared_ptr<CommHook> hook_;  // comm.hook (null: the built-in all-reduce)
   std::unique_ptr<DdpEngine> engine_;
 };
 

@@ -29,6 +29,10 @@ struct TrainResult {
   std::string exportPath;      // rank 0 only
   int stopSignal = 0;          // nonzero: stopped early on this signal after saving checkpointPath
   std::string checkpointPath;
+  // comm.hook powersgd: gradient elements per rank before and after compression (PowerSGD's
+  // compression_stats over the compressed iterations); 0 otherwise.
+  int64_t gradientElements = 0;
+  int64_t gradientElementsSent = 0;
 };
 
 /// Stops training with one line: what diverged, and where the last good state is.

@@ -233,6 +233,7 @@ TrainResult TrainingRun::run() {
   bar_.clear();
   result_.trainSeconds = secondsSince(start_);
   result_.samplesPerSecond = result_.trainSeconds > 0 ? runSamples_ / result_.trainSeconds : 0;
+  parallelism_.describe(result_);
   if (result_.stopSignal != 0) return result_;  // preempted: the checkpoint is the record
   finish();
   return result_;

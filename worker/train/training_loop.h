@@ -42,6 +42,8 @@ class Parallelism {
   virtual EvalCounts evaluate(const data::TensorDataset& test) = 0;
   /// Appended to progress lines ("(4 replicas)").
   virtual std::string progressNote() const { return {}; }
+  /// Adds what the parallelism knows to the run's result (a communication hook's statistics).
+  virtual void describe(TrainResult&) const {}
 };
 
 /// Trains `parallelism.module()` on data.train per config.train; then evaluation, rank<r>_params.pt
