@@ -2,6 +2,7 @@
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
@@ -132,6 +133,44 @@ void Reducer::setHook(std::shared_ptr<BucketHook> hook, const std::string& name)
   hookName_ = name;
 }
 
+void Reducer::setNextDivisor(double divisor) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  nextDivisor_ = divisor;
+}
+
+void Reducer::shadowBackward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  c10::NoGradGuard noGrad;
+  std::vector<std::unique_ptr<PendingWork>> works;
+  std::vector<at::Tensor> keep;  // alive until the works are done
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const Bucket& bucket = buckets_[b];
+    at::Tensor zeros = at::zeros_like(bucket.buffer);
+    keep.push_back(zeros);
+    if (hook_) {
+      std::vector<at::Tensor> views, params;
+      int64_t offset = 0;
+      for (size_t i : bucket.params) {
+        views.push_back(aliasOf(zeros, offset, params_[i]));
+        params.push_back(params_[i]);
+        offset += params_[i].numel();
+      }
+      works.push_back(hook_->run(b, b + 1 == buckets_.size(), zeros, views, params));
+    } else if (bucket.wire.defined()) {
+      at::Tensor wire = at::zeros_like(bucket.wire);
+      keep.push_back(wire);
+      works.push_back(comm_.allReduceSumAsync(wire));
+    } else {
+      works.push_back(comm_.allReduceSumAsync(zeros));
+    }
+  }
+  for (auto& work : works) work->wait();
+  if (options_.findUnusedParameters && !staticUsedKnown_) {
+    at::Tensor unused = at::zeros({static_cast<int64_t>(params_.size())}, at::TensorOptions(at::kInt).device(comm_.device()));
+    comm_.allReduceSum(unused);
+  }
+}
+
 void Reducer::prepareForBackward(const std::vector<at::Tensor>& outputs) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (armed_) {
@@ -216,7 +255,7 @@ void Reducer::markReadyLocked(size_t index) {
 
 void Reducer::launchReadyBucketsLocked() {
   // Launched in bucket order on every rank, or collectives mismatch and hang.
-  const double divisor = static_cast<double>(comm_.size());
+  const double divisor = nextDivisor_ > 0 ? nextDivisor_ : static_cast<double>(comm_.size());
   while (nextBucket_ < buckets_.size() && buckets_[nextBucket_].pending == 0) {
     const size_t index = nextBucket_++;
     Bucket& bucket = buckets_[index];
@@ -281,6 +320,7 @@ void Reducer::finalizeBackward() {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   armed_ = false;
   reducedOnce_ = true;
+  nextDivisor_ = 0;
 }
 
 std::string Reducer::describeMissingLocked() const {

@@ -68,6 +68,14 @@ class Reducer final : public GradientSync {
   /// ConfigError after it, or for a second hook).
   void setHook(std::shared_ptr<BucketHook> hook, const std::string& name);
 
+  /// Join (uneven inputs), on a rank out of batches: the collectives of one synchronising backward
+  /// of the others, with zeros (every bucket through the hook or the built-in all-reduce, then the
+  /// unused-parameter map), this rank's gradients untouched.
+  void shadowBackward();
+  /// Join with divideByInitialWorldSize = false: the next backward's built-in all-reduce divides
+  /// by `divisor` (the ranks still training) instead of the world size.
+  void setNextDivisor(double divisor);
+
   /// Parameter indices per bucket, in launch order.
   const std::vector<std::vector<size_t>>& bucketIndices() const { return layout_; }
 
@@ -113,6 +121,7 @@ class Reducer final : public GradientSync {
   std::string hookName_;
   bool reducedOnce_ = false;   // a synchronising backward has completed (static graph, setHook)
   bool staticUsedKnown_ = false;  // staticGraph: usedMap_ holds the first backward's global map
+  double nextDivisor_ = 0;        // > 0: the divisor of the next backward (Join)
 
   std::mutex mutex_;
   bool armed_ = false;          // prepared, reduction not finished yet

@@ -1,8 +1,13 @@
 // ddp::DdpEngine (DistributedDataParallel's engine) and ddp::DistributedSampler over the
 // project's Reducer and sampler.
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/GradMode.h>
 #include <torch/nn/module.h>
 
+#include <exception>
 #include <memory>
+#include <optional>
 
 #include "libddp/internal.h"
 #include "comm/gradient_sync.h"
@@ -27,6 +32,29 @@ struct DdpEngine::State {
   std::unique_ptr<comm::GradientSync> gradientSync;       // none for a group of one
   comm::Reducer* reducer = nullptr;                       // gradientSync when bucketed
   bool flat = false;
+  std::vector<at::Tensor> params;
+  bool broadcastBuffers = true;
+  // ddp::Join: set while a Join context is active and enabled.
+  std::optional<JoinOptions> join;
+
+  // The highest rank whose `mine` is true (DDP's _find_common_rank, a MAX all-reduce built from
+  // a SUM over one slot per rank).
+  int commonRank(comm::Communicator& comm, bool mine) {
+    at::Tensor slots = at::zeros({comm.size()}, at::TensorOptions(at::kFloat).device(comm.device()));
+    if (mine) slots[comm.rank()] = 1;
+    comm.allReduceSum(slots);
+    const at::Tensor host = slots.cpu();
+    for (int r = comm.size() - 1; r >= 0; --r) {
+      if (host[r].item<float>() > 0) return r;
+    }
+    DDP_THROW(CommError, "ddp::Join: no rank qualified as the source of the model (ranks disagree about who joined)");
+  }
+  // One element all-reduced: the sum over ranks of `value`.
+  static double sumOver(comm::Communicator& comm, double value) {
+    at::Tensor t = at::full({1}, value, at::TensorOptions(at::kFloat).device(comm.device()));
+    comm.allReduceSum(t);
+    return t.item<double>();
+  }
 };
 
 namespace {
@@ -106,6 +134,8 @@ DdpEngine::DdpEngine(torch::nn::Module& module, ProcessGroup group, DdpOptions o
               "train; register them with register_parameter / register_module");
   }
   state_->buffers = module.buffers(/*recurse=*/true);
+  state_->params = params;
+  state_->broadcastBuffers = options.broadcastBuffers;
   // Replicas start equal: rank 0's parameters and buffers everywhere (DDP's constructor).
   std::vector<at::Tensor> all = params;
   all.insert(all.end(), state_->buffers.begin(), state_->buffers.end());
@@ -133,6 +163,23 @@ ProcessGroup& DdpEngine::group() { return state_->group; }
 
 void DdpEngine::beforeForward() {
   comm::Communicator& comm = api::communicatorOf(state_->group, "a forward through the DDP wrapper");
+  if (state_->join && state_->gradientSync) {
+    // DDP._pre_forward under Join: this rank still trains (the joined ranks count zeros), the
+    // buffers come from the highest rank still training, and whether the backward will sync.
+    api::CollectiveLabel label(state_->group, "Join: still training");
+    const double training = State::sumOver(comm, 1);
+    if (state_->join->throwOnEarlyTermination && State::sumOver(comm, 0) > 0) {
+      DDP_THROW(Error, "ddp::Join: a rank ran out of inputs; every rank stops here "
+                "(ddp::JoinOptions::throwOnEarlyTermination)");
+    }
+    if (state_->requireForwardParamSync && state_->syncBuffers) {
+      const int root = state_->commonRank(comm, true);
+      comm::broadcastTensors(comm, state_->buffers, root);
+    }
+    State::sumOver(comm, sync_ ? 1 : 0);
+    if (!state_->join->divideByInitialWorldSize && state_->reducer) state_->reducer->setNextDivisor(training);
+    return;
+  }
   if (state_->requireForwardParamSync && state_->syncBuffers) {
     api::CollectiveLabel label(state_->group, "DDP buffer broadcast");
     comm::broadcastTensors(comm, state_->buffers, /*root=*/0);
@@ -195,4 +242,62 @@ std::vector<std::vector<int64_t>> DistributedSampler::epochBatches(int64_t epoch
   setEpoch(epoch);
   return batches(batchSize, dropLast);
 }
+}  // namespace ddp
+
+namespace ddp {
+
+Join::Join(DdpEngine& engine, JoinOptions options)
+    : engine_(engine), options_(options), uncaught_(std::uncaught_exceptions()) {
+  DdpEngine::State& state = *engine_.state_;
+  api::communicatorOf(state.group, "ddp::Join");
+  if (state.join) DDP_THROW(ConfigError, "ddp::Join: this model is in a Join already; one Join at a time");
+  if (!options_.enable) return;
+  if (state.flat) {
+    DDP_THROW(ConfigError, "ddp::Join shadows the buckets of the bucketed reducer; ddp::DdpOptions::reducer is flat");
+  }
+  state.join = options_;
+}
+
+Join::~Join() noexcept(false) {
+  DdpEngine::State& state = *engine_.state_;
+  if (finished_ || std::uncaught_exceptions() != uncaught_) {
+    state.join.reset();
+    return;
+  }
+  finish();
+}
+
+// Join.__exit__ with DDP's join hook: per step of the ranks still training, "how many still
+// train?" then the step's collectives with zeros; at the end the last joiner's model for all.
+void Join::finish() {
+  DdpEngine::State& state = *engine_.state_;
+  if (finished_) return;
+  finished_ = true;
+  state.join.reset();
+  if (!options_.enable || !state.gradientSync) return;  // disabled, or a group of one
+  comm::Communicator& comm = api::communicatorOf(state.group, "ddp::Join");
+  api::CollectiveLabel label(state.group, "Join: joined rank");
+  bool lastJoiner = true;
+  while (DdpEngine::State::sumOver(comm, 0) > 0) {
+    if (options_.throwOnEarlyTermination) {
+      DdpEngine::State::sumOver(comm, 1);  // the others' check: someone ran out
+      DDP_THROW(Error, "ddp::Join: rank ", comm.rank(), " ran out of inputs first; every rank stops here "
+                "(ddp::JoinOptions::throwOnEarlyTermination)");
+    }
+    if (state.requireForwardParamSync && state.syncBuffers) {
+      const int root = state.commonRank(comm, false);
+      comm::broadcastTensors(comm, state.buffers, root);
+    }
+    const bool sync = DdpEngine::State::sumOver(comm, 0) > 0;
+    state.requireForwardParamSync = sync;
+    if (sync) state.reducer->shadowBackward();
+    lastJoiner = false;
+  }
+  const int root = state.commonRank(comm, lastJoiner);
+  std::vector<at::Tensor> model = state.params;
+  if (state.broadcastBuffers) model.insert(model.end(), state.buffers.begin(), state.buffers.end());
+  c10::NoGradGuard noGrad;
+  comm::broadcastTensors(comm, model, root);
+}
+
 }  // namespace ddp

@@ -10,6 +10,16 @@ Rank 0 prints one JSON line: steps, test accuracy, train and eval seconds.
 bench/precision/run.sh varies it through the environment: PY_JOB_MODEL (cnn | mlp: 784-512-256-10),
 PY_JOB_PRECISION (fp32 | bf16 | fp16: the forward and loss under torch.autocast("cpu", dtype), fp16
 with torch.amp.GradScaler("cpu")), PY_JOB_BATCH (per rank, default 32), PY_JOB_MAX_STEPS (0: the epoch).
+
+bench/hooks/run.sh adds PY_JOB_HOOK (none | fp16 | bf16 | powersgd; default none: no hook), registered
+with model.register_comm_hook as PyTorch documents it (default_hooks.fp16_compress_hook /
+bf16_compress_hook with state None; powerSGD_hook.powerSGD_hook with PowerSGDState(process_group=None,
+matrix_approximation_rank=PY_JOB_PSGD_RANK (default 1), start_powerSGD_iter=PY_JOB_PSGD_START
+(default 1000))). With powersgd the JSON line also has gradient_elements and gradient_elements_sent
+(PowerSGDState.compression_stats() totals, per rank), and DDP gets bucket_cap_mb=25, so these small
+models sit in one bucket: with DDP's default 1 MB first bucket (two buckets) powerSGD_hook dies on Gloo
+once it starts compressing ("Received data size doesn't match expected size"), apparently because it
+issues its P and Q all-reduces from future callbacks, whose order across buckets differs between ranks.
 """
 import gzip
 import json
@@ -23,6 +33,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
@@ -78,7 +89,21 @@ def main():
     train, test = load(root, "train"), load(root, "t10k")
     sampler = DistributedSampler(train, num_replicas=world, rank=rank, shuffle=True, seed=0)
     loader = DataLoader(train, batch_size=int(os.environ.get("PY_JOB_BATCH", "32")), sampler=sampler)
-    model = DDP(Mlp() if os.environ.get("PY_JOB_MODEL", "cnn") == "mlp" else Cnn())
+    hook = os.environ.get("PY_JOB_HOOK", "none")
+    net = Mlp() if os.environ.get("PY_JOB_MODEL", "cnn") == "mlp" else Cnn()
+    model = DDP(net, bucket_cap_mb=25) if hook == "powersgd" else DDP(net)  # one bucket: see above
+    psgd_state = None
+    if hook == "fp16":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif hook == "bf16":
+        model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif hook == "powersgd":
+        psgd_state = powerSGD_hook.PowerSGDState(
+            process_group=None, matrix_approximation_rank=int(os.environ.get("PY_JOB_PSGD_RANK", "1")),
+            start_powerSGD_iter=int(os.environ.get("PY_JOB_PSGD_START", "1000")))
+        model.register_comm_hook(psgd_state, powerSGD_hook.powerSGD_hook)
+    elif hook != "none":
+        sys.exit(f"PY_JOB_HOOK is '{hook}'; use none, fp16, bf16 or powersgd")
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     precision = os.environ.get("PY_JOB_PRECISION", "fp32")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
@@ -123,8 +148,12 @@ def main():
         out = os.environ.get("PY_JOB_OUT", "out/python_ddp_job")
         os.makedirs(out, exist_ok=True)
         torch.save(model.module.state_dict(), f"{out}/model.pt")
-        print(json.dumps({"steps": steps, "test_accuracy": counts[0].item() / counts[1].item(),
-                          "train_seconds": train_s, "eval_seconds": eval_s}), flush=True)
+        line = {"steps": steps, "test_accuracy": counts[0].item() / counts[1].item(),
+                "train_seconds": train_s, "eval_seconds": eval_s}
+        if psgd_state is not None:
+            _, before, after = psgd_state.compression_stats()
+            line.update(gradient_elements=int(before), gradient_elements_sent=int(after))
+        print(json.dumps(line), flush=True)
     dist.destroy_process_group()
 
 

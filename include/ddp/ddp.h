@@ -25,6 +25,7 @@
 #include "ddp/data_loader.h"                // DataLoaderSampler (torch::data)
 #include "ddp/distributed_data_parallel.h"  // DistributedDataParallel, DdpEngine
 #include "ddp/fused_optim.h"                // FusedAdamW
+#include "ddp/join.h"                       // Join (uneven inputs)
 #include "ddp/error.h"                      // Error, ConfigError, CommError, ...
 #include "ddp/sync_batch_norm.h"            // SyncBatchNorm, convertSyncBatchNorm
 #include "ddp/lr_schedule.h"                // LrSchedule

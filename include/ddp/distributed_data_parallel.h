@@ -73,6 +73,7 @@ class DdpEngine {
   ProcessGroup& group();
 
  private:
+  friend class Join;
   struct State;
   std::unique_ptr<State> state_;
   bool sync_ = true;

@@ -1,0 +1,164 @@
+// ddp::Join (<ddp/join.h>) against PyTorch's Join around DDP (tests/python/join_reference.py, 3
+// processes over Gloo): 3 ranks under ddp-launch (DDP_TEST_BACKEND shm or gloo) with 7, 10 and 13
+// batches finish together with the parameters and buffers PyTorch's ranks end with; the early
+// termination option stops every rank with one line; a Join around a group of one does nothing.
+#include <ATen/CPUGeneratorImpl.h>
+#include <ddp/ddp.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+namespace {
+
+std::optional<ddp::ProcessGroup> theGroup;
+ddp::ProcessGroup& group() { return *theGroup; }
+
+const int kBatches[] = {7, 10, 13};
+
+std::string runCommand(const std::string& cmd) {
+  std::FILE* pipe = ::popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[65536];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
+  if (::pclose(pipe) != 0) return {};
+  return out;
+}
+
+// Rank 0 runs PyTorch's reference and hands the JSON to the others.
+const nlohmann::json& reference() {
+  static const nlohmann::json ref = [] {
+    std::string text;
+    if (group().rank() == 0) {
+      text = runCommand(std::string(DDP_PYTHON) + " " + DDP_SOURCE_DIR + "/tests/python/join_reference.py");
+    }
+    at::Tensor size = torch::tensor({static_cast<int64_t>(text.size())});
+    group().broadcast(size, 0);
+    at::Tensor bytes = torch::zeros({size.item<int64_t>()}, torch::kUInt8);
+    if (group().rank() == 0) std::memcpy(bytes.data_ptr(), text.data(), text.size());
+    group().broadcast(bytes, 0);
+    if (bytes.numel() == 0) throw std::runtime_error("the Python reference (join_reference.py) failed");
+    return nlohmann::json::parse(std::string(static_cast<const char*>(bytes.data_ptr()), bytes.numel()));
+  }();
+  return ref;
+}
+
+// The reference's model and initial values (see join_reference.py).
+torch::nn::Sequential makeModel() {
+  torch::nn::Sequential model(torch::nn::Linear(6, 8), torch::nn::ReLU(), torch::nn::BatchNorm1d(8), torch::nn::Linear(8, 3));
+  torch::NoGradGuard noGrad;
+  int k = 0;
+  auto init = [&k](const std::string& name, torch::Tensor t) {
+    if (!t.is_floating_point()) return;
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(k++));
+    torch::Tensor values = 0.3 * at::randn(t.sizes(), gen);
+    t.copy_(name.size() >= 11 && name.substr(name.size() - 11) == "running_var" ? 1 + values * values : values);
+  };
+  for (const auto& p : model->named_parameters()) init(p.key(), p.value());
+  for (const auto& b : model->named_buffers()) init(b.key(), b.value());
+  return model;
+}
+
+struct Trained {
+  torch::nn::Sequential model;
+  int steps = 0;
+};
+
+Trained train(ddp::DdpOptions options, ddp::JoinOptions join, int batches) {
+  Trained run{makeModel(), 0};
+  ddp::DistributedDataParallel<torch::nn::Sequential> ddpModel(run.model, group(), options);
+  torch::optim::SGD opt(run.model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  {
+    ddp::Join scope(ddpModel, join);
+    for (int b = 0; b < batches; ++b) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(100 * group().rank() + b));
+      const torch::Tensor x = at::randn({5, 6}, gen);
+      opt.zero_grad();
+      ddpModel(x).pow(2).mean().backward();
+      opt.step();
+      ++run.steps;
+    }
+  }
+  return run;
+}
+
+class JoinAgainstPyTorch : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(JoinAgainstPyTorch, UnevenRanksFinishTogetherWithPyTorchsModel) {
+  const std::string name = GetParam();
+  ddp::DdpOptions options;
+  options.broadcastBuffers = name.find("buffers1") != std::string::npos;
+  ddp::JoinOptions join;
+  join.divideByInitialWorldSize = name.find("divide1") != std::string::npos;
+  const nlohmann::json& ref = reference().at(name);
+  const int rank = group().rank();
+  const Trained run = train(options, join, kBatches[rank]);
+  EXPECT_EQ(run.steps, ref.at("steps").at(rank).get<int>());
+  const nlohmann::json& expected = ref.at("ranks").at(rank);
+  int compared = 0;
+  auto check = [&](const std::string& key, const torch::Tensor& t) {
+    if (!t.is_floating_point()) return;
+    ASSERT_TRUE(expected.contains(key)) << key;
+    const torch::Tensor want = torch::tensor(expected.at(key).get<std::vector<double>>(), torch::kDouble);
+    const double err = (t.detach().flatten().to(torch::kDouble) - want).abs().max().item<double>();
+    EXPECT_LE(err, 1e-5) << name << ": " << key << " differs from PyTorch's rank " << rank;
+    ++compared;
+  };
+  for (const auto& p : run.model->named_parameters()) check(p.key(), p.value());
+  for (const auto& b : run.model->named_buffers()) check(b.key(), b.value());
+  EXPECT_EQ(compared, static_cast<int>(expected.size()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Join, JoinAgainstPyTorch,
+                         ::testing::Values("divide1_buffers1", "divide0_buffers1", "divide1_buffers0"));
+
+TEST(Join, ThrowOnEarlyTerminationStopsEveryRankWithOneLine) {
+  ddp::JoinOptions join;
+  join.throwOnEarlyTermination = true;
+  try {
+    train({}, join, kBatches[group().rank()]);
+    ADD_FAILURE() << "no rank noticed that rank 0 ran out";
+  } catch (const ddp::Error& e) {
+    const std::string what = e.what();
+    if (group().rank() == 0) {
+      EXPECT_NE(what.find("ddp::Join: rank 0 ran out of inputs first"), std::string::npos) << what;
+    } else {
+      EXPECT_NE(what.find("ddp::Join: a rank ran out of inputs"), std::string::npos) << what;
+    }
+  }
+  group().barrier();  // every rank left at the same collective: the group still pairs
+}
+
+TEST(Join, EvenInputsNeedNoShadowing) {
+  // All ranks with the same count: every rank is a last joiner, the highest (rank 2) the source.
+  const Trained run = train({}, {}, 4);
+  for (const auto& p : run.model->parameters()) {
+    torch::Tensor root = p.detach().clone();
+    group().broadcast(root, 0);
+    EXPECT_TRUE(torch::equal(root, p.detach()));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  ddp::InitOptions options;
+  if (const char* backend = std::getenv("DDP_TEST_BACKEND")) options.backend = backend;
+  options.timeout = std::chrono::seconds(120);  // rank 0 runs PyTorch's reference meanwhile
+  theGroup = ddp::initProcessGroup(options);
+  if (theGroup->size() != 3) {
+    std::fprintf(stderr, "join_test runs as 3 ranks: ddp-launch --nproc_per_node=3 %s\n", argv[0]);
+    return 2;
+  }
+  torch::set_num_threads(1);
+  const int rc = RUN_ALL_TESTS();
+  theGroup->destroy();
+  return rc;
+}
