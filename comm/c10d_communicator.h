@@ -2,6 +2,7 @@
 // plugin), with c10d's exceptions mapped to our family. Internal to comm/ and the plugin.
 #pragma once
 
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/ones.h>
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
@@ -110,6 +111,24 @@ class C10dCommunicator final : public Communicator {
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
     run("broadcast", [&] { return group_->broadcast(tensors, opts); });
+  }
+
+  std::vector<at::Tensor> allGather(const at::Tensor& input) override {
+    std::vector<at::Tensor> inputs{input.contiguous()};
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int r = 0; r < size_; ++r) outputs[0].push_back(at::empty_like(inputs[0]));
+    run("all_gather", [&] { return group_->allgather(outputs, inputs); });
+    return outputs[0];
+  }
+
+  void send(const at::Tensor& tensor, int dst) override {
+    std::vector<at::Tensor> tensors{tensor.contiguous()};
+    run("send", [&] { return group_->send(tensors, dst, /*tag=*/0); });
+  }
+
+  void recv(at::Tensor& tensor, int src) override {
+    std::vector<at::Tensor> tensors{tensor};
+    run("recv", [&] { return group_->recv(tensors, src, /*tag=*/0); });
   }
 
   void barrier() override {

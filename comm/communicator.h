@@ -3,11 +3,17 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/Device.h>
 
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
+
+#include "common/error.h"
 
 namespace ddp::comm {
 
@@ -48,7 +54,51 @@ class Communicator {
   virtual void broadcast(at::Tensor& tensor, int root) = 0;
   /// Returns once every rank has entered.
   virtual void barrier() = 0;
+
+  // The collectives users call in their own loops (ddp::ProcessGroup). The defaults are built on
+  // allReduceSum, so every backend has them; backends override with their native ones.
+  /// outputs[r] = rank r's `input` (every rank's input has the same shape and dtype).
+  virtual std::vector<at::Tensor> allGather(const at::Tensor& input);
+  /// The sum over ranks of their inputs[rank()] (inputs: size() tensors of one shape).
+  virtual at::Tensor reduceScatterSum(const std::vector<at::Tensor>& inputs);
+  /// outputs[r] = rank r's inputs[rank()] (inputs: size() tensors of one shape).
+  virtual std::vector<at::Tensor> allToAll(const std::vector<at::Tensor>& inputs);
+  /// Point to point; backends without it throw ConfigError naming one that has it.
+  virtual void send(const at::Tensor& tensor, int dst);
+  virtual void recv(at::Tensor& tensor, int src);
 };
+
+inline std::vector<at::Tensor> Communicator::allGather(const at::Tensor& input) {
+  // One all-reduce of a zero-padded (size, n) block: exact, since x + 0 == x.
+  const at::Tensor flat = input.reshape({-1});
+  at::Tensor all = at::zeros({size(), flat.numel()}, flat.options().device(device()));
+  all[rank()].copy_(flat);
+  allReduceSum(all);
+  std::vector<at::Tensor> out;
+  for (int r = 0; r < size(); ++r) out.push_back(all[r].reshape(input.sizes()).to(input.device(), /*non_blocking=*/false, /*copy=*/true));
+  return out;
+}
+
+inline at::Tensor Communicator::reduceScatterSum(const std::vector<at::Tensor>& inputs) {
+  at::Tensor all = at::stack(inputs).to(device()).contiguous();
+  allReduceSum(all);
+  return all[rank()].to(inputs.front().device(), /*non_blocking=*/false, /*copy=*/true);
+}
+
+inline std::vector<at::Tensor> Communicator::allToAll(const std::vector<at::Tensor>& inputs) {
+  const std::vector<at::Tensor> gathered = allGather(at::stack(inputs));
+  std::vector<at::Tensor> out;
+  for (int r = 0; r < size(); ++r) out.push_back(gathered[r][rank()].clone());
+  return out;
+}
+
+inline void Communicator::send(const at::Tensor&, int) {
+  DDP_THROW(ConfigError, "the ", backendName(), " backend has no send/recv; use backend gloo (CPU) or nccl (GPU)");
+}
+
+inline void Communicator::recv(at::Tensor&, int) {
+  DDP_THROW(ConfigError, "the ", backendName(), " backend has no send/recv; use backend gloo (CPU) or nccl (GPU)");
+}
 
 /// World size 1: every collective is the identity, no network needed.
 class LocalCommunicator final : public Communicator {

@@ -3,7 +3,11 @@
 #include <c10/util/Logging.h>
 #include <spdlog/spdlog.h>
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <algorithm>
 #include <atomic>
+#include <optional>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -166,6 +170,31 @@ struct ProcessGroup::Impl final : comm::Communicator {
   void barrier() override {
     run("barrier", "", [](comm::Communicator& c) { c.barrier(); });
   }
+  std::vector<at::Tensor> allGather(const at::Tensor& input) override {
+    std::vector<at::Tensor> out;
+    run("all_gather", "", [&](comm::Communicator& c) { out = c.allGather(input); });
+    return out;
+  }
+  at::Tensor reduceScatterSum(const std::vector<at::Tensor>& inputs) override {
+    at::Tensor out;
+    run("reduce_scatter", "", [&](comm::Communicator& c) { out = c.reduceScatterSum(inputs); });
+    return out;
+  }
+  std::vector<at::Tensor> allToAll(const std::vector<at::Tensor>& inputs) override {
+    std::vector<at::Tensor> out;
+    run("all_to_all", "", [&](comm::Communicator& c) { out = c.allToAll(inputs); });
+    return out;
+  }
+  void send(const at::Tensor& tensor, int dst) override {
+    run("send", "", [&](comm::Communicator& c) { c.send(tensor, dst); });
+  }
+  void recv(at::Tensor& tensor, int src) override {
+    run("recv", "", [&](comm::Communicator& c) { c.recv(tensor, src); });
+  }
+
+  // newGroup(): how this group was made, for its sub-groups (absent for a wrapped communicator).
+  std::optional<comm::ProcessGroupOptions> groupOptions;
+  int subgroups = 0;  // sub-groups made so far: names their store prefix, equal on every rank
 
   void destroyCollectively(const std::string& where);
 };
@@ -330,6 +359,106 @@ Work ProcessGroup::allReduceSumAsync(at::Tensor& tensor) {
   return Work(std::move(work));
 }
 
+namespace {
+
+void checkRank(const ProcessGroup& group, int peer, const char* what) {
+  if (peer < 0 || peer >= group.size()) {
+    DDP_THROW(ConfigError, "ddp::ProcessGroup::", what, ": rank ", peer, " is not in the group (ranks 0-", group.size() - 1, ")");
+  }
+  if (peer == group.rank()) DDP_THROW(ConfigError, "ddp::ProcessGroup::", what, ": rank ", peer, " is this rank");
+}
+
+// size() tensors of one shape and dtype, as reduceScatterSum and allToAll take them.
+void checkParts(const ProcessGroup& group, const std::vector<at::Tensor>& parts, const char* what) {
+  if (static_cast<int>(parts.size()) != group.size()) {
+    DDP_THROW(ConfigError, "ddp::ProcessGroup::", what, ": ", parts.size(), " tensors for ", group.size(),
+              " ranks; pass one per rank");
+  }
+  for (const at::Tensor& t : parts) {
+    if (!t.defined() || t.sizes() != parts.front().sizes() || t.scalar_type() != parts.front().scalar_type()) {
+      DDP_THROW(ConfigError, "ddp::ProcessGroup::", what, ": the tensors must have one shape and dtype (",
+                parts.front().sizes(), " ", parts.front().scalar_type(), " vs ", t.sizes(), ")");
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<at::Tensor> ProcessGroup::allGather(const at::Tensor& input) {
+  Impl& comm = impl();
+  comm.live("all_gather");
+  std::vector<at::Tensor> out = comm.allGather(input.to(comm.device()).contiguous());
+  for (at::Tensor& t : out) t = t.to(input.device());
+  return out;
+}
+
+at::Tensor ProcessGroup::reduceScatterSum(const std::vector<at::Tensor>& inputs) {
+  Impl& comm = impl();
+  comm.live("reduce_scatter");
+  checkParts(*this, inputs, "reduceScatterSum");
+  return comm.reduceScatterSum(inputs);
+}
+
+std::vector<at::Tensor> ProcessGroup::allToAll(const std::vector<at::Tensor>& inputs) {
+  Impl& comm = impl();
+  comm.live("all_to_all");
+  checkParts(*this, inputs, "allToAll");
+  std::vector<at::Tensor> moved;
+  for (const at::Tensor& t : inputs) moved.push_back(t.to(comm.device()));
+  std::vector<at::Tensor> out = comm.allToAll(moved);
+  for (at::Tensor& t : out) t = t.to(inputs.front().device());
+  return out;
+}
+
+void ProcessGroup::send(const at::Tensor& tensor, int dst) {
+  Impl& comm = impl();
+  comm.live("send");
+  checkRank(*this, dst, "send");
+  comm.send(tensor.to(comm.device()).contiguous(), dst);
+}
+
+void ProcessGroup::recv(at::Tensor& tensor, int src) {
+  Impl& comm = impl();
+  comm.live("recv");
+  checkRank(*this, src, "recv");
+  onCollectiveDevice(comm, tensor, [&comm, src](at::Tensor& t) { comm.recv(t, src); });
+}
+
+std::optional<ProcessGroup> ProcessGroup::newGroup(const std::vector<int>& ranks) {
+  Impl& world = impl();
+  world.live("newGroup");
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  if (sorted.empty() || std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end() || sorted.front() < 0 ||
+      sorted.back() >= world.size()) {
+    DDP_THROW(ConfigError, "ddp::ProcessGroup::newGroup: the ranks must be distinct members of this group (0-",
+              world.size() - 1, "), at least one");
+  }
+  const int index = world.subgroups++;  // every rank calls newGroup in the same order, as new_group
+  const auto mine = std::find(sorted.begin(), sorted.end(), world.rank());
+  if (mine == sorted.end()) return std::nullopt;
+  auto impl = std::make_shared<Impl>();
+  impl->rankDevice = world.rankDevice;
+  impl->localRank = world.localRank;
+  impl->localSize = world.localSize;
+  if (sorted.size() == 1) {
+    impl->owned = std::make_unique<comm::LocalCommunicator>();
+  } else {
+    if (!world.store || !world.groupOptions) {
+      DDP_THROW(ConfigError, "ddp::ProcessGroup::newGroup: this group was not made by ddp::initProcessGroup, so it "
+                "has no store to meet at");
+    }
+    comm::ProcessGroupOptions options = *world.groupOptions;
+    options.rank = static_cast<int>(mine - sorted.begin());
+    options.worldSize = static_cast<int>(sorted.size());
+    impl->store = c10::make_intrusive<c10d::PrefixStore>("ddp/subgroup/" + std::to_string(index), world.store);
+    impl->owned = comm::makeCommunicator(impl->store, options);
+    impl->groupOptions = options;
+  }
+  impl->attach(impl->owned.get());
+  return ProcessGroup(std::move(impl));
+}
+
 void ProcessGroup::allReduceMean(at::Tensor& tensor) {
   allReduceSum(tensor);
   tensor.div_(size());
@@ -482,6 +611,7 @@ ProcessGroup initProcessGroup(const InitOptions& options) {
       api::groupOptions(env, backend, impl->rankDevice, options.timeout, groupForSingleRank);
   impl->owned = api::createGroup(impl->store, pg, rdv);
   impl->attach(impl->owned.get());
+  impl->groupOptions = pg;
   return ProcessGroup(std::move(impl));
 }
 

@@ -97,6 +97,22 @@ class ProcessGroup {
   /// Starts the in-place sum and returns at once (dist.all_reduce(..., async_op=True)); `tensor`
   /// must stay alive and untouched until wait(). Collectives complete in the order they started.
   Work allReduceSumAsync(at::Tensor& tensor);
+  /// all_gather: element r is rank r's `input` (same shape and dtype on every rank).
+  std::vector<at::Tensor> allGather(const at::Tensor& input);
+  /// reduce_scatter (sum): `inputs` holds size() tensors of one shape; the result is the sum over
+  /// ranks of their inputs[rank()].
+  at::Tensor reduceScatterSum(const std::vector<at::Tensor>& inputs);
+  /// all_to_all: inputs[r] goes to rank r; element r of the result came from rank r (size() tensors
+  /// of one shape, the same on every rank).
+  std::vector<at::Tensor> allToAll(const std::vector<at::Tensor>& inputs);
+  /// Point to point (gloo and nccl; shm refuses with one line). recv fills `tensor` in place; a
+  /// peer that never sends is a TimeoutError after the group's timeout.
+  void send(const at::Tensor& tensor, int dst);
+  void recv(at::Tensor& tensor, int src);
+  /// new_group: a group of `ranks` (this group's numbering) with the same backend and timeout,
+  /// numbered 0.. in ascending order of `ranks`. Every rank of this group calls it, in the same
+  /// order (as new_group); a rank not in `ranks` gets nullopt.
+  std::optional<ProcessGroup> newGroup(const std::vector<int>& ranks);
   /// In place, every rank ends with `root`'s values.
   void broadcast(at::Tensor& tensor, int root = 0);
   void broadcast(const std::vector<at::Tensor>& tensors, int root = 0);
