@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "libddp/internal.h"
@@ -113,8 +114,76 @@ checkpoint::NamedTensors optimizerState(torch::optim::Optimizer& optimizer, cons
   return {{kArchiveKey, blob}};
 }
 
+// ZeroRedundancyOptimizer: every rank's shard of the state by name (its local optimizer's entries,
+// the unsharded optimizer's names), broadcast by each rank in turn: names, then dtype and shape per
+// entry, then the tensors. Collective; every rank ends with the whole state (rank 0 writes it).
+checkpoint::NamedTensors gatherShardedState(comm::Communicator& comm, ZeroRedundancyOptimizer& zero,
+                                            const torch::nn::Module& module) {
+  torch::optim::Optimizer& local = zero.localOptimizer();
+  if (dynamic_cast<torch::optim::SGD*>(&local) == nullptr && !checkpoint::isAdam(local)) {
+    DDP_THROW(ConfigError, "ddp::Checkpointer: a ZeroRedundancyOptimizer's checkpoint needs SGD, Adam or AdamW as its "
+              "optimizer class (their state is saved by name)");
+  }
+  const checkpoint::NamedTensors mine = optimizerState(local, module);
+  checkpoint::NamedTensors all;
+  const auto on = at::TensorOptions().device(comm.device());
+  for (int r = 0; r < comm.size(); ++r) {
+    const bool sender = comm.rank() == r;
+    std::string names;
+    std::vector<int64_t> meta;
+    if (sender) {
+      for (const auto& [key, t] : mine) {
+        names += key + '\n';
+        meta.push_back(static_cast<int64_t>(t.scalar_type()));
+        meta.push_back(t.dim());
+        for (int64_t d : t.sizes()) meta.push_back(d);
+      }
+    }
+    at::Tensor sizes = at::tensor({static_cast<int64_t>(names.size()), static_cast<int64_t>(meta.size())}, at::kLong).to(comm.device());
+    comm.broadcast(sizes, r);
+    sizes = sizes.cpu();
+    at::Tensor nameBytes = at::zeros({sizes[0].item<int64_t>()}, at::kByte);
+    at::Tensor metaValues = at::zeros({sizes[1].item<int64_t>()}, at::kLong);
+    if (sender) {
+      std::memcpy(nameBytes.data_ptr(), names.data(), names.size());
+      std::memcpy(metaValues.data_ptr(), meta.data(), meta.size() * sizeof(int64_t));
+    }
+    nameBytes = nameBytes.to(comm.device());
+    metaValues = metaValues.to(comm.device());
+    comm.broadcast(nameBytes, r);
+    comm.broadcast(metaValues, r);
+    nameBytes = nameBytes.cpu();
+    metaValues = metaValues.cpu();
+    const std::string text(static_cast<const char*>(nameBytes.data_ptr()), static_cast<size_t>(nameBytes.numel()));
+    const int64_t* m = metaValues.data_ptr<int64_t>();
+    size_t at = 0, pos = 0;
+    for (size_t entry = 0; pos < text.size(); ++entry) {
+      const size_t end = text.find('\n', pos);
+      const std::string key = text.substr(pos, end - pos);
+      pos = end + 1;
+      const auto dtype = static_cast<at::ScalarType>(m[at++]);
+      const int64_t dims = m[at++];
+      std::vector<int64_t> shape(m + at, m + at + dims);
+      at += static_cast<size_t>(dims);
+      at::Tensor t = sender ? mine[entry].second.contiguous().to(comm.device())
+                            : at::empty(shape, on.dtype(dtype));
+      comm.broadcast(t, r);
+      all.emplace_back(key, t.cpu());
+    }
+  }
+  return all;
+}
+
+// The entries of `saved` for the parameters this rank owns, and those parameters by name.
+void restoreShardedState(ZeroRedundancyOptimizer& zero, const torch::nn::Module& module,
+                         const checkpoint::NamedTensors& saved, const std::string& path, c10::Device device);
+
 void restoreOptimizerState(torch::optim::Optimizer& optimizer, const torch::nn::Module& module,
                            const checkpoint::NamedTensors& saved, const std::string& path, c10::Device device) {
+  if (auto* zero = dynamic_cast<ZeroRedundancyOptimizer*>(&optimizer)) {
+    restoreShardedState(*zero, module, saved, path, device);
+    return;
+  }
   if (auto* fused = dynamic_cast<FusedAdamW*>(&optimizer)) {
     restoreFusedAdamState(*fused, module, saved, path);
     return;
@@ -160,6 +229,40 @@ void restoreOptimizerState(torch::optim::Optimizer& optimizer, const torch::nn::
     DDP_THROW(CheckpointError, path, " holds SGD momentum buffers, but this optimizer is not SGD; resume with "
               "the optimizer that wrote it");
   }
+}
+
+void restoreShardedState(ZeroRedundancyOptimizer& zero, const torch::nn::Module& module,
+                         const checkpoint::NamedTensors& saved, const std::string& path, c10::Device device) {
+  checkpoint::NamedTensors owned;
+  std::map<std::string, bool> mine;
+  for (const auto& item : module.named_parameters(true)) {
+    if (zero.owns(item.value())) {
+      owned.emplace_back(item.key(), item.value());
+      mine[item.key()] = true;
+    }
+  }
+  checkpoint::NamedTensors entries;
+  for (const auto& [key, value] : saved) {
+    const size_t dot = key.find('.');
+    if (dot != std::string::npos && mine.count(key.substr(dot + 1))) entries.emplace_back(key, value);
+  }
+  torch::optim::Optimizer& local = zero.localOptimizer();
+  if (auto* sgd = dynamic_cast<torch::optim::SGD*>(&local)) {
+    if (checkpoint::holdsAdamMoments(saved)) {
+      DDP_THROW(CheckpointError, path, " holds Adam/AdamW state, but this optimizer is SGD; resume with the "
+                "optimizer that wrote it");
+    }
+    checkpoint::restoreSgdMomentumBuffers(*sgd, owned, entries, path);
+  } else if (checkpoint::isAdam(local)) {
+    if (!entries.empty() && !checkpoint::holdsAdamMoments(entries)) {
+      DDP_THROW(CheckpointError, path, " holds SGD momentum buffers, but this optimizer is Adam/AdamW; resume "
+                "with the optimizer that wrote it");
+    }
+    checkpoint::restoreAdamMoments(local, owned, entries, path);
+  } else {
+    DDP_THROW(ConfigError, "ddp::Checkpointer: a ZeroRedundancyOptimizer resumes SGD, Adam or AdamW state only");
+  }
+  (void)device;
 }
 
 // Rank r fills row r only, so a SUM all-reduce is a gather.
@@ -217,13 +320,16 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
   // Read on every rank (a collective-free read of the scale, which waits for the device).
   if (scaler != nullptr && comm.rank() != 0) (void)scaler->stateDict();
   std::vector<at::Tensor> cudaRng = gatherCudaRngStates(comm, group_.device());  // collective: before rank 0 writes
+  // ZeRO: the shards of the optimizer state, from every rank (collective).
+  std::optional<checkpoint::NamedTensors> sharded;
+  if (auto* zero = dynamic_cast<ZeroRedundancyOptimizer*>(&optimizer)) sharded = gatherShardedState(comm, *zero, module);
   std::string error;
   if (comm.rank() == 0) {
     try {
       checkpoint::makeDirectories(dir, "ddp::CheckpointOptions::dir");
       checkpoint::TrainingState state;
       for (auto& [key, tensor] : checkpoint::stateDict(module)) state.model.emplace_back(key, tensor);
-      state.optimizer = optimizerState(optimizer, module);
+      state.optimizer = sharded ? std::move(*sharded) : optimizerState(optimizer, module);
       state.epoch = position.epoch;
       state.stepInEpoch = position.stepInEpoch;
       state.globalStep = position.globalStep;

@@ -28,6 +28,7 @@
 #include "ddp/join.h"                       // Join (uneven inputs)
 #include "ddp/error.h"                      // Error, ConfigError, CommError, ...
 #include "ddp/sync_batch_norm.h"            // SyncBatchNorm, convertSyncBatchNorm
+#include "ddp/zero_redundancy_optimizer.h"  // ZeroRedundancyOptimizer (ZeRO stage 1)
 #include "ddp/lr_schedule.h"                // LrSchedule
 #include "ddp/process_group.h"              // initProcessGroup, ProcessGroup
 #include "ddp/sampler.h"                    // DistributedSampler

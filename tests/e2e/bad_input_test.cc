@@ -399,6 +399,11 @@ INSTANTIATE_TEST_SUITE_P(
                  "config: 'comm.powersgd_start_iter' must be >= 2", 2},
         BadInput{"PowerSgdRankZero", [](const Fixture& f) { return worker({"comm.hook=powersgd", "comm.powersgd_rank=0"}, f); },
                  "config: 'comm.powersgd_rank' must be from 1 to 1024", 2},
+        // ZeRO (issue 26, 4).
+        BadInput{"ZeroInModeDp", [](const Fixture& f) { return worker({"mode=dp", "train.zero=true"}, f, 1); },
+                 "config: 'train.zero' shards the optimizer state over the ranks of mode ddp", 2},
+        BadInput{"ZeroWithFusedAdamW", [](const Fixture& f) { return worker({"train.zero=true", "train.optimizer=adamw", "train.fused=true"}, f); },
+                 "config: 'train.zero' steps each shard with LibTorch's SGD, Adam or AdamW; set train.fused: auto or false", 2},
         BadInput{"ZeroLossScale", [](const Fixture& f) { return worker({"train.precision=fp16", "train.loss_scale_init=0"}, f); },
                  "config: 'train.loss_scale_init' must be a positive finite number", 2},
         // Robustness, second round (issue 30).

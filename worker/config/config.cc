@@ -120,6 +120,7 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("train.eps", "number", c.train.eps),
       bindField("train.nesterov", "boolean", c.train.nesterov),
       bindField("train.fused", "string", c.train.fused),
+      bindField("train.zero", "boolean", c.train.zero),
       bindField("train.lr_schedule", "string", c.train.lrSchedule),
       bindField("train.warmup_steps", "integer", c.train.warmupSteps),
       bindField("train.min_lr", "number", c.train.minLr),
@@ -382,6 +383,10 @@ void validate(const WorkerConfig& c) {
   require(c.dp.outputDevice >= -1, "dp.output_device", "must be a device id or -1 (= device_ids[0])");
   require(c.dp.replicas >= 1, "dp.replicas", "must be >= 1");
   validateRecipe(c.train);
+  require(!c.train.zero || c.mode == Mode::kDdp, "train.zero",
+          "shards the optimizer state over the ranks of mode ddp; dp and single train in one process");
+  require(!c.train.zero || c.train.fused != "true", "train.zero",
+          "steps each shard with LibTorch's SGD, Adam or AdamW; set train.fused: auto or false");
 }
 
 WorkerConfig build(const YAML::Node& root, const std::vector<std::string>& overrides,

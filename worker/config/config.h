@@ -63,6 +63,7 @@ struct TrainConfig {
   std::vector<double> betas = {0.9, 0.999};  // adam, adamw
   double eps = 1e-8;                         // adam, adamw
   bool nesterov = false;                     // sgd (needs momentum > 0)
+  bool zero = false;           // ZeRO stage 1 (ddp::ZeroRedundancyOptimizer): each rank keeps its shard's optimizer state
   std::string fused = "auto";  // adam, adamw: LibTorch's fused kernel (ddp::FusedAdamW): auto (on CUDA) | true | false
   // The learning rate per optimizer step (ddp::LrSchedule): warm-up, then the schedule.
   std::string lrSchedule = "constant";  // constant | step | cosine | linear

@@ -12,7 +12,7 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 // Per rank: rss, own copy, has gpu, total, allocated, reserved, then the strings' bytes.
-constexpr int64_t kNumbers = 6;
+constexpr int64_t kNumbers = 7;
 constexpr int64_t kDeviceBytes = 16;
 constexpr int64_t kNameBytes = 128;
 constexpr int64_t kBusBytes = 32;
@@ -53,6 +53,7 @@ std::vector<RankReport> gatherRankReports(ProcessGroup& group, const RankReport&
   slot[0] = mine.peakRssMb;
   slot[1] = mine.ownDataCopy ? 1 : 0;
   slot[2] = mine.gpu ? 1 : 0;
+  slot[6] = mine.optimizerStateMb;
   if (mine.gpu) {
     slot[3] = mine.gpu->totalMb;
     slot[4] = mine.gpu->peakAllocatedMb;
@@ -72,6 +73,7 @@ std::vector<RankReport> gatherRankReports(ProcessGroup& group, const RankReport&
     RankReport report;
     report.peakRssMb = s[0];
     report.ownDataCopy = s[1] != 0;
+    report.optimizerStateMb = s[6];
     report.device = getString(s + kNumbers, kDeviceBytes);
     if (s[2] != 0) {
       report.gpu = GpuUse{getString(s + kNumbers + kDeviceBytes, kNameBytes),

@@ -23,6 +23,7 @@ struct GpuUse {
 
 struct RankReport {
   double peakRssMb = 0;
+  double optimizerStateMb = 0;  // the optimizer state this rank holds (train.zero: its shard)
   bool ownDataCopy = true;  // loaded the data itself (false: mapped its host's copy)
   std::string device;       // "cuda:0", "cpu"
   std::optional<GpuUse> gpu;

@@ -31,6 +31,7 @@ struct TrainResult {
   std::string checkpointPath;
   // comm.hook powersgd: gradient elements per rank before and after compression (PowerSGD's
   // compression_stats over the compressed iterations); 0 otherwise.
+  int64_t optimizerStateBytes = 0;  // this rank's optimizer state (train.zero: its shard)
   int64_t gradientElements = 0;
   int64_t gradientElementsSent = 0;
 };

@@ -51,7 +51,19 @@ void zeroGradients(const std::vector<at::Tensor>& params) {
 // train.optimizer over `params`, with PyTorch's semantics for each option; Adam and AdamW with
 // LibTorch's fused kernel (ddp::FusedAdamW) when train.fused says so (auto: on a GPU).
 std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const TrainConfig& t, const std::vector<at::Tensor>& params,
-                                                       c10::Device device) {
+                                                       c10::Device device, const ProcessGroup& group) {
+  if (t.zero && group.size() > 1) {  // train.zero: the same optimizer, its state sharded over the ranks
+    if (t.optimizer == "adamw") {
+      return std::make_unique<ZeroRedundancyOptimizer>(
+          params, group, torch::optim::AdamWOptions(t.lr).betas({t.betas[0], t.betas[1]}).eps(t.eps).weight_decay(t.weightDecay));
+    }
+    if (t.optimizer == "adam") {
+      return std::make_unique<ZeroRedundancyOptimizer>(
+          params, group, torch::optim::AdamOptions(t.lr).betas({t.betas[0], t.betas[1]}).eps(t.eps).weight_decay(t.weightDecay));
+    }
+    return std::make_unique<ZeroRedundancyOptimizer>(
+        params, group, torch::optim::SGDOptions(t.lr).momentum(t.momentum).weight_decay(t.weightDecay).nesterov(t.nesterov));
+  }
   const bool adam = t.optimizer == "adamw" || t.optimizer == "adam";
   const bool fused = adam && (t.fused == "true" || (t.fused == "auto" && device.is_cuda() &&
                                                     FusedAdamW::available(device.type())));
@@ -188,7 +200,7 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
     : config_(config), train_(config.train), data_(data), parallelism_(parallelism), group_(parallelism.group()),
       rank_(group_.rank()), world_(group_.size()), module_(parallelism.module()),
       params_(module_.parameters(/*recurse=*/true)),
-      optimizer_(makeOptimizer(train_, params_, device)), device_(device), autocastDtype_(autocastDtype(train_.precision)),
+      optimizer_(makeOptimizer(train_, params_, device, group_)), device_(device), autocastDtype_(autocastDtype(train_.precision)),
       sampler_(data.train.size(), world_, rank_, {train_.shuffle, config.seed, train_.dropLast}),
       checkpointer_(config, group_),
       bar_(rank_ == 0 && progressBarWanted(), std::getenv("DDP_LAUNCH_PREFIXED") != nullptr) {
@@ -226,6 +238,29 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
   }
 }
 
+namespace {
+
+int64_t bytesOf(const at::Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; }
+
+// The optimizer state this rank holds: ZeRO's shard, or SGD's / Adam's / AdamW's whole state.
+int64_t optimizerStateBytes(torch::optim::Optimizer& optimizer) {
+  if (const auto* zero = dynamic_cast<const ZeroRedundancyOptimizer*>(&optimizer)) return zero->localStateBytes();
+  int64_t bytes = 0;
+  for (const auto& entry : optimizer.state()) {
+    const torch::optim::OptimizerParamState* state = entry.second.get();
+    if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(state)) {
+      bytes += bytesOf(sgd->momentum_buffer());
+    } else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(state)) {
+      bytes += bytesOf(adamw->exp_avg()) + bytesOf(adamw->exp_avg_sq()) + bytesOf(adamw->max_exp_avg_sq());
+    } else if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(state)) {
+      bytes += bytesOf(adam->exp_avg()) + bytesOf(adam->exp_avg_sq()) + bytesOf(adam->max_exp_avg_sq());
+    }
+  }
+  return bytes;
+}
+
+}  // namespace
+
 TrainResult TrainingRun::run() {
   start_ = Clock::now();
   windowStart_ = start_;
@@ -234,6 +269,7 @@ TrainResult TrainingRun::run() {
   result_.trainSeconds = secondsSince(start_);
   result_.samplesPerSecond = result_.trainSeconds > 0 ? runSamples_ / result_.trainSeconds : 0;
   parallelism_.describe(result_);
+  result_.optimizerStateBytes = optimizerStateBytes(*optimizer_);
   if (result_.stopSignal != 0) return result_;  // preempted: the checkpoint is the record
   finish();
   return result_;

@@ -1,0 +1,139 @@
+// ddp::ZeroRedundancyOptimizer: torch/distributed/optim/zero_redundancy_optimizer.py's partition
+// (_partition_parameters: per group, largest first, each to the rank with the fewest elements),
+// local step and _sync_params (every rank broadcasts its shard).
+#include "ddp/zero_redundancy_optimizer.h"
+
+#include <c10/core/GradMode.h>
+
+#include <limits>
+#include <string>
+
+#include "common/error.h"
+#include "libddp/internal.h"
+
+namespace ddp {
+
+struct ZeroRedundancyOptimizer::Impl {
+  explicit Impl(ProcessGroup g) : group(std::move(g)) {}
+  ProcessGroup group;
+  std::vector<int> owners;                     // per parameter, flattened over the groups
+  std::vector<std::vector<at::Tensor>> shards;  // per rank, its parameters (broadcast order)
+  std::unique_ptr<torch::optim::Optimizer> local;
+};
+
+namespace {
+
+// One group without options: the base class gives it the defaults (no use of `defaults` here, whose
+// move into the base may happen first).
+std::vector<torch::optim::OptimizerParamGroup> asGroups(const std::vector<at::Tensor>& params) {
+  return {torch::optim::OptimizerParamGroup(params)};
+}
+
+}  // namespace
+
+ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(const std::vector<at::Tensor>& params, ProcessGroup group,
+                                                 std::unique_ptr<torch::optim::OptimizerOptions> defaults, Factory make)
+    : torch::optim::Optimizer(asGroups(params), std::move(defaults)),
+      impl_(std::make_unique<Impl>(std::move(group))) {
+  api::communicatorOf(impl_->group, "ddp::ZeroRedundancyOptimizer");
+  if (params.empty()) DDP_THROW(ConfigError, "ddp::ZeroRedundancyOptimizer: no parameters to optimize");
+  if (!make) DDP_THROW(ConfigError, "ddp::ZeroRedundancyOptimizer: no optimizer factory");
+  const int size = impl_->group.size();
+  impl_->shards.resize(static_cast<size_t>(size));
+  // _partition_parameters: per parameter group, sorted by numel descending (stable, as Python's
+  // sorted), each to the rank with the fewest elements so far (the first such rank).
+  std::vector<int64_t> sizes(static_cast<size_t>(size), 0);
+  std::vector<torch::optim::OptimizerParamGroup> localGroups;
+  for (auto& g : param_groups()) {
+    const std::vector<at::Tensor>& ps = g.params();
+    std::vector<size_t> order(ps.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ps[a].numel() > ps[b].numel(); });
+    std::vector<int> groupOwners(ps.size(), 0);
+    for (size_t i : order) {
+      int rank = 0;
+      int64_t least = std::numeric_limits<int64_t>::max();
+      for (int r = 0; r < size; ++r) {
+        if (sizes[static_cast<size_t>(r)] < least) {
+          least = sizes[static_cast<size_t>(r)];
+          rank = r;
+        }
+      }
+      groupOwners[i] = rank;
+      sizes[static_cast<size_t>(rank)] += ps[i].numel();
+    }
+    std::vector<at::Tensor> mine;
+    for (size_t i = 0; i < ps.size(); ++i) {
+      impl_->owners.push_back(groupOwners[i]);
+      impl_->shards[static_cast<size_t>(groupOwners[i])].push_back(ps[i]);
+      if (groupOwners[i] == impl_->group.rank()) mine.push_back(ps[i]);
+    }
+    localGroups.emplace_back(mine, g.options().clone());
+  }
+  impl_->local = make(std::move(localGroups));
+  if (!impl_->local) DDP_THROW(ConfigError, "ddp::ZeroRedundancyOptimizer: the factory returned no optimizer");
+}
+
+ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() = default;
+
+at::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
+  at::Tensor loss;
+  if (closure) {
+    at::AutoGradMode enable(true);
+    loss = closure();
+  }
+  // _local_step: the hyperparameters of param_groups() (an lr schedule's) reach the shard's optimizer.
+  auto& mine = impl_->local->param_groups();
+  for (size_t g = 0; g < mine.size(); ++g) mine[g].set_options(param_groups()[g].options().clone());
+  impl_->local->step();
+  // _sync_params: every rank's shard from its owner, one coalesced broadcast per rank.
+  c10::NoGradGuard noGrad;
+  api::CollectiveLabel label(impl_->group, "ZeroRedundancyOptimizer shards");
+  for (int r = 0; r < impl_->group.size(); ++r) {
+    const std::vector<at::Tensor>& shard = impl_->shards[static_cast<size_t>(r)];
+    if (!shard.empty()) impl_->group.broadcast(shard, r);
+  }
+  return loss;
+}
+
+int ZeroRedundancyOptimizer::owner(size_t parameterIndex) const {
+  if (parameterIndex >= impl_->owners.size()) {
+    DDP_THROW(ConfigError, "ddp::ZeroRedundancyOptimizer::owner: parameter ", parameterIndex, " of ",
+              impl_->owners.size());
+  }
+  return impl_->owners[parameterIndex];
+}
+
+torch::optim::Optimizer& ZeroRedundancyOptimizer::localOptimizer() { return *impl_->local; }
+
+bool ZeroRedundancyOptimizer::owns(const at::Tensor& param) const {
+  for (const auto& p : impl_->shards[static_cast<size_t>(impl_->group.rank())]) {
+    if (p.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return true;
+  }
+  return false;
+}
+
+namespace {
+
+int64_t bytesOf(const at::Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; }
+
+}  // namespace
+
+int64_t ZeroRedundancyOptimizer::localStateBytes() const {
+  int64_t bytes = 0;
+  for (const auto& entry : impl_->local->state()) {
+    const torch::optim::OptimizerParamState* state = entry.second.get();
+    if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(state)) {
+      bytes += bytesOf(sgd->momentum_buffer());
+    } else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(state)) {
+      bytes += bytesOf(adamw->exp_avg()) + bytesOf(adamw->exp_avg_sq()) + bytesOf(adamw->max_exp_avg_sq());
+    } else if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(state)) {
+      bytes += bytesOf(adam->exp_avg()) + bytesOf(adam->exp_avg_sq()) + bytesOf(adam->max_exp_avg_sq());
+    } else {
+      return -1;  // an optimizer whose state this does not know
+    }
+  }
+  return bytes;
+}
+
+}  // namespace ddp
