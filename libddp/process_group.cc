@@ -228,7 +228,7 @@ void ProcessGroup::Impl::destroyCollectively(const std::string& where) {
                  std::string(bytes.begin(), bytes.end());
         } else {
           out += "rank " + std::to_string(r) + " had not called destroy(): its collective #" + std::to_string(before + 1) +
-                 " (an all_reduce, broadcast or barrier outside destroy()) met destroy()'s barrier";
+                 " (a collective outside destroy(): an all_reduce, broadcast, barrier, send or recv, ...) met destroy()'s barrier";
         }
       }
     } catch (const std::exception&) {
@@ -541,12 +541,17 @@ void runBeforeGroup(const std::function<void(const GroupStart&)>& beforeGroup, c
     }
     throw;
   }
-  if (start.rank() == 0) store.set(kVerdict, bytesOf("+"));
-  checkIn();
-  if (start.rank() == 0) return;
+  if (start.rank() == 0) {
+    store.set(kVerdict, bytesOf("+"));
+    checkIn();
+    return;
+  }
+  // Read rank 0's verdict before checking in: a failed rank 0 leaves (and its store with it) as soon
+  // as every rank has checked in.
   store.wait({kVerdict}, timeout);
   const std::vector<uint8_t> raw = store.get(kVerdict);
   const std::string verdict(raw.begin(), raw.end());
+  checkIn();
   if (!verdict.empty() && verdict != "+") rethrowVerdict(verdict);
 }
 

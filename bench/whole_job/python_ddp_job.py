@@ -20,10 +20,22 @@ matrix_approximation_rank=PY_JOB_PSGD_RANK (default 1), start_powerSGD_iter=PY_J
 models sit in one bucket: with DDP's default 1 MB first bucket (two buckets) powerSGD_hook dies on Gloo
 once it starts compressing ("Received data size doesn't match expected size"), apparently because it
 issues its P and Q all-reduces from future callbacks, whose order across buckets differs between ranks.
+
+bench/zero/run.sh adds PY_JOB_HIDDEN (the mlp's hidden widths, comma-separated; default 512,256, as our
+model.hidden), PY_JOB_OPTIMIZER (sgd | adamw; default sgd: the SGD above; adamw: torch.optim.AdamW with
+lr 0.05, betas (0.9, 0.999), eps 1e-8 and weight_decay 0, our worker's train.* defaults) and PY_JOB_ZERO
+(1: the optimizer wrapped as PyTorch documents it, ZeroRedundancyOptimizer(model.parameters(),
+optimizer_class=..., lr=..., ...): each rank keeps the state of its shard only; default 0: unwrapped).
+Every run's JSON line also has, per rank (gathered to rank 0, in rank order): peak_rss_mb_per_process
+(resource.getrusage(RUSAGE_SELF).ru_maxrss / 1024, at the end of the job) and
+optimizer_state_bytes_per_process (the nbytes of every tensor in the optimizer's state: optimizer.state,
+or for ZeRO zero.optim.state, the local optimizer's; AdamW's includes its 4-byte "step" tensors), plus
+parameters and zero.
 """
 import gzip
 import json
 import os
+import resource
 import struct
 import sys
 import time
@@ -34,6 +46,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
@@ -54,16 +67,26 @@ class Cnn(nn.Module):  # worker/models/models.cc "cnn"
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
-class Mlp(nn.Module):  # worker/models/models.cc "mlp" with model.hidden [512, 256]
-    def __init__(self, classes=10):
+class Mlp(nn.Module):  # worker/models/models.cc "mlp": fc1..fcN, ReLU between, model.hidden [512, 256] by default
+    def __init__(self, classes=10, hidden=(512, 256)):
         super().__init__()
-        self.fc1 = nn.Linear(784, 512)
-        self.fc2 = nn.Linear(512, 256)
-        self.fc3 = nn.Linear(256, classes)
+        widths = [784, *hidden, classes]
+        self.layers = len(widths) - 1
+        for i in range(self.layers):
+            setattr(self, f"fc{i + 1}", nn.Linear(widths[i], widths[i + 1]))
 
     def forward(self, x):
-        x = F.relu(self.fc1(x.flatten(1)))
-        return self.fc3(F.relu(self.fc2(x)))
+        x = x.flatten(1)
+        for i in range(self.layers):
+            x = getattr(self, f"fc{i + 1}")(x)
+            if i + 1 < self.layers:
+                x = F.relu(x)
+        return x
+
+
+def state_bytes(optimizer):
+    """The nbytes of every tensor in `optimizer`'s per-parameter state."""
+    return sum(v.nbytes for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v))
 
 
 def read_idx(path):
@@ -90,7 +113,8 @@ def main():
     sampler = DistributedSampler(train, num_replicas=world, rank=rank, shuffle=True, seed=0)
     loader = DataLoader(train, batch_size=int(os.environ.get("PY_JOB_BATCH", "32")), sampler=sampler)
     hook = os.environ.get("PY_JOB_HOOK", "none")
-    net = Mlp() if os.environ.get("PY_JOB_MODEL", "cnn") == "mlp" else Cnn()
+    hidden = [int(w) for w in os.environ.get("PY_JOB_HIDDEN", "512,256").split(",")]
+    net = Mlp(hidden=hidden) if os.environ.get("PY_JOB_MODEL", "cnn") == "mlp" else Cnn()
     model = DDP(net, bucket_cap_mb=25) if hook == "powersgd" else DDP(net)  # one bucket: see above
     psgd_state = None
     if hook == "fp16":
@@ -104,7 +128,17 @@ def main():
         model.register_comm_hook(psgd_state, powerSGD_hook.powerSGD_hook)
     elif hook != "none":
         sys.exit(f"PY_JOB_HOOK is '{hook}'; use none, fp16, bf16 or powersgd")
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    name, zero = os.environ.get("PY_JOB_OPTIMIZER", "sgd"), os.environ.get("PY_JOB_ZERO", "0") == "1"
+    if name == "sgd":
+        optimizer_class, options = torch.optim.SGD, dict(lr=0.05, momentum=0.9)
+    elif name == "adamw":
+        optimizer_class, options = torch.optim.AdamW, dict(lr=0.05, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    else:
+        sys.exit(f"PY_JOB_OPTIMIZER is '{name}'; use sgd or adamw")
+    if zero:
+        optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=optimizer_class, **options)
+    else:
+        optimizer = optimizer_class(model.parameters(), **options)
     precision = os.environ.get("PY_JOB_PRECISION", "fp32")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     scaler = torch.amp.GradScaler("cpu", enabled=precision == "fp16")
@@ -144,12 +178,19 @@ def main():
     counts = torch.tensor([correct, end - begin])
     dist.all_reduce(counts)
     eval_s = time.perf_counter() - start
+    mine = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                         state_bytes(optimizer.optim if zero else optimizer)], dtype=torch.float64)
+    ranks = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(ranks, mine)
     if rank == 0:
         out = os.environ.get("PY_JOB_OUT", "out/python_ddp_job")
         os.makedirs(out, exist_ok=True)
         torch.save(model.module.state_dict(), f"{out}/model.pt")
         line = {"steps": steps, "test_accuracy": counts[0].item() / counts[1].item(),
-                "train_seconds": train_s, "eval_seconds": eval_s}
+                "train_seconds": train_s, "eval_seconds": eval_s,
+                "parameters": sum(p.numel() for p in net.parameters()), "zero": zero,
+                "peak_rss_mb_per_process": [r[0].item() for r in ranks],
+                "optimizer_state_bytes_per_process": [int(r[1].item()) for r in ranks]}
         if psgd_state is not None:
             _, before, after = psgd_state.compression_stats()
             line.update(gradient_elements=int(before), gradient_elements_sent=int(after))

@@ -66,6 +66,13 @@ int run(const std::string& scenario, const std::string& backend) {
     return 0;
   }
   ddp::ProcessGroup group = start(backend);
+  if (scenario == "recv_nobody_sends") {  // each rank waits for a message the other never sends
+    torch::Tensor t = torch::zeros({4});
+    group.recv(t, 1 - group.rank());
+    group.destroy();
+    std::cout << "rank " << group.rank() << " finished " << scenario << std::endl;
+    return 0;
+  }
   if (scenario == "moved_group") {
     ddp::ProcessGroup other = std::move(group);
     std::cout << "size " << group.size() << std::endl;  // NOLINT(bugprone-use-after-move): the mistake

@@ -60,6 +60,13 @@ for backend in shm gloo; do
   expect_not "$name" "connection"
 done
 
+# A recv that no rank answers ends at the group's timeout (3 s here) with one line, on Gloo (both
+# ranks wait for the other: whichever times out first reports).
+run recv_nobody_sends nonzero "$launch" --nproc_per_node=2 "$program" recv_nobody_sends gloo 3
+expect recv_nobody_sends "caught ddp::CommError: gloo recv on rank "
+expect recv_nobody_sends "/2 timed out (["
+expect_not recv_nobody_sends "finished recv_nobody_sends"
+
 # A handle used after it was moved from, a step or a backward after destroy().
 run moved_group nonzero "$launch" --nproc_per_node=2 "$program" moved_group shm 10
 expect moved_group "caught ddp::ConfigError: ddp::ProcessGroup: this handle was moved from"
