@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "ddp/fused_optim.h"
 #include "libddp/internal.h"
 
 namespace ddp {
@@ -119,9 +120,22 @@ int64_t bytesOf(const at::Tensor& t) { return t.defined() ? static_cast<int64_t>
 
 }  // namespace
 
-int64_t ZeroRedundancyOptimizer::localStateBytes() const {
+int64_t ZeroRedundancyOptimizer::localStateBytes() const { return optimizerStateBytes(*impl_->local); }
+
+int64_t optimizerStateBytes(const torch::optim::Optimizer& optimizer) {
+  if (const auto* zero = dynamic_cast<const ZeroRedundancyOptimizer*>(&optimizer)) return zero->localStateBytes();
   int64_t bytes = 0;
-  for (const auto& entry : impl_->local->state()) {
+  if (const auto* fused = dynamic_cast<const FusedAdamW*>(&optimizer)) {
+    for (const auto& group : fused->param_groups()) {
+      for (const auto& p : group.params()) {
+        if (const FusedAdamWState* st = fused->stateOf(p)) {
+          bytes += bytesOf(st->expAvg) + bytesOf(st->expAvgSq) + bytesOf(st->maxExpAvgSq) + bytesOf(st->step);
+        }
+      }
+    }
+    return bytes;
+  }
+  for (const auto& entry : optimizer.state()) {
     const torch::optim::OptimizerParamState* state = entry.second.get();
     if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(state)) {
       bytes += bytesOf(sgd->momentum_buffer());

@@ -76,4 +76,8 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   std::unique_ptr<Impl> impl_;
 };
 
+/// Bytes of optimizer state this process holds: SGD's momentum buffers, Adam's and AdamW's moments
+/// (FusedAdamW's too), a ZeroRedundancyOptimizer's shard only; -1 for a state it does not know.
+int64_t optimizerStateBytes(const torch::optim::Optimizer& optimizer);
+
 }  // namespace ddp

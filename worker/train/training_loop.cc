@@ -238,29 +238,6 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
   }
 }
 
-namespace {
-
-int64_t bytesOf(const at::Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; }
-
-// The optimizer state this rank holds: ZeRO's shard, or SGD's / Adam's / AdamW's whole state.
-int64_t optimizerStateBytes(torch::optim::Optimizer& optimizer) {
-  if (const auto* zero = dynamic_cast<const ZeroRedundancyOptimizer*>(&optimizer)) return zero->localStateBytes();
-  int64_t bytes = 0;
-  for (const auto& entry : optimizer.state()) {
-    const torch::optim::OptimizerParamState* state = entry.second.get();
-    if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(state)) {
-      bytes += bytesOf(sgd->momentum_buffer());
-    } else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(state)) {
-      bytes += bytesOf(adamw->exp_avg()) + bytesOf(adamw->exp_avg_sq()) + bytesOf(adamw->max_exp_avg_sq());
-    } else if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(state)) {
-      bytes += bytesOf(adam->exp_avg()) + bytesOf(adam->exp_avg_sq()) + bytesOf(adam->max_exp_avg_sq());
-    }
-  }
-  return bytes;
-}
-
-}  // namespace
-
 TrainResult TrainingRun::run() {
   start_ = Clock::now();
   windowStart_ = start_;
@@ -269,7 +246,7 @@ TrainResult TrainingRun::run() {
   result_.trainSeconds = secondsSince(start_);
   result_.samplesPerSecond = result_.trainSeconds > 0 ? runSamples_ / result_.trainSeconds : 0;
   parallelism_.describe(result_);
-  result_.optimizerStateBytes = optimizerStateBytes(*optimizer_);
+  result_.optimizerStateBytes = std::max<int64_t>(0, optimizerStateBytes(*optimizer_));
   if (result_.stopSignal != 0) return result_;  // preempted: the checkpoint is the record
   finish();
   return result_;
