@@ -12,6 +12,7 @@
 #include <ATen/ops/from_blob.h>
 
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <csignal>
 #include <climits>
@@ -40,7 +41,20 @@ struct Header {
   std::atomic<uint32_t> broken;      // a rank timed out: the others fail fast too
   std::atomic<int32_t> pids[kMaxRanks];  // so a waiting rank notices a dead peer at once
   std::atomic<uint32_t> entered[kMaxRanks];  // generation + 1 once the rank arrived: a timeout names who did not
+  // What each rank's current collective is, checked by every rank after the collective's first
+  // arrival: the shm protocol itself would pair an all-reduce with a barrier, or 999 elements with
+  // 1000, without noticing. call = count << 16 | op << 8 | dtype (kWriting while being rewritten).
+  std::atomic<uint64_t> call[kMaxRanks];
+  std::atomic<uint64_t> callBytes[kMaxRanks];
 };
+constexpr uint64_t kWriting = ~uint64_t{0};
+enum CallOp : uint64_t { kAllReduce = 1, kBroadcast = 2, kBarrier = 3 };
+std::string lowerName(at::ScalarType type) {
+  std::string out = c10::toString(type);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+const char* opName(uint64_t op) { return op == kAllReduce ? "all_reduce" : op == kBroadcast ? "broadcast" : "barrier"; }
 
 /// Dead, or a zombie its parent has not reaped yet (kill(pid, 0) still succeeds on those).
 bool processGone(pid_t pid) {
@@ -97,7 +111,9 @@ class ShmCommunicator final : public Communicator {
       const size_t bytes = std::min(chunkElems * element, total - offset);
       const int64_t n = static_cast<int64_t>(bytes / element);
       std::memcpy(slot(rank()), data + offset, bytes);
+      if (offset == 0) announce(kAllReduce, work.scalar_type(), total);
       arrive("all_reduce");
+      if (offset == 0) checkPairing(kAllReduce, work.scalar_type(), total);
       // This rank reduces elements [lo, hi) of the chunk, over every slot in rank order:
       // the same order on every rank, so the result is bitwise identical everywhere.
       const int64_t lo = n * rank() / size();
@@ -111,6 +127,12 @@ class ShmCommunicator final : public Communicator {
       arrive("all_reduce");
       std::memcpy(data + offset, result_, bytes);
       arrive("all_reduce");  // the slots and the result are reused next
+    }
+    if (total == 0) {  // no chunk ran: still one pairing
+      announce(kAllReduce, work.scalar_type(), 0);
+      arrive("all_reduce");
+      checkPairing(kAllReduce, work.scalar_type(), 0);
+      arrive("all_reduce");
     }
     if (!work.is_same(tensor)) tensor.copy_(work);
   }
@@ -130,14 +152,28 @@ class ShmCommunicator final : public Communicator {
     for (size_t offset = 0; offset < total; offset += chunk) {
       const size_t bytes = std::min(chunk, total - offset);
       if (rank() == root) std::memcpy(slots_, data + offset, bytes);
+      if (offset == 0) announce(kBroadcast, work.scalar_type(), total);
       arrive("broadcast");
+      if (offset == 0) checkPairing(kBroadcast, work.scalar_type(), total);
       if (rank() != root) std::memcpy(data + offset, slots_, bytes);
+      arrive("broadcast");
+    }
+    if (total == 0) {
+      announce(kBroadcast, work.scalar_type(), 0);
+      arrive("broadcast");
+      checkPairing(kBroadcast, work.scalar_type(), 0);
       arrive("broadcast");
     }
     if (!work.is_same(tensor)) tensor.copy_(work);
   }
 
-  void barrier() override { arrive("barrier"); }
+  // A rank that leaves the barrier and announces its next collective before a slower rank has
+  // checked this one is skipped by the count.
+  void barrier() override {
+    announce(kBarrier, at::kByte, 0);
+    arrive("barrier");
+    checkPairing(kBarrier, at::kByte, 0);
+  }
 
  private:
   char* slot(int r) const { return slots_ + options_.chunkBytes * static_cast<size_t>(r); }
@@ -145,6 +181,45 @@ class ShmCommunicator final : public Communicator {
   at::Tensor contiguousCpu(const at::Tensor& t, const char* op) const {
     if (!t.device().is_cpu()) DDP_THROW(ConfigError, "backend 'shm' is for CPU tensors (", op, " got ", t.device().str(), "); use nccl on GPUs");
     return t.is_contiguous() ? t : t.contiguous();
+  }
+
+  uint64_t callWord(uint64_t op, at::ScalarType dtype) const {
+    return (calls_ << 16) | (op << 8) | static_cast<uint64_t>(static_cast<uint8_t>(dtype));
+  }
+
+  void announce(uint64_t op, at::ScalarType dtype, size_t bytes) {
+    ++calls_;
+    header_->call[rank()].store(kWriting, std::memory_order_release);
+    header_->callBytes[rank()].store(bytes, std::memory_order_release);
+    header_->call[rank()].store(callWord(op, dtype), std::memory_order_release);
+  }
+
+  // After the collective's first arrival every rank has announced it: a rank whose announcement is
+  // for this same collective (same count) but another operation, dtype or size does not pair. A
+  // rank that has already moved on to its next collective (a larger count) passed this check itself.
+  void checkPairing(uint64_t op, at::ScalarType dtype, size_t bytes) {
+    const uint64_t mine = callWord(op, dtype);
+    for (int r = 0; r < size(); ++r) {
+      if (r == rank()) continue;
+      const uint64_t theirs = header_->call[r].load(std::memory_order_acquire);
+      const uint64_t theirBytes = header_->callBytes[r].load(std::memory_order_acquire);
+      if (theirs == kWriting || header_->call[r].load(std::memory_order_acquire) != theirs) continue;
+      if ((theirs >> 16) != calls_) continue;
+      if (theirs == mine && theirBytes == bytes) continue;
+      header_->broken.store(1);
+      futex(&header_->generation, FUTEX_WAKE, INT_MAX, nullptr);
+      const auto describe = [](uint64_t word, uint64_t n) {
+        const auto type = static_cast<at::ScalarType>(word & 0xff);
+        std::string out = opName((word >> 8) & 0xff);
+        if (((word >> 8) & 0xff) != kBarrier) {
+          out += " of " + std::to_string(n / c10::elementSize(type)) + " " + lowerName(type);
+        }
+        return out;
+      };
+      DDP_THROW(CommError, "shm: the ranks' collectives do not pair: rank ", rank(), "'s collective is ",
+                describe(mine, bytes), " but rank ", r, "'s is ", describe(theirs, theirBytes),
+                ": every rank must run the same collectives in the same order over tensors of the same sizes");
+    }
   }
 
   /// A reusable barrier: spin briefly, then sleep on the generation futex.
@@ -205,6 +280,7 @@ class ShmCommunicator final : public Communicator {
   Header* header_ = nullptr;
   char* slots_ = nullptr;
   char* result_ = nullptr;
+  uint64_t calls_ = 0;  // collectives announced: equal on every rank while they pair
 };
 
 }  // namespace

@@ -29,8 +29,9 @@ namespace {
 struct WorkerExecSetup : bp::extend::handler {
   pid_t launcherPid;
   int inheritFd;
+  int recorderFd;
 
-  WorkerExecSetup(pid_t launcher, int keepFd) : launcherPid(launcher), inheritFd(keepFd) {}
+  WorkerExecSetup(pid_t launcher, int keepFd, int ringFd) : launcherPid(launcher), inheritFd(keepFd), recorderFd(ringFd) {}
 
   template <typename Executor>
   void on_exec_setup(Executor& exec) const {
@@ -43,6 +44,7 @@ struct WorkerExecSetup : bp::extend::handler {
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
     ::signal(SIGPIPE, SIG_DFL);
     if (inheritFd >= 0 && ::fcntl(inheritFd, F_SETFD, 0) != 0) fail(exec, "fcntl(F_SETFD) failed");
+    if (recorderFd >= 0 && ::fcntl(recorderFd, F_SETFD, 0) != 0) fail(exec, "fcntl(F_SETFD) failed");
   }
 
   // Boost.Process does not reap a child whose exec failed.
@@ -82,7 +84,7 @@ StartedWorker startWorker(const WorkerCommand& command) {
   bp::pipe err = detail::makePipe();
   std::error_code error;
   bp::child child(bp::exe = command.path, bp::args = command.args, env, bp::std_out > out, bp::std_err > err,
-                  detail::WorkerExecSetup(::getpid(), command.inheritFd), error);
+                  detail::WorkerExecSetup(::getpid(), command.inheritFd, command.recorderFd), error);
   if (error) {
     DDP_THROW(ConfigError, "could not start worker '", command.path, "': ", error.message(),
               "; is it a program for this machine (a script needs a #! line)?");

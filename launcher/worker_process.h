@@ -16,6 +16,7 @@ struct WorkerCommand {
   std::vector<std::string> args;  // argv[1..]
   EnvMap env;                     // the complete environment
   int inheritFd = -1;             // a close-on-exec fd the worker keeps across exec (rank 0's store socket)
+  int recorderFd = -1;            // another: the flight recorder's memfd (common/flight_recorder.h)
 };
 
 /// A started worker. Its pid is also its process-group id. The caller owns the fds.

@@ -10,14 +10,17 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
+#include "common/flight_recorder.h"
 #include "launcher/exit_status.h"
 #include "launcher/failure_summary.h"
+#include "launcher/hang_report.h"
 #include "launcher/output_relay.h"
 #include "launcher/shm_cleanup.h"
 #include "launcher/signal_watch.h"
@@ -72,7 +75,13 @@ class WorkerSupervisor {
     bool leftEarly = false;          // exited 0, and others ran on past the early-exit grace
     bool stoppedBySignal = false;    // in state T when the first failure came
     ExitStatus status;
+    int ringFd = -1;                 // the flight recorder's memfd, kept after the worker exits
+    void* ring = nullptr;            // mapped read-only here
   };
+
+  // Reads every worker's flight recorder and reports a hang or unpaired collectives (once).
+  void reportHangOnce(bool stallOnly);
+  bool hangReported_ = false;
 
   // Records exits of workers that have ended, without reaping them.
   void pollExits();
@@ -113,12 +122,72 @@ WorkerSupervisor::~WorkerSupervisor() {
     killAll();
     reapAll();
   }
+  for (Worker& worker : workers_) {
+    if (worker.ring) ::munmap(worker.ring, flight::ringBytes(flight::kDefaultCapacity));
+    if (worker.ringFd >= 0) ::close(worker.ringFd);
+  }
 }
 
-void WorkerSupervisor::start(int rank, const WorkerCommand& command, OutputRelay& relay) {
-  const StartedWorker started = startWorker(command);
+void WorkerSupervisor::reportHangOnce(bool stallOnly) {
+  if (hangReported_) return;
+  std::vector<RankRing> rings;
+  for (const Worker& worker : workers_) {
+    RankRing ring;
+    ring.rank = worker.rank;
+    ring.pid = worker.pid;
+    ring.exited = worker.exited;
+    ring.stopped = !worker.exited && processStopped(worker.pid);
+    if (worker.exited) ring.exit = worker.status.signaled ? "killed by " + worker.status.describe() : worker.status.describe();
+    if (worker.ring) ring.ring = flight::readRing(worker.ring, flight::ringBytes(flight::kDefaultCapacity));
+    rings.push_back(std::move(ring));
+  }
+  try {
+    hangReported_ = reportHang(rings, stallOnly);
+  } catch (const std::exception& e) {
+    spdlog::warn("could not write the hang report: {}", e.what());
+    hangReported_ = true;
+  }
+}
+
+// The worker's flight-recorder ring: a memfd (no name in any file system, so nothing outside this
+// launcher and its worker can open it), formatted here, mapped read-only by the launcher. -1 where
+// the kernel has no memfd: the worker then records in its own memory.
+int makeRing() {
+  const int fd = ::memfd_create("ddp-flight-recorder", MFD_CLOEXEC);
+  if (fd < 0) return -1;
+  const size_t bytes = flight::ringBytes(flight::kDefaultCapacity);
+  void* memory = MAP_FAILED;
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) == 0) {
+    memory = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  if (memory == MAP_FAILED) {
+    ::close(fd);
+    return -1;
+  }
+  flight::formatRing(memory, flight::kDefaultCapacity);
+  ::munmap(memory, bytes);
+  return fd;
+}
+
+void WorkerSupervisor::start(int rank, const WorkerCommand& given, OutputRelay& relay) {
+  WorkerCommand command = given;
   Worker worker;
   worker.rank = rank;
+  worker.ringFd = makeRing();
+  if (worker.ringFd >= 0) {
+    command.recorderFd = worker.ringFd;
+    command.env[flight::kFdEnv] = std::to_string(worker.ringFd);
+    void* memory = ::mmap(nullptr, flight::ringBytes(flight::kDefaultCapacity), PROT_READ, MAP_SHARED, worker.ringFd, 0);
+    worker.ring = memory == MAP_FAILED ? nullptr : memory;
+  }
+  StartedWorker started;
+  try {
+    started = startWorker(command);
+  } catch (...) {
+    if (worker.ring) ::munmap(worker.ring, flight::ringBytes(flight::kDefaultCapacity));
+    if (worker.ringFd >= 0) ::close(worker.ringFd);
+    throw;
+  }
   worker.pid = started.pid;
   workers_.push_back(worker);
   spdlog::debug("started rank {} as pid {}: {}", rank, started.pid, command.path);
@@ -130,6 +199,9 @@ AttemptReport WorkerSupervisor::monitor() {
   while (true) {
     pollExits();
     if (running() == 0) break;
+    // A collective that runs well past its group's timeout without the rank failing (a backend whose
+    // own timeout did not fire): report once, and let the job run on.
+    if (!stopping_ && !hangReported_) reportHangOnce(/*stallOnly=*/true);
     auto timeout = checkEarlyExit(kPollInterval);
     if (stopping_ && !killed_) {
       const auto now = Clock::now();
@@ -268,6 +340,8 @@ bool WorkerSupervisor::endedBySignalAsAsked(const Worker& worker) const {
 
 void WorkerSupervisor::fail(size_t index) {
   firstFailure_ = index;
+  // Before anything is stopped: the rings and stacks as the failure found them.
+  reportHangOnce(false);
   // Before SIGTERM: a stopped rank stays stopped (state T) with it pending, until SIGKILL.
   for (Worker& worker : workers_) worker.stoppedBySignal = !worker.exited && processStopped(worker.pid);
   beginStop(SIGTERM);

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <optional>
 #include <cstdlib>
+#include <cctype>
 #include <cstring>
 #include <memory>
 
@@ -19,6 +20,7 @@
 #include "comm/process_group.h"
 #include "comm/rendezvous.h"
 #include "common/error.h"
+#include "common/flight_recorder.h"
 #include "common/job_token.h"
 #include "ddp/ddp.h"
 #include "libddp/runtime/device.h"
@@ -118,18 +120,116 @@ struct ProcessGroup::Impl final : comm::Communicator {
 
   static std::string destroyKey(int r) { return "ddp/destroy/rank/" + std::to_string(r); }
 
-  template <typename Fn>
-  void run(const char* op, const char* by, Fn&& fn) {
-    comm::Communicator& c = live(op);
-    ++seq;
-    recent[seq % kRecent] = Entry{seq, op, *by ? by : label};
+  // "float", "bfloat16": c10's names in lower case (static strings, built once).
+  static const char* dtypeName(at::ScalarType type) {
+    static const auto names = [] {
+      std::vector<std::string> out;
+      for (int i = 0; i < static_cast<int>(at::ScalarType::NumOptions); ++i) {
+        std::string name = c10::toString(static_cast<at::ScalarType>(i));
+        for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        out.push_back(name);
+      }
+      return out;
+    }();
+    const auto i = static_cast<size_t>(type);
+    return i < names.size() ? names[i].c_str() : "";
+  }
+  // What the flight recorder keeps of a collective besides its name.
+  struct Shape {
+    const char* dtype = "";
+    int64_t numel = -1;
+    int peer = -1;
+  };
+  static Shape shapeOf(const at::Tensor& t, int peer = -1) {
+    if (!t.defined()) return Shape{"", -1, peer};
+    return Shape{dtypeName(t.scalar_type()), t.numel(), peer};
+  }
+  static Shape shapeOf(const std::vector<at::Tensor>& ts) {
+    if (ts.empty()) return Shape{};
+    Shape s = shapeOf(ts.front());
+    s.numel = 0;
+    for (const at::Tensor& t : ts) s.numel += t.defined() ? t.numel() : 0;
+    return s;
+  }
+  int groupIndex = 0;  // 0: the world group; k: the k-th sub-group, in the flight recorder
+  // Send and recv involve two ranks, so they are numbered apart from the group's collectives (which
+  // every rank runs and numbers alike); in the flight recorder as group kPointToPoint + groupIndex.
+  static constexpr int kPointToPoint = 1000000;
+  uint64_t p2pSeq = 0;
+  // InitOptions::checkCollectives: each collective's signature is compared with rank 0's before it
+  // runs (three store operations per collective and rank).
+  bool checkCollectives = false;
+  std::chrono::milliseconds timeout{0};
+
+  static std::string signatureOf(const char* op, const Shape& shape) {
+    std::string out = op;
+    if (shape.numel >= 0) out += " of " + std::to_string(shape.numel) + (*shape.dtype ? std::string(" ") + shape.dtype : "");
+    if (shape.peer >= 0 && std::strcmp(op, "broadcast") == 0) out += " from root " + std::to_string(shape.peer);
+    return out;
+  }
+
+  // Before collective `n`: rank 0 publishes its signature, every other rank compares its own with it.
+  void checkPairing(uint64_t n, const char* op, const char* who, const Shape& shape) {
+    if (!checkCollectives || !store || size_ <= 1) return;
+    const std::string key = "ddp/check_collectives/" + std::to_string(n);
+    const std::string mine = signatureOf(op, shape);
+    const std::string named = mine + (*who ? std::string(" (") + who + ")" : "");
+    if (rank_ == 0) {
+      store->set(key, std::vector<uint8_t>(named.begin(), named.end()));
+      return;
+    }
     try {
+      store->wait({key}, timeout);
+    } catch (const std::exception&) {
+      DDP_THROW(TimeoutError, "comm.check_collectives: rank ", rank_, " entered collective #", n, ", ", named,
+                ", and rank 0 did not enter its collective #", n, " within ", timeout.count() / 1000.0,
+                " s: rank 0 is behind (stopped, hung, or in a long computation of its own)");
+    }
+    const std::vector<uint8_t> raw = store->get(key);
+    const std::string theirs(raw.begin(), raw.end());
+    if (store->add(key + "/read", 1) == size_ - 1) {  // the last reader tidies up
+      store->deleteKey(key);
+      store->deleteKey(key + "/read");
+    }
+    if (theirs.compare(0, mine.size(), mine) != 0 ||
+        (theirs.size() > mine.size() && theirs.compare(mine.size(), 2, " (") != 0)) {
+      DDP_THROW(CommError, "collectives do not pair (comm.check_collectives): collective #", n, " is ", named,
+                " on rank ", rank_, " but ", theirs, " on rank 0: every rank must run the same collectives in the "
+                "same order over tensors of the same sizes (a collective on some ranks only, or a different model "
+                "on one rank)");
+    }
+  }
+
+  // Numbers the collective, records it (entered; done, timed out or failed) and runs it. For an
+  // asynchronous one (`async`), the returned entry is ended by the work's wait().
+  template <typename Fn>
+  flight::Entry* run(const char* op, const char* by, Shape shape, Fn&& fn, bool async = false, bool p2p = false) {
+    comm::Communicator& c = live(op);
+    const char* who = *by ? by : label;
+    uint64_t n;
+    if (p2p) {
+      n = ++p2pSeq;
+    } else {
+      n = ++seq;
+      recent[seq % kRecent] = Entry{seq, op, who};
+    }
+    flight::Entry* entry = flight::Recorder::instance().begin(p2p ? kPointToPoint + groupIndex : groupIndex, n, op, who,
+                                                              shape.dtype, shape.numel, shape.peer);
+    try {
+      if (!p2p) checkPairing(n, op, who, shape);
       fn(c);
     } catch (const TimeoutError& e) {
+      flight::Recorder::end(entry, n, flight::State::kTimedOut);
       throw TimeoutError(e.what() + destroyedPeers());
     } catch (const CommError& e) {
+      flight::Recorder::end(entry, n, flight::State::kFailed);
       throw CommError(e.what() + destroyedPeers());
+    } catch (...) {
+      flight::Recorder::end(entry, n, flight::State::kFailed);
+      throw;
     }
+    if (!async) flight::Recorder::end(entry, n, flight::State::kDone);
+    return entry;
   }
 
   // comm::Communicator: what the DDP engine, checkpoints and the public methods call.
@@ -138,58 +238,77 @@ struct ProcessGroup::Impl final : comm::Communicator {
   std::string backendName() const override { return backend; }
   c10::Device device() const override { return collectiveDevice; }
   void allReduceSum(at::Tensor& tensor) override {
-    run("all_reduce", "", [&tensor](comm::Communicator& c) { c.allReduceSum(tensor); });
+    run("all_reduce", "", shapeOf(tensor), [&tensor](comm::Communicator& c) { c.allReduceSum(tensor); });
   }
-  // A failed wait() says what a failed blocking collective says.
-  class ExplainedWork final : public comm::PendingWork {
+  // A failed wait() says what a failed blocking collective says; the flight recorder's entry ends
+  // with the wait.
+  class RecordedWork final : public comm::PendingWork {
    public:
-    ExplainedWork(const Impl& owner, std::unique_ptr<comm::PendingWork> work) : owner_(owner), work_(std::move(work)) {}
+    RecordedWork(const Impl& owner, std::unique_ptr<comm::PendingWork> work, flight::Entry* entry, uint64_t seq)
+        : owner_(owner), work_(std::move(work)), entry_(entry), seq_(seq) {}
     void wait() override {
+      waited_ = true;
       try {
         work_->wait();
       } catch (const TimeoutError& e) {
+        flight::Recorder::end(entry_, seq_, flight::State::kTimedOut);
         throw TimeoutError(e.what() + owner_.destroyedPeers());
       } catch (const CommError& e) {
+        flight::Recorder::end(entry_, seq_, flight::State::kFailed);
         throw CommError(e.what() + owner_.destroyedPeers());
+      } catch (...) {
+        flight::Recorder::end(entry_, seq_, flight::State::kFailed);
+        throw;
+      }
+      flight::Recorder::end(entry_, seq_, flight::State::kDone);
+    }
+
+    ~RecordedWork() override {
+      if (!waited_) {
+        work_.reset();  // waits for the collective, as every pending work's destructor does
+        flight::Recorder::end(entry_, seq_, flight::State::kDone);
       }
     }
 
    private:
     const Impl& owner_;
     std::unique_ptr<comm::PendingWork> work_;
+    bool waited_ = false;
+    flight::Entry* entry_;
+    uint64_t seq_;
   };
   std::unique_ptr<comm::PendingWork> allReduceSumAsync(at::Tensor& tensor) override {
     std::unique_ptr<comm::PendingWork> work;
-    run("all_reduce", "", [&](comm::Communicator& c) { work = c.allReduceSumAsync(tensor); });
-    if (!store || size_ <= 1) return work;
-    return std::make_unique<ExplainedWork>(*this, std::move(work));
+    flight::Entry* entry = run("all_reduce", "", shapeOf(tensor),
+                               [&](comm::Communicator& c) { work = c.allReduceSumAsync(tensor); }, /*async=*/true);
+    return std::make_unique<RecordedWork>(*this, std::move(work), entry, seq);
   }
   void broadcast(at::Tensor& tensor, int root) override {
-    run("broadcast", "", [&](comm::Communicator& c) { c.broadcast(tensor, root); });
+    run("broadcast", "", shapeOf(tensor, root), [&](comm::Communicator& c) { c.broadcast(tensor, root); });
   }
   void barrier() override {
-    run("barrier", "", [](comm::Communicator& c) { c.barrier(); });
+    run("barrier", "", Shape{}, [](comm::Communicator& c) { c.barrier(); });
   }
   std::vector<at::Tensor> allGather(const at::Tensor& input) override {
     std::vector<at::Tensor> out;
-    run("all_gather", "", [&](comm::Communicator& c) { out = c.allGather(input); });
+    run("all_gather", "", shapeOf(input), [&](comm::Communicator& c) { out = c.allGather(input); });
     return out;
   }
   at::Tensor reduceScatterSum(const std::vector<at::Tensor>& inputs) override {
     at::Tensor out;
-    run("reduce_scatter", "", [&](comm::Communicator& c) { out = c.reduceScatterSum(inputs); });
+    run("reduce_scatter", "", shapeOf(inputs), [&](comm::Communicator& c) { out = c.reduceScatterSum(inputs); });
     return out;
   }
   std::vector<at::Tensor> allToAll(const std::vector<at::Tensor>& inputs) override {
     std::vector<at::Tensor> out;
-    run("all_to_all", "", [&](comm::Communicator& c) { out = c.allToAll(inputs); });
+    run("all_to_all", "", shapeOf(inputs), [&](comm::Communicator& c) { out = c.allToAll(inputs); });
     return out;
   }
   void send(const at::Tensor& tensor, int dst) override {
-    run("send", "", [&](comm::Communicator& c) { c.send(tensor, dst); });
+    run("send", "", shapeOf(tensor, dst), [&](comm::Communicator& c) { c.send(tensor, dst); }, false, /*p2p=*/true);
   }
   void recv(at::Tensor& tensor, int src) override {
-    run("recv", "", [&](comm::Communicator& c) { c.recv(tensor, src); });
+    run("recv", "", shapeOf(tensor, src), [&](comm::Communicator& c) { c.recv(tensor, src); }, false, /*p2p=*/true);
   }
 
   // newGroup(): how this group was made, for its sub-groups (absent for a wrapped communicator).
@@ -240,9 +359,12 @@ void ProcessGroup::Impl::destroyCollectively(const std::string& where) {
       "through the DDP wrapper on some ranks only breaks this";
   ++seq;
   recent[seq % kRecent] = Entry{seq, "barrier", "destroy"};
+  flight::Entry* first = flight::Recorder::instance().begin(groupIndex, seq, "barrier", "destroy", "", -1, -1);
   try {
     c.barrier();  // no rank leaves while another may still need rank 0's store
+    flight::Recorder::end(first, seq, flight::State::kDone);
   } catch (const CommError& e) {
+    flight::Recorder::end(first, seq, dynamic_cast<const TimeoutError*>(&e) ? flight::State::kTimedOut : flight::State::kFailed);
     const std::string others = check ? elsewhere() : "";
     if (others.empty()) throw CommError(std::string("ddp::ProcessGroup::destroy() at ") + where + ": " + e.what());
     throw CommError(std::string("ddp::ProcessGroup::destroy() at ") + where + ": ranks called different collectives: rank " +
@@ -257,9 +379,12 @@ void ProcessGroup::Impl::destroyCollectively(const std::string& where) {
   // Every rank is in destroy(); a second barrier keeps rank 0 (and its store) until all have checked.
   ++seq;
   recent[seq % kRecent] = Entry{seq, "barrier", "destroy"};
+  flight::Entry* second = flight::Recorder::instance().begin(groupIndex, seq, "barrier", "destroy", "", -1, -1);
   try {
     c.barrier();
+    flight::Recorder::end(second, seq, flight::State::kDone);
   } catch (const CommError& e) {
+    flight::Recorder::end(second, seq, dynamic_cast<const TimeoutError*>(&e) ? flight::State::kTimedOut : flight::State::kFailed);
     throw CommError(std::string("ddp::ProcessGroup::destroy() at ") + where + ": " + e.what());
   }
 }
@@ -438,6 +563,9 @@ std::optional<ProcessGroup> ProcessGroup::newGroup(const std::vector<int>& ranks
   const auto mine = std::find(sorted.begin(), sorted.end(), world.rank());
   if (mine == sorted.end()) return std::nullopt;
   auto impl = std::make_shared<Impl>();
+  impl->groupIndex = index + 1;
+  impl->checkCollectives = world.checkCollectives;
+  impl->timeout = world.timeout;
   impl->rankDevice = world.rankDevice;
   impl->localRank = world.localRank;
   impl->localSize = world.localSize;
@@ -577,8 +705,15 @@ ProcessGroup initProcessGroup(const InitOptions& options) {
   ::unsetenv(kTokenEnv);
   ::unsetenv(kStoreFdEnv);
   if (options.timeout.count() <= 0) DDP_THROW(ConfigError, "ddp::InitOptions::timeout must be positive");
-
   auto impl = std::make_shared<ProcessGroup::Impl>();
+  flight::Recorder& recorder = flight::Recorder::instance();  // takes the launcher's ring (and its env) now
+  if (!options.hangReportDir.empty()) recorder.setReportDir(options.hangReportDir);
+  impl->checkCollectives = options.checkCollectives;
+  impl->timeout = options.timeout;
+  const auto describe = [&](const ProcessGroup::Impl& group) {
+    recorder.describeRank(env.rank, env.worldSize, group.backend, options.timeout.count());
+  };
+
   impl->localRank = env.localRank;
   impl->localSize = env.localWorldSize;
   const comm::Backend requested = comm::parseBackend(options.backend);
@@ -605,6 +740,7 @@ ProcessGroup initProcessGroup(const InitOptions& options) {
     if (options.beforeGroup) options.beforeGroup(GroupStart(start));
     impl->owned = std::make_unique<comm::LocalCommunicator>();
     impl->attach(impl->owned.get());
+    describe(*impl);
     return ProcessGroup(std::move(impl));
   }
 
@@ -617,6 +753,7 @@ ProcessGroup initProcessGroup(const InitOptions& options) {
   impl->owned = api::createGroup(impl->store, pg, rdv);
   impl->attach(impl->owned.get());
   impl->groupOptions = pg;
+  describe(*impl);
   return ProcessGroup(std::move(impl));
 }
 

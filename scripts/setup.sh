@@ -22,6 +22,7 @@ packages=(
   dataset-fashion-mnist             # /usr/share/datasets/fashion-mnist
   slurm-wlm munge                   # a real Slurm for tests/e2e/cluster_test.cc (scripts/slurm_cluster.sh)
   openmpi-bin pdsh                  # a real mpirun and pdsh for the same tests
+  elfutils                          # eu-stack: the launcher's hang report reads a lagging rank's native stack
 )
 
 missing=()

@@ -150,6 +150,8 @@ ddp::ProcessGroup startGroup(const ddp::worker::WorkerConfig& config, std::optio
   init.timeout = std::chrono::milliseconds(static_cast<int64_t>(config.comm.timeoutS * 1000));
   init.timeoutName = "comm.timeout_s";
   init.legacyLocalRank = legacyLocalRank;
+  init.hangReportDir = std::filesystem::absolute(config.output.dir).string();
+  init.checkCollectives = config.comm.checkCollectives;
   init.beforeGroup = [&](const ddp::GroupStart& start) {
     if (config.data.oneCopyPerHost && start.localSize() > 1) {
       data = loadDatasetsOncePerHost(config.data, config.seed, start, &dataOrigin);

@@ -51,6 +51,14 @@ struct InitOptions {
   std::optional<int> legacyLocalRank;
   /// How start-up messages name `timeout` (e.g. your program's own option).
   std::string timeoutName = "ddp::InitOptions::timeout";
+  /// Under ddp-launch: the folder where the launcher writes hang_report.json when a collective times
+  /// out or ranks' collectives do not pair ("" = the report goes to the launcher's log only).
+  std::string hangReportDir;
+  /// Compare each collective's operation, size and dtype with rank 0's before it runs, and stop with
+  /// one line naming both calls when they differ (a collective on some ranks only, a different
+  /// model on one rank) instead of a hang. Costs three store round trips per collective: for
+  /// debugging, as TORCH_DISTRIBUTED_DEBUG=DETAIL.
+  bool checkCollectives = false;
 };
 
 /// A collective in flight (c10d's Work and Future in one). wait() returns once this rank's result

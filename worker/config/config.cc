@@ -155,6 +155,7 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("comm.powersgd_rank", "integer", c.comm.powersgdRank),
       bindField("comm.powersgd_start_iter", "integer", c.comm.powersgdStartIter),
       bindField("comm.static_graph", "boolean", c.comm.staticGraph),
+      bindField("comm.check_collectives", "boolean", c.comm.checkCollectives),
       bindField("dp.device_ids", "list of integers", c.dp.deviceIds),
       bindField("dp.output_device", "integer", c.dp.outputDevice),
       bindField("dp.replicas", "integer", c.dp.replicas),

@@ -109,6 +109,7 @@ struct CommConfig {
   int64_t powersgdRank = 1;              // PowerSGD's matrix_approximation_rank
   int64_t powersgdStartIter = 1000;      // PowerSGD's start_powerSGD_iter (plain all-reduce before)
   bool staticGraph = false;              // DDP's static_graph: the used set is searched once
+  bool checkCollectives = false;         // compare every collective with rank 0's before it runs
 };
 
 struct CheckpointConfig {

@@ -1,0 +1,57 @@
+// A library user's loop with one misbehaving rank, for hang_test.sh: rank 1 stops itself with
+// SIGSTOP, spins in its own code, skips one all-reduce, or all-reduces a tensor of another size,
+// always at the loop's 4th iteration (the 3rd for the skip). The launcher's hang report must name
+// rank 1, the collective and the function. argv: scenario backend timeout_s report_dir [check].
+#include <ddp/ddp.h>
+#include <torch/torch.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+// Not static, not inlined: the hang report's stack must show them by name.
+__attribute__((noinline)) void stopHereForHangTest() {
+  std::raise(SIGSTOP);
+  asm volatile("" ::: "memory");  // no tail call: this frame stays on the stack
+}
+__attribute__((noinline)) void spinInUserCodeForHangTest(volatile long* counter) {
+  for (;;) ++*counter;
+}
+
+int main(int argc, char** argv) {
+  if (argc < 5) {
+    std::cerr << "usage: hang_program stop|spin|skip|size|clean BACKEND TIMEOUT_S REPORT_DIR [check]\n";
+    return 2;
+  }
+  const std::string scenario = argv[1];
+  try {
+    ddp::InitOptions options;
+    options.backend = argv[2];
+    options.timeout = std::chrono::seconds(std::atoi(argv[3]));
+    options.hangReportDir = argv[4];
+    options.checkCollectives = argc > 5 && std::string(argv[5]) == "check";
+    ddp::ProcessGroup group = ddp::initProcessGroup(options);
+    const int rank = group.rank();
+    for (int i = 1; i <= 6; ++i) {
+      torch::Tensor x = torch::ones({1000});
+      if (rank == 1 && scenario == "skip" && i == 3) continue;
+      if (rank == 1 && i == 4) {
+        if (scenario == "stop") stopHereForHangTest();
+        if (scenario == "spin") {
+          long counter = 0;
+          spinInUserCodeForHangTest(&counter);
+        }
+        if (scenario == "size") x = torch::ones({999});
+      }
+      group.allReduceSum(x);
+    }
+    group.barrier();
+    group.destroy();
+    std::cout << "rank " << rank << " finished" << std::endl;
+    return 0;
+  } catch (const ddp::Error& e) {
+    std::cerr << "caught ddp::Error: " << e.what() << std::endl;
+    return 3;
+  }
+}

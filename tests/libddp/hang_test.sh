@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# The hang report, for real: hang_program.cc under ddp-launch (2 ranks) with rank 1 stopped by
+# SIGSTOP, spinning in its own code, skipping one all-reduce, or all-reducing another size, on shm
+# and Gloo. The launcher's report (log and hang_report.json, read by Python) must name rank 1, the
+# collective it never entered or the one that does not pair, and a stack with the right function.
+# With check_collectives the skip and the size stop at once with one line naming both calls.
+# Usage: hang_test.sh DDP_LAUNCH HANG_PROGRAM PYTHON
+set -uo pipefail
+launch=$1 program=$2 python=$3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+failures=0
+fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+
+# run NAME SCENARIO BACKEND [check]: the job must fail (not time out here), with the log in NAME.log.
+# Gloo aborts a rank that receives another size than it expects (gloo::EnforceNotMet thrown on its
+# own thread: std::terminate); that one crash is Gloo's and is allowed where CRASH_OK=1.
+run() {
+  local name=$1 scenario=$2 backend=$3 check=${4:-}
+  mkdir -p "$work/$name"
+  timeout 120 "$launch" --nproc_per_node=2 --shutdown_grace_s=2 "$program" "$scenario" "$backend" 3 \
+    "$work/$name" $check >"$work/$name.log" 2>&1
+  local rc=$?
+  [[ $rc -ne 0 && $rc -ne 124 ]] || { cat "$work/$name.log"; fail "$name: exit code $rc, expected a failure"; }
+  if [[ "${CRASH_OK:-0}" != 1 ]] && grep -qiE "segmentation|SIGSEGV|SIGABRT|core dumped|terminate called" "$work/$name.log"; then
+    cat "$work/$name.log"; fail "$name: crashed"
+  fi
+}
+expect() {  # expect NAME TEXT: the log has the text
+  grep -qF -- "$2" "$work/$1.log" || { cat "$work/$1.log"; fail "$1: no line with '$2'"; }
+}
+# report NAME PYTHON_ASSERTIONS: hang_report.json, as `r`, passes them
+report() {
+  local file="$work/$1/hang_report.json"
+  [[ -f "$file" ]] || { cat "$work/$1.log"; fail "$1: no $file"; return; }
+  "$python" - "$file" "$2" <<'PY' || { cat "$work/$1.log"; cat "$file"; fail "$1: hang_report.json"; }
+import json, sys
+r = json.load(open(sys.argv[1]))
+ranks = {x["rank"]: x for x in r["ranks"]}
+def frames(rank):
+    return [f for t in ranks[rank]["stack"]["threads"] for f in t["frames"]]
+exec(sys.argv[2])
+PY
+}
+
+for backend in shm gloo; do
+  # Rank 1 stops itself (SIGSTOP) before all-reduce #4: rank 0 times out in it.
+  name="stop_$backend"
+  run "$name" stop "$backend"
+  expect "$name" "hang report (a collective timed out"
+  expect "$name" "rank 1 is behind: never entered all_reduce #4 of 1000 float, which rank 0 entered"
+  expect "$name" "stopped (state T)"
+  expect "$name" "stopHereForHangTest"
+  report "$name" '
+assert r["reason"] == "timeout", r["reason"]
+assert r["behind"] == [1] and r["ahead"] == [0], (r["behind"], r["ahead"])
+assert r["missing"]["seq"] == 4 and r["missing"]["op"] == "all_reduce" and r["missing"]["numel"] == 1000
+assert ranks[0]["last_entered"]["state"] == "timed out" and ranks[0]["last_entered_seq"] == 4
+assert ranks[1]["last_entered_seq"] == 3 and ranks[1]["last_finished_seq"] == 3
+assert ranks[1]["stopped"] is True
+assert any("stopHereForHangTest" in f for f in frames(1)), frames(1)
+assert r["mismatch"] is None'
+
+  # Rank 1 spins in its own code instead of all-reduce #4.
+  name="spin_$backend"
+  run "$name" spin "$backend"
+  expect "$name" "rank 1 is behind: never entered all_reduce #4 of 1000 float"
+  expect "$name" "spinInUserCodeForHangTest"
+  report "$name" '
+assert r["behind"] == [1] and r["missing"]["seq"] == 4
+assert ranks[1]["stopped"] is False
+assert "spinInUserCodeForHangTest" in frames(1)[0] or "spinInUserCodeForHangTest" in frames(1)[1], frames(1)[:3]'
+
+  # Rank 1 skips the 3rd all-reduce: its barrier meets rank 0's 6th all-reduce at #6.
+  name="skip_$backend"
+  run "$name" skip "$backend"
+  expect "$name" "collectives do not pair at #6 (different collectives): rank 0 all_reduce #6 of 1000 float; rank 1 barrier #6"
+  report "$name" '
+m = r["mismatch"]
+assert m["seq"] == 6 and m["kind"] == "different collectives", m
+calls = {c["rank"]: c["op"] for c in m["calls"]}
+assert calls == {0: "all_reduce", 1: "barrier"}, calls'
+
+  # Rank 1 all-reduces 999 elements where rank 0 all-reduces 1000 (a different model on one rank).
+  name="size_$backend"
+  CRASH_OK=$([[ $backend == gloo ]] && echo 1 || echo 0) run "$name" size "$backend"
+  expect "$name" "collectives do not pair at #4 (different sizes): rank 0 all_reduce #4 of 1000 float; rank 1 all_reduce #4 of 999 float"
+  if [[ $backend == shm ]]; then  # shm itself compares the ranks' calls: no silent 999-of-1000 sum
+    expect "$name" "shm: the ranks' collectives do not pair: rank 1's collective is all_reduce of 999 float but rank 0's is all_reduce of 1000 float"
+  fi
+  report "$name" '
+m = r["mismatch"]
+assert m["seq"] == 4 and m["kind"] == "different sizes", m
+assert {c["rank"]: c["numel"] for c in m["calls"]} == {0: 1000, 1: 999}'
+
+  # check_collectives: the same two bugs stop at the collective itself, with one line naming both calls.
+  name="check_skip_$backend"
+  run "$name" skip "$backend" check
+  expect "$name" "caught ddp::Error: collectives do not pair (comm.check_collectives): collective #6 is barrier on rank 1 but all_reduce of 1000 float on rank 0"
+  name="check_size_$backend"
+  run "$name" size "$backend" check
+  expect "$name" "caught ddp::Error: collectives do not pair (comm.check_collectives): collective #4 is all_reduce of 999 float on rank 1 but all_reduce of 1000 float on rank 0"
+done
+
+# check_collectives on a clean job changes nothing.
+for backend in shm gloo; do
+  timeout 120 "$launch" --nproc_per_node=2 "$program" clean "$backend" 10 "$work" check >"$work/clean_$backend.log" 2>&1 \
+    || { cat "$work/clean_$backend.log"; fail "clean_$backend: failed"; }
+  expect "clean_$backend" "rank 1 finished"
+done
+[[ ! -f "$work/hang_report.json" ]] || fail "a clean job wrote a hang report"
+
+if [[ $failures -ne 0 ]]; then
+  echo "$failures check(s) failed" >&2
+  exit 1
+fi
+echo "all hang-report checks passed"
