@@ -79,4 +79,6 @@ void FlatGradientSync::prepareForBackward(const std::vector<at::Tensor>& outputs
   }
 }
 
+void FlatGradientSync::reduceWithoutBackward() { allReduceGradients(state_->comm, state_->params); }
+
 }  // namespace ddp::comm

@@ -19,6 +19,10 @@ class GradientSync {
   /// every parameter's .grad holds the mean over ranks. Backwards not armed (DDP's no_sync) only
   /// accumulate locally.
   virtual void prepareForBackward(const std::vector<at::Tensor>& outputs) = 0;
+  /// In place of a synchronising backward on a rank that has no batch for it: the collectives
+  /// that backward runs, with each .grad as it is (zeros where undefined); afterwards every .grad
+  /// holds the mean over ranks, as after a backward.
+  virtual void reduceWithoutBackward() = 0;
 };
 
 /// One all-reduce of all gradients once backward is done (allReduceGradients): one collective
@@ -28,6 +32,7 @@ class FlatGradientSync final : public GradientSync {
  public:
   FlatGradientSync(Communicator& comm, std::vector<at::Tensor> params);
   void prepareForBackward(const std::vector<at::Tensor>& outputs) override;
+  void reduceWithoutBackward() override;
 
  private:
   struct State {

@@ -171,6 +171,41 @@ void Reducer::shadowBackward() {
   }
 }
 
+void Reducer::reduceWithoutBackward() {
+  bool learnStaticGraph = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (armed_) {
+      DDP_THROW(CommError, "reducer on rank ", comm_.rank(), "/", comm_.size(),
+                ": the previous backward did not finish its gradient reduction: ", describeMissingLocked());
+    }
+    armed_ = true;
+    hookSeen_ = true;
+    nextBucket_ = 0;
+    for (auto& slot : slots_) slot.ready = false;
+    for (auto& bucket : buckets_) bucket.pending = bucket.params.size();
+    if (options_.findUnusedParameters && !staticUsedKnown_) {
+      usedMap_.zero_();  // no forward here: this rank used nothing
+      learnStaticGraph = options_.staticGraph;
+    }
+    // In bucket order, so the buckets launch as they fill, in the order every rank launches them.
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      for (size_t i : layout_[b]) markReadyLocked(i);
+    }
+  }
+  finalizeBackward();
+  if (learnStaticGraph) {
+    // Static graph, first synchronising step without a batch here: the parameters the others used
+    // are the graph's (it is the same on every rank), so later backwards wait for exactly those.
+    std::lock_guard<std::mutex> lock(mutex_);
+    unused_.clear();
+    const int* used = usedMap_.data_ptr<int>();
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (used[i] == 0) unused_.push_back(i);
+    }
+  }
+}
+
 void Reducer::prepareForBackward(const std::vector<at::Tensor>& outputs) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (armed_) {

@@ -72,6 +72,11 @@ class Reducer final : public GradientSync {
   /// of the others, with zeros (every bucket through the hook or the built-in all-reduce, then the
   /// unused-parameter map), this rank's gradients untouched.
   void shadowBackward();
+  /// A rank with no batch for a synchronising step (uneven shards every rank knows): every bucket
+  /// reduced from the .grad tensors as they are (zeros where undefined: nothing was used here),
+  /// then finalised as a backward is, so each .grad ends as the mean over ranks. Throws
+  /// CommError while an armed backward has not finished.
+  void reduceWithoutBackward() override;
   /// Join with divideByInitialWorldSize = false: the next backward's built-in all-reduce divides
   /// by `divisor` (the ranks still training) instead of the world size.
   void setNextDivisor(double divisor);

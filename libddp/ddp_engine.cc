@@ -192,6 +192,22 @@ void DdpEngine::afterForward(const std::vector<at::Tensor>& outputs) {
   if (state_->gradientSync && state_->requireForwardParamSync) state_->gradientSync->prepareForBackward(outputs);
 }
 
+void DdpEngine::backwardWithoutBatch() {
+  comm::Communicator& comm = api::communicatorOf(state_->group, "backwardWithoutBatch()");
+  if (state_->join) {
+    DDP_THROW(ConfigError, "ddp::DistributedDataParallel::backwardWithoutBatch inside a ddp::Join: there a rank that "
+              "has no batch leaves its loop and the Join answers for it; call one or the other");
+  }
+  // The forward's side: rank 0's buffers, as beforeForward() broadcasts them.
+  if (state_->requireForwardParamSync && state_->syncBuffers) {
+    api::CollectiveLabel label(state_->group, "DDP buffer broadcast");
+    comm::broadcastTensors(comm, state_->buffers, /*root=*/0);
+  }
+  state_->requireForwardParamSync = sync_;
+  if (!sync_ || !state_->gradientSync) return;  // under noSync a zero gradient accumulates nothing
+  state_->gradientSync->reduceWithoutBackward();
+}
+
 DdpEngine::NoSync::NoSync(DdpEngine& engine) : engine_(engine), previous_(engine.sync_) { engine_.sync_ = false; }
 DdpEngine::NoSync::~NoSync() { engine_.sync_ = previous_; }
 
@@ -210,6 +226,7 @@ sampler::DistributedSamplerOptions samplerOptions(int numReplicas, int rank, con
   out.shuffle = o.shuffle;
   out.seed = o.seed;
   out.dropLast = o.dropLast;
+  out.pad = o.pad;
   return out;
 }
 
@@ -229,6 +246,7 @@ DistributedSampler& DistributedSampler::operator=(DistributedSampler&&) noexcept
 void DistributedSampler::setEpoch(int64_t epoch) { impl_->sampler.setEpoch(epoch); }
 std::vector<int64_t> DistributedSampler::indices() const { return impl_->sampler.indices(); }
 int64_t DistributedSampler::numSamples() const { return impl_->sampler.numSamples(); }
+int64_t DistributedSampler::numSamplesOf(int rank) const { return impl_->sampler.numSamplesOf(rank); }
 
 std::vector<std::vector<int64_t>> DistributedSampler::batches(int64_t batchSize, bool dropLast) const {
   if (batchSize < 1) DDP_THROW(ConfigError, "ddp::DistributedSampler::batches: batchSize must be >= 1 (got ", batchSize, ")");

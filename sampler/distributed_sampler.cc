@@ -35,7 +35,17 @@ DistributedSampler::DistributedSampler(int64_t datasetSize, DistributedSamplerOp
               ", rank should be in the interval [0, ", options_.numReplicas - 1,
               "] for numReplicas ", options_.numReplicas);
   }
-  numSamples_ = computeNumSamples(datasetSize_, options_.numReplicas, options_.dropLast);
+  numSamples_ = numSamplesOf(options_.rank);
+}
+
+int64_t DistributedSampler::numSamplesOf(int64_t rank) const {
+  if (rank < 0 || rank >= options_.numReplicas) {
+    DDP_THROW(ConfigError, "DistributedSampler::numSamplesOf: rank ", rank, " is outside [0, ", options_.numReplicas - 1,
+              "]");
+  }
+  // Unpadded: the positions rank, rank + R, ... below N.
+  if (unpadded()) return datasetSize_ > rank ? (datasetSize_ - rank + options_.numReplicas - 1) / options_.numReplicas : 0;
+  return computeNumSamples(datasetSize_, options_.numReplicas, options_.dropLast);
 }
 
 std::vector<int64_t> DistributedSampler::indices() const {
@@ -58,7 +68,7 @@ std::vector<int64_t> DistributedSampler::indices() const {
 
   // Python pads with indices[:padding] or, when padding > N, with whole copies
   // of the list; either way position p of the padded list holds order[p % N].
-  // With drop_last the list is cut to totalSize <= N, where p % N == p.
+  // With drop_last the list is cut to totalSize <= N, where p % N == p; unpadded, p < N too.
   std::vector<int64_t> mine;
   mine.reserve(static_cast<size_t>(numSamples_));
   for (int64_t i = 0; i < numSamples_; ++i) {

@@ -13,6 +13,8 @@ struct DistributedSamplerOptions {
   bool shuffle = true;      // reshuffle every epoch with seed + epoch
   uint64_t seed = 0;        // must be equal on every rank
   bool dropLast = false;    // false: pad by repeating the head; true: drop the tail
+  bool pad = true;          // with dropLast false: pad (PyTorch); false: no index twice, rank r
+                            // gets ceil((N - r) / numReplicas) (uneven shards, for Join)
 };
 
 /// Bit-identical to PyTorch's DistributedSampler (torch/utils/data/distributed.py):
@@ -34,12 +36,18 @@ class DistributedSampler {
 
   /// Indices per rank per epoch (Python's len(sampler)).
   int64_t numSamples() const { return numSamples_; }
-  /// numSamples() * numReplicas: the padded or truncated epoch length.
-  int64_t totalSize() const { return numSamples_ * options_.numReplicas; }
+  /// numSamples() of rank `rank` (they differ only with pad = false: by at most one, the lower
+  /// ranks holding more).
+  int64_t numSamplesOf(int64_t rank) const;
+  /// The epoch's length over all ranks: numSamples() * numReplicas, padded or truncated
+  /// (pad = false: the dataset size).
+  int64_t totalSize() const { return unpadded() ? datasetSize_ : numSamples_ * options_.numReplicas; }
   int64_t datasetSize() const { return datasetSize_; }
   const DistributedSamplerOptions& options() const { return options_; }
 
  private:
+  bool unpadded() const { return !options_.dropLast && !options_.pad; }
+
   int64_t datasetSize_;
   DistributedSamplerOptions options_;
   int64_t numSamples_;

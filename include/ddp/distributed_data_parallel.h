@@ -68,6 +68,17 @@ class DdpEngine {
     bool previous_;
   };
   bool syncEnabled() const { return sync_; }
+  /// In place of a forward and backward on a batch this rank does not have, while the other ranks
+  /// run one (uneven shards that every rank knows of, e.g. ddp::DistributedSampler with pad =
+  /// false): the collectives of that forward and backward, with this rank's .grad as it is — zeros
+  /// after zero_grad, or what its micro-batches under noSync accumulated. Afterwards every .grad
+  /// holds the mean over ranks, as after a backward, so every rank's optimizer steps alike and the
+  /// replicas never part (ddp::Join instead leaves a joined rank's optimizer state behind). Buffers
+  /// come from rank 0, as in any forward: rank 0 must hold a batch whenever some rank does (true of
+  /// the sampler's shards). Under noSync: only the forward's buffer broadcast (a zero gradient
+  /// accumulates nothing). Not for a model whose forward communicates (SyncBatchNorm), nor inside a
+  /// ddp::Join (there a rank out of batches just leaves the loop).
+  void backwardWithoutBatch();
   /// register_comm_hook: before the first forward, once; the bucketed reducer only.
   void registerCommHook(std::shared_ptr<CommHook> hook);
   ProcessGroup& group();
@@ -155,6 +166,9 @@ class DistributedDataParallel {
   DdpEngine& engine() { return engine_; }
   /// `{ auto guard = model.noSync(); ...forward, backward... }`: accumulate without communicating.
   [[nodiscard]] DdpEngine::NoSync noSync() { return DdpEngine::NoSync(engine_); }
+  /// This rank has no batch for the step the others take (see DdpEngine::backwardWithoutBatch):
+  /// `if (b < myBatches) model(x).backward... else model.backwardWithoutBatch(); opt.step();`
+  void backwardWithoutBatch() { engine_.backwardWithoutBatch(); }
   /// `model.registerCommHook(ddp::powerSgdHook({.matrixApproximationRank = 2}))`, as
   /// register_comm_hook(state, powerSGD_hook): before the first forward, once.
   void registerCommHook(std::shared_ptr<CommHook> hook) { engine_.registerCommHook(std::move(hook)); }

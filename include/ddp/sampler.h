@@ -14,6 +14,10 @@ struct SamplerOptions {
   bool shuffle = true;    // reshuffled every epoch from seed + epoch
   uint64_t seed = 0;      // equal on every rank
   bool dropLast = false;  // false: pad by repeating the head, so every rank has as many samples
+  /// With dropLast false. true: PyTorch's padding. false: no sample twice and none dropped; rank r
+  /// gets ceil((N - r) / W) samples (the shards differ by at most one, the lower ranks holding
+  /// more): uneven inputs, for ddp::Join or DistributedDataParallel::backwardWithoutBatch().
+  bool pad = true;
 };
 
 /// For torch::data::make_data_loader use ddp::DataLoaderSampler (<ddp/data_loader.h>).
@@ -35,6 +39,8 @@ class DistributedSampler {
   /// `for (const auto& batch : sampler.epochBatches(epoch, 64)) { ... }`.
   std::vector<std::vector<int64_t>> epochBatches(int64_t epoch, int64_t batchSize, bool dropLast = false);
   int64_t numSamples() const;
+  /// numSamples() of rank `rank`: every rank knows every rank's share (pad = false).
+  int64_t numSamplesOf(int rank) const;
 
  private:
   struct Impl;

@@ -404,6 +404,16 @@ INSTANTIATE_TEST_SUITE_P(
                  "config: 'train.zero' shards the optimizer state over the ranks of mode ddp", 2},
         BadInput{"ZeroWithFusedAdamW", [](const Fixture& f) { return worker({"train.zero=true", "train.optimizer=adamw", "train.fused=true"}, f); },
                  "config: 'train.zero' steps each shard with LibTorch's SGD, Adam or AdamW; set train.fused: auto or false", 2},
+        // train.uneven_inputs (issue 26, 2).
+        BadInput{"UnevenInputsUnknown", [](const Fixture& f) { return worker({"train.uneven_inputs=skip"}, f); },
+                 "config: 'train.uneven_inputs' is 'skip'; use pad", 2},
+        BadInput{"UnevenInputsJoinInModeDp", [](const Fixture& f) { return worker({"mode=dp", "train.uneven_inputs=join"}, f, 1); },
+                 "config: 'train.uneven_inputs' join is for mode ddp", 2},
+        BadInput{"UnevenInputsJoinWithDropLast", [](const Fixture& f) { return worker({"train.uneven_inputs=join", "train.drop_last=true"}, f); },
+                 "config: 'train.uneven_inputs' join has nothing to join with train.drop_last: true", 2},
+        BadInput{"UnevenInputsJoinWithSyncBatchNorm",
+                 [](const Fixture& f) { return worker({"model.name=cnn", "model.batch_norm=true", "model.sync_batch_norm=true", "train.uneven_inputs=join"}, f); },
+                 "config: 'train.uneven_inputs' join cannot run with model.sync_batch_norm", 2},
         BadInput{"ZeroLossScale", [](const Fixture& f) { return worker({"train.precision=fp16", "train.loss_scale_init=0"}, f); },
                  "config: 'train.loss_scale_init' must be a positive finite number", 2},
         // Robustness, second round (issue 30).

@@ -57,6 +57,66 @@ TEST(PythonDdpRecipe, AdamWWarmupCosineClippingEndsWherePythonDdpEnds) {
   std::filesystem::remove_all(dir);
 }
 
+// train.uneven_inputs: join against PyTorch's Join (tests/python/join_worker_reference.py): 3 ranks
+// with unpadded shards of 33, 32 and 32 samples (5, 4 and 4 batches of 8), so ranks 1 and 2 join
+// each epoch's last step. SGD over 3 epochs and AdamW over 1 end with PyTorch's parameters on every
+// rank, every sample seen once per epoch (97, not the padded 99); AdamW over 2 epochs keeps the
+// replicas bit-equal (PyTorch's joined ranks skip the step, and their optimizer state lags).
+TEST(PythonJoin, UnevenInputsJoinEndsWherePyTorchsJoinEnds) {
+  const std::string dir = test::makeTempDir("py_join");
+  const auto py = test::runCommand(
+      {DDP_PYTHON, std::string(DDP_SOURCE_DIR) + "/tests/python/join_worker_reference.py", dir}, 300);
+  ASSERT_EQ(py.exitCode, 0) << py.output;
+  const auto s = nlohmann::json::parse(py.output.substr(py.output.rfind("{\"world\"")));
+  const int world = s["world"].get<int>();
+  auto worker = [&](const std::string& out, const nlohmann::json& run, int epochs) {
+    std::vector<std::string> args = {
+        DDP_LAUNCH_BIN, "--nproc_per_node=" + std::to_string(world), DDP_WORKER_BIN,
+        std::string(DDP_SOURCE_DIR) + "/configs/synthetic_mlp.yaml", "mode=ddp", "seed=" + s["seed"].dump(),
+        "data.name=tensors", "data.train_file=" + dir + "/train.pt", "data.test_file=" + dir + "/test.pt",
+        "data.classes=" + s["classes"].dump(), "init.model_path=" + dir + "/init.pt", "model.name=mlp",
+        "model.hidden=[" + s["hidden"].dump() + "]", "train.batch_size=" + s["batch_size"].dump(),
+        "train.epochs=" + std::to_string(epochs), "train.uneven_inputs=join", "train.lr=" + run["lr"].dump(),
+        "train.optimizer=" + run["optimizer"].get<std::string>(), "eval.enabled=false", "output.dir=" + dir + "/" + out,
+        "output.dump_rank_params=true"};
+    if (run["optimizer"] == "adamw") args.push_back("train.weight_decay=" + run["weight_decay"].dump());
+    else args.push_back("train.momentum=0");
+    return test::runCommand(args, 300);
+  };
+  const auto init = checkpoint::readStateDict(dir + "/init.pt");
+  const int64_t trainSize = s["train_size"].get<int64_t>();
+  for (const std::string name : {"sgd", "adamw"}) {
+    const nlohmann::json& run = s["runs"][name];
+    const int epochs = run["epochs"].get<int>();
+    const auto ours = worker(name, run, epochs);
+    ASSERT_EQ(ours.exitCode, 0) << ours.output;
+    const auto summary = nlohmann::json::parse(test::readFile(dir + "/" + name + "/summary.json"));
+    // Rank 0 (5 batches per epoch) never joined: its step count is every rank's here.
+    EXPECT_EQ(summary["steps"].get<int64_t>(), s["steps"][name][0].get<int64_t>()) << name;
+    EXPECT_EQ(summary["samples"].get<int64_t>(), epochs * trainSize) << name << ": every sample once per epoch";
+    const auto python = checkpoint::readStateDict(dir + "/python_" + name + ".pt");
+    for (int r = 0; r < world; ++r) {
+      const auto mine = checkpoint::readStateDict(dir + "/" + name + "/rank" + std::to_string(r) + "_params.pt");
+      ASSERT_EQ(mine.size(), python.size());
+      for (const auto& [key, want] : python) {
+        ASSERT_TRUE(mine.count(key)) << key;
+        const double diff = (mine.at(key) - want).abs().max().item<double>();
+        EXPECT_LT(diff, 1e-5) << name << ": rank " << r << " " << key << " differs from PyTorch's Join by " << diff;
+        EXPECT_GT((want - init.at(key)).abs().max().item<double>(), 1e-2) << key;
+      }
+    }
+  }
+  // Two epochs of AdamW: every rank stepped every step, so the replicas stay bit-equal.
+  const auto two = worker("adamw2", s["runs"]["adamw"], 2);
+  ASSERT_EQ(two.exitCode, 0) << two.output;
+  const auto rank0 = checkpoint::readStateDict(dir + "/adamw2/rank0_params.pt");
+  for (int r = 1; r < world; ++r) {
+    const auto mine = checkpoint::readStateDict(dir + "/adamw2/rank" + std::to_string(r) + "_params.pt");
+    for (const auto& [key, want] : rank0) EXPECT_TRUE(at::equal(mine.at(key), want)) << "rank " << r << " " << key;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 std::string fashionMnistRoot() {
   const char* root = std::getenv("DDP_FASHION_MNIST_ROOT");
   return root ? root : "/usr/share/datasets/fashion-mnist";

@@ -2,6 +2,7 @@
 // processes over Gloo): 3 ranks under ddp-launch (DDP_TEST_BACKEND shm or gloo) with 7, 10 and 13
 // batches finish together with the parameters and buffers PyTorch's ranks end with; the early
 // termination option stops every rank with one line; a Join around a group of one does nothing.
+// backwardWithoutBatch(), Join's static twin, against the same reference and the averaging formula.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ddp/ddp.h>
 #include <gtest/gtest.h>
@@ -152,6 +153,117 @@ TEST(Join, EvenInputsNeedNoShadowing) {
     torch::Tensor root = p.detach().clone();
     group().broadcast(root, 0);
     EXPECT_TRUE(torch::equal(root, p.detach()));
+  }
+}
+
+// backwardWithoutBatch() (uneven shards every rank knows): each rank steps 13 times, its batches
+// first, then steps without a batch. PyTorch's Join leaves a joined rank's optimizer behind and
+// hands every rank the last joiner's parameters at the end; here every rank steps alike, so each
+// ends with exactly those parameters (rank 2's, never joined) and its own running statistics (no
+// buffer broadcast: with it, PyTorch's buffers come from the highest rank still training, ours
+// from rank 0, which must hold a batch whenever another does).
+TEST(BackwardWithoutBatch, UnevenShardsEndWithTheModelOfPyTorchsJoin) {
+  const std::string name = "divide1_buffers0";
+  const int rank = group().rank();
+  Trained run{makeModel(), 0};
+  ddp::DdpOptions options;
+  options.broadcastBuffers = false;
+  ddp::DistributedDataParallel<torch::nn::Sequential> ddpModel(run.model, group(), options);
+  torch::optim::SGD opt(run.model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int b = 0; b < kBatches[2]; ++b) {
+    opt.zero_grad();
+    if (b < kBatches[rank]) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(100 * rank + b));
+      ddpModel(at::randn({5, 6}, gen)).pow(2).mean().backward();
+    } else {
+      ddpModel.backwardWithoutBatch();
+    }
+    opt.step();
+  }
+  const nlohmann::json& expected = reference().at(name).at("ranks").at(rank);
+  int compared = 0;
+  auto check = [&](const std::string& key, const torch::Tensor& t) {
+    if (!t.is_floating_point()) return;
+    ASSERT_TRUE(expected.contains(key)) << key;
+    const torch::Tensor want = torch::tensor(expected.at(key).get<std::vector<double>>(), torch::kDouble);
+    const double err = (t.detach().flatten().to(torch::kDouble) - want).abs().max().item<double>();
+    EXPECT_LE(err, kTolerance) << key << " differs from PyTorch's rank " << rank << " after Join";
+    ++compared;
+  };
+  for (const auto& p : run.model->named_parameters()) check(p.key(), p.value());
+  for (const auto& b : run.model->named_buffers()) check(b.key(), b.value());
+  EXPECT_EQ(compared, static_cast<int>(expected.size()));
+}
+
+// One step of two micro-batch slots in which rank r holds {2, 1, 0}[r] micro-batches (the ones it
+// lacks come last): after it every .grad is (1/3) * sum over ranks and held micro-batches of
+// grad(loss / 2), computed here from the formula with a plain copy of the model and every rank's
+// inputs; for the bucketed reducer (several buckets, also with find_unused_parameters and
+// gradient_as_bucket_view) and the flat one.
+class WithoutBatchAccumulated : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(WithoutBatchAccumulated, GradientsAreTheMeanOverTheMicroBatchesHeld) {
+  const std::string variant = GetParam();
+  const int held[] = {2, 1, 0};
+  const int rank = group().rank();
+  auto input = [](int r, int m) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(1000 + 10 * r + m));
+    return at::randn({5, 6}, gen);
+  };
+  // The formula, on a plain copy.
+  torch::nn::Sequential plain = makeModel();
+  for (int r = 0; r < 3; ++r) {
+    for (int m = 0; m < held[r]; ++m) (plain->forward(input(r, m)).pow(2).mean() / 2 / 3).backward();
+  }
+  ddp::DdpOptions options;
+  options.bucketCapMb = 1e-4;  // ~100 bytes: one bucket per parameter or so
+  options.firstBucketCapMb = 1e-4;
+  options.reducer = variant == "flat" ? "flat" : "bucketed";
+  options.findUnusedParameters = variant == "find_unused";
+  options.gradientAsBucketView = variant == "bucket_view";
+  torch::nn::Sequential model = makeModel();
+  ddp::DistributedDataParallel<torch::nn::Sequential> ddpModel(model, group(), options);
+  for (int step = 0; step < 2; ++step) {  // twice: the second starts from the first's state
+    for (auto& p : model->parameters()) {
+      if (p.grad().defined()) p.grad().zero_();
+    }
+    for (int m = 0; m < 2; ++m) {
+      if (m < held[rank]) {
+        std::optional<ddp::DdpEngine::NoSync> noSync;
+        if (m == 0) noSync.emplace(ddpModel.engine());
+        (ddpModel(input(rank, m)).pow(2).mean() / 2).backward();
+      } else if (m == 0) {
+        auto noSync = ddpModel.noSync();
+        ddpModel.backwardWithoutBatch();
+      } else {
+        ddpModel.backwardWithoutBatch();
+      }
+    }
+    const auto mine = model->named_parameters();
+    const auto want = plain->named_parameters();
+    int compared = 0;
+    for (const auto& p : mine) {
+      ASSERT_TRUE(p.value().grad().defined()) << p.key();
+      const double err = (p.value().grad() - want[p.key()].grad()).abs().max().item<double>();
+      EXPECT_LE(err, 1e-6) << variant << " step " << step << ": " << p.key() << "'s gradient on rank " << rank;
+      ++compared;
+    }
+    EXPECT_EQ(compared, 6);  // two Linear layers and the BatchNorm, weight and bias each
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(BackwardWithoutBatch, WithoutBatchAccumulated,
+                         ::testing::Values("bucketed", "flat", "find_unused", "bucket_view"));
+
+TEST(BackwardWithoutBatch, InsideAJoinIsRefusedWithOneLine) {
+  torch::nn::Sequential model = makeModel();
+  ddp::DistributedDataParallel<torch::nn::Sequential> ddpModel(model, group());
+  ddp::Join join(ddpModel);
+  try {
+    ddpModel.backwardWithoutBatch();
+    ADD_FAILURE() << "backwardWithoutBatch ran inside a Join";
+  } catch (const ddp::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("inside a ddp::Join"), std::string::npos) << e.what();
   }
 }
 

@@ -159,6 +159,40 @@ void expectConfigError(int64_t n, int64_t world, int64_t rank, const std::string
   }
 }
 
+// pad = false (uneven shards, for Join): every index exactly once over the ranks, rank r holding
+// ceil((N - r) / W) of them, each the start of its padded list (PyTorch's order, unpadded).
+TEST(DistributedSampler, UnpaddedShardsCoverEveryIndexOnce) {
+  for (int64_t n : kSizes) {
+    for (int64_t world : kWorlds) {
+      std::vector<int64_t> all;
+      for (int64_t r = 0; r < world; ++r) {
+        DistributedSamplerOptions options;
+        options.numReplicas = world;
+        options.rank = r;
+        options.seed = 7;
+        options.pad = false;
+        DistributedSampler unpadded(n, options);
+        unpadded.setEpoch(3);
+        const int64_t expected = n > r ? (n - r + world - 1) / world : 0;
+        EXPECT_EQ(unpadded.numSamples(), expected) << "n=" << n << " world=" << world << " rank=" << r;
+        for (int64_t q = 0; q < world; ++q) {
+          EXPECT_EQ(unpadded.numSamplesOf(q), n > q ? (n - q + world - 1) / world : 0);
+        }
+        const auto mine = unpadded.indices();
+        ASSERT_EQ(static_cast<int64_t>(mine.size()), expected);
+        auto padded = make(n, world, r, true, false, 7);
+        padded.setEpoch(3);
+        const auto head = padded.indices();
+        EXPECT_TRUE(std::equal(mine.begin(), mine.end(), head.begin())) << "n=" << n << " world=" << world;
+        all.insert(all.end(), mine.begin(), mine.end());
+      }
+      EXPECT_EQ(static_cast<int64_t>(all.size()), n);
+      std::sort(all.begin(), all.end());
+      for (int64_t i = 0; i < static_cast<int64_t>(all.size()); ++i) EXPECT_EQ(all[static_cast<size_t>(i)], i);
+    }
+  }
+}
+
 TEST(DistributedSampler, RejectsInvalidOptions) {
   expectConfigError(10, 4, 4, "invalid rank 4, rank should be in the interval [0, 3]");
   expectConfigError(10, 4, -1, "invalid rank -1");

@@ -112,6 +112,7 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("train.max_steps", "integer", c.train.maxSteps),
       bindField("train.shuffle", "boolean", c.train.shuffle),
       bindField("train.drop_last", "boolean", c.train.dropLast),
+      bindField("train.uneven_inputs", "string", c.train.unevenInputs),
       bindField("train.log_every", "integer", c.train.logEvery),
       bindField("train.accumulate_steps", "integer", c.train.accumulateSteps),
       bindField("train.skip_nonfinite_steps", "boolean", c.train.skipNonfiniteSteps),
@@ -388,6 +389,20 @@ void validate(const WorkerConfig& c) {
           "shards the optimizer state over the ranks of mode ddp; dp and single train in one process");
   require(!c.train.zero || c.train.fused != "true", "train.zero",
           "steps each shard with LibTorch's SGD, Adam or AdamW; set train.fused: auto or false");
+  require(c.train.unevenInputs == "pad" || c.train.unevenInputs == "join", "train.uneven_inputs",
+          "is '" + c.train.unevenInputs + "'; use pad (every rank the same number of batches, the sampler "
+          "repeats samples) or join (every sample once, ranks without a batch join the step with zeros)");
+  if (c.train.unevenInputs == "join") {
+    require(c.mode == Mode::kDdp, "train.uneven_inputs",
+            "join is for mode ddp (a process per rank, each with its own shard); dp and single train in one "
+            "process on all of the data; use pad");
+    require(!c.train.dropLast, "train.uneven_inputs",
+            "join has nothing to join with train.drop_last: true (every rank gets the same number of samples); "
+            "set one of them");
+    require(!c.model.syncBatchNorm, "train.uneven_inputs",
+            "join cannot run with model.sync_batch_norm: a rank without a batch has no forward to join "
+            "SyncBatchNorm's collectives with; use train.uneven_inputs: pad");
+  }
 }
 
 WorkerConfig build(const YAML::Node& root, const std::vector<std::string>& overrides,

@@ -55,6 +55,10 @@ struct TrainConfig {
   int64_t maxSteps = 0;    // stop after this many optimizer steps (0 = no limit)
   bool shuffle = true;     // DistributedSampler shuffle, reseeded with seed + epoch
   bool dropLast = false;   // DistributedSampler drop_last
+  // pad: the sampler repeats the head so every rank has as many batches (PyTorch's
+  // DistributedSampler); join: no sample twice, a rank without a batch for a step takes part with
+  // zero gradients (DistributedDataParallel::backwardWithoutBatch, PyTorch's Join).
+  std::string unevenInputs = "pad";
   int64_t logEvery = 20;   // steps between metrics.jsonl records
   int64_t accumulateSteps = 1;  // micro-batches per optimizer step; no communication until the last (no_sync)
   bool skipNonfiniteSteps = false;  // a NaN/Inf gradient skips that step (up to 10 in a row) instead of failing

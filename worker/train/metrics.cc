@@ -38,6 +38,7 @@ nlohmann::json trainingSummary(const WorkerConfig& config, const TrainResult& re
       {"skipped_steps", result.skippedSteps},
       {"precision", config.train.precision},
       {"samples", result.samples},
+      {"uneven_inputs", config.train.unevenInputs},
       {"train_seconds", result.trainSeconds},
       {"samples_per_s", result.samplesPerSecond},
       {"final_loss", result.finalLoss},

@@ -83,6 +83,12 @@ class DdpParallelism final : public Parallelism {
     engine_->afterForward({output});
     return output;
   }
+  void backwardWithoutBatch(bool lastMicroBatch) override {
+    if (!engine_) return;  // a group of one: every batch is this rank's
+    std::optional<DdpEngine::NoSync> noSync;
+    if (!lastMicroBatch) noSync.emplace(*engine_);
+    engine_->backwardWithoutBatch();
+  }
   bool lossNeedsAverage() const override { return engine_ != nullptr; }
   EvalCounts evaluate(const data::TensorDataset& test) override {
     return worker::evaluate(model_, test, device_, config_.eval.batchSize, group_, loading(0, false));

@@ -1,5 +1,7 @@
 #include "worker/train/training_loop.h"
 
+#include <ATen/ops/cat.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 #include <spdlog/spdlog.h>
@@ -28,6 +30,11 @@
 #include "worker/train/training_checkpointer.h"
 
 namespace ddp::worker {
+
+void Parallelism::backwardWithoutBatch(bool) {
+  DDP_THROW(Error, "train.uneven_inputs join: this mode has no ranks to join (it is for mode ddp)");
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -153,6 +160,7 @@ class TrainingRun {
   void record(const StepPlace& place, bool last);
   bool stopRequested(const TrainPosition& position);
   void finish();
+  int64_t samplesOverRanks(const StepPlace& place) const;
   ProgressPoint progressAt(const StepPlace& place, double loss, double rate) const;
 
   const WorkerConfig& config_;
@@ -167,6 +175,7 @@ class TrainingRun {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::optional<LrSchedule> schedule_;
   const c10::Device device_;
+  const bool join_;  // train.uneven_inputs join (world > 1): unpadded shards, ranks without a batch join
   const at::ScalarType autocastDtype_;  // kFloat: fp32, no autocast
   std::optional<GradScaler> scaler_;    // train.precision: fp16
   at::Tensor scalerSkips_;              // fp16: steps the scaler skipped, in all and in a row (device)
@@ -186,6 +195,8 @@ class TrainingRun {
   int64_t windowSamples_ = 0;
   int64_t skippedInARow_ = 0;
   int64_t perEpoch_ = 0;
+  std::size_t epochBatches_ = 0;  // micro-batch slots per epoch: rank 0's batches (it holds the most)
+  int64_t stepRankSamples_ = 0;   // this rank's samples in the last step (join: the logged loss's weight)
   int64_t jobSteps_ = 0;
   double shownLoss_ = 0;
   double shownRate_ = 0;
@@ -200,8 +211,9 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
     : config_(config), train_(config.train), data_(data), parallelism_(parallelism), group_(parallelism.group()),
       rank_(group_.rank()), world_(group_.size()), module_(parallelism.module()),
       params_(module_.parameters(/*recurse=*/true)),
-      optimizer_(makeOptimizer(train_, params_, device, group_)), device_(device), autocastDtype_(autocastDtype(train_.precision)),
-      sampler_(data.train.size(), world_, rank_, {train_.shuffle, config.seed, train_.dropLast}),
+      optimizer_(makeOptimizer(train_, params_, device, group_)), device_(device),
+      join_(train_.unevenInputs == "join" && world_ > 1), autocastDtype_(autocastDtype(train_.precision)),
+      sampler_(data.train.size(), world_, rank_, {train_.shuffle, config.seed, train_.dropLast, /*pad=*/!join_}),
       checkpointer_(config, group_),
       bar_(rank_ == 0 && progressBarWanted(), std::getenv("DDP_LAUNCH_PREFIXED") != nullptr) {
   if (rank_ == 0) checkpoint::makeDirectories(config_.output.dir);
@@ -228,8 +240,10 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
   stopFlag_ = at::zeros({1}, at::TensorOptions().device(group_.collectiveDevice()));
   lossForLog_ = at::zeros({1}, at::TensorOptions().device(parallelism.lossDevice()));
   done_ = train_.maxSteps > 0 && result_.steps >= train_.maxSteps;
-  // Progress for people (rank 0): every epoch has the same number of batches (the sampler pads).
-  perEpoch_ = stepsPerEpoch((sampler_.numSamples() + train_.batchSize - 1) / train_.batchSize, train_.accumulateSteps);
+  // Every rank takes as many steps per epoch: the sampler pads, or (join) the ranks short of a batch
+  // join the others' steps; rank 0's shard is the largest.
+  epochBatches_ = static_cast<std::size_t>((sampler_.numSamplesOf(0) + train_.batchSize - 1) / train_.batchSize);
+  perEpoch_ = stepsPerEpoch(static_cast<int64_t>(epochBatches_), train_.accumulateSteps);
   jobSteps_ = totalSteps(train_.epochs, perEpoch_, train_.maxSteps);
   schedule_.emplace(makeSchedule(train_, jobSteps_));
   lr_ = schedule_->at(result_.steps);
@@ -268,13 +282,13 @@ void TrainingRun::runEpoch(int64_t epoch) {
       parallelism_.loading(epoch, /*training=*/true));
   // An optimizer step takes `accumulate` micro-batches (fewer at the end of an epoch);
   // only the last one's backward communicates (DDP's no_sync for the others).
-  for (std::size_t first = startBatch; first < batches.size(); first += accumulate) {
-    const StepPlace place{epoch, first, std::min<std::size_t>(accumulate, batches.size() - first), batches.size()};
-    const int64_t stepRankSamples = accumulateAndStep(batches, loader, place);
+  for (std::size_t first = startBatch; first < epochBatches_; first += accumulate) {
+    const StepPlace place{epoch, first, std::min<std::size_t>(accumulate, epochBatches_ - first), epochBatches_};
+    stepRankSamples_ = accumulateAndStep(batches, loader, place);
     ++result_.steps;
     ++runSteps_;
-    // Every rank's batch has the same size (the sampler pads), so this is exact.
-    const int64_t stepSamples = stepRankSamples * world_;
+    // Padded, every rank's batch has the same size; join: every rank knows every rank's share.
+    const int64_t stepSamples = join_ ? samplesOverRanks(place) : stepRankSamples_ * world_;
     result_.samples += stepSamples;
     runSamples_ += stepSamples;
     windowSamples_ += stepSamples;
@@ -304,7 +318,10 @@ int64_t TrainingRun::accumulateAndStep(const std::vector<std::vector<int64_t>>& 
     c10::NoGradGuard noGrad;
     lossForLog_.zero_();
   }
-  for (std::size_t m = 0; m < place.count; ++m) {
+  // join: this rank's shard may end before the step's slots do (by at most one batch).
+  const std::size_t held =
+      place.first < batches.size() ? std::min(place.count, batches.size() - place.first) : std::size_t{0};
+  for (std::size_t m = 0; m < held; ++m) {
     const auto& batch = batches[place.first + m];
     const data::Batch b = loader.next();  // batches[first + m], on device
     const at::Tensor y = b.labels.to(parallelism_.lossDevice());
@@ -317,12 +334,21 @@ int64_t TrainingRun::accumulateAndStep(const std::vector<std::vector<int64_t>>& 
     }
     {
       c10::NoGradGuard noGrad;
-      lossForLog_.add_(loss.detach().reshape({1}), 1.0 / static_cast<double>(place.count));
+      // join: weighted by samples (the shards' last batches differ); padded: the micro-batches' mean.
+      lossForLog_.add_(loss.detach().reshape({1}),
+                       join_ ? static_cast<double>(batch.size()) : 1.0 / static_cast<double>(place.count));
     }
     stepRankSamples += static_cast<int64_t>(batch.size());
     if (place.count > 1) loss = loss / static_cast<double>(place.count);
     if (scaler_) scaler_->scale(loss).backward();
     else loss.backward();
+  }
+  // The slots this rank has no batch for: the others' collectives, with zeros; the missing micro-
+  // batches count as zero loss, as a joined rank's do in PyTorch's Join.
+  for (std::size_t m = held; m < place.count; ++m) parallelism_.backwardWithoutBatch(m + 1 == place.count);
+  if (join_ && stepRankSamples > 0) {
+    c10::NoGradGuard noGrad;
+    lossForLog_.div_(static_cast<double>(stepRankSamples));
   }
   // fp16: the true gradients (and one found-inf flag for every rank) before the norm is taken.
   if (scaler_) scaler_->unscale_(*optimizer_);
@@ -384,6 +410,19 @@ void TrainingRun::applyOrSkip(int64_t epoch) {
   }
 }
 
+// join: the samples every rank consumed in `place`'s micro-batch slots (rank r's shard is known
+// everywhere: its first numSamplesOf(r) positions, cut into batches).
+int64_t TrainingRun::samplesOverRanks(const StepPlace& place) const {
+  const int64_t from = static_cast<int64_t>(place.first) * train_.batchSize;
+  const int64_t to = static_cast<int64_t>(place.first + place.count) * train_.batchSize;
+  int64_t total = 0;
+  for (int r = 0; r < world_; ++r) {
+    const int64_t n = sampler_.numSamplesOf(r);
+    total += std::min(n, to) - std::min(n, from);
+  }
+  return total;
+}
+
 ProgressPoint TrainingRun::progressAt(const StepPlace& place, double loss, double rate) const {
   const int64_t accumulate = train_.accumulateSteps;
   return ProgressPoint{result_.steps, jobSteps_, place.epoch, train_.epochs,
@@ -397,9 +436,16 @@ void TrainingRun::record(const StepPlace& place, bool last) {
   const bool finalStep = last || (place.epoch + 1 == train_.epochs && place.epochEnded());
   if (parallelism_.lossNeedsAverage() && (logStep || finalStep)) {
     // The gradient sync carries only gradients; the loss is averaged here (every rank logs alike).
-    group_.allReduceSum(lossForLog_);
     c10::NoGradGuard noGrad;
-    lossForLog_.div_(world_);
+    if (join_) {  // weighted by each rank's samples in the step (a rank without any adds nothing)
+      const double weight = static_cast<double>(stepRankSamples_);
+      at::Tensor pair = at::cat({lossForLog_ * weight, at::full({1}, weight, lossForLog_.options())});
+      group_.allReduceSum(pair);
+      lossForLog_.copy_(pair.slice(0, 0, 1) / pair.slice(0, 1, 2).clamp_min(1));
+    } else {
+      group_.allReduceSum(lossForLog_);
+      lossForLog_.div_(world_);
+    }
   }
   if (logStep) {
     checkScalerSkips();

@@ -36,6 +36,10 @@ class Parallelism {
   virtual data::LoaderOptions loading(int64_t epoch, bool training) const = 0;
   /// The model's output on `x`; `lastMicroBatch` false: this backward must only accumulate.
   virtual at::Tensor forward(const at::Tensor& x, bool lastMicroBatch) = 0;
+  /// train.uneven_inputs join: in place of forward and backward for a micro-batch this rank does
+  /// not have while others do; lastMicroBatch true: the step's gradient sync, with this rank's
+  /// accumulated (or zero) gradients.
+  virtual void backwardWithoutBatch(bool lastMicroBatch);
   /// Whether the logged loss still needs averaging over ranks (the gradient sync carries gradients only).
   virtual bool lossNeedsAverage() const { return false; }
   /// Correct predictions over the whole test set (a collective in ddp).
