@@ -335,6 +335,7 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
       state.globalStep = position.globalStep;
       state.samples = position.samples;
       state.worldSize = comm.size();
+      if (position.epochSamples >= 0) state.epochSamples = position.epochSamples;
       state.seed = static_cast<int64_t>(options_.seed);
       state.cpuRng = checkpoint::cpuRngState();
       state.cudaRng = std::move(cudaRng);
@@ -431,11 +432,20 @@ TrainPosition Checkpointer::resumeFrom(const std::string& path, torch::nn::Modul
     spdlog::warn("resume: {} holds no CUDA generator state for rank {}; its GPU generator keeps the seed", path,
                  comm.rank());
   }
-  TrainPosition position{state.epoch, state.stepInEpoch, state.globalStep, state.samples};
-  if (state.worldSize != comm.size()) {
-    // The sampler's shards depend on the world size: the saved position means nothing now.
+  TrainPosition position{state.epoch, state.stepInEpoch, state.globalStep, state.samples,
+                         state.epochSamples.value_or(-1)};
+  if (state.worldSize != comm.size() && position.epochSamples >= 0) {
+    // The position is global (positions of the epoch's permutation): the new world continues it.
     if (comm.rank() == 0) {
-      spdlog::warn("resume: {} was written by {} ranks, this job has {}; restarting epoch {} from its first batch",
+      spdlog::info("resume: {} was written by {} ranks, this job has {}; epoch {} continues after the {} samples of "
+                   "its permutation already seen, dealt out over the {} ranks",
+                   path, state.worldSize, comm.size(), state.epoch, position.epochSamples, comm.size());
+    }
+  } else if (state.worldSize != comm.size()) {
+    // An older checkpoint: the shards depend on the world size, so the saved step means nothing now.
+    if (comm.rank() == 0) {
+      spdlog::warn("resume: {} was written by {} ranks, this job has {}, and predates global sample positions; "
+                   "restarting epoch {} from its first batch",
                    path, state.worldSize, comm.size(), state.epoch);
     }
     position.stepInEpoch = 0;

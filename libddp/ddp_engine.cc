@@ -244,6 +244,7 @@ DistributedSampler::DistributedSampler(DistributedSampler&&) noexcept = default;
 DistributedSampler& DistributedSampler::operator=(DistributedSampler&&) noexcept = default;
 
 void DistributedSampler::setEpoch(int64_t epoch) { impl_->sampler.setEpoch(epoch); }
+void DistributedSampler::setEpoch(int64_t epoch, int64_t start) { impl_->sampler.setEpoch(epoch, start); }
 std::vector<int64_t> DistributedSampler::indices() const { return impl_->sampler.indices(); }
 int64_t DistributedSampler::numSamples() const { return impl_->sampler.numSamples(); }
 int64_t DistributedSampler::numSamplesOf(int rank) const { return impl_->sampler.numSamplesOf(rank); }

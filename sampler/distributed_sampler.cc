@@ -43,9 +43,20 @@ int64_t DistributedSampler::numSamplesOf(int64_t rank) const {
     DDP_THROW(ConfigError, "DistributedSampler::numSamplesOf: rank ", rank, " is outside [0, ", options_.numReplicas - 1,
               "]");
   }
-  // Unpadded: the positions rank, rank + R, ... below N.
-  if (unpadded()) return datasetSize_ > rank ? (datasetSize_ - rank + options_.numReplicas - 1) / options_.numReplicas : 0;
-  return computeNumSamples(datasetSize_, options_.numReplicas, options_.dropLast);
+  const int64_t rest = datasetSize_ - start_;  // the positions still to deal out
+  // Unpadded: the positions start + rank, start + rank + R, ... below N.
+  if (unpadded()) return rest > rank ? (rest - rank + options_.numReplicas - 1) / options_.numReplicas : 0;
+  return computeNumSamples(rest, options_.numReplicas, options_.dropLast);
+}
+
+void DistributedSampler::setEpoch(int64_t epoch, int64_t start) {
+  if (start < 0 || start > datasetSize_) {
+    DDP_THROW(ConfigError, "DistributedSampler::setEpoch: start ", start, " is outside [0, ", datasetSize_,
+              "] (the positions of the epoch already consumed)");
+  }
+  epoch_ = epoch;
+  start_ = start;
+  numSamples_ = numSamplesOf(options_.rank);
 }
 
 std::vector<int64_t> DistributedSampler::indices() const {
@@ -72,7 +83,7 @@ std::vector<int64_t> DistributedSampler::indices() const {
   std::vector<int64_t> mine;
   mine.reserve(static_cast<size_t>(numSamples_));
   for (int64_t i = 0; i < numSamples_; ++i) {
-    const int64_t p = options_.rank + i * options_.numReplicas;
+    const int64_t p = start_ + options_.rank + i * options_.numReplicas;
     mine.push_back(order[static_cast<size_t>(p % n)]);
   }
   return mine;

@@ -28,8 +28,13 @@ class DistributedSampler {
 
   /// Selects the epoch whose shuffle indices() returns; call before every epoch
   /// or every epoch sees the same order (as with Python's set_epoch).
-  void setEpoch(int64_t epoch) { epoch_ = epoch; }
+  /// `start`: how many positions of the epoch's permutation were already consumed (by a run of
+  /// any world size, e.g. before a resume); the rest, positions start, start + 1, ..., is dealt
+  /// out to this world's ranks round-robin (padded with the permutation's head, or dropped, or
+  /// unpadded, as the options say). 0: PyTorch's epoch. Throws ConfigError outside [0, size].
+  void setEpoch(int64_t epoch, int64_t start = 0);
   int64_t epoch() const { return epoch_; }
+  int64_t start() const { return start_; }
 
   /// This rank's dataset indices for the current epoch, numSamples() of them.
   std::vector<int64_t> indices() const;
@@ -41,7 +46,7 @@ class DistributedSampler {
   int64_t numSamplesOf(int64_t rank) const;
   /// The epoch's length over all ranks: numSamples() * numReplicas, padded or truncated
   /// (pad = false: the dataset size).
-  int64_t totalSize() const { return unpadded() ? datasetSize_ : numSamples_ * options_.numReplicas; }
+  int64_t totalSize() const { return unpadded() ? datasetSize_ - start_ : numSamples_ * options_.numReplicas; }
   int64_t datasetSize() const { return datasetSize_; }
   const DistributedSamplerOptions& options() const { return options_; }
 
@@ -52,6 +57,7 @@ class DistributedSampler {
   DistributedSamplerOptions options_;
   int64_t numSamples_;
   int64_t epoch_ = 0;
+  int64_t start_ = 0;
 };
 
 }  // namespace ddp::sampler

@@ -30,6 +30,11 @@ struct TrainPosition {
   int64_t stepInEpoch = 0;  // optimizer steps already done in `epoch`
   int64_t globalStep = 0;   // optimizer steps done in total
   int64_t samples = 0;      // samples consumed, all ranks
+  /// Positions of `epoch`'s permutation consumed, all ranks (padding included): a resume at any
+  /// world size continues with the next one (DistributedSampler::setEpoch(epoch, epochSamples)).
+  /// -1: not known (a checkpoint written before it existed); then only the same world size
+  /// resumes in the epoch, another restarts it.
+  int64_t epochSamples = -1;
 };
 
 struct CheckpointOptions {

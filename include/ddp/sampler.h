@@ -31,6 +31,12 @@ class DistributedSampler {
 
   /// Call before every epoch, or every epoch sees the same order (Python's set_epoch).
   void setEpoch(int64_t epoch);
+  /// An epoch resumed part-way, at this or another world size: `start` positions of the epoch's
+  /// permutation were consumed already (TrainPosition::epochSamples of the checkpoint), and the
+  /// rest is dealt out over this group's ranks round-robin, so no sample of the epoch is seen twice
+  /// or skipped (besides the padding at the epoch's end, from the permutation's head). At the same
+  /// world size the shards continue exactly where the interrupted run's were.
+  void setEpoch(int64_t epoch, int64_t start);
   /// This rank's indices for the current epoch (numSamples() of them).
   std::vector<int64_t> indices() const;
   /// indices() cut into batches of `batchSize` (the last one shorter unless dropLast).

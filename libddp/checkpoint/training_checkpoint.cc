@@ -84,6 +84,10 @@ uint32_t checksumOf(const TrainingState& s) {
   crc.add(static_cast<int64_t>(s.cudaRng.size()));
   for (const auto& t : s.cudaRng) crc.add(t);
   crc.add(s.config);
+  if (s.epochSamples) {  // absent in files written before it existed
+    crc.add(std::string("epoch_samples"));
+    crc.add(*s.epochSamples);
+  }
   if (s.scaler) {  // absent in fp32/bf16 runs (and in files written before it existed)
     crc.add(std::string("scaler"));
     for (double v : {s.scaler->scale, s.scaler->growthFactor, s.scaler->backoffFactor}) crc.add(&v, sizeof v);
@@ -106,6 +110,7 @@ void saveTrainingCheckpoint(const TrainingState& s, const std::string& path) {
   pySet(*progress, "samples", pyInt(s.samples));
   pySet(*progress, "world_size", pyInt(s.worldSize));
   pySet(*progress, "seed", pyInt(s.seed));
+  if (s.epochSamples) pySet(*progress, "epoch_samples", pyInt(*s.epochSamples));
   pySet(*root, "progress", progress);
   NamedTensors rng;
   if (s.cpuRng.defined()) rng.emplace_back("cpu", s.cpuRng);
@@ -148,6 +153,7 @@ TrainingState loadTrainingCheckpoint(const std::string& path) {
   s.samples = intField(progress, "samples", path);
   s.worldSize = intField(progress, "world_size", path);
   s.seed = intField(progress, "seed", path);
+  if (progress.get("epoch_samples") != nullptr) s.epochSamples = intField(progress, "epoch_samples", path);
   for (const auto& [name, t] : tensorEntries(*root->get("rng"))) {
     if (name == "cpu") s.cpuRng = t;
     else s.cudaRng.push_back(t);

@@ -33,6 +33,8 @@ struct TrainingState {
   int64_t globalStep = 0;    // optimizer steps since the start of training
   int64_t samples = 0;       // training samples consumed, all ranks
   int64_t worldSize = 1;     // the sampler's shards depend on it
+  std::optional<int64_t> epochSamples;  // positions of the epoch's permutation consumed, all ranks
+                                        // (absent in files written before it existed)
   int64_t seed = 0;
   at::Tensor cpuRng;                // the default CPU generator's state
   std::vector<at::Tensor> cudaRng;  // rank r's own GPU generator at [r] (empty on CPU)

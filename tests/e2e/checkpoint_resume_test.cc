@@ -4,7 +4,9 @@
 // from Python evaluates to Python's accuracy.
 #include <gtest/gtest.h>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/randperm.h>
 #include <nlohmann/json.hpp>
 
 #include <poll.h>
@@ -18,6 +20,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <sstream>
 
 #include "ddp/amp.h"
 #include "tests/e2e/run_command.h"
@@ -182,6 +186,81 @@ TEST(Zero, ShardedEqualsUnshardedModelAndCheckpoint) {
 TEST(ExactResumeDp, StoppedAndResumedEqualsUninterruptedBitwise) {
   checkExactResume(1, {"mode=dp", "dp.replicas=2", "train.batch_size=16"});
 }
+
+// Resume at another world size continues the epoch from the next unseen sample (issue 29, 3):
+// 100 samples, batch 4; 4 ranks stop after step 5 (checkpoint at 4: epoch 0, 64 positions of its
+// permutation consumed), 2 ranks resume and stop after step 12 (checkpoint at 12: epoch 1, 24
+// consumed), 3 ranks resume and finish 3 epochs. The batches each run trained on up to its last
+// checkpoint (output.sample_log) make up every epoch: each sample exactly once, plus (pad) the
+// padding of the epoch's last deal, which repeats the head of that epoch's permutation
+// (torch.randperm(100, seed + epoch), PyTorch's DistributedSampler order); join pads nothing.
+class ResumeAtAnotherWorldSize : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ResumeAtAnotherWorldSize, EveryEpochSeesEverySampleOnce) {
+  const std::string uneven = GetParam();
+  const std::string base = tempDir();
+  const int64_t n = 100, batch = 4, seed = 5;
+  auto run = [&](int world, const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> a = {kConfig, "seed=" + std::to_string(seed), "model.hidden=[16]",
+                                  "data.synthetic_train=" + std::to_string(n), "data.synthetic_test=32",
+                                  "train.batch_size=" + std::to_string(batch), "train.epochs=3",
+                                  "train.uneven_inputs=" + uneven, "eval.enabled=false", "output.sample_log=true",
+                                  "output.dir=" + base + "/" + name, "checkpoint.dir=" + base + "/ckpt",
+                                  "checkpoint.every_steps=2"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return launch(world, a);
+  };
+  const auto a = run(4, "a", {"train.max_steps=5"});
+  ASSERT_EQ(a.exitCode, 0) << a.output;
+  const auto b = run(2, "b", {"train.max_steps=12", "resume=auto"});
+  ASSERT_EQ(b.exitCode, 0) << b.output;
+  EXPECT_NE(b.output.find("was written by 4 ranks, this job has 2; epoch 0 continues after the 64 samples"),
+            std::string::npos) << b.output;
+  const auto c = run(3, "c", {"resume=auto"});
+  ASSERT_EQ(c.exitCode, 0) << c.output;
+  EXPECT_NE(c.output.find("was written by 2 ranks, this job has 3; epoch 1 continues after the 24 samples"),
+            std::string::npos) << c.output;
+  // Steps: 4 at world 4; epoch 0's other 36 samples at world 2 (18 per rank: 5 steps), epoch 1 at
+  // world 2 to step 12; its other 76 samples at world 3 (26 per rank, 7 steps), epoch 2 at world 3
+  // (34 per rank: 9 steps).
+  const auto summary = nlohmann::json::parse(test::readFile(base + "/c/summary.json"));
+  EXPECT_EQ(summary["steps"].get<int64_t>(), 4 + 5 + 3 + 7 + 9);
+
+  // Each run's batches up to the checkpoint the next run resumed from (later ones are redone).
+  std::map<int64_t, std::vector<int64_t>> seen;  // epoch → indices
+  struct Part { std::string name; int world; int64_t firstStep, lastStep; };
+  for (const Part& part : {Part{"a", 4, 1, 4}, Part{"b", 2, 5, 12}, Part{"c", 3, 13, 1000}}) {
+    for (int r = 0; r < part.world; ++r) {
+      std::ifstream in(base + "/" + part.name + "/samples_rank" + std::to_string(r) + ".txt");
+      ASSERT_TRUE(in) << part.name << " rank " << r;
+      std::string line;
+      while (std::getline(in, line)) {
+        std::istringstream fields(line);
+        int64_t epoch = 0, step = 0, index = 0;
+        fields >> epoch >> step;
+        if (step < part.firstStep || step > part.lastStep) continue;
+        while (fields >> index) seen[epoch].push_back(index);
+      }
+    }
+  }
+  ASSERT_EQ(seen.size(), 3u);
+  // pad: the last deal of epoch 0 (36 at world 2) pads nothing, of epoch 1 (76 at world 3) and
+  // epoch 2 (100 at world 3) 2 each, from the head of the epoch's permutation.
+  const std::map<int64_t, int64_t> padding = {{0, 0}, {1, uneven == "pad" ? 2 : 0}, {2, uneven == "pad" ? 2 : 0}};
+  for (auto& [epoch, indices] : seen) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed + epoch));
+    const at::Tensor order = at::randperm(n, gen);
+    std::vector<int64_t> expected(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) expected[static_cast<size_t>(i)] = i;
+    for (int64_t p = 0; p < padding.at(epoch); ++p) expected.push_back(order[p].item<int64_t>());
+    std::sort(expected.begin(), expected.end());
+    std::sort(indices.begin(), indices.end());
+    EXPECT_EQ(indices, expected) << "epoch " << epoch << " (" << uneven << "): " << indices.size() << " samples seen";
+  }
+  fs::remove_all(base);
+}
+
+INSTANTIATE_TEST_SUITE_P(UnevenInputs, ResumeAtAnotherWorldSize, ::testing::Values("pad", "join"));
 
 TEST(CheckpointSchedule, EveryEpochSavesAtEpochEndsAsTheStartOfTheNext) {
   const std::string base = tempDir();

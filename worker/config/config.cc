@@ -143,6 +143,7 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("output.dir", "string", c.output.dir),
       bindField("output.export", "string", c.output.exportName),
       bindField("output.dump_rank_params", "boolean", c.output.dumpRankParams),
+      bindField("output.sample_log", "boolean", c.output.sampleLog),
       bindField("output.tensorboard", "boolean", c.output.tensorboard),
       bindField("comm.timeout_s", "number", c.comm.timeoutS),
       bindField("comm.reducer", "string", c.comm.reducer),

@@ -97,6 +97,8 @@ struct OutputConfig {
   std::string dir = "out";             // metrics.jsonl, summary.json, the export
   std::string exportName = "model.pt"; // state_dict with plain keys, loads in Python's torch.load
   bool dumpRankParams = false;         // every rank writes rank<R>_params.pt (for tests)
+  bool sampleLog = false;              // every rank appends the indices of each batch it trains on to
+                                       // dir/samples_rank<R>.txt (an audit of what each epoch saw)
   bool tensorboard = false;            // rank 0 writes TensorBoard event files to dir/tensorboard
 };
 

@@ -15,6 +15,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 
@@ -161,6 +162,8 @@ class TrainingRun {
   bool stopRequested(const TrainPosition& position);
   void finish();
   int64_t samplesOverRanks(const StepPlace& place) const;
+  int64_t resumedStart() const;
+  int64_t epochBatchesFrom(int64_t epoch, int64_t start);
   ProgressPoint progressAt(const StepPlace& place, double loss, double rate) const;
 
   const WorkerConfig& config_;
@@ -185,6 +188,7 @@ class TrainingRun {
   TrainingCheckpointer checkpointer_;
   TrainPosition resumed_;
   MetricsWriter metrics_;
+  std::ofstream sampleLog_;  // output.sample_log
   TrainResult result_;
   std::unique_ptr<tensorboard::EventWriter> board_;  // output.tensorboard: the scalars
                                                      // torch.utils.tensorboard users log, from rank 0
@@ -194,8 +198,11 @@ class TrainingRun {
   int64_t runSteps_ = 0;
   int64_t windowSamples_ = 0;
   int64_t skippedInARow_ = 0;
-  int64_t perEpoch_ = 0;
-  std::size_t epochBatches_ = 0;  // micro-batch slots per epoch: rank 0's batches (it holds the most)
+  int64_t perEpoch_ = 0;           // optimizer steps in a whole epoch
+  std::size_t epochBatches_ = 0;   // micro-batch slots in this epoch (from its start): rank 0's batches
+                                   // (it holds the most)
+  int64_t epochStart_ = 0;         // positions of this epoch's permutation consumed before this run
+  int64_t epochStepOffset_ = 0;    // optimizer steps of this epoch taken before this run
   int64_t stepRankSamples_ = 0;   // this rank's samples in the last step (join: the logged loss's weight)
   int64_t jobSteps_ = 0;
   double shownLoss_ = 0;
@@ -242,11 +249,23 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
   done_ = train_.maxSteps > 0 && result_.steps >= train_.maxSteps;
   // Every rank takes as many steps per epoch: the sampler pads, or (join) the ranks short of a batch
   // join the others' steps; rank 0's shard is the largest.
-  epochBatches_ = static_cast<std::size_t>((sampler_.numSamplesOf(0) + train_.batchSize - 1) / train_.batchSize);
-  perEpoch_ = stepsPerEpoch(static_cast<int64_t>(epochBatches_), train_.accumulateSteps);
+  perEpoch_ = stepsPerEpoch(epochBatchesFrom(0, 0), train_.accumulateSteps);
   jobSteps_ = totalSteps(train_.epochs, perEpoch_, train_.maxSteps);
+  if (result_.steps > 0 && resumed_.epoch < train_.epochs) {
+    // Resumed: the steps taken, the rest of the interrupted epoch at this world size, whole epochs
+    // after it (the same total as an uninterrupted run when the world size did not change).
+    const int64_t left = stepsPerEpoch(epochBatchesFrom(resumed_.epoch, resumedStart()), train_.accumulateSteps);
+    const int64_t all = result_.steps + left + perEpoch_ * (train_.epochs - resumed_.epoch - 1);
+    jobSteps_ = train_.maxSteps > 0 ? std::min(all, train_.maxSteps) : all;
+  }
   schedule_.emplace(makeSchedule(train_, jobSteps_));
   lr_ = schedule_->at(result_.steps);
+  if (config_.output.sampleLog) {
+    checkpoint::makeDirectories(config_.output.dir);
+    const std::string path = config_.output.dir + "/samples_rank" + std::to_string(rank_) + ".txt";
+    sampleLog_.open(path, std::ios::app);
+    if (!sampleLog_) DDP_THROW(ConfigError, "config: 'output.sample_log': cannot write '", path, "'; fix output.dir");
+  }
   if (rank_ == 0 && config_.output.tensorboard) {
     board_ = std::make_unique<tensorboard::EventWriter>(config_.output.dir + "/tensorboard");
   }
@@ -268,21 +287,18 @@ TrainResult TrainingRun::run() {
 
 void TrainingRun::runEpoch(int64_t epoch) {
   const int64_t accumulate = train_.accumulateSteps;
-  sampler_.setEpoch(epoch);
+  // A resumed epoch continues after the samples of its permutation already seen, at any world size
+  // (at the same one, exactly where the interrupted run's shards were).
+  epochStart_ = epoch == resumed_.epoch ? resumedStart() : 0;
+  epochStepOffset_ = epoch == resumed_.epoch && epochStart_ > 0 ? resumed_.stepInEpoch : 0;
+  epochBatches_ = static_cast<std::size_t>(epochBatchesFrom(epoch, epochStart_));
   const auto batches = sampler_.batches(train_.batchSize, /*dropLast=*/false);
   module_.train();
-  // A resumed epoch continues at the exact batch where the checkpoint was taken.
-  const std::size_t startBatch =
-      epoch == resumed_.epoch ? static_cast<std::size_t>(resumed_.stepInEpoch * accumulate) : 0;
-  // The batches from there on, made ahead by the loader's threads (data.num_workers).
-  data::BatchLoader loader(
-      data_.train,
-      std::vector<std::vector<int64_t>>(batches.begin() + static_cast<std::ptrdiff_t>(std::min(startBatch, batches.size())),
-                                        batches.end()),
-      parallelism_.loading(epoch, /*training=*/true));
+  // Made ahead by the loader's threads (data.num_workers).
+  data::BatchLoader loader(data_.train, batches, parallelism_.loading(epoch, /*training=*/true));
   // An optimizer step takes `accumulate` micro-batches (fewer at the end of an epoch);
   // only the last one's backward communicates (DDP's no_sync for the others).
-  for (std::size_t first = startBatch; first < epochBatches_; first += accumulate) {
+  for (std::size_t first = 0; first < epochBatches_; first += accumulate) {
     const StepPlace place{epoch, first, std::min<std::size_t>(accumulate, epochBatches_ - first), epochBatches_};
     stepRankSamples_ = accumulateAndStep(batches, loader, place);
     ++result_.steps;
@@ -294,10 +310,15 @@ void TrainingRun::runEpoch(int64_t epoch) {
     windowSamples_ += stepSamples;
     const bool last = train_.maxSteps > 0 && result_.steps >= train_.maxSteps;
     record(place, last);
+    // Every rank consumed the same count of its positions (join: or all of them), so the epoch's
+    // consumed positions are the first epochStart_ + world × batches × batch_size.
+    const int64_t consumed = std::min<int64_t>(
+        data_.train.size(), epochStart_ + static_cast<int64_t>(world_) * static_cast<int64_t>(first + place.count) *
+                                               train_.batchSize);
     const TrainPosition position =
-        place.epochEnded() ? TrainPosition{epoch + 1, 0, result_.steps, result_.samples}
-                           : TrainPosition{epoch, static_cast<int64_t>(first / accumulate) + 1, result_.steps,
-                                           result_.samples};
+        place.epochEnded() ? TrainPosition{epoch + 1, 0, result_.steps, result_.samples, 0}
+                           : TrainPosition{epoch, epochStepOffset_ + static_cast<int64_t>(first / accumulate) + 1,
+                                           result_.steps, result_.samples, consumed};
     checkpointer_.maybeSave(module_, *optimizer_, position, place.epochEnded(), scaler_ ? &*scaler_ : nullptr);
     if (((world_ == 1 || result_.steps % kStopCheckEvery == 0 || place.epochEnded()) && stopRequested(position)) ||
         last) {
@@ -323,6 +344,11 @@ int64_t TrainingRun::accumulateAndStep(const std::vector<std::vector<int64_t>>& 
       place.first < batches.size() ? std::min(place.count, batches.size() - place.first) : std::size_t{0};
   for (std::size_t m = 0; m < held; ++m) {
     const auto& batch = batches[place.first + m];
+    if (sampleLog_.is_open()) {
+      sampleLog_ << place.epoch << ' ' << result_.steps + 1;
+      for (int64_t i : batch) sampleLog_ << ' ' << i;
+      sampleLog_ << '\n' << std::flush;
+    }
     const data::Batch b = loader.next();  // batches[first + m], on device
     const at::Tensor y = b.labels.to(parallelism_.lossDevice());
     at::Tensor loss;
@@ -410,6 +436,20 @@ void TrainingRun::applyOrSkip(int64_t epoch) {
   }
 }
 
+// Where the resumed epoch starts in its permutation: the checkpoint's global position, or for one
+// written before those existed (same world size only) its steps × micro-batches × batch × world.
+int64_t TrainingRun::resumedStart() const {
+  if (resumed_.epochSamples >= 0) return std::min<int64_t>(resumed_.epochSamples, data_.train.size());
+  return std::min<int64_t>(data_.train.size(),
+                           resumed_.stepInEpoch * train_.accumulateSteps * train_.batchSize * world_);
+}
+
+// Sets the sampler to `epoch` from `start`; rank 0's batches from there.
+int64_t TrainingRun::epochBatchesFrom(int64_t epoch, int64_t start) {
+  sampler_.setEpoch(epoch, start);
+  return (sampler_.numSamplesOf(0) + train_.batchSize - 1) / train_.batchSize;
+}
+
 // join: the samples every rank consumed in `place`'s micro-batch slots (rank r's shard is known
 // everywhere: its first numSamplesOf(r) positions, cut into batches).
 int64_t TrainingRun::samplesOverRanks(const StepPlace& place) const {
@@ -426,7 +466,8 @@ int64_t TrainingRun::samplesOverRanks(const StepPlace& place) const {
 ProgressPoint TrainingRun::progressAt(const StepPlace& place, double loss, double rate) const {
   const int64_t accumulate = train_.accumulateSteps;
   return ProgressPoint{result_.steps, jobSteps_, place.epoch, train_.epochs,
-                       static_cast<int64_t>((place.first + place.count + accumulate - 1) / accumulate), perEpoch_,
+                       epochStepOffset_ + static_cast<int64_t>((place.first + place.count + accumulate - 1) / accumulate),
+                       perEpoch_,
                        loss, rate, secondsSince(start_), runSteps_};
 }
 
