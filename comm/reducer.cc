@@ -22,10 +22,13 @@ using torch::autograd::Node;
 using torch::autograd::variable_list;
 
 // Storage-sharing alias that autograd does not treat as a view: optimizers may
-// detach_() a .grad, which autograd refuses on views.
+// detach_() a .grad, which autograd refuses on views. With the parameter's own strides when they
+// are dense (channels_last included: a permutation of numel() consecutive elements), as PyTorch's
+// Reducer lays out bucket views, so the .grad AccumulateGrad makes (which follows the parameter's
+// layout) can alias the bucket; else contiguous.
 at::Tensor aliasOf(const at::Tensor& flat, int64_t offset, const at::Tensor& like) {
-  return at::empty({0}, flat.options()).set_(flat.storage(), flat.storage_offset() + offset,
-                                             like.sizes(), like.contiguous().strides());
+  const auto strides = like.is_non_overlapping_and_dense() ? like.strides().vec() : like.contiguous().strides().vec();
+  return at::empty({0}, flat.options()).set_(flat.storage(), flat.storage_offset() + offset, like.sizes(), strides);
 }
 
 bool aliases(const at::Tensor& a, const at::Tensor& b) {

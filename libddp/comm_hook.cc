@@ -27,6 +27,23 @@
 namespace ddp {
 namespace {
 
+// The gradient as powerSGD_hook's (n, numel / n) matrix, a view into the bucket: tensor.view for a
+// contiguous one; for a dense one in another layout whose first dimension is outermost (a
+// channels_last convolution weight, whose bucket view keeps the parameter's strides) the same
+// shape over its memory order (the columns permuted, which a low-rank approximation does not mind;
+// PyTorch's hook cannot view such a tensor at all).
+at::Tensor matrixOf(const at::Tensor& tensor, int64_t n) {
+  if (tensor.is_contiguous()) return tensor.view({n, -1});
+  const int64_t m = n > 0 ? tensor.numel() / n : 0;
+  if (tensor.is_non_overlapping_and_dense() && tensor.dim() > 0 && tensor.stride(0) == m) {
+    return tensor.as_strided({n, m}, {m, 1});
+  }
+  DDP_THROW(ConfigError, "ddp::powerSgdHook: a gradient of shape ", tensor.sizes(), " and strides ", tensor.strides(),
+            " is neither contiguous nor laid out with its first dimension outermost; make the parameter "
+            "contiguous (or channels_last) before wrapping the model");
+}
+
+
 class AllReduceHook final : public CommHook {
  public:
   Work run(GradBucket& bucket, ProcessGroup& group) override {
@@ -188,7 +205,7 @@ Work PowerSgdHook::run(GradBucket& bucket, ProcessGroup& group) {
   int64_t totalQ = 0;
   for (const at::Tensor& tensor : bucket.gradients()) {
     const int64_t n = tensor.dim() > 0 ? tensor.size(0) : 1;
-    at::Tensor matrix = tensor.view({n, -1});
+    at::Tensor matrix = matrixOf(tensor, n);
     const int64_t m = matrix.size(1);
     const int64_t r = std::min({n, m, o.matrixApproximationRank});
     const int64_t compressed = (n + m) * r;

@@ -29,7 +29,9 @@ class GradBucket {
   /// since the last synchronising one, not divided by the world size. The hook leaves the mean
   /// over ranks here.
   at::Tensor& buffer() { return buffer_; }
-  /// Views of buffer(), one per parameter, shaped as the parameters (bucket.gradients()).
+  /// Views of buffer(), one per parameter, shaped as the parameters and with their strides when
+  /// those are dense (a channels_last weight's view is channels_last: view() it only where
+  /// is_contiguous()), as PyTorch's bucket views (bucket.gradients()).
   const std::vector<at::Tensor>& gradients() const { return gradients_; }
   const std::vector<at::Tensor>& parameters() const { return parameters_; }
 

@@ -414,6 +414,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"UnevenInputsJoinWithSyncBatchNorm",
                  [](const Fixture& f) { return worker({"model.name=cnn", "model.batch_norm=true", "model.sync_batch_norm=true", "train.uneven_inputs=join"}, f); },
                  "config: 'train.uneven_inputs' join cannot run with model.sync_batch_norm", 2},
+        BadInput{"ChannelsLastInModeDp", [](const Fixture& f) { return worker({"mode=dp", "train.channels_last=true"}, f, 1); },
+                 "config: 'train.channels_last' is for mode ddp and single", 2},
         BadInput{"ZeroLossScale", [](const Fixture& f) { return worker({"train.precision=fp16", "train.loss_scale_init=0"}, f); },
                  "config: 'train.loss_scale_init' must be a positive finite number", 2},
         // Robustness, second round (issue 30).

@@ -285,6 +285,78 @@ TEST(StaticGraph, UnusedParametersFoundOnceGiveTheSearchedResult) {
   EXPECT_EQ(spreadOverRanks(b), 0.0);
 }
 
+// A channels_last convolution weight (train.channels_last): its bucket view keeps the weight's
+// strides, as PyTorch lays bucket views out, so with gradientAsBucketView the .grad that
+// AccumulateGrad makes aliases the bucket from the first step on (one storage, channels_last
+// strides: no copy either way); the averaged gradient is the mean of the two ranks' gradients,
+// computed here from the formula on a plain copy; PowerSGD compresses it (as a view over its
+// memory order) and keeps the replicas equal.
+struct ConvNetImpl : torch::nn::Module {
+  ConvNetImpl() {
+    conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3)));
+    fc = register_module("fc", torch::nn::Linear(8 * 4 * 4, 4));
+    torch::NoGradGuard noGrad;
+    conv->weight.set_data(conv->weight.contiguous(at::MemoryFormat::ChannelsLast));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc(torch::relu(conv(x)).flatten(1)); }
+  torch::nn::Conv2d conv{nullptr};
+  torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(ConvNet);
+
+torch::Tensor convInput(int rank, int step) {
+  torch::manual_seed(1000 + 10 * rank + step);
+  return torch::randn({4, 3, 6, 6}).contiguous(at::MemoryFormat::ChannelsLast);
+}
+
+TEST(ChannelsLast, BucketViewsKeepTheWeightsStridesAndTheGradientAliasesThem) {
+  torch::manual_seed(3);
+  ConvNet net;
+  torch::manual_seed(3);
+  ConvNet plain;  // the same initial values; the formula's model
+  ASSERT_TRUE(net->conv->weight.is_contiguous(at::MemoryFormat::ChannelsLast));
+  ASSERT_FALSE(net->conv->weight.is_contiguous());
+  ddp::DdpOptions options;
+  options.gradientAsBucketView = true;
+  ddp::DistributedDataParallel<ConvNet> model(net, group(), options);
+  for (int r = 0; r < 2; ++r) (plain(convInput(r, 0)).pow(2).mean() / 2).backward();
+  model(convInput(group().rank(), 0)).pow(2).mean().backward();
+  const torch::Tensor grad = net->conv->weight.grad();
+  EXPECT_TRUE(grad.is_contiguous(at::MemoryFormat::ChannelsLast)) << grad.strides();
+  EXPECT_EQ(grad.strides(), net->conv->weight.strides());
+  EXPECT_LE((grad - plain->conv->weight.grad()).abs().max().item<double>(), 1e-6);
+  // The second step accumulates into the same storage: the bucket's.
+  const void* storage = grad.data_ptr();
+  grad.zero_();
+  net->fc->weight.grad().zero_();
+  net->fc->bias.grad().zero_();
+  net->conv->bias.grad().zero_();
+  model(convInput(group().rank(), 1)).pow(2).mean().backward();
+  EXPECT_EQ(net->conv->weight.grad().data_ptr(), storage);
+  EXPECT_TRUE(net->conv->weight.grad().is_contiguous(at::MemoryFormat::ChannelsLast));
+}
+
+TEST(ChannelsLast, PowerSgdCompressesAChannelsLastWeightAndKeepsReplicasEqual) {
+  torch::manual_seed(3);
+  ConvNet net;
+  ddp::DistributedDataParallel<ConvNet> model(net, group());
+  ddp::PowerSgdOptions o;
+  o.matrixApproximationRank = 1;
+  o.startPowerSgdIter = 2;
+  o.minCompressionRate = 1.0;
+  auto hook = ddp::powerSgdHook(o);
+  model.registerCommHook(hook);
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05));
+  for (int step = 0; step < 5; ++step) {
+    opt.zero_grad();
+    model(convInput(group().rank(), step)).pow(2).mean().backward();
+    opt.step();
+  }
+  EXPECT_GT(hook->compressionStats().elementsBefore, hook->compressionStats().elementsAfter) << "nothing compressed";
+  EXPECT_TRUE(net->conv->weight.is_contiguous(at::MemoryFormat::ChannelsLast));
+  EXPECT_EQ(spreadOverRanks(net->parameters()), 0.0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {

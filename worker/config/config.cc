@@ -130,6 +130,7 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("train.gamma", "number", c.train.gamma),
       bindField("train.clip_grad_norm", "number", c.train.clipGradNorm),
       bindField("train.precision", "string", c.train.precision),
+      bindField("train.channels_last", "boolean", c.train.channelsLast),
       bindField("train.loss_scale_init", "number", c.train.lossScaleInit),
       bindField("train.loss_scale_growth_interval", "integer", c.train.lossScaleGrowthInterval),
       bindField("eval.enabled", "boolean", c.eval.enabled),
@@ -390,6 +391,8 @@ void validate(const WorkerConfig& c) {
           "shards the optimizer state over the ranks of mode ddp; dp and single train in one process");
   require(!c.train.zero || c.train.fused != "true", "train.zero",
           "steps each shard with LibTorch's SGD, Adam or AdamW; set train.fused: auto or false");
+  require(!c.train.channelsLast || c.mode == Mode::kDdp || c.mode == Mode::kSingle, "train.channels_last",
+          "is for mode ddp and single (one replica per process); mode dp copies its replicas contiguous");
   require(c.train.unevenInputs == "pad" || c.train.unevenInputs == "join", "train.uneven_inputs",
           "is '" + c.train.unevenInputs + "'; use pad (every rank the same number of batches, the sampler "
           "repeats samples) or join (every sample once, ranks without a batch join the step with zeros)");

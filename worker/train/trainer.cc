@@ -73,7 +73,9 @@ class DdpParallelism final : public Parallelism {
     if (!training) o.augment = {};
     return o;
   }
-  at::Tensor forward(const at::Tensor& x, bool lastMicroBatch) override {
+  at::Tensor forward(const at::Tensor& input, bool lastMicroBatch) override {
+    const at::Tensor x = config_.train.channelsLast && input.dim() == 4 ? input.contiguous(at::MemoryFormat::ChannelsLast)
+                                                                        : input;
     if (!engine_) return model_.forward(x);
     // Only the last micro-batch's backward communicates (DDP's no_sync for the others).
     std::optional<DdpEngine::NoSync> noSync;
@@ -152,6 +154,16 @@ TrainResult Trainer::run(const Datasets& data) {
   auto model = makeModel(config_.model, data.input, &group_);
   auto& module = *model.ptr();
   module.to(group_.device());
+  if (config_.train.channelsLast) {
+    // Before DDP makes its bucket views, which then keep these strides (no copy per step).
+    c10::NoGradGuard noGrad;
+    for (auto& p : module.parameters()) {
+      if (p.dim() == 4) p.set_data(p.contiguous(at::MemoryFormat::ChannelsLast));
+    }
+    for (auto& b : module.buffers()) {
+      if (b.dim() == 4) b.set_data(b.contiguous(at::MemoryFormat::ChannelsLast));
+    }
+  }
   // init.model_path: rank 0 reads the file (the others need not see it), the broadcast hands its
   // weights to every rank. A checkpoint that resume finds in the loop still takes precedence.
   if (group_.rank() == 0 && !config_.init.modelPath.empty()) {

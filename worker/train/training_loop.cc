@@ -350,7 +350,8 @@ int64_t TrainingRun::accumulateAndStep(const std::vector<std::vector<int64_t>>& 
       sampleLog_ << '\n' << std::flush;
     }
     const data::Batch b = loader.next();  // batches[first + m], on device
-    const at::Tensor y = b.labels.to(parallelism_.lossDevice());
+    // From pinned memory (data.pin_memory) the copy does not wait for the device.
+    const at::Tensor y = b.labels.to(at::TensorOptions().device(parallelism_.lossDevice()), /*non_blocking=*/true);
     at::Tensor loss;
     {
       // The forward and the loss under autocast (train.precision); backward outside it, as in PyTorch.
@@ -515,12 +516,16 @@ void TrainingRun::record(const StepPlace& place, bool last) {
 // Preemption: every rank must stop after the same step, so a stop request (SIGTERM) is agreed on
 // with a tiny all-reduce; on one, the position is saved.
 bool TrainingRun::stopRequested(const TrainPosition& position) {
-  {
-    c10::NoGradGuard noGrad;
-    stopFlag_.fill_(stopSignal() != 0 ? 1.0 : 0.0);
+  if (world_ == 1) {
+    if (stopSignal() == 0) return false;  // on the host: a one-rank GPU job does not wait for its device here
+  } else {
+    {
+      c10::NoGradGuard noGrad;
+      stopFlag_.fill_(stopSignal() != 0 ? 1.0 : 0.0);
+    }
+    group_.allReduceSum(stopFlag_);
+    if (stopFlag_.item<double>() <= 0) return false;
   }
-  if (world_ > 1) group_.allReduceSum(stopFlag_);
-  if (stopFlag_.item<double>() <= 0) return false;
   result_.checkpointPath = checkpointer_.save(module_, *optimizer_, position, scaler_ ? &*scaler_ : nullptr);
   result_.stopSignal = stopSignal() != 0 ? stopSignal() : SIGTERM;
   if (rank_ == 0) {
