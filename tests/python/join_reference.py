@@ -70,6 +70,12 @@ def worker(rank, world, init_file, results):
         json.dump(mine, f)
     dist.barrier()
     dist.destroy_process_group()
+    # Every result is written. Skip the interpreter's teardown: after Join over Gloo the pinned
+    # wheel aborts there now and then ("terminate called without an active exception", no Python
+    # frame; ~1 run in 10 of this script), which would fail the test for nothing of ours.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main():
