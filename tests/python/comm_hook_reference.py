@@ -88,6 +88,12 @@ def worker(rank, world, init_file, request, results):
         json.dump(mine, f)
     dist.barrier()
     dist.destroy_process_group()
+    # Every result is written. Skip the interpreter's teardown: the pinned wheel's Gloo group aborts
+    # there now and then ("terminate called without an active exception", no Python frame), which
+    # would fail the test for nothing of ours (seen in CI on ddp_script.py, stop 36).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main():

@@ -69,7 +69,12 @@ def main():
     # exception") once in many runs.
     dist.barrier()
     dist.destroy_process_group()
-    sys.exit(0 if ranks_equal and matches else 1)
+    # Every result is written. Skip the interpreter's teardown: the pinned wheel's Gloo group aborts
+    # there now and then ("terminate called without an active exception", no Python frame), which
+    # would fail the test for nothing of ours (seen in CI on ddp_script.py, stop 36).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if ranks_equal and matches else 1)
 
 
 if __name__ == "__main__":
