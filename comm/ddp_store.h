@@ -1,6 +1,6 @@
-// The client of the job's store (comm/store_server): a c10d::Store, so Gloo, NCCL and our own
-// code use it as they would a TCPStore. It proves the job's token when it connects and checks the
-// server's proof in turn, so a rank never talks to an impostor store either.
+// The client of the job's store (common/store_server) as a c10d::Store, so Gloo, NCCL and our own
+// code use it as they would a TCPStore: common/store_client (which authenticates both ways) behind
+// c10d's interface.
 #pragma once
 
 #include <chrono>
@@ -14,35 +14,14 @@
 #include <torch/version.h>
 
 #include "common/error.h"
+#include "common/store_client.h"
 
 namespace ddp::comm {
 
 class StoreServer;
 
-/// The store refused this client's token, or the server failed to prove it holds it.
-class StoreAuthError : public CommError {
- public:
-  using CommError::CommError;
-};
-
-/// No store answered at host:port within the timeout; reason() is the last cause (e.g. refused).
-class StoreUnreachableError : public TimeoutError {
- public:
-  StoreUnreachableError(const std::string& what, std::string reason)
-      : TimeoutError(what), reason_(std::move(reason)) {}
-  const std::string& reason() const { return reason_; }
-
- private:
-  std::string reason_;
-};
-
-struct DdpStoreOptions {
-  std::string host = "127.0.0.1";
-  std::uint16_t port = 0;
-  std::string token;  // empty: no token (accepted only by a server that asks for none)
-  /// Connection attempts (the server may not be up yet) and every request end within this.
-  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
-};
+/// How a rank reaches the job's store (common/store_client's options).
+using DdpStoreOptions = StoreClientOptions;
 
 class DdpStore final : public c10d::Store {
  public:
@@ -69,18 +48,14 @@ class DdpStore final : public c10d::Store {
   bool hasExtendedApi() const override { return true; }
 #endif
 
-  std::string where() const { return options_.host + ":" + std::to_string(options_.port); }
+  std::string where() const { return client_->where(); }
 
  private:
-  void connectAndAuthenticate();
-  /// Sends one request and returns the reply's body after its status byte; throws TimeoutError
-  /// when the server answers that the keys did not appear within `wait`.
-  std::string request(const std::string& body, std::chrono::milliseconds wait, const std::string& what);
+  StoreClient& client();
 
   DdpStoreOptions options_;
   std::shared_ptr<StoreServer> server_;
-  std::mutex mutex_;
-  int fd_ = -1;
+  std::unique_ptr<StoreClient> client_;
 };
 
 }  // namespace ddp::comm

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "comm/ddp_store.h"
-#include "comm/store_server.h"
+#include "common/store_server.h"
 #include "common/error.h"
 #include "common/job_token.h"
 #include "common/listen_socket.h"

@@ -23,8 +23,8 @@
 
 #include "comm/ddp_store.h"
 #include "comm/shm_communicator.h"
-#include "comm/store_server.h"
-#include "comm/store_wire.h"
+#include "common/store_server.h"
+#include "common/store_wire.h"
 #include "common/job_token.h"
 #include "common/listen_socket.h"
 #include "common/sha256.h"

@@ -1,4 +1,4 @@
-// The wire format of the job's key-value store (comm/store_server, comm/ddp_store).
+// The wire format of the job's key-value store (common/store_server, common/store_client).
 //
 // Handshake (the server speaks first):
 //   server: kMagic, 1 byte (1: a token is required, 0: none), 16-byte server nonce

@@ -1,4 +1,4 @@
-#include "comm/store_server.h"
+#include "common/store_server.h"
 
 #include <algorithm>
 #include <atomic>
@@ -18,7 +18,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "comm/store_wire.h"
+#include "common/store_wire.h"
 #include "common/error.h"
 #include "common/sha256.h"
 
