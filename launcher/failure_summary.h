@@ -31,6 +31,7 @@ struct AttemptReport {
   bool failedWhileStopping = false;     // firstFailure came while stopping on launcherSignal
   double shutdownGraceS = 0;            // SIGTERM-to-SIGKILL time used when stopping
   double earlyExitGraceS = 0;           // how long the others ran on after a rank left early
+  bool stoppedOnRequest = false;        // SupervisionOptions::stopRequested stopped the group
 };
 
 /// Reads after "rank N ": "failed with exit code 3", "was killed by SIGSEGV", or for a SIGKILL

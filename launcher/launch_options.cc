@@ -41,7 +41,8 @@ cxxopts::Options makeOptions() {
         cxxopts::value<std::string>()->default_value("1024"), "MIB")
     ("gpu_max_util", "--gpus auto skips GPUs busier than this (percent)",
         cxxopts::value<std::string>()->default_value("30"), "PERCENT")
-    ("nnodes", "Nodes in the job", cxxopts::value<std::string>()->default_value("1"), "N")
+    ("nnodes", "Nodes in the job; MIN:MAX = an elastic job: nodes may leave and join, each rendezvous "
+        "round runs with what is there (at least MIN)", cxxopts::value<std::string>()->default_value("1"), "N|MIN:MAX")
     ("node_rank", "Rank of this node, 0 .. nnodes-1", cxxopts::value<std::string>()->default_value("0"), "R")
     ("master_addr", "Address of the node that runs rank 0",
         cxxopts::value<std::string>()->default_value("127.0.0.1"), "ADDR")
@@ -68,6 +69,14 @@ cxxopts::Options makeOptions() {
         cxxopts::value<std::string>(), "PATH")
     ("rdzv_bind", "Address node 0 binds the job's store to (default: --master_addr), e.g. 0.0.0.0 "
         "behind NAT", cxxopts::value<std::string>(), "ADDR")
+    ("rdzv_id", "Elastic jobs: the job's id; launchers with the same id and store form one job",
+        cxxopts::value<std::string>(), "ID")
+    ("rdzv_last_call_s", "Elastic jobs: once MIN nodes are in, close the round after this long "
+        "without a new node (or at MAX)", cxxopts::value<std::string>(), "SECONDS")
+    ("heartbeat_timeout_s", "Elastic jobs: a node whose launcher is silent this long has left",
+        cxxopts::value<std::string>(), "SECONDS")
+    ("rdzv_timeout_s", "Elastic jobs: a round that has not MIN nodes after this ends the job",
+        cxxopts::value<std::string>(), "SECONDS")
     ("h,help", "Print this help and exit")
     ("version", "Print the version and exit");
   // clang-format on
@@ -268,8 +277,61 @@ CommandLine parseCommandLine(const std::vector<std::string>& args) {
                                  "memory in use (MiB) above which --gpus auto skips a GPU, e.g. --gpu_max_used_mb=2048");
   launch.gpuMaxUtil = parseInt("gpu_max_util", parsed["gpu_max_util"].as<std::string>(), 0, 100,
                                "utilisation (percent) above which --gpus auto skips a GPU, e.g. --gpu_max_util=50");
-  launch.nnodes = parseInt("nnodes", parsed["nnodes"].as<std::string>(), 1, 65536,
-                           "the number of nodes in the job, e.g. --nnodes=2");
+  const std::string nnodesText = parsed["nnodes"].as<std::string>();
+  if (const size_t colon = nnodesText.find(':'); colon != std::string::npos) {
+    ElasticOptions& elastic = launch.elastic;
+    elastic.enabled = true;
+    elastic.minNodes = parseInt("nnodes", nnodesText.substr(0, colon), 0, 65536,
+                                "MIN:MAX, the fewest and most nodes of an elastic job, e.g. --nnodes=1:4");
+    elastic.maxNodes = parseInt("nnodes", nnodesText.substr(colon + 1), 0, 65536,
+                                "MIN:MAX, the fewest and most nodes of an elastic job, e.g. --nnodes=1:4");
+    if (elastic.minNodes < 1) {
+      DDP_THROW(ConfigError, "--nnodes=", nnodesText, ": an elastic job needs at least one node; give MIN >= 1, "
+                "e.g. --nnodes=1:", std::max(elastic.maxNodes, 2));
+    }
+    if (elastic.minNodes > elastic.maxNodes) {
+      DDP_THROW(ConfigError, "--nnodes=", nnodesText, ": MIN ", elastic.minNodes, " is more than MAX ",
+                elastic.maxNodes, "; give MIN:MAX with MIN <= MAX, e.g. --nnodes=", elastic.maxNodes, ":",
+                elastic.minNodes);
+    }
+    if (parsed.count("node_rank") != 0) {
+      DDP_THROW(ConfigError, "--node_rank with --nnodes=", nnodesText, ": in an elastic job the rendezvous "
+                "assigns the node ranks (anew in each round); drop --node_rank");
+    }
+    launch.nnodes = elastic.maxNodes;
+  } else {
+    launch.nnodes = parseInt("nnodes", nnodesText, 1, 65536, "the number of nodes in the job, e.g. --nnodes=2");
+  }
+  for (const char* flag : {"rdzv_id", "rdzv_last_call_s", "heartbeat_timeout_s", "rdzv_timeout_s"}) {
+    if (parsed.count(flag) != 0 && !launch.elastic.enabled) {
+      DDP_THROW(ConfigError, "--", flag, " is for elastic jobs, but --nnodes=", nnodesText,
+                " is a fixed number of nodes; give --nnodes=MIN:MAX or drop --", flag);
+    }
+  }
+  if (parsed.count("rdzv_id") != 0) {
+    launch.elastic.rdzvId = parsed["rdzv_id"].as<std::string>();
+    const bool plain = !launch.elastic.rdzvId.empty() && launch.elastic.rdzvId.size() <= 128 &&
+                       launch.elastic.rdzvId.find_first_not_of(
+                           "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") == std::string::npos;
+    if (!plain) {
+      DDP_THROW(ConfigError, "--rdzv_id '", launch.elastic.rdzvId,
+                "': give 1 to 128 letters, digits, '_', '.' or '-', e.g. --rdzv_id=$SLURM_JOB_ID");
+    }
+  }
+  if (parsed.count("rdzv_last_call_s") != 0) {
+    launch.elastic.lastCallS = detail::parseSeconds("rdzv_last_call_s", parsed["rdzv_last_call_s"].as<std::string>(), "30");
+  }
+  if (parsed.count("heartbeat_timeout_s") != 0) {
+    launch.elastic.heartbeatTimeoutS =
+        detail::parseSeconds("heartbeat_timeout_s", parsed["heartbeat_timeout_s"].as<std::string>(), "30");
+    if (launch.elastic.heartbeatTimeoutS < 0.5) {
+      DDP_THROW(ConfigError, "--heartbeat_timeout_s=", launch.elastic.heartbeatTimeoutS,
+                " is too short to tell a busy node from a lost one; give at least 0.5, e.g. 30");
+    }
+  }
+  if (parsed.count("rdzv_timeout_s") != 0) {
+    launch.elastic.rdzvTimeoutS = detail::parseSeconds("rdzv_timeout_s", parsed["rdzv_timeout_s"].as<std::string>(), "600");
+  }
   launch.nodeRank = parseInt("node_rank", parsed["node_rank"].as<std::string>(), 0, 65535,
                              "this node's rank, from 0 to nnodes-1");
   if (launch.nodeRank >= launch.nnodes) {
@@ -279,6 +341,10 @@ CommandLine parseCommandLine(const std::vector<std::string>& args) {
   if (static_cast<long long>(launch.nnodes) * launch.nprocPerNode > INT_MAX) {
     DDP_THROW(ConfigError, "--nnodes ", launch.nnodes, " x --nproc_per_node ", launch.nprocPerNode,
               " workers is more than ddp-launch supports");
+  }
+  if (parsed["standalone"].as<bool>() && launch.elastic.enabled) {
+    DDP_THROW(ConfigError, "--standalone runs a single-node job but --nnodes=", nnodesText,
+              " is an elastic one; drop one of them");
   }
   if (parsed["standalone"].as<bool>() && launch.nnodes != 1) {
     DDP_THROW(ConfigError, "--standalone runs a single-node job but --nnodes is ", launch.nnodes,

@@ -13,6 +13,17 @@ constexpr double kMaxGraceS = 86400;
 /// Port every node uses when a multi-node job names none (torchrun's default).
 constexpr int kDefaultMultiNodePort = 29500;
 
+/// An elastic job's settings (--nnodes=MIN:MAX); see launcher/elastic.h.
+struct ElasticOptions {
+  bool enabled = false;           // --nnodes was MIN:MAX
+  int minNodes = 1;
+  int maxNodes = 1;
+  std::string rdzvId = "default"; // --rdzv_id: the job's id, so jobs sharing a store stay apart
+  double lastCallS = 30;          // --rdzv_last_call_s: wait for more nodes once MIN are in
+  double heartbeatTimeoutS = 30;  // --heartbeat_timeout_s: a node silent this long has left
+  double rdzvTimeoutS = 600;      // --rdzv_timeout_s: a round without MIN nodes after this ends the job
+};
+
 /// Everything the command line decides. Parsing fills it; nothing else reads argv.
 struct LaunchOptions {
   int nprocPerNode = 1;                  // --nproc_per_node: workers on this node
@@ -34,6 +45,7 @@ struct LaunchOptions {
   // failure (it left them waiting in a collective); nullopt (--early_exit_grace_s=off) = never.
   std::optional<double> earlyExitGraceS = 30.0;
   int maxRestarts = 0;                   // --max_restarts: restarts of the whole group after a failure
+  ElasticOptions elastic;                // --nnodes=MIN:MAX and the --rdzv_* flags of elastic jobs
   std::string logDir;                    // --log_dir: empty = worker output to the console only
   bool tee = false;                      // --tee: with --log_dir, the console gets the lines too
   // --rdzv_token_file: the job's token for multi-node jobs (single-node jobs make their own).

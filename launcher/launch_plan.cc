@@ -152,7 +152,7 @@ LaunchPlan restartPlan(const LaunchPlan& previous) {
 
 std::string rankLogPath(const LaunchPlan& plan, int rank) {
   const std::string name = "rank_" + std::to_string(rank) + ".log";
-  if (plan.maxRestarts == 0) return plan.logDir + "/" + name;
+  if (plan.maxRestarts == 0 && !plan.elastic) return plan.logDir + "/" + name;
   return plan.logDir + "/attempt_" + std::to_string(plan.attempt) + "/" + name;
 }
 

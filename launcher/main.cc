@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
+#include "launcher/elastic.h"
 #include "launcher/gpu_launch.h"
 #include "launcher/launch_options.h"
 #include "launcher/launch_plan.h"
@@ -62,9 +63,10 @@ int main(int argc, char** argv) {
     }
     checkSrunLayout(options, environment);
     checkMasterAddress(options.masterAddr);
-    const LaunchPlan plan = makeLaunchPlan(options, environment);
     SupervisionOptions supervision;
     supervision.earlyExitGraceS = options.earlyExitGraceS;
+    if (options.elastic.enabled) return runElastic(options, environment, supervision);
+    const LaunchPlan plan = makeLaunchPlan(options, environment);
     return runWorkers(plan, supervision);
   } catch (const ddp::ConfigError& error) {
     spdlog::error("{}", error.what());

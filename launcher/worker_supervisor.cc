@@ -33,6 +33,8 @@ using Clock = std::chrono::steady_clock;
 
 // Upper bound on one wait, though SIGCHLD normally wakes the loop at once.
 constexpr std::chrono::milliseconds kPollInterval{1000};
+// How often SupervisionOptions::stopRequested is asked.
+constexpr std::chrono::milliseconds kRequestPollInterval{100};
 
 std::string workers(size_t count) { return std::to_string(count) + (count == 1 ? " worker" : " workers"); }
 
@@ -49,7 +51,8 @@ bool processStopped(pid_t pid) {
 // The state machine behind runWorkers(), one instance per launch.
 class WorkerSupervisor {
  public:
-  WorkerSupervisor(SignalWatch& signals, double shutdownGraceS, std::optional<double> earlyExitGraceS);
+  WorkerSupervisor(SignalWatch& signals, double shutdownGraceS, std::optional<double> earlyExitGraceS,
+                   std::function<bool()> stopRequested = {});
   // Kills (SIGKILL to each process group) and reaps whatever is still there.
   ~WorkerSupervisor();
   WorkerSupervisor(const WorkerSupervisor&) = delete;
@@ -108,12 +111,14 @@ class WorkerSupervisor {
   bool failedWhileStopping_ = false;    // firstFailure_ came during a signal's stop
   bool stopping_ = false;
   bool killed_ = false;                 // SIGKILL sent to every group
+  std::function<bool()> stopRequested_;
+  bool stoppedOnRequest_ = false;       // stopRequested_ said so: SIGTERM to all, not a failure
   Clock::time_point killAt_;
 };
 
 WorkerSupervisor::WorkerSupervisor(SignalWatch& signals, double shutdownGraceS,
-                                   std::optional<double> earlyExitGraceS)
-    : signals_(signals), grace_(shutdownGraceS) {
+                                   std::optional<double> earlyExitGraceS, std::function<bool()> stopRequested)
+    : signals_(signals), grace_(shutdownGraceS), stopRequested_(std::move(stopRequested)) {
   if (earlyExitGraceS) earlyExitGrace_ = std::chrono::duration<double>(*earlyExitGraceS);
 }
 
@@ -202,7 +207,11 @@ AttemptReport WorkerSupervisor::monitor() {
     // A collective that runs well past its group's timeout without the rank failing (a backend whose
     // own timeout did not fire): report once, and let the job run on.
     if (!stopping_ && !hangReported_) reportHangOnce(/*stallOnly=*/true);
-    auto timeout = checkEarlyExit(kPollInterval);
+    if (!stopping_ && stopRequested_ && stopRequested_()) {
+      stoppedOnRequest_ = true;
+      beginStop(SIGTERM);  // our worker finishes its step, checkpoints and exits, as on preemption
+    }
+    auto timeout = checkEarlyExit(stopRequested_ ? kRequestPollInterval : kPollInterval);
     if (stopping_ && !killed_) {
       const auto now = Clock::now();
       if (now >= killAt_) {
@@ -246,6 +255,7 @@ AttemptReport WorkerSupervisor::monitor() {
   report.firstFailure = firstFailure_;
   report.launcherSignal = launcherSignal_;
   report.failedWhileStopping = failedWhileStopping_;
+  report.stoppedOnRequest = stoppedOnRequest_;
   report.shutdownGraceS = grace_.count();
   report.earlyExitGraceS = earlyExitGrace_ ? earlyExitGrace_->count() : 0;
   for (const Worker& worker : workers_) {
@@ -402,7 +412,8 @@ int openRankLog(const LaunchPlan& plan, int rank) {
   return fd;
 }
 
-// One run of the whole group, from start to the last worker reaped.
+}  // namespace
+
 AttemptReport runAttempt(const LaunchPlan& plan, const SupervisionOptions& options, SignalWatch& signals) {
   OutputRelayOptions relayOptions;
   relayOptions.console = plan.outputToConsole();
@@ -411,7 +422,7 @@ AttemptReport runAttempt(const LaunchPlan& plan, const SupervisionOptions& optio
   if (!plan.logDir.empty()) {
     for (int rank : plan.ranks) relay.addLogFile(rank, openRankLog(plan, rank));
   }
-  WorkerSupervisor supervisor(signals, plan.shutdownGraceS, options.earlyExitGraceS);
+  WorkerSupervisor supervisor(signals, plan.shutdownGraceS, options.earlyExitGraceS, options.stopRequested);
   for (size_t i = 0; i < plan.commands.size(); ++i) supervisor.start(plan.ranks[i], plan.commands[i], relay);
   relay.start();
   AttemptReport report = supervisor.monitor();
@@ -419,6 +430,8 @@ AttemptReport runAttempt(const LaunchPlan& plan, const SupervisionOptions& optio
   for (RankReport& rank : report.ranks) rank.lastLines = relay.lastLines(rank.rank);
   return report;
 }
+
+namespace {
 
 // A forwarded signal that arrived after the attempt's monitor returned, or 0.
 int pendingSignal(SignalWatch& signals) {

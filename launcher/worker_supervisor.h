@@ -1,6 +1,7 @@
 // Starting this node's workers, watching them and stopping them all together.
 #pragma once
 
+#include <functional>
 #include <optional>
 
 #include "launcher/launch_plan.h"
@@ -21,6 +22,9 @@ struct SupervisionOptions {
   std::optional<double> earlyExitGraceS = 30.0;
   double restartBackoffS = 1.0;     // wait before the first restart, doubled for each next one
   double restartBackoffMaxS = 30.0; // cap of that wait
+  // Asked every kRequestPollInterval while the workers run (elastic jobs: another node left or
+  // wants to join): true stops them as a forwarded SIGTERM would, without counting as a failure.
+  std::function<bool()> stopRequested;
 };
 
 /// The wait before restart number `restart` (1 for the first): restartBackoffS doubled for each
@@ -40,5 +44,12 @@ double restartBackoffSeconds(const SupervisionOptions& options, int restart);
 /// A rank that exits 0 while others run on past options.earlyExitGraceS stops the job with
 /// kEarlyExitCode. After each attempt, shared-memory segments the workers left are removed.
 int runWorkers(const LaunchPlan& plan, const SupervisionOptions& options = {});
+
+class SignalWatch;
+struct AttemptReport;
+
+/// One run of the whole group of `plan`, from start to the last worker reaped (output relayed,
+/// stopped together on a failure, a forwarded signal or options.stopRequested).
+AttemptReport runAttempt(const LaunchPlan& plan, const SupervisionOptions& options, SignalWatch& signals);
 
 }  // namespace ddp::launcher

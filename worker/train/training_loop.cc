@@ -265,6 +265,10 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
     const std::string path = config_.output.dir + "/samples_rank" + std::to_string(rank_) + ".txt";
     sampleLog_.open(path, std::ios::app);
     if (!sampleLog_) DDP_THROW(ConfigError, "config: 'output.sample_log': cannot write '", path, "'; fix output.dir");
+    // Which run the lines below come from: a restart redoes the steps after its checkpoint.
+    const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    sampleLog_ << "# restart " << (restart != nullptr && *restart != '\0' ? restart : "0") << " world " << world_
+               << '\n' << std::flush;
   }
   if (rank_ == 0 && config_.output.tensorboard) {
     board_ = std::make_unique<tensorboard::EventWriter>(config_.output.dir + "/tensorboard");

@@ -1,0 +1,677 @@
+#include "launcher/elastic.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "common/error.h"
+#include "common/job_token.h"
+#include "common/listen_socket.h"
+#include "common/store_client.h"
+#include "common/store_server.h"
+#include "launcher/exit_status.h"
+#include "launcher/failure_summary.h"
+#include "launcher/free_port.h"
+#include "launcher/launch_plan.h"
+#include "launcher/signal_watch.h"
+
+namespace ddp::launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Bytes = std::vector<std::uint8_t>;
+using comm::StoreClient;
+using comm::StoreClientOptions;
+
+// How often a waiting launcher looks at the store again (and at its signals).
+constexpr std::chrono::milliseconds kTick{100};
+// How often the watcher of a running round looks at the others.
+constexpr std::chrono::milliseconds kWatchInterval{200};
+// A launcher that is not told better: the job failed, or the store is gone.
+constexpr int kFailureExitCode = 1;
+// Bad input (as for the command line).
+constexpr int kUsageExitCode = 2;
+// Requests of the launchers' own connections answer within this at least (see StoreClient).
+constexpr std::chrono::milliseconds kMinRequestTimeout{5000};
+
+Bytes bytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
+std::string text(const Bytes& b) { return std::string(b.begin(), b.end()); }
+std::chrono::milliseconds millis(double seconds) {
+  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
+}
+double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+std::string seconds(double s) {
+  std::ostringstream out;
+  out << s;
+  return out.str();
+}
+
+std::vector<int> parseIds(const std::string& list) {
+  std::vector<int> ids;
+  std::istringstream in(list);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) ids.push_back(std::stoi(item));
+  }
+  return ids;
+}
+
+std::string joinIds(const std::vector<int>& ids) {
+  std::string out;
+  for (int id : ids) out += (out.empty() ? "" : ",") + std::to_string(id);
+  return out;
+}
+
+bool contains(const std::vector<int>& ids, int id) { return std::find(ids.begin(), ids.end(), id) != ids.end(); }
+
+// This launcher got a forwarded signal while it waited.
+struct Interrupted {
+  int signal;
+};
+
+// The job is over for this launcher: one line, this exit code.
+struct JobEnded {
+  std::string why;
+  int code;
+};
+
+// The store's keys of one elastic job.
+struct Keys {
+  std::string prefix;  // "elastic/<rdzv_id>/"
+  std::string nodeIds() const { return prefix + "node_ids"; }
+  std::string round() const { return prefix + "round"; }
+  std::string failures() const { return prefix + "failures"; }
+  std::string final() const { return prefix + "final"; }
+  std::string node(int id) const { return prefix + "node/" + std::to_string(id); }
+  std::string heartbeat(int id) const { return prefix + "heartbeat/" + std::to_string(id); }
+  // Why a node left ("done" when its workers finished); absent while it is in the job.
+  std::string left(int id) const { return prefix + "left/" + std::to_string(id); }
+  std::string inRound(std::int64_t round, const std::string& what) const {
+    return prefix + "round_" + std::to_string(round) + "/" + what;
+  }
+};
+
+constexpr const char* kDone = "done";
+
+// Adds to this launcher's heartbeat counter from a connection of its own, every `interval`.
+class Heartbeat {
+ public:
+  Heartbeat(const StoreClientOptions& options, std::string key, std::chrono::milliseconds interval)
+      : client_(options), key_(std::move(key)), interval_(interval), thread_([this] { loop(); }) {}
+  ~Heartbeat() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stop_) {
+      lock.unlock();
+      try {
+        client_.add(key_, 1);
+      } catch (const std::exception&) {
+        return;  // the store is gone: the main thread finds out on its own requests
+      }
+      lock.lock();
+      wake_.wait_for(lock, interval_, [this] { return stop_; });
+    }
+  }
+
+  StoreClient client_;
+  std::string key_;
+  std::chrono::milliseconds interval_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts once the rest is built
+};
+
+// Tells whether other nodes are still in the job, from their heartbeats as this launcher sees them.
+class Liveness {
+ public:
+  Liveness(StoreClient& store, const Keys& keys, double timeoutS) : store_(store), keys_(keys), timeoutS_(timeoutS) {}
+
+  /// Why node `id` is out of the job ("done", its launcher's reason, "no heartbeat for 30 s"),
+  /// or nothing while it is in.
+  std::optional<std::string> gone(int id) {
+    if (store_.check({keys_.left(id)})) return text(store_.get(keys_.left(id), store_.timeout()));
+    const std::int64_t beat = store_.add(keys_.heartbeat(id), 0);
+    Seen& seen = seen_[id];
+    if (!seen.known || beat != seen.beat) {
+      seen = {true, beat, Clock::now()};
+      return std::nullopt;
+    }
+    if (secondsSince(seen.at) >= timeoutS_) return "no heartbeat for " + seconds(timeoutS_) + " s";
+    return std::nullopt;
+  }
+
+ private:
+  struct Seen {
+    bool known = false;
+    std::int64_t beat = 0;
+    Clock::time_point at;
+  };
+  StoreClient& store_;
+  const Keys& keys_;
+  double timeoutS_;
+  std::map<int, Seen> seen_;
+};
+
+// Sets why round `round` ends unless another node did first, and returns the reason that stands:
+// "<kind> <failures> <text>", kind F (a worker failed), L (a node left), J (nodes wait to join),
+// C (a worker's bad configuration). F and L count towards --max_restarts; <failures> is the count
+// with this round's end included.
+std::string endRound(StoreClient& store, const Keys& keys, std::int64_t round, char kind, const std::string& why) {
+  const bool counts = kind == 'F' || kind == 'L';
+  const std::int64_t failures = store.add(keys.failures(), 0) + (counts ? 1 : 0);
+  const std::string mine = std::string(1, kind) + " " + std::to_string(failures) + " " + why;
+  const std::string standing = text(store.compareSet(keys.inRound(round, "end"), {}, bytes(mine)));
+  if (standing == mine && counts) store.add(keys.failures(), 1);
+  return standing;
+}
+
+struct EndReason {
+  char kind = 'F';
+  int failures = 0;
+  std::string why;
+};
+
+EndReason parseEnd(const std::string& standing) {
+  EndReason end;
+  std::istringstream in(standing);
+  in >> end.kind >> end.failures;
+  std::getline(in >> std::ws, end.why);
+  return end;
+}
+
+// One round as this launcher took part in it.
+struct Round {
+  std::int64_t number = 0;
+  std::vector<int> nodes;  // node ids, ascending: node rank = index
+  int index = 0;           // this node's rank in the round
+};
+
+// Watches a running round from a connection of its own: another node's end reason, a member
+// that left or went silent, nodes waiting to join. stopWanted() turns true once the round ends.
+class Watcher {
+ public:
+  Watcher(const StoreClientOptions& options, const Keys& keys, const Round& round, int self, const ElasticOptions& elastic)
+      : client_(options), keys_(keys), round_(round), self_(self), elastic_(elastic),
+        thread_([this] { loop(); }) {}
+  ~Watcher() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  Watcher(const Watcher&) = delete;
+  Watcher& operator=(const Watcher&) = delete;
+
+  bool stopWanted() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return wanted_;
+  }
+
+ private:
+  void loop() {
+    Liveness live(client_, keys_, elastic_.heartbeatTimeoutS);
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stop_ && !wanted_) {
+      lock.unlock();
+      bool end = false;
+      try {
+        end = look(live);
+      } catch (const std::exception&) {
+        end = true;  // the store is gone: stop the workers; the main thread says why
+      }
+      lock.lock();
+      if (end) wanted_ = true;
+      if (!wanted_) wake_.wait_for(lock, kWatchInterval, [this] { return stop_; });
+    }
+  }
+
+  bool look(Liveness& live) {
+    const std::string endKey = keys_.inRound(round_.number, "end");
+    if (client_.check({endKey})) return true;
+    bool someoneDone = false;
+    for (int node : round_.nodes) {
+      if (node == self_) continue;
+      const auto gone = live.gone(node);
+      if (!gone) continue;
+      if (*gone == kDone) {
+        someoneDone = true;
+        continue;
+      }
+      endRound(client_, keys_, round_.number, 'L', "node " + std::to_string(node) + " left (" + *gone + ")");
+      return true;
+    }
+    // Waiting nodes are admitted at the round's end: end it now, unless the job is finishing.
+    if (!someoneDone && static_cast<int>(round_.nodes.size()) < elastic_.maxNodes &&
+        client_.add(keys_.inRound(round_.number, "waiting"), 0) > 0) {
+      endRound(client_, keys_, round_.number, 'J', "a node is waiting to join");
+      return true;
+    }
+    return false;
+  }
+
+  StoreClient client_;
+  const Keys& keys_;
+  const Round round_;
+  const int self_;
+  const ElasticOptions& elastic_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  bool wanted_ = false;
+  std::thread thread_;  // last: starts once the rest is built
+};
+
+class Agent {
+ public:
+  Agent(const LaunchOptions& options, const EnvMap& environment, const SupervisionOptions& supervision,
+        SignalWatch& signals, std::string token)
+      : options_(options), elastic_(options.elastic), environment_(environment), supervision_(supervision),
+        signals_(signals), token_(std::move(token)), keys_{"elastic/" + options.elastic.rdzvId + "/"} {}
+
+  int run();
+
+ private:
+  void connect();
+  Round join();
+  bool shouldClose(const std::vector<int>& members, const std::vector<int>& previous, Liveness& live,
+                   Clock::time_point lastArrival) const;
+  void logRound(const Round& round);
+  std::optional<int> runRound(const Round& round);
+  LaunchPlan planFor(const Round& round);
+  void waitForOthers(const Round& round);
+  void leave(const std::string& why);
+  // Waits `time`, watching the forwarded signals; throws Interrupted on one.
+  void pause(std::chrono::milliseconds time);
+  void checkFinal();
+  std::string where() const { return clientOptions_.host + ":" + std::to_string(clientOptions_.port); }
+
+  const LaunchOptions& options_;
+  const ElasticOptions& elastic_;
+  const EnvMap environment_;
+  const SupervisionOptions supervision_;
+  SignalWatch& signals_;
+  const std::string token_;
+  const Keys keys_;
+  std::unique_ptr<comm::StoreServer> server_;  // this launcher hosts the rendezvous
+  StoreClientOptions clientOptions_;
+  std::unique_ptr<StoreClient> store_;
+  std::unique_ptr<Heartbeat> heartbeat_;
+  int nodeId_ = -1;
+  std::string address_;             // where the other nodes reach this one
+  std::vector<int> previous_;       // the nodes of the last round this launcher ran in
+  std::optional<std::int64_t> currentRound_;
+};
+
+void Agent::pause(std::chrono::milliseconds time) {
+  const auto deadline = Clock::now() + time;
+  for (auto now = Clock::now(); now < deadline; now = Clock::now()) {
+    const int signal = signals_.wait(std::chrono::ceil<std::chrono::milliseconds>(deadline - now));
+    if (signal != 0 && signals_.isForwarded(signal)) throw Interrupted{signal};
+  }
+  // A zero pause still looks at the signals.
+  if (time.count() == 0) {
+    const int signal = signals_.wait(std::chrono::milliseconds(0));
+    if (signal != 0 && signals_.isForwarded(signal)) throw Interrupted{signal};
+  }
+}
+
+void Agent::checkFinal() {
+  if (store_->check({keys_.final()})) throw JobEnded{text(store_->get(keys_.final(), store_->timeout())), kFailureExitCode};
+}
+
+void Agent::connect() {
+  const int port = options_.masterPort ? *options_.masterPort : kDefaultMultiNodePort;
+  const std::string bind = options_.rdzvBind.empty() ? options_.masterAddr : options_.rdzvBind;
+  try {
+    ListenSocket socket(bind, port);
+    comm::StoreServerOptions serverOptions;
+    serverOptions.token = token_;
+    server_ = std::make_unique<comm::StoreServer>(socket.release(), serverOptions);
+  } catch (const ConfigError& e) {
+    // Another launcher holds the port, or the address is not this machine's: join its store.
+    spdlog::debug("not hosting the rendezvous ({})", e.what());
+  }
+  clientOptions_.host = options_.masterAddr;
+  clientOptions_.port = static_cast<std::uint16_t>(port);
+  clientOptions_.token = token_;
+  clientOptions_.who = "this launcher";
+  clientOptions_.server = "the launcher hosting the rendezvous";
+  // Short tries, so a signal is seen while no launcher hosts the store yet.
+  const auto deadline = Clock::now() + millis(elastic_.rdzvTimeoutS);
+  while (!store_) {
+    StoreClientOptions attempt = clientOptions_;
+    attempt.timeout = std::min(std::chrono::milliseconds(1000),
+                               std::max(std::chrono::milliseconds(1), std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now())));
+    try {
+      store_ = std::make_unique<StoreClient>(attempt);
+    } catch (const comm::StoreUnreachableError& e) {
+      if (Clock::now() >= deadline) {
+        throw JobEnded{"no launcher hosts the rendezvous at " + where() + " after --rdzv_timeout_s=" +
+                           seconds(elastic_.rdzvTimeoutS) + " s (" + e.reason() +
+                           "); start the launcher of the host --master_addr names, with the same --master_port",
+                       kFailureExitCode};
+      }
+      pause(std::chrono::milliseconds(0));
+    } catch (const comm::StoreAuthError& e) {
+      DDP_THROW(ConfigError, "rendezvous: ", e.what(),
+                "; every node of an elastic job needs the same token: pass the same --rdzv_token_file on each");
+    }
+  }
+  // A host that stops answering is noticed within the heartbeat timeout (and a few seconds).
+  clientOptions_.timeout = std::max(kMinRequestTimeout, millis(elastic_.heartbeatTimeoutS));
+  store_->setTimeout(clientOptions_.timeout);
+  address_ = store_->localAddress();
+  if (address_.empty()) address_ = options_.masterAddr;
+  nodeId_ = static_cast<int>(store_->add(keys_.nodeIds(), 1) - 1);
+  store_->set(keys_.node(nodeId_), bytes(std::to_string(options_.nprocPerNode)));
+  const auto interval = std::clamp(millis(elastic_.heartbeatTimeoutS / 6), std::chrono::milliseconds(50),
+                                   std::chrono::milliseconds(5000));
+  heartbeat_ = std::make_unique<Heartbeat>(clientOptions_, keys_.heartbeat(nodeId_), interval);
+  spdlog::info("elastic job '{}' ({}..{} nodes): this is node {} at {}; {} the rendezvous at {}", elastic_.rdzvId,
+               elastic_.minNodes, elastic_.maxNodes, nodeId_, address_, server_ ? "hosting" : "joined", where());
+}
+
+bool Agent::shouldClose(const std::vector<int>& members, const std::vector<int>& previous, Liveness& live,
+                        Clock::time_point lastArrival) const {
+  const int n = static_cast<int>(members.size());
+  if (n >= elastic_.maxNodes) return true;
+  if (n < elastic_.minNodes) return false;
+  // The nodes of the last round that are still alive come back after stopping their workers.
+  for (int node : previous) {
+    if (!contains(members, node) && !live.gone(node)) return false;
+  }
+  return secondsSince(lastArrival) >= elastic_.lastCallS;
+}
+
+Round Agent::join() {
+  auto deadline = Clock::now() + millis(elastic_.rdzvTimeoutS);
+  while (true) {
+    checkFinal();
+    const std::int64_t k = store_->add(keys_.round(), 0);
+    const std::string membersKey = keys_.inRound(k, "members");
+    const std::string closedKey = keys_.inRound(k, "closed");
+    store_->append(membersKey, bytes(std::to_string(nodeId_) + ","));
+    currentRound_ = k;
+    std::vector<int> previous;
+    if (k > 0 && store_->check({keys_.inRound(k - 1, "closed")})) {
+      previous = parseIds(text(store_->get(keys_.inRound(k - 1, "closed"), store_->timeout())));
+    }
+    Liveness live(*store_, keys_, elastic_.heartbeatTimeoutS);
+    std::optional<std::vector<int>> closed;
+    size_t arrivals = 0;
+    auto lastArrival = Clock::now();
+    while (!closed) {
+      if (store_->check({closedKey})) {
+        closed = parseIds(text(store_->get(closedKey, store_->timeout())));
+        break;
+      }
+      // Members that left again (a signal while waiting) do not count.
+      std::vector<int> members;
+      for (int node : parseIds(text(store_->get(membersKey, store_->timeout())))) {
+        if (!contains(members, node) && !store_->check({keys_.left(node)})) members.push_back(node);
+      }
+      if (members.size() != arrivals) {
+        arrivals = members.size();
+        lastArrival = Clock::now();
+      }
+      if (shouldClose(members, previous, live, lastArrival)) {
+        std::vector<int> chosen(members.begin(),
+                                members.begin() + std::min<std::ptrdiff_t>(static_cast<std::ptrdiff_t>(members.size()),
+                                                                           elastic_.maxNodes));
+        std::sort(chosen.begin(), chosen.end());
+        closed = parseIds(text(store_->compareSet(closedKey, {}, bytes(joinIds(chosen)))));
+        break;
+      }
+      if (Clock::now() >= deadline) {
+        throw JobEnded{"rendezvous round " + std::to_string(k) + " has " + std::to_string(members.size()) +
+                           " of the at least " + std::to_string(elastic_.minNodes) + " nodes it needs (" +
+                           (members.empty() ? "none" : "nodes " + joinIds(members)) + ") after --rdzv_timeout_s=" +
+                           seconds(elastic_.rdzvTimeoutS) + " s; the job ends (resume: auto continues it from "
+                           "its last checkpoint when started again)",
+                       kFailureExitCode};
+      }
+      pause(kTick);
+    }
+    if (const auto at = std::find(closed->begin(), closed->end(), nodeId_); at != closed->end()) {
+      return Round{k, *closed, static_cast<int>(at - closed->begin())};
+    }
+    spdlog::info("round {} runs with nodes {} already; waiting to be admitted when it ends", k, joinIds(*closed));
+    store_->add(keys_.inRound(k, "waiting"), 1);
+    while (store_->add(keys_.round(), 0) == k) {
+      checkFinal();
+      pause(kTick * 2);
+    }
+    deadline = Clock::now() + millis(elastic_.rdzvTimeoutS);
+  }
+}
+
+void Agent::logRound(const Round& round) {
+  std::string line = "round " + std::to_string(round.number) + ": nodes " + joinIds(round.nodes) + " (world " +
+                     std::to_string(static_cast<int>(round.nodes.size()) * options_.nprocPerNode) + ")";
+  for (int node : previous_) {
+    if (contains(round.nodes, node)) continue;
+    std::string why = "not admitted";
+    if (store_->check({keys_.left(node)})) {
+      why = text(store_->get(keys_.left(node), store_->timeout()));
+    } else {
+      why = "no heartbeat for " + seconds(elastic_.heartbeatTimeoutS) + " s";
+    }
+    line += ", node " + std::to_string(node) + " left (" + why + ")";
+  }
+  if (!previous_.empty()) {
+    for (int node : round.nodes) {
+      if (!contains(previous_, node)) line += ", node " + std::to_string(node) + " joined";
+    }
+  }
+  spdlog::info("{}", line);
+}
+
+LaunchPlan Agent::planFor(const Round& round) {
+  for (int node : round.nodes) {
+    const std::string nproc = text(store_->get(keys_.node(node), store_->timeout()));
+    if (nproc != std::to_string(options_.nprocPerNode)) {
+      throw JobEnded{"node " + std::to_string(node) + " runs " + nproc + " workers and this node " +
+                         std::to_string(options_.nprocPerNode) +
+                         "; every node of an elastic job needs the same --nproc_per_node",
+                     kUsageExitCode};
+    }
+  }
+  LaunchOptions options = options_;
+  options.nnodes = static_cast<int>(round.nodes.size());
+  options.nodeRank = round.index;
+  options.rdzvBind.clear();  // the rendezvous' bind address, not the workers'
+  options.rdzvTokenFile.clear();
+  EnvMap environment = environment_;
+  environment.erase(kTokenFileEnv);
+  environment[kTokenEnv] = token_;
+  const std::string masterKey = keys_.inRound(round.number, "master");
+  LaunchPlan plan;
+  if (round.index == 0) {
+    // Rank 0's store on a fresh port of this node, bound before it is published.
+    options.masterAddr = address_;
+    options.masterPort = isPythonInterpreter(options_.worker) ? pickFreePort(address_) : 0;
+    plan = makeLaunchPlan(options, environment);
+    store_->set(masterKey, bytes(address_ + " " + std::to_string(plan.masterPort)));
+  } else {
+    const auto deadline = Clock::now() + millis(elastic_.rdzvTimeoutS);
+    while (!store_->check({masterKey})) {
+      if (Clock::now() >= deadline) {
+        throw JobEnded{"round " + std::to_string(round.number) + ": node " + std::to_string(round.nodes.front()) +
+                           " did not publish rank 0's address within --rdzv_timeout_s",
+                       kFailureExitCode};
+      }
+      pause(kTick);
+    }
+    std::istringstream master(text(store_->get(masterKey, store_->timeout())));
+    int port = 0;
+    master >> options.masterAddr >> port;
+    options.masterPort = port;
+    plan = makeLaunchPlan(options, environment);
+  }
+  plan.attempt = static_cast<int>(round.number);
+  plan.elastic = true;
+  const std::string attempt = std::to_string(round.number);
+  for (WorkerCommand& command : plan.commands) {
+    command.env["TORCHELASTIC_RESTART_COUNT"] = attempt;
+    command.env["DDP_RESTART_COUNT"] = attempt;
+    command.env["TORCHELASTIC_RUN_ID"] = elastic_.rdzvId;
+  }
+  return plan;
+}
+
+void Agent::leave(const std::string& why) {
+  if (!store_ || nodeId_ < 0) return;
+  try {
+    store_->set(keys_.left(nodeId_), bytes(why));
+    if (currentRound_) endRound(*store_, keys_, *currentRound_, 'L', "node " + std::to_string(nodeId_) + " left (" + why + ")");
+  } catch (const std::exception&) {
+    // The store is gone too: nothing to tell.
+  }
+}
+
+void Agent::waitForOthers(const Round& round) {
+  // The others still use this launcher's store until their workers are done.
+  Liveness live(*store_, keys_, elastic_.heartbeatTimeoutS);
+  try {
+    for (int node : round.nodes) {
+      while (node != nodeId_ && !live.gone(node)) pause(kTick);
+    }
+  } catch (const Interrupted&) {
+    // Told to stop: the others lose the store, and say so.
+  }
+}
+
+std::optional<int> Agent::runRound(const Round& round) {
+  const LaunchPlan plan = planFor(round);
+  SupervisionOptions supervision = supervision_;
+  AttemptReport report;
+  {
+    Watcher watcher(clientOptions_, keys_, round, nodeId_, elastic_);
+    supervision.stopRequested = [&watcher] { return watcher.stopWanted(); };
+    report = runAttempt(plan, supervision, signals_);
+  }
+  previous_ = round.nodes;
+  if (report.launcherSignal != 0) {
+    leave("its launcher received " + signalName(report.launcherSignal));
+    return 128 + report.launcherSignal;
+  }
+  if (!report.firstFailure && !report.stoppedOnRequest) {
+    store_->set(keys_.left(nodeId_), bytes(kDone));
+    if (server_) waitForOthers(round);
+    return 0;
+  }
+  std::optional<ExitStatus> ownFailure;
+  std::string standing;
+  if (report.firstFailure) {
+    const RankReport& failed = report.ranks[*report.firstFailure];
+    ownFailure = failed.status;
+    const bool configError = !failed.status.signaled && failed.status.code == kWorkerConfigErrorCode;
+    standing = endRound(*store_, keys_, round.number, configError ? 'C' : 'F',
+                        "node " + std::to_string(nodeId_) + ": rank " + std::to_string(failed.rank) + " " +
+                            describeFailure(failed));
+  } else {
+    standing = text(store_->get(keys_.inRound(round.number, "end"), store_->timeout()));
+  }
+  const EndReason end = parseEnd(standing);
+  spdlog::warn("round {} ended: {}", round.number, end.why);
+  // A worker's bad configuration is every node's (the same command line): exit 2 everywhere.
+  const int ownCode = ownFailure ? ownFailure->shellCode() : end.kind == 'C' ? kUsageExitCode : kFailureExitCode;
+  auto finish = [&](const std::string& why) {
+    store_->compareSet(keys_.final(), {}, bytes(why));
+    store_->set(keys_.left(nodeId_), bytes("the job ended"));
+    spdlog::error("{}", why);
+    if (ownFailure) {
+      for (const std::string& line : formatFailureSummary(report)) spdlog::error("{}", line);
+    }
+    if (server_) waitForOthers(round);  // until every node has read why
+    return ownCode;
+  };
+  if (end.kind == 'C') {
+    return finish("the job ends: " + end.why + " (bad configuration), which every restart would repeat");
+  }
+  if (end.kind != 'J' && end.failures > options_.maxRestarts) {
+    return finish("the job ends: " + end.why + " was failure " + std::to_string(end.failures) + " and --max_restarts=" +
+                  std::to_string(options_.maxRestarts));
+  }
+  if (end.kind != 'J') {
+    spdlog::warn("restarting with the nodes still there (restart {}/{})", end.failures, options_.maxRestarts);
+  }
+  // Whoever gets here first opens the next round.
+  store_->compareSet(keys_.round(), bytes(std::to_string(round.number)), bytes(std::to_string(round.number + 1)));
+  return std::nullopt;
+}
+
+int Agent::run() {
+  try {
+    connect();
+    while (true) {
+      const Round round = join();
+      logRound(round);
+      if (const auto code = runRound(round)) return *code;
+    }
+  } catch (const Interrupted& interrupted) {
+    spdlog::warn("received {} while waiting for the rendezvous; leaving the job", signalName(interrupted.signal));
+    leave("its launcher received " + signalName(interrupted.signal));
+    return 128 + interrupted.signal;
+  } catch (const JobEnded& ended) {
+    spdlog::error("{}", ended.why);
+    return ended.code;
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const ddp::Error& e) {
+    // CommError or TimeoutError of this launcher's store connection.
+    spdlog::error("the rendezvous store at {} ({}) stopped answering ({}); the job cannot go on without it: start it "
+                  "again, and resume: auto continues from the last checkpoint",
+                  where(), server_ ? "hosted here" : "hosted by another node's launcher", e.what());
+    return kFailureExitCode;
+  }
+}
+
+}  // namespace
+
+int runElastic(const LaunchOptions& options, const EnvMap& environment, const SupervisionOptions& supervision) {
+  // The job's token: the nodes share one, so nothing else can join (a file, as for fixed multi-node jobs).
+  std::string token;
+  if (!options.rdzvTokenFile.empty()) {
+    token = readTokenFile(options.rdzvTokenFile);
+  } else if (auto file = environment.find(kTokenFileEnv); file != environment.end() && !file->second.empty()) {
+    token = readTokenFile(file->second);
+  } else if (auto given = environment.find(kTokenEnv); given != environment.end() && !given->second.empty()) {
+    token = checkedToken(given->second, kTokenEnv);
+  } else {
+    DDP_THROW(ConfigError, "--nnodes=", options.elastic.minNodes, ":", options.elastic.maxNodes,
+              ": the nodes of an elastic job share a secret token, so nothing else can join it; put one in a file "
+              "every node can read (mode 600) and pass --rdzv_token_file=PATH on each node, e.g. "
+              "(umask 077; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n' > ~/.ddp_token)");
+  }
+  // Before any thread starts (the store's, the heartbeat's): they inherit the blocked signals.
+  SignalWatch signals;
+  Agent agent(options, environment, supervision, signals, token);
+  return agent.run();
+}
+
+}  // namespace ddp::launcher

@@ -1,0 +1,260 @@
+// Elastic jobs (--nnodes=MIN:MAX): several real launchers on this machine, each its own process
+// tree ("node"), one of them hosting the rendezvous; nodes are SIGKILLed, leave on SIGTERM and
+// join while the job runs, and the training goes on at the new world size.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/e2e/run_command.h"
+
+namespace ddp {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kConfig = std::string(DDP_SOURCE_DIR) + "/configs/synthetic_mlp.yaml";
+
+struct Job {
+  std::string base = test::makeTempDir("elastic");
+  std::string token = base + "/token";
+  uint16_t port = test::freePort();
+
+  Job() {
+    std::ofstream(token) << "0123456789abcdef0123456789abcdef";
+    ::chmod(token.c_str(), 0600);
+  }
+  ~Job() { fs::remove_all(base); }
+
+  // One node's launcher: 2 workers, short timeouts so a lost node is noticed in 2 s.
+  std::vector<std::string> node(const std::string& nnodes, std::vector<std::string> extra = {},
+                                std::vector<std::string> worker = {}) const {
+    std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nnodes=" + nnodes, "--nproc_per_node=2",
+                                     "--master_port=" + std::to_string(port), "--rdzv_token_file=" + token,
+                                     "--rdzv_last_call_s=1", "--heartbeat_timeout_s=2", "--shutdown_grace_s=2"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    argv.push_back(DDP_WORKER_BIN);
+    argv.push_back(kConfig);
+    if (worker.empty()) worker = training();
+    argv.insert(argv.end(), worker.begin(), worker.end());
+    return argv;
+  }
+
+  // Long enough that a node can join while it runs; every sample once per epoch (join: no padding).
+  std::vector<std::string> training() const {
+    return {"seed=3", "model.hidden=[512,512]", "data.synthetic_train=" + std::to_string(kSamples),
+            "data.synthetic_test=64", "train.batch_size=8", "train.epochs=4", "train.log_every=10",
+            "train.uneven_inputs=join", "eval.enabled=false", "output.sample_log=true",
+            "output.dir=" + base + "/out", "checkpoint.dir=" + base + "/ckpt", "checkpoint.every_steps=5",
+            "resume=auto"};
+  }
+
+  static constexpr int64_t kSamples = 4096;
+};
+
+// The pids of `parent`'s children, from /proc.
+std::vector<pid_t> childrenOf(pid_t parent) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(parent) + "/task", ec)) {
+    std::ifstream in(task.path() / "children");
+    for (pid_t p; in >> p;) out.push_back(p);
+  }
+  return out;
+}
+
+bool alive(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z';
+}
+
+// One batch line of output.sample_log and the run (round) that wrote it.
+struct Batch {
+  int round;
+  int64_t epoch, step;
+  std::vector<int64_t> indices;
+};
+
+std::vector<Batch> readSampleLogs(const std::string& dir) {
+  std::vector<Batch> out;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("samples_rank", 0) != 0) continue;
+    std::ifstream in(entry.path());
+    int round = -1;
+    for (std::string line; std::getline(in, line);) {
+      std::istringstream fields(line);
+      if (line.rfind("# restart ", 0) == 0) {
+        std::string hash, word;
+        fields >> hash >> word >> round;
+        continue;
+      }
+      Batch batch{round, 0, 0, {}};
+      fields >> batch.epoch >> batch.step;
+      for (int64_t i; fields >> i;) batch.indices.push_back(i);
+      out.push_back(batch);
+    }
+  }
+  return out;
+}
+
+TEST(Elastic, ANodeDiesAnotherJoinsAndEveryEpochSeesEverySampleOnce) {
+  const Job job;
+  test::Background a(job.node("1:2", {"--max_restarts=3"}), job.base + "/a.log");
+  ASSERT_TRUE(a.waitFor("this is node 0", 60)) << test::readFile(a.log);
+  test::Background b(job.node("1:2", {"--max_restarts=3"}), job.base + "/b.log");
+  // Round 0 runs on both nodes (world 4); node 1's launcher dies mid-epoch with its workers.
+  ASSERT_TRUE(a.waitFor("step 20/", 120)) << test::readFile(a.log) << test::readFile(b.log);
+  ASSERT_EQ(test::readFile(a.log).find("round 1:"), std::string::npos) << test::readFile(a.log);
+  ::kill(b.pid, SIGKILL);
+  ASSERT_EQ(b.wait(30), 128 + SIGKILL);
+  // Node 0 goes on alone (world 2); a new node joins while it trains and is admitted.
+  ASSERT_TRUE(a.waitFor("round 1:", 120)) << test::readFile(a.log);
+  test::Background c(job.node("1:2", {"--max_restarts=3"}), job.base + "/c.log");
+  EXPECT_EQ(a.wait(300), 0) << test::readFile(a.log);
+  EXPECT_EQ(c.wait(120), 0) << test::readFile(c.log);
+  const std::string logA = test::readFile(a.log);
+  EXPECT_NE(logA.find("round 0: nodes 0,1 (world 4)"), std::string::npos) << logA;
+  EXPECT_NE(logA.find("round 1: nodes 0 (world 2), node 1 left (no heartbeat for 2 s)"), std::string::npos) << logA;
+  EXPECT_NE(logA.find("round 1 ended: a node is waiting to join"), std::string::npos) << logA;
+  EXPECT_NE(logA.find("round 2: nodes 0,2 (world 4), node 2 joined"), std::string::npos) << logA;
+  EXPECT_NE(test::readFile(c.log).find("round 2: nodes 0,2 (world 4)"), std::string::npos) << test::readFile(c.log);
+  // The join was admitted at a checkpoint the workers agreed on: round 2 resumed where round 1 stopped.
+  EXPECT_NE(logA.find("stopping after step"), std::string::npos) << logA;
+
+  // A round redoes the steps after the checkpoint it resumed from: a batch of round r counts
+  // unless a later round started at or before its step.
+  const std::vector<Batch> batches = readSampleLogs(job.base + "/out");
+  std::map<int, int64_t> firstStep;  // round → its first step
+  for (const Batch& batch : batches) {
+    ASSERT_GE(batch.round, 0) << "a sample-log line before any '# restart' header";
+    auto [it, fresh] = firstStep.emplace(batch.round, batch.step);
+    if (!fresh) it->second = std::min(it->second, batch.step);
+  }
+  ASSERT_EQ(firstStep.size(), 3u) << "rounds that trained";
+  std::map<int64_t, std::vector<int64_t>> seen;  // epoch → indices
+  std::set<int64_t> steps;
+  for (const Batch& batch : batches) {
+    bool redone = false;
+    for (const auto& [round, first] : firstStep) redone = redone || (round > batch.round && first <= batch.step);
+    if (redone) continue;
+    steps.insert(batch.step);
+    seen[batch.epoch].insert(seen[batch.epoch].end(), batch.indices.begin(), batch.indices.end());
+  }
+  ASSERT_EQ(seen.size(), 4u);
+  std::vector<int64_t> everyIndex(Job::kSamples);
+  for (int64_t i = 0; i < Job::kSamples; ++i) everyIndex[static_cast<size_t>(i)] = i;
+  for (auto& [epoch, indices] : seen) {
+    std::sort(indices.begin(), indices.end());
+    EXPECT_EQ(indices, everyIndex) << "epoch " << epoch << ": " << indices.size() << " samples seen";
+  }
+  // The steps continue from the step reached: 1 .. the job's last, each once.
+  const auto summary = nlohmann::json::parse(test::readFile(job.base + "/out/summary.json"));
+  const int64_t last = summary["steps"].get<int64_t>();
+  EXPECT_EQ(static_cast<int64_t>(steps.size()), last);
+  EXPECT_EQ(*steps.begin(), 1);
+  EXPECT_EQ(*steps.rbegin(), last);
+}
+
+TEST(Elastic, ANodeThatGetsSigtermLeavesAndTheOthersGoOnAtOnce) {
+  const Job job;
+  test::Background a(job.node("1:2", {"--max_restarts=1"}), job.base + "/a.log");
+  ASSERT_TRUE(a.waitFor("this is node 0", 60)) << test::readFile(a.log);
+  test::Background b(job.node("1:2", {"--max_restarts=1"}), job.base + "/b.log");
+  ASSERT_TRUE(a.waitFor("step 20/", 120)) << test::readFile(a.log) << test::readFile(b.log);
+  ::kill(b.pid, SIGTERM);  // e.g. the node is drained
+  EXPECT_EQ(b.wait(60), 128 + SIGTERM) << test::readFile(b.log);
+  EXPECT_EQ(a.wait(300), 0) << test::readFile(a.log);
+  const std::string logA = test::readFile(a.log);
+  EXPECT_NE(logA.find("round 1: nodes 0 (world 2), node 1 left (its launcher received SIGTERM)"), std::string::npos)
+      << logA;
+}
+
+TEST(Elastic, TheHostingLauncherDyingEndsTheOthersWithOneLineAndNoWorkerLeft) {
+  const Job job;
+  test::Background a(job.node("1:2"), job.base + "/a.log");
+  ASSERT_TRUE(a.waitFor("this is node 0", 60)) << test::readFile(a.log);
+  test::Background b(job.node("1:2"), job.base + "/b.log");
+  ASSERT_TRUE(b.waitFor("round 0: nodes 0,1 (world 4)", 60)) << test::readFile(b.log);
+  ASSERT_TRUE(a.waitFor("step 20/", 120)) << test::readFile(a.log);
+  std::vector<pid_t> workers = childrenOf(a.pid);
+  const std::vector<pid_t> workersB = childrenOf(b.pid);
+  workers.insert(workers.end(), workersB.begin(), workersB.end());
+  ASSERT_EQ(workers.size(), 4u);
+  ::kill(a.pid, SIGKILL);
+  ASSERT_EQ(a.wait(30), 128 + SIGKILL);
+  EXPECT_EQ(b.wait(60), 1) << test::readFile(b.log);
+  const std::string logB = test::readFile(b.log);
+  EXPECT_NE(logB.find("hosted by another node's launcher) stopped answering"), std::string::npos) << logB;
+  for (pid_t worker : workers) EXPECT_FALSE(alive(worker)) << "worker " << worker << " outlived its job";
+}
+
+TEST(Elastic, FewerThanMinNodesAfterTheRendezvousTimeoutIsOneLine) {
+  const Job job;
+  const auto run = test::runCommand(job.node("2:3", {"--rdzv_timeout_s=2"}), 60);
+  EXPECT_EQ(run.exitCode, 1) << run.output;
+  EXPECT_NE(run.output.find("rendezvous round 0 has 1 of the at least 2 nodes it needs (nodes 0) after "
+                            "--rdzv_timeout_s=2 s; the job ends"),
+            std::string::npos)
+      << run.output;
+}
+
+TEST(Elastic, AWorkersBadConfigurationEndsTheJobOnEveryNode) {
+  const Job job;
+  std::vector<std::string> bad = job.training();
+  bad.push_back("train.optimizer=nonsense");
+  test::Background a(job.node("2:2", {"--max_restarts=3"}, bad), job.base + "/a.log");
+  ASSERT_TRUE(a.waitFor("this is node 0", 60)) << test::readFile(a.log);
+  test::Background b(job.node("2:2", {"--max_restarts=3"}, bad), job.base + "/b.log");
+  EXPECT_EQ(a.wait(120), 2) << test::readFile(a.log);
+  EXPECT_EQ(b.wait(120), 2) << test::readFile(b.log);
+  EXPECT_NE(test::readFile(a.log).find("which every restart would repeat"), std::string::npos) << test::readFile(a.log);
+  EXPECT_EQ(test::readFile(a.log).find("round 1:"), std::string::npos) << test::readFile(a.log);
+}
+
+struct BadElastic {
+  std::vector<std::string> flags;
+  std::string message;
+};
+
+class ElasticBadInput : public ::testing::TestWithParam<BadElastic> {};
+
+TEST_P(ElasticBadInput, IsOneLineAndExit2) {
+  const Job job;
+  std::vector<std::string> argv = {DDP_LAUNCH_BIN};
+  for (std::string flag : GetParam().flags) {
+    if (flag == "TOKEN") flag = "--rdzv_token_file=" + job.token;
+    argv.push_back(flag);
+  }
+  argv.insert(argv.end(), {"--master_port=" + std::to_string(job.port), DDP_WORKER_BIN, kConfig});
+  const auto run = test::runCommand(argv, 60);
+  EXPECT_EQ(run.exitCode, 2) << run.output;
+  EXPECT_NE(run.output.find(GetParam().message), std::string::npos) << run.output;
+  EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 1) << run.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Elastic, ElasticBadInput,
+    ::testing::Values(
+        BadElastic{{"--nnodes=3:2", "TOKEN"}, "--nnodes=3:2: MIN 3 is more than MAX 2"},
+        BadElastic{{"--nnodes=0:2", "TOKEN"}, "--nnodes=0:2: an elastic job needs at least one node"},
+        BadElastic{{"--nnodes=1:2", "--node_rank=1", "TOKEN"}, "in an elastic job the rendezvous assigns the node ranks"},
+        BadElastic{{"--nnodes=1:2", "--rdzv_token_file=/nonexistent/token"}, "/nonexistent/token"},
+        BadElastic{{"--nnodes=1:2"}, "the nodes of an elastic job share a secret token"},
+        BadElastic{{"--nnodes=2", "--rdzv_last_call_s=5", "TOKEN"}, "--rdzv_last_call_s is for elastic jobs"}));
+
+}  // namespace
+}  // namespace ddp
