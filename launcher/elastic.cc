@@ -92,6 +92,7 @@ struct Keys {
   std::string round() const { return prefix + "round"; }
   std::string failures() const { return prefix + "failures"; }
   std::string final() const { return prefix + "final"; }
+  std::string finished() const { return prefix + "finished"; }
   std::string node(int id) const { return prefix + "node/" + std::to_string(id); }
   std::string heartbeat(int id) const { return prefix + "heartbeat/" + std::to_string(id); }
   // Why a node left ("done" when its workers finished); absent while it is in the job.
@@ -341,6 +342,7 @@ void Agent::pause(std::chrono::milliseconds time) {
 
 void Agent::checkFinal() {
   if (store_->check({keys_.final()})) throw JobEnded{text(store_->get(keys_.final(), store_->timeout())), kFailureExitCode};
+  if (store_->check({keys_.finished()})) throw JobEnded{"the job finished before this node was admitted", 0};
 }
 
 void Agent::connect() {
@@ -580,6 +582,7 @@ std::optional<int> Agent::runRound(const Round& round) {
     return 128 + report.launcherSignal;
   }
   if (!report.firstFailure && !report.stoppedOnRequest) {
+    store_->set(keys_.finished(), bytes("1"));  // waiting nodes: nothing left to join
     store_->set(keys_.left(nodeId_), bytes(kDone));
     if (server_) waitForOthers(round);
     return 0;
@@ -638,7 +641,11 @@ int Agent::run() {
     leave("its launcher received " + signalName(interrupted.signal));
     return 128 + interrupted.signal;
   } catch (const JobEnded& ended) {
-    spdlog::error("{}", ended.why);
+    if (ended.code == 0) {
+      spdlog::info("{}", ended.why);
+    } else {
+      spdlog::error("{}", ended.why);
+    }
     return ended.code;
   } catch (const ConfigError&) {
     throw;

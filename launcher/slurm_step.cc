@@ -53,7 +53,7 @@ std::string applySrunStep(LaunchOptions& options, const EnvMap& env) {
     options.nnodes = nodes;
     note("--nnodes=" + std::to_string(nodes));
   }
-  if (!options.nodeRankGiven) {
+  if (!options.nodeRankGiven && !options.elastic.enabled) {  // elastic: the rendezvous ranks the nodes
     options.nodeRank = node;
     note("--node_rank=" + std::to_string(node));
   }
@@ -116,7 +116,7 @@ void checkSrunLayout(const LaunchOptions& options, const EnvMap& env) {
               "--ntasks-per-node=1 ddp-launch ... (or let srun start the workers: srun -n N worker CONFIG)");
   }
   const int tasks = number(env, "SLURM_STEP_NUM_TASKS", number(env, "SLURM_NTASKS", 1));
-  if (tasks > 1 && (options.nnodes != tasks || options.nodeRank != node)) {
+  if (tasks > 1 && !options.elastic.enabled && (options.nnodes != tasks || options.nodeRank != node)) {
     DDP_THROW(ConfigError, "ddp-launch runs on ", tasks, " nodes of this srun step (SLURM_NODEID=", node,
               ") but was given --nnodes=", options.nnodes, " --node_rank=", options.nodeRank,
               ", so the nodes would not form one job; drop --nnodes and --node_rank (ddp-launch takes them "

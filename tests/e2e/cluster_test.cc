@@ -165,6 +165,22 @@ TEST_F(Slurm, TwoNodeStepTakesNodesRankAndMasterFromTheAllocation) {
   expectSameTraining(summaryOf(dir), 2, run.output);
 }
 
+TEST_F(Slurm, AnElasticJobOverATwoNodeStepRendezvousesAtTheStepsFirstNode) {
+  // --nnodes=MIN:MAX under srun: the rendezvous point is the step's first node and the job's port,
+  // the node ranks come from the rendezvous, not SLURM_NODEID (issue 29).
+  const std::string dir = test::makeTempDir("slurm_elastic");
+  auto argv = with({"/usr/bin/srun", "-N2", "--ntasks-per-node=1", "--cpus-per-task=1", DDP_LAUNCH_BIN,
+                    "--nnodes=1:2", "--rdzv_last_call_s=1", "--heartbeat_timeout_s=5"});
+  argv.push_back("output.dir=" + dir);
+  argv.insert(argv.end(), kTrain.begin(), kTrain.end());
+  const auto run = test::runCommand(argv, 300, env({"DDP_RDZV_TOKEN_FILE=" + tokenFile(dir)}));
+  ASSERT_EQ(run.exitCode, 0) << run.output;
+  EXPECT_NE(run.output.find("round 0: nodes 0,1 (world 2)"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("hosting the rendezvous at " + hostnames("localhost,vm").front() + ":"), std::string::npos)
+      << run.output;
+  expectSameTraining(summaryOf(dir), 2, run.output);
+}
+
 TEST_F(Slurm, PlainSrunOverTwoNodesUsesTheNetworkNotSharedMemory) {
   // srun -N2 -n4 sets no SLURM_NTASKS_PER_NODE: two ranks per node, and rank 0's host is the
   // first of the step's nodes (issue 14 item 4).

@@ -15,6 +15,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/e2e/run_command.h"
@@ -37,12 +38,12 @@ struct Job {
   }
   ~Job() { fs::remove_all(base); }
 
-  // One node's launcher: 2 workers, short timeouts so a lost node is noticed in 2 s.
+  // One node's launcher: 2 workers, short timeouts so a lost node is noticed in 3 s.
   std::vector<std::string> node(const std::string& nnodes, std::vector<std::string> extra = {},
                                 std::vector<std::string> worker = {}) const {
     std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nnodes=" + nnodes, "--nproc_per_node=2",
                                      "--master_port=" + std::to_string(port), "--rdzv_token_file=" + token,
-                                     "--rdzv_last_call_s=1", "--heartbeat_timeout_s=2", "--shutdown_grace_s=2"};
+                                     "--rdzv_last_call_s=1", "--heartbeat_timeout_s=3", "--shutdown_grace_s=2"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     argv.push_back(DDP_WORKER_BIN);
     argv.push_back(kConfig);
@@ -79,6 +80,18 @@ bool alive(pid_t pid) {
   std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const size_t close = stat.rfind(')');
   return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z';
+}
+
+// Waits until `text` appears in `job`'s log after `marker`.
+bool waitForAfter(const test::Background& job, const std::string& marker, const std::string& text, int seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  while (std::chrono::steady_clock::now() < deadline) {
+    const std::string log = test::readFile(job.log);
+    const size_t at = log.find(marker);
+    if (at != std::string::npos && log.find(text, at) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a polling interval, not synchronisation
+  }
+  return false;
 }
 
 // One batch line of output.sample_log and the run (round) that wrote it.
@@ -123,12 +136,14 @@ TEST(Elastic, ANodeDiesAnotherJoinsAndEveryEpochSeesEverySampleOnce) {
   ASSERT_EQ(b.wait(30), 128 + SIGKILL);
   // Node 0 goes on alone (world 2); a new node joins while it trains and is admitted.
   ASSERT_TRUE(a.waitFor("round 1:", 120)) << test::readFile(a.log);
+  // ... once it trains at world 2 (a join before its first step would leave round 1 empty).
+  ASSERT_TRUE(waitForAfter(a, "round 1:", "info epoch ", 120)) << test::readFile(a.log);
   test::Background c(job.node("1:2", {"--max_restarts=3"}), job.base + "/c.log");
   EXPECT_EQ(a.wait(300), 0) << test::readFile(a.log);
   EXPECT_EQ(c.wait(120), 0) << test::readFile(c.log);
   const std::string logA = test::readFile(a.log);
   EXPECT_NE(logA.find("round 0: nodes 0,1 (world 4)"), std::string::npos) << logA;
-  EXPECT_NE(logA.find("round 1: nodes 0 (world 2), node 1 left (no heartbeat for 2 s)"), std::string::npos) << logA;
+  EXPECT_NE(logA.find("round 1: nodes 0 (world 2), node 1 left (no heartbeat for 3 s)"), std::string::npos) << logA;
   EXPECT_NE(logA.find("round 1 ended: a node is waiting to join"), std::string::npos) << logA;
   EXPECT_NE(logA.find("round 2: nodes 0,2 (world 4), node 2 joined"), std::string::npos) << logA;
   EXPECT_NE(test::readFile(c.log).find("round 2: nodes 0,2 (world 4)"), std::string::npos) << test::readFile(c.log);
@@ -181,6 +196,28 @@ TEST(Elastic, ANodeThatGetsSigtermLeavesAndTheOthersGoOnAtOnce) {
   const std::string logA = test::readFile(a.log);
   EXPECT_NE(logA.find("round 1: nodes 0 (world 2), node 1 left (its launcher received SIGTERM)"), std::string::npos)
       << logA;
+}
+
+TEST(Elastic, TheJobSurvivesLosingTheHostingNodesWorkers) {
+  // The store lives in the launcher, not in rank 0: a crashed worker of node 0 is a failure like
+  // any other, and the next round has both nodes again.
+  const Job job;
+  test::Background a(job.node("1:2", {"--max_restarts=1"}), job.base + "/a.log");
+  ASSERT_TRUE(a.waitFor("this is node 0", 60)) << test::readFile(a.log);
+  test::Background b(job.node("1:2", {"--max_restarts=1"}), job.base + "/b.log");
+  ASSERT_TRUE(a.waitFor("step 20/", 120)) << test::readFile(a.log) << test::readFile(b.log);
+  const std::vector<pid_t> workers = childrenOf(a.pid);
+  ASSERT_EQ(workers.size(), 2u);
+  ::kill(workers[0], SIGKILL);  // the first started: rank 0, which hosts the workers' own store
+  EXPECT_EQ(a.wait(300), 0) << test::readFile(a.log);
+  EXPECT_EQ(b.wait(60), 0) << test::readFile(b.log);
+  const std::string logA = test::readFile(a.log);
+  const size_t ended = logA.find("round 0 ended: node 0: rank ");
+  ASSERT_NE(ended, std::string::npos) << logA;
+  const std::string line = logA.substr(ended, logA.find('\n', ended) - ended);
+  EXPECT_NE(line.find("was killed by SIGKILL"), std::string::npos) << line;
+  EXPECT_NE(logA.find("round 1: nodes 0,1 (world 4)"), std::string::npos) << logA;
+  EXPECT_NE(logA.find("restart 1/1"), std::string::npos) << logA;
 }
 
 TEST(Elastic, TheHostingLauncherDyingEndsTheOthersWithOneLineAndNoWorkerLeft) {
