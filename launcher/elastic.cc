@@ -302,7 +302,8 @@ class Agent {
                    Clock::time_point lastArrival) const;
   void logRound(const Round& round);
   std::optional<int> runRound(const Round& round);
-  LaunchPlan planFor(const Round& round);
+  /// This node's plan for `round`; nothing when the round ended before its workers started.
+  std::optional<LaunchPlan> planFor(const Round& round);
   void waitForOthers(const Round& round);
   void leave(const std::string& why);
   // Waits `time`, watching the forwarded signals; throws Interrupted on one.
@@ -324,7 +325,6 @@ class Agent {
   int nodeId_ = -1;
   std::string address_;             // where the other nodes reach this one
   std::vector<int> previous_;       // the nodes of the last round this launcher ran in
-  std::optional<std::int64_t> currentRound_;
 };
 
 void Agent::pause(std::chrono::milliseconds time) {
@@ -342,7 +342,10 @@ void Agent::pause(std::chrono::milliseconds time) {
 
 void Agent::checkFinal() {
   if (store_->check({keys_.final()})) throw JobEnded{text(store_->get(keys_.final(), store_->timeout())), kFailureExitCode};
-  if (store_->check({keys_.finished()})) throw JobEnded{"the job finished before this node was admitted", 0};
+  if (store_->check({keys_.finished()})) {
+    store_->set(keys_.left(nodeId_), bytes(kDone));  // the hosting launcher waits for this
+    throw JobEnded{"the job finished before this node was admitted", 0};
+  }
 }
 
 void Agent::connect() {
@@ -417,7 +420,6 @@ Round Agent::join() {
     const std::string membersKey = keys_.inRound(k, "members");
     const std::string closedKey = keys_.inRound(k, "closed");
     store_->append(membersKey, bytes(std::to_string(nodeId_) + ","));
-    currentRound_ = k;
     std::vector<int> previous;
     if (k > 0 && store_->check({keys_.inRound(k - 1, "closed")})) {
       previous = parseIds(text(store_->get(keys_.inRound(k - 1, "closed"), store_->timeout())));
@@ -492,7 +494,7 @@ void Agent::logRound(const Round& round) {
   spdlog::info("{}", line);
 }
 
-LaunchPlan Agent::planFor(const Round& round) {
+std::optional<LaunchPlan> Agent::planFor(const Round& round) {
   for (int node : round.nodes) {
     const std::string nproc = text(store_->get(keys_.node(node), store_->timeout()));
     if (nproc != std::to_string(options_.nprocPerNode)) {
@@ -519,12 +521,13 @@ LaunchPlan Agent::planFor(const Round& round) {
     plan = makeLaunchPlan(options, environment);
     store_->set(masterKey, bytes(address_ + " " + std::to_string(plan.masterPort)));
   } else {
-    const auto deadline = Clock::now() + millis(elastic_.rdzvTimeoutS);
+    Liveness live(*store_, keys_, elastic_.heartbeatTimeoutS);
     while (!store_->check({masterKey})) {
-      if (Clock::now() >= deadline) {
-        throw JobEnded{"round " + std::to_string(round.number) + ": node " + std::to_string(round.nodes.front()) +
-                           " did not publish rank 0's address within --rdzv_timeout_s",
-                       kFailureExitCode};
+      if (store_->check({keys_.inRound(round.number, "end")})) return std::nullopt;
+      if (const auto gone = live.gone(round.nodes.front())) {
+        endRound(*store_, keys_, round.number, 'L',
+                 "node " + std::to_string(round.nodes.front()) + " left (" + *gone + ")");
+        return std::nullopt;
       }
       pause(kTick);
     }
@@ -546,20 +549,26 @@ LaunchPlan Agent::planFor(const Round& round) {
 }
 
 void Agent::leave(const std::string& why) {
+  // The others' watchers (or rendezvous) see it at their next look and go on without this node; a
+  // round this node only waits for is not ended by it.
   if (!store_ || nodeId_ < 0) return;
   try {
     store_->set(keys_.left(nodeId_), bytes(why));
-    if (currentRound_) endRound(*store_, keys_, *currentRound_, 'L', "node " + std::to_string(nodeId_) + " left (" + why + ")");
   } catch (const std::exception&) {
     // The store is gone too: nothing to tell.
   }
 }
 
 void Agent::waitForOthers(const Round& round) {
-  // The others still use this launcher's store until their workers are done.
+  // The others still use this launcher's store until their workers are done, and nodes waiting to
+  // be admitted until they have read that the job is over.
   Liveness live(*store_, keys_, elastic_.heartbeatTimeoutS);
   try {
-    for (int node : round.nodes) {
+    std::vector<int> nodes = round.nodes;
+    for (int node : parseIds(text(store_->get(keys_.inRound(round.number, "members"), store_->timeout())))) {
+      if (!contains(nodes, node)) nodes.push_back(node);
+    }
+    for (int node : nodes) {
       while (node != nodeId_ && !live.gone(node)) pause(kTick);
     }
   } catch (const Interrupted&) {
@@ -568,13 +577,16 @@ void Agent::waitForOthers(const Round& round) {
 }
 
 std::optional<int> Agent::runRound(const Round& round) {
-  const LaunchPlan plan = planFor(round);
+  const std::optional<LaunchPlan> plan = planFor(round);
   SupervisionOptions supervision = supervision_;
   AttemptReport report;
-  {
+  if (plan) {
     Watcher watcher(clientOptions_, keys_, round, nodeId_, elastic_);
     supervision.stopRequested = [&watcher] { return watcher.stopWanted(); };
-    report = runAttempt(plan, supervision, signals_);
+    supervision.onSignal = [this](int signal) { leave("its launcher received " + signalName(signal)); };
+    report = runAttempt(*plan, supervision, signals_);
+  } else {
+    report.stoppedOnRequest = true;  // ended before it started: the reason is in the store
   }
   previous_ = round.nodes;
   if (report.launcherSignal != 0) {

@@ -52,7 +52,7 @@ bool processStopped(pid_t pid) {
 class WorkerSupervisor {
  public:
   WorkerSupervisor(SignalWatch& signals, double shutdownGraceS, std::optional<double> earlyExitGraceS,
-                   std::function<bool()> stopRequested = {});
+                   std::function<bool()> stopRequested = {}, std::function<void(int)> onSignal = {});
   // Kills (SIGKILL to each process group) and reaps whatever is still there.
   ~WorkerSupervisor();
   WorkerSupervisor(const WorkerSupervisor&) = delete;
@@ -112,13 +112,16 @@ class WorkerSupervisor {
   bool stopping_ = false;
   bool killed_ = false;                 // SIGKILL sent to every group
   std::function<bool()> stopRequested_;
+  std::function<void(int)> onSignal_;
   bool stoppedOnRequest_ = false;       // stopRequested_ said so: SIGTERM to all, not a failure
   Clock::time_point killAt_;
 };
 
 WorkerSupervisor::WorkerSupervisor(SignalWatch& signals, double shutdownGraceS,
-                                   std::optional<double> earlyExitGraceS, std::function<bool()> stopRequested)
-    : signals_(signals), grace_(shutdownGraceS), stopRequested_(std::move(stopRequested)) {
+                                   std::optional<double> earlyExitGraceS, std::function<bool()> stopRequested,
+                                   std::function<void(int)> onSignal)
+    : signals_(signals), grace_(shutdownGraceS), stopRequested_(std::move(stopRequested)),
+      onSignal_(std::move(onSignal)) {
   if (earlyExitGraceS) earlyExitGrace_ = std::chrono::duration<double>(*earlyExitGraceS);
 }
 
@@ -231,6 +234,7 @@ AttemptReport WorkerSupervisor::monitor() {
       spdlog::warn("received {}; forwarding it to {} (SIGKILL after {} s)", signalName(signal),
                    workers(running()), grace_.count());
       launcherSignal_ = signal;
+      if (onSignal_) onSignal_(signal);
       beginStop(signal);
     } else if (!killed_) {
       spdlog::warn("received {} {}; sending SIGKILL to {}", signalName(signal),
@@ -422,7 +426,8 @@ AttemptReport runAttempt(const LaunchPlan& plan, const SupervisionOptions& optio
   if (!plan.logDir.empty()) {
     for (int rank : plan.ranks) relay.addLogFile(rank, openRankLog(plan, rank));
   }
-  WorkerSupervisor supervisor(signals, plan.shutdownGraceS, options.earlyExitGraceS, options.stopRequested);
+  WorkerSupervisor supervisor(signals, plan.shutdownGraceS, options.earlyExitGraceS, options.stopRequested,
+                              options.onSignal);
   for (size_t i = 0; i < plan.commands.size(); ++i) supervisor.start(plan.ranks[i], plan.commands[i], relay);
   relay.start();
   AttemptReport report = supervisor.monitor();

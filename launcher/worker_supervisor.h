@@ -25,6 +25,9 @@ struct SupervisionOptions {
   // Asked every kRequestPollInterval while the workers run (elastic jobs: another node left or
   // wants to join): true stops them as a forwarded SIGTERM would, without counting as a failure.
   std::function<bool()> stopRequested;
+  // Called with a forwarded signal when it starts stopping the workers (elastic jobs: tell the
+  // other nodes that this one leaves, before its workers are gone).
+  std::function<void(int)> onSignal;
 };
 
 /// The wait before restart number `restart` (1 for the first): restartBackoffS doubled for each

@@ -37,6 +37,36 @@ TEST(LaunchOptions, DefaultsMatchTorchrun) {
   EXPECT_TRUE(options.workerArgs.empty());
 }
 
+TEST(LaunchOptions, MinColonMaxNodesMakesAnElasticJobWithTorchrunsDefaults) {
+  const LaunchOptions fixed = parse({"--nnodes=2", "w"});
+  EXPECT_FALSE(fixed.elastic.enabled);
+  const LaunchOptions options = parse({"--nnodes", "2:4", "w"});
+  EXPECT_TRUE(options.elastic.enabled);
+  EXPECT_EQ(options.elastic.minNodes, 2);
+  EXPECT_EQ(options.elastic.maxNodes, 4);
+  EXPECT_EQ(options.nnodes, 4);  // a multi-node job for every check that asks
+  EXPECT_EQ(options.elastic.rdzvId, "default");
+  EXPECT_DOUBLE_EQ(options.elastic.lastCallS, 30);
+  EXPECT_DOUBLE_EQ(options.elastic.heartbeatTimeoutS, 30);
+  EXPECT_DOUBLE_EQ(options.elastic.rdzvTimeoutS, 600);
+  const LaunchOptions tuned = parse({"--nnodes=1:1", "--rdzv-id=job.7", "--rdzv_last_call_s=0.5",
+                                     "--heartbeat_timeout_s", "3", "--rdzv_timeout_s=20", "w", "--nnodes=9"});
+  EXPECT_TRUE(tuned.elastic.enabled);
+  EXPECT_EQ(tuned.elastic.maxNodes, 1);
+  EXPECT_EQ(tuned.elastic.rdzvId, "job.7");
+  EXPECT_DOUBLE_EQ(tuned.elastic.lastCallS, 0.5);
+  EXPECT_DOUBLE_EQ(tuned.elastic.heartbeatTimeoutS, 3);
+  EXPECT_DOUBLE_EQ(tuned.elastic.rdzvTimeoutS, 20);
+  EXPECT_EQ(tuned.workerArgs, std::vector<std::string>{"--nnodes=9"});
+  for (const std::vector<std::string>& bad :
+       {std::vector<std::string>{"--nnodes=3:2", "w"}, {"--nnodes=0:2", "w"}, {"--nnodes=1:2", "--node_rank=0", "w"},
+        {"--nnodes=1:", "w"}, {"--nnodes=a:2", "w"}, {"--nnodes=1:2", "--rdzv_id=a/b", "w"},
+        {"--nnodes=1:2", "--heartbeat_timeout_s=0.1", "w"}, {"--nnodes=1:2", "--standalone", "w"},
+        {"--heartbeat_timeout_s=5", "w"}}) {
+    EXPECT_THROW(parse(bad), ConfigError) << bad[0] << " " << bad[1];
+  }
+}
+
 TEST(LaunchOptions, AcceptsUnderscoreAndDashSpellingsWithSpaceOrEquals) {
   for (const std::string name : {"--nproc_per_node", "--nproc-per-node"}) {
     EXPECT_EQ(parse({name, "4", "w"}).nprocPerNode, 4) << name;
