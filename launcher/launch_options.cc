@@ -69,6 +69,8 @@ cxxopts::Options makeOptions() {
         cxxopts::value<std::string>(), "PATH")
     ("rdzv_bind", "Address node 0 binds the job's store to (default: --master_addr), e.g. 0.0.0.0 "
         "behind NAT", cxxopts::value<std::string>(), "ADDR")
+    ("rdzv_endpoint", "torchrun's spelling of --master_addr and --master_port together: HOST[:PORT]",
+        cxxopts::value<std::string>(), "HOST[:PORT]")
     ("rdzv_id", "Elastic jobs: the job's id; launchers with the same id and store form one job",
         cxxopts::value<std::string>(), "ID")
     ("rdzv_last_call_s", "Elastic jobs: once MIN nodes are in, close the round after this long "
@@ -358,6 +360,32 @@ CommandLine parseCommandLine(const std::vector<std::string>& args) {
   launch.masterAddr = parsed["master_addr"].as<std::string>();
   if (launch.masterAddr.empty()) {
     DDP_THROW(ConfigError, "--master_addr is empty: give the host of rank 0, e.g. --master_addr=10.0.0.1");
+  }
+  if (parsed.count("rdzv_endpoint") != 0) {
+    // torchrun's --rdzv_endpoint: the rendezvous host and port, ours being node 0's store.
+    const std::string endpoint = parsed["rdzv_endpoint"].as<std::string>();
+    if (launch.masterAddrGiven || parsed.count("master_port") != 0) {
+      DDP_THROW(ConfigError, "--rdzv_endpoint=", endpoint, " and --master_addr/--master_port both say where the "
+                "rendezvous is; keep one");
+    }
+    std::string host = endpoint, port;
+    if (!host.empty() && host.front() == '[') {  // [v6]:port
+      const size_t close = host.find(']');
+      if (close != std::string::npos && close + 1 < host.size() && host[close + 1] == ':') port = host.substr(close + 2);
+      host = close == std::string::npos ? "" : host.substr(1, close - 1);
+    } else if (const size_t colon = host.rfind(':'); colon != std::string::npos && host.find(':') == colon) {
+      port = host.substr(colon + 1);
+      host = host.substr(0, colon);
+    }
+    if (host.empty()) {
+      DDP_THROW(ConfigError, "--rdzv_endpoint='", endpoint, "': give HOST[:PORT], e.g. --rdzv_endpoint=node1:29500");
+    }
+    launch.masterAddr = host;
+    launch.masterAddrGiven = true;
+    if (!port.empty()) {
+      launch.masterPort = parseInt("rdzv_endpoint", port, 1, 65535,
+                                   "HOST[:PORT] with a TCP port, e.g. --rdzv_endpoint=node1:29500");
+    }
   }
   if (parsed.count("master_port") != 0) {
     const int port = parseInt("master_port", parsed["master_port"].as<std::string>(), 0, 65535,

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -260,6 +261,53 @@ TEST(Elastic, AWorkersBadConfigurationEndsTheJobOnEveryNode) {
   EXPECT_EQ(b.wait(120), 2) << test::readFile(b.log);
   EXPECT_NE(test::readFile(a.log).find("which every restart would repeat"), std::string::npos) << test::readFile(a.log);
   EXPECT_EQ(test::readFile(a.log).find("round 1:"), std::string::npos) << test::readFile(a.log);
+}
+
+bool sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0; }
+
+TEST(Elastic, TwoNodesInTwoNetworkNamespacesMeetAtTheHostsAddress) {
+  // Real addresses: each node's launcher tells the others where it is from its connection to the
+  // rendezvous, and the round's node 0 publishes rank 0's store there.
+  const std::string tag = "ddpe" + std::to_string(::getpid() % 100000);
+  const std::string a = tag + "a", b = tag + "b";
+  if (::geteuid() != 0 || !sh("ip netns add " + a)) GTEST_SKIP() << "needs root and ip netns";
+  sh("ip netns add " + b);
+  struct Cleanup {
+    std::string a, b;
+    ~Cleanup() {
+      sh("ip netns del " + a);
+      sh("ip netns del " + b);
+    }
+  } cleanup{a, b};
+  const bool ok = sh("ip link add " + tag + "x netns " + a + " type veth peer name " + tag + "y netns " + b) &&
+                  sh("ip -n " + a + " addr add 10.231.78.1/24 dev " + tag + "x") &&
+                  sh("ip -n " + b + " addr add 10.231.78.2/24 dev " + tag + "y") &&
+                  sh("ip -n " + a + " link set " + tag + "x up") && sh("ip -n " + b + " link set " + tag + "y up") &&
+                  sh("ip -n " + a + " link set lo up") && sh("ip -n " + b + " link set lo up");
+  if (!ok) GTEST_SKIP() << "could not wire the namespaces";
+  const Job job;
+  auto node = [&](const std::string& ns) {
+    std::vector<std::string> argv = job.node("2:2", {"--master_addr=10.231.78.1"},
+                                             {"seed=3", "data.synthetic_train=256", "data.synthetic_test=64",
+                                              "train.batch_size=8", "train.epochs=3", "train.max_steps=12", "eval.enabled=false",
+                                              "output.dir=" + job.base + "/out"});
+    argv.insert(argv.begin(), {"/usr/bin/ip", "netns", "exec", ns});
+    return argv;
+  };
+  test::Background node0(node(a), job.base + "/a.log");
+  ASSERT_TRUE(node0.waitFor("this is node 0", 60)) << test::readFile(node0.log);
+  test::Background node1(node(b), job.base + "/b.log");
+  EXPECT_EQ(node0.wait(180), 0) << test::readFile(node0.log);
+  EXPECT_EQ(node1.wait(180), 0) << test::readFile(node1.log);
+  const std::string log0 = test::readFile(node0.log), log1 = test::readFile(node1.log);
+  EXPECT_NE(log0.find("this is node 0 at 10.231.78.1; hosting the rendezvous at 10.231.78.1:"), std::string::npos)
+      << log0;
+  EXPECT_NE(log1.find("this is node 1 at 10.231.78.2; joined the rendezvous at 10.231.78.1:"), std::string::npos)
+      << log1;
+  EXPECT_NE(log1.find("round 0: nodes 0,1 (world 4)"), std::string::npos) << log1;
+  const auto summary = nlohmann::json::parse(test::readFile(job.base + "/out/summary.json"));
+  EXPECT_EQ(summary["world_size"], 4);
+  EXPECT_EQ(summary["steps"], 12);
 }
 
 struct BadElastic {

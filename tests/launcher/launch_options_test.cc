@@ -58,11 +58,19 @@ TEST(LaunchOptions, MinColonMaxNodesMakesAnElasticJobWithTorchrunsDefaults) {
   EXPECT_DOUBLE_EQ(tuned.elastic.heartbeatTimeoutS, 3);
   EXPECT_DOUBLE_EQ(tuned.elastic.rdzvTimeoutS, 20);
   EXPECT_EQ(tuned.workerArgs, std::vector<std::string>{"--nnodes=9"});
+  const LaunchOptions endpoint = parse({"--nnodes=1:2", "--rdzv_endpoint=node1:29400", "w"});
+  EXPECT_EQ(endpoint.masterAddr, "node1");
+  EXPECT_EQ(endpoint.masterPort, 29400);
+  EXPECT_EQ(parse({"--rdzv_endpoint", "[fd00::1]:29401", "w"}).masterAddr, "fd00::1");
+  EXPECT_EQ(parse({"--rdzv_endpoint", "[fd00::1]:29401", "w"}).masterPort, 29401);
+  EXPECT_EQ(parse({"--rdzv_endpoint=node2", "w"}).masterAddr, "node2");
+  EXPECT_FALSE(parse({"--rdzv_endpoint=node2", "w"}).masterPort.has_value());
   for (const std::vector<std::string>& bad :
        {std::vector<std::string>{"--nnodes=3:2", "w"}, {"--nnodes=0:2", "w"}, {"--nnodes=1:2", "--node_rank=0", "w"},
         {"--nnodes=1:", "w"}, {"--nnodes=a:2", "w"}, {"--nnodes=1:2", "--rdzv_id=a/b", "w"},
         {"--nnodes=1:2", "--heartbeat_timeout_s=0.1", "w"}, {"--nnodes=1:2", "--standalone", "w"},
-        {"--heartbeat_timeout_s=5", "w"}}) {
+        {"--heartbeat_timeout_s=5", "w"}, {"--rdzv_endpoint=a:1", "--master_addr=b", "w"},
+        {"--rdzv_endpoint=:29500", "w"}, {"--rdzv_endpoint=a:x", "w"}}) {
     EXPECT_THROW(parse(bad), ConfigError) << bad[0] << " " << bad[1];
   }
 }
