@@ -108,7 +108,8 @@ constexpr const char* kDone = "done";
 class Heartbeat {
  public:
   Heartbeat(const StoreClientOptions& options, std::string key, std::chrono::milliseconds interval)
-      : client_(options), key_(std::move(key)), interval_(interval), thread_([this] { loop(); }) {}
+      : options_(options), client_(std::make_unique<StoreClient>(options)), key_(std::move(key)), interval_(interval),
+        thread_([this] { loop(); }) {}
   ~Heartbeat() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -120,22 +121,43 @@ class Heartbeat {
   Heartbeat(const Heartbeat&) = delete;
   Heartbeat& operator=(const Heartbeat&) = delete;
 
+  /// Why the heartbeats stopped (its connection failed and could not be made again), or nothing.
+  std::optional<std::string> failure() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return failure_;
+  }
+
  private:
   void loop() {
     std::unique_lock<std::mutex> lock(mutex_);
     while (!stop_) {
       lock.unlock();
       try {
-        client_.add(key_, 1);
-      } catch (const std::exception&) {
-        return;  // the store is gone: the main thread finds out on its own requests
+        beat();
+      } catch (const std::exception& e) {
+        lock.lock();
+        failure_ = e.what();
+        return;
       }
       lock.lock();
       wake_.wait_for(lock, interval_, [this] { return stop_; });
     }
   }
 
-  StoreClient client_;
+  // One beat; a connection that failed is made again once (a reset, a host that stalled) before
+  // the heartbeats count as lost.
+  void beat() {
+    try {
+      client_->add(key_, 1);
+    } catch (const ddp::Error&) {
+      client_ = std::make_unique<StoreClient>(options_);
+      client_->add(key_, 1);
+    }
+  }
+
+  StoreClientOptions options_;
+  std::unique_ptr<StoreClient> client_;
+  std::optional<std::string> failure_;
   std::string key_;
   std::chrono::milliseconds interval_;
   std::mutex mutex_;
@@ -213,8 +235,9 @@ struct Round {
 // that left or went silent, nodes waiting to join. stopWanted() turns true once the round ends.
 class Watcher {
  public:
-  Watcher(const StoreClientOptions& options, const Keys& keys, const Round& round, int self, const ElasticOptions& elastic)
-      : client_(options), keys_(keys), round_(round), self_(self), elastic_(elastic),
+  Watcher(const StoreClientOptions& options, const Keys& keys, const Round& round, int self, const ElasticOptions& elastic,
+          Heartbeat& heartbeat)
+      : client_(options), keys_(keys), round_(round), self_(self), elastic_(elastic), heartbeat_(heartbeat),
         thread_([this] { loop(); }) {}
   ~Watcher() {
     {
@@ -232,6 +255,12 @@ class Watcher {
     return wanted_;
   }
 
+  /// Why the watcher itself stopped the workers (its connection failed), or nothing.
+  std::optional<std::string> failure() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return failure_;
+  }
+
  private:
   void loop() {
     Liveness live(client_, keys_, elastic_.heartbeatTimeoutS);
@@ -239,18 +268,22 @@ class Watcher {
     while (!stop_ && !wanted_) {
       lock.unlock();
       bool end = false;
+      std::optional<std::string> failure;
       try {
         end = look(live);
-      } catch (const std::exception&) {
-        end = true;  // the store is gone: stop the workers; the main thread says why
+      } catch (const std::exception& e) {
+        end = true;  // stop the workers; the main thread finds out why
+        failure = e.what();
       }
       lock.lock();
       if (end) wanted_ = true;
+      if (failure) failure_ = failure;
       if (!wanted_) wake_.wait_for(lock, kWatchInterval, [this] { return stop_; });
     }
   }
 
   bool look(Liveness& live) {
+    if (const auto failure = heartbeat_.failure()) DDP_THROW(CommError, "this launcher's heartbeats failed (", *failure, ")");
     const std::string endKey = keys_.inRound(round_.number, "end");
     if (client_.check({endKey})) return true;
     bool someoneDone = false;
@@ -279,10 +312,12 @@ class Watcher {
   const Round round_;
   const int self_;
   const ElasticOptions& elastic_;
+  Heartbeat& heartbeat_;
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stop_ = false;
   bool wanted_ = false;
+  std::optional<std::string> failure_;
   std::thread thread_;  // last: starts once the rest is built
 };
 
@@ -304,7 +339,9 @@ class Agent {
   std::optional<int> runRound(const Round& round);
   /// This node's plan for `round`; nothing when the round ended before its workers started.
   std::optional<LaunchPlan> planFor(const Round& round);
-  void waitForOthers(const Round& round);
+  // The hosting launcher, before it exits: until every node of the current round, admitted or
+  // waiting, is done, has left, or is silent (bounded by the heartbeat timeout after they stop).
+  void waitForOthers();
   void leave(const std::string& why);
   // Waits `time`, watching the forwarded signals; throws Interrupted on one.
   void pause(std::chrono::milliseconds time);
@@ -325,6 +362,8 @@ class Agent {
   int nodeId_ = -1;
   std::string address_;             // where the other nodes reach this one
   std::vector<int> previous_;       // the nodes of the last round this launcher ran in
+  std::int64_t round_ = 0;          // the round this launcher last joined (or waits for)
+  bool waiting_ = false;            // counted in round_'s "waiting"
 };
 
 void Agent::pause(std::chrono::milliseconds time) {
@@ -343,8 +382,7 @@ void Agent::pause(std::chrono::milliseconds time) {
 void Agent::checkFinal() {
   if (store_->check({keys_.final()})) throw JobEnded{text(store_->get(keys_.final(), store_->timeout())), kFailureExitCode};
   if (store_->check({keys_.finished()})) {
-    store_->set(keys_.left(nodeId_), bytes(kDone));  // the hosting launcher waits for this
-    throw JobEnded{"the job finished before this node was admitted", 0};
+    throw JobEnded{previous_.empty() ? "the job finished before this node was admitted" : "the job finished", 0};
   }
 }
 
@@ -384,8 +422,12 @@ void Agent::connect() {
     } catch (const comm::StoreAuthError& e) {
       DDP_THROW(ConfigError, "rendezvous: ", e.what(),
                 "; every node of an elastic job needs the same token: pass the same --rdzv_token_file on each");
+    } catch (const CommError& e) {  // after the two above: not our store at all
+      DDP_THROW(ConfigError, "rendezvous: ", e.what(), "; give --master_addr/--master_port of the job's first launcher");
     }
   }
+  // Bound, but the rendezvous is elsewhere (e.g. --rdzv_bind=0.0.0.0 on every node): not the host.
+  if (server_ && server_->stats().admitted == 0) server_.reset();
   // A host that stops answering is noticed within the heartbeat timeout (and a few seconds).
   clientOptions_.timeout = std::max(kMinRequestTimeout, millis(elastic_.heartbeatTimeoutS));
   store_->setTimeout(clientOptions_.timeout);
@@ -403,13 +445,13 @@ void Agent::connect() {
 bool Agent::shouldClose(const std::vector<int>& members, const std::vector<int>& previous, Liveness& live,
                         Clock::time_point lastArrival) const {
   const int n = static_cast<int>(members.size());
-  if (n >= elastic_.maxNodes) return true;
   if (n < elastic_.minNodes) return false;
-  // The nodes of the last round that are still alive come back after stopping their workers.
+  // The nodes of the last round that are still alive come back after stopping their workers, and
+  // have their places (newcomers may have been quicker).
   for (int node : previous) {
     if (!contains(members, node) && !live.gone(node)) return false;
   }
-  return secondsSince(lastArrival) >= elastic_.lastCallS;
+  return n >= elastic_.maxNodes || secondsSince(lastArrival) >= elastic_.lastCallS;
 }
 
 Round Agent::join() {
@@ -417,6 +459,7 @@ Round Agent::join() {
   while (true) {
     checkFinal();
     const std::int64_t k = store_->add(keys_.round(), 0);
+    round_ = k;
     const std::string membersKey = keys_.inRound(k, "members");
     const std::string closedKey = keys_.inRound(k, "closed");
     store_->append(membersKey, bytes(std::to_string(nodeId_) + ","));
@@ -443,6 +486,8 @@ Round Agent::join() {
         lastArrival = Clock::now();
       }
       if (shouldClose(members, previous, live, lastArrival)) {
+        // The last round's nodes first, then the others by arrival, up to MAX.
+        std::stable_partition(members.begin(), members.end(), [&](int node) { return contains(previous, node); });
         std::vector<int> chosen(members.begin(),
                                 members.begin() + std::min<std::ptrdiff_t>(static_cast<std::ptrdiff_t>(members.size()),
                                                                            elastic_.maxNodes));
@@ -451,24 +496,54 @@ Round Agent::join() {
         break;
       }
       if (Clock::now() >= deadline) {
-        throw JobEnded{"rendezvous round " + std::to_string(k) + " has " + std::to_string(members.size()) +
-                           " of the at least " + std::to_string(elastic_.minNodes) + " nodes it needs (" +
-                           (members.empty() ? "none" : "nodes " + joinIds(members)) + ") after --rdzv_timeout_s=" +
-                           seconds(elastic_.rdzvTimeoutS) + " s; the job ends (resume: auto continues it from "
-                           "its last checkpoint when started again)",
-                       kFailureExitCode};
+        std::string why;
+        if (static_cast<int>(members.size()) < elastic_.minNodes) {
+          why = "rendezvous round " + std::to_string(k) + " has " + std::to_string(members.size()) +
+                " of the at least " + std::to_string(elastic_.minNodes) + " nodes it needs (" +
+                (members.empty() ? "none" : "nodes " + joinIds(members)) + ")";
+        } else {
+          std::vector<int> missing;
+          for (int node : previous) {
+            if (!contains(members, node)) missing.push_back(node);
+          }
+          why = "rendezvous round " + std::to_string(k) + " did not close (nodes " + joinIds(members) +
+                " are in; node(s) " + joinIds(missing) + " of the last round still send heartbeats but did not come back)";
+        }
+        why += " after --rdzv_timeout_s=" + seconds(elastic_.rdzvTimeoutS) +
+               " s; the job ends (resume: auto continues it from its last checkpoint when started again)";
+        store_->compareSet(keys_.final(), {}, bytes(why));  // every launcher still waiting ends alike
+        throw JobEnded{why, kFailureExitCode};
       }
       pause(kTick);
+      checkFinal();
     }
     if (const auto at = std::find(closed->begin(), closed->end(), nodeId_); at != closed->end()) {
       return Round{k, *closed, static_cast<int>(at - closed->begin())};
     }
     spdlog::info("round {} runs with nodes {} already; waiting to be admitted when it ends", k, joinIds(*closed));
     store_->add(keys_.inRound(k, "waiting"), 1);
+    waiting_ = true;
+    // The running nodes end the round for us; if they are all gone, nobody would: then we do.
+    Liveness running(*store_, keys_, elastic_.heartbeatTimeoutS);
     while (store_->add(keys_.round(), 0) == k) {
       checkFinal();
+      bool allGone = true;
+      std::string why;
+      for (int node : *closed) {
+        const auto gone = running.gone(node);
+        if (!gone || *gone == kDone) {
+          allGone = false;
+          break;
+        }
+        why += (why.empty() ? "" : ", ") + std::string("node ") + std::to_string(node) + " left (" + *gone + ")";
+      }
+      if (allGone) {
+        endRound(*store_, keys_, k, 'L', why);
+        store_->compareSet(keys_.round(), bytes(std::to_string(k)), bytes(std::to_string(k + 1)));
+      }
       pause(kTick * 2);
     }
+    waiting_ = false;
     deadline = Clock::now() + millis(elastic_.rdzvTimeoutS);
   }
 }
@@ -554,25 +629,35 @@ void Agent::leave(const std::string& why) {
   if (!store_ || nodeId_ < 0) return;
   try {
     store_->set(keys_.left(nodeId_), bytes(why));
+    if (waiting_) store_->add(keys_.inRound(round_, "waiting"), -1);  // nobody to admit any more
+    waiting_ = false;
   } catch (const std::exception&) {
     // The store is gone too: nothing to tell.
   }
 }
 
-void Agent::waitForOthers(const Round& round) {
+void Agent::waitForOthers() {
   // The others still use this launcher's store until their workers are done, and nodes waiting to
   // be admitted until they have read that the job is over.
-  Liveness live(*store_, keys_, elastic_.heartbeatTimeoutS);
   try {
-    std::vector<int> nodes = round.nodes;
-    for (int node : parseIds(text(store_->get(keys_.inRound(round.number, "members"), store_->timeout())))) {
-      if (!contains(nodes, node)) nodes.push_back(node);
+    Liveness live(*store_, keys_, elastic_.heartbeatTimeoutS);
+    std::vector<int> nodes = previous_;
+    const std::string members = keys_.inRound(round_, "members");
+    if (store_->check({members})) {
+      for (int node : parseIds(text(store_->get(members, store_->timeout())))) {
+        if (!contains(nodes, node)) nodes.push_back(node);
+      }
     }
-    for (int node : nodes) {
-      while (node != nodeId_ && !live.gone(node)) pause(kTick);
+    nodes.erase(std::remove(nodes.begin(), nodes.end(), nodeId_), nodes.end());
+    while (!nodes.empty()) {
+      nodes.erase(std::remove_if(nodes.begin(), nodes.end(), [&](int node) { return live.gone(node).has_value(); }),
+                  nodes.end());
+      if (!nodes.empty()) pause(kTick);
     }
   } catch (const Interrupted&) {
     // Told to stop: the others lose the store, and say so.
+  } catch (const ddp::Error&) {
+    // Nothing more to wait for.
   }
 }
 
@@ -580,11 +665,13 @@ std::optional<int> Agent::runRound(const Round& round) {
   const std::optional<LaunchPlan> plan = planFor(round);
   SupervisionOptions supervision = supervision_;
   AttemptReport report;
+  std::optional<std::string> watchFailure;
   if (plan) {
-    Watcher watcher(clientOptions_, keys_, round, nodeId_, elastic_);
+    Watcher watcher(clientOptions_, keys_, round, nodeId_, elastic_, *heartbeat_);
     supervision.stopRequested = [&watcher] { return watcher.stopWanted(); };
     supervision.onSignal = [this](int signal) { leave("its launcher received " + signalName(signal)); };
     report = runAttempt(*plan, supervision, signals_);
+    watchFailure = watcher.failure();
   } else {
     report.stoppedOnRequest = true;  // ended before it started: the reason is in the store
   }
@@ -596,7 +683,7 @@ std::optional<int> Agent::runRound(const Round& round) {
   if (!report.firstFailure && !report.stoppedOnRequest) {
     store_->set(keys_.finished(), bytes("1"));  // waiting nodes: nothing left to join
     store_->set(keys_.left(nodeId_), bytes(kDone));
-    if (server_) waitForOthers(round);
+    if (server_) waitForOthers();
     return 0;
   }
   std::optional<ExitStatus> ownFailure;
@@ -608,6 +695,14 @@ std::optional<int> Agent::runRound(const Round& round) {
     standing = endRound(*store_, keys_, round.number, configError ? 'C' : 'F',
                         "node " + std::to_string(nodeId_) + ": rank " + std::to_string(failed.rank) + " " +
                             describeFailure(failed));
+  } else if (watchFailure && !store_->check({keys_.inRound(round.number, "end")})) {
+    // This launcher's own connections failed while the store still answers this one.
+    if (const auto failure = heartbeat_->failure()) {
+      DDP_THROW(CommError, "this launcher's heartbeats failed (", *failure, ")");
+    }
+    standing = endRound(*store_, keys_, round.number, 'F',
+                        "node " + std::to_string(nodeId_) + ": its launcher lost a connection to the rendezvous (" +
+                            *watchFailure + ")");
   } else {
     standing = text(store_->get(keys_.inRound(round.number, "end"), store_->timeout()));
   }
@@ -622,7 +717,7 @@ std::optional<int> Agent::runRound(const Round& round) {
     if (ownFailure) {
       for (const std::string& line : formatFailureSummary(report)) spdlog::error("{}", line);
     }
-    if (server_) waitForOthers(round);  // until every node has read why
+    if (server_) waitForOthers();  // until every node has read why
     return ownCode;
   };
   if (end.kind == 'C') {
@@ -658,11 +753,16 @@ int Agent::run() {
     } else {
       spdlog::error("{}", ended.why);
     }
+    leave(ended.code == 0 ? kDone : "the job ended");
+    if (server_) waitForOthers();
     return ended.code;
   } catch (const ConfigError&) {
+    leave("its launcher stopped on bad input");
+    if (server_) waitForOthers();
     throw;
   } catch (const ddp::Error& e) {
     // CommError or TimeoutError of this launcher's store connection.
+    leave("its launcher lost the rendezvous");
     spdlog::error("the rendezvous store at {} ({}) stopped answering ({}); the job cannot go on without it: start it "
                   "again, and resume: auto continues from the last checkpoint",
                   where(), server_ ? "hosted here" : "hosted by another node's launcher", e.what());

@@ -334,6 +334,11 @@ CommandLine parseCommandLine(const std::vector<std::string>& args) {
   if (parsed.count("rdzv_timeout_s") != 0) {
     launch.elastic.rdzvTimeoutS = detail::parseSeconds("rdzv_timeout_s", parsed["rdzv_timeout_s"].as<std::string>(), "600");
   }
+  if (launch.elastic.enabled && launch.elastic.lastCallS >= launch.elastic.rdzvTimeoutS) {
+    DDP_THROW(ConfigError, "--rdzv_last_call_s=", launch.elastic.lastCallS, " is not shorter than --rdzv_timeout_s=",
+              launch.elastic.rdzvTimeoutS, ", so no round could close before it times out; shorten the first or "
+              "lengthen the second");
+  }
   launch.nodeRank = parseInt("node_rank", parsed["node_rank"].as<std::string>(), 0, 65535,
                              "this node's rank, from 0 to nnodes-1");
   if (launch.nodeRank >= launch.nnodes) {

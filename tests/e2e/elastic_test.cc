@@ -185,6 +185,32 @@ TEST(Elastic, ANodeDiesAnotherJoinsAndEveryEpochSeesEverySampleOnce) {
   EXPECT_EQ(*steps.rbegin(), last);
 }
 
+TEST(Elastic, RunningNodesKeepTheirPlacesAndANodeThatFindsNoRoomEndsWhenTheJobFinishes) {
+  // MAX 3: two nodes run, two more arrive; the running ones stop their workers at a checkpoint
+  // and keep their places (newcomers are quicker to the next round), one newcomer fills the third,
+  // the other waits for room until the job finishes, and then ends with 0.
+  const Job job;
+  std::vector<std::string> training = job.training();
+  training.push_back("train.max_steps=120");
+  test::Background a(job.node("1:3", {}, training), job.base + "/a.log");
+  ASSERT_TRUE(a.waitFor("this is node 0", 60)) << test::readFile(a.log);
+  test::Background b(job.node("1:3", {}, training), job.base + "/b.log");
+  ASSERT_TRUE(a.waitFor("round 0: nodes 0,1 (world 4)", 60)) << test::readFile(a.log);
+  ASSERT_TRUE(waitForAfter(a, "round 0:", "info epoch ", 120)) << test::readFile(a.log);
+  test::Background c(job.node("1:3", {}, training), job.base + "/c.log");
+  test::Background d(job.node("1:3", {}, training), job.base + "/d.log");
+  EXPECT_EQ(a.wait(300), 0) << test::readFile(a.log);
+  EXPECT_EQ(b.wait(60), 0) << test::readFile(b.log);
+  EXPECT_EQ(c.wait(60), 0) << test::readFile(c.log);
+  EXPECT_EQ(d.wait(60), 0) << test::readFile(d.log);
+  const std::string logA = test::readFile(a.log);
+  EXPECT_NE(logA.find("round 1: nodes 0,1,"), std::string::npos) << logA;
+  EXPECT_NE(logA.find("(world 6)"), std::string::npos) << logA;
+  const std::string logs = test::readFile(c.log) + test::readFile(d.log);
+  EXPECT_NE(logs.find("the job finished before this node was admitted"), std::string::npos) << logs;
+  EXPECT_EQ(logA.find("left"), std::string::npos) << logA;
+}
+
 TEST(Elastic, ANodeThatGetsSigtermLeavesAndTheOthersGoOnAtOnce) {
   const Job job;
   test::Background a(job.node("1:2", {"--max_restarts=1"}), job.base + "/a.log");

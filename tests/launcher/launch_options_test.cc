@@ -70,7 +70,8 @@ TEST(LaunchOptions, MinColonMaxNodesMakesAnElasticJobWithTorchrunsDefaults) {
         {"--nnodes=1:", "w"}, {"--nnodes=a:2", "w"}, {"--nnodes=1:2", "--rdzv_id=a/b", "w"},
         {"--nnodes=1:2", "--heartbeat_timeout_s=0.1", "w"}, {"--nnodes=1:2", "--standalone", "w"},
         {"--heartbeat_timeout_s=5", "w"}, {"--rdzv_endpoint=a:1", "--master_addr=b", "w"},
-        {"--rdzv_endpoint=:29500", "w"}, {"--rdzv_endpoint=a:x", "w"}}) {
+        {"--rdzv_endpoint=:29500", "w"}, {"--rdzv_endpoint=a:x", "w"},
+        {"--nnodes=1:2", "--rdzv_last_call_s=10", "--rdzv_timeout_s=10", "w"}}) {
     EXPECT_THROW(parse(bad), ConfigError) << bad[0] << " " << bad[1];
   }
 }
