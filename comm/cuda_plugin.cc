@@ -1,10 +1,14 @@
 #include "comm/cuda_plugin.h"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <unistd.h>
+
+#include <torch/version.h>
 
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -33,6 +37,45 @@ std::string ownDirectory() {
   const std::string p(resolved);
   return p.substr(0, p.rfind('/'));
 }
+
+#ifdef DDP_CUDA_PLUGIN_PATH
+// The directory each loaded copy of `library` ("libtorch_cpu.so") was mapped from.
+std::vector<std::string> loadedFrom(const std::string& library) {
+  struct Search {
+    std::string name;
+    std::vector<std::string> dirs;
+  } search{"/" + library, {}};
+  ::dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        auto* s = static_cast<Search*>(data);
+        const std::string path = info->dlpi_name != nullptr ? info->dlpi_name : "";
+        const size_t at = path.rfind(s->name);
+        // "libtorch_cpu.so" or a versioned "libtorch_cpu.so.2.5", not "libtorch_cpu_other.so".
+        if (at != std::string::npos && (at + s->name.size() == path.size() || path[at + s->name.size()] == '.')) {
+          char resolved[PATH_MAX] = {};
+          const std::string real = ::realpath(path.c_str(), resolved) != nullptr ? resolved : path;
+          s->dirs.push_back(real.substr(0, real.rfind('/')));
+        }
+        return 0;
+      },
+      &search);
+  return search.dirs;
+}
+
+// Why the plugin at `path` does not belong to this program's LibTorch, or "".
+std::string foreignLibTorch(const std::string& path, const CudaPlugin& plugin) {
+  const std::string theirs = plugin.torchVersion != nullptr ? plugin.torchVersion : "unknown";
+  if (theirs != TORCH_VERSION) {
+    return path + " was built for LibTorch " + theirs + " and this program runs " + TORCH_VERSION;
+  }
+  const auto cpu = loadedFrom("libtorch_cpu.so"), cuda = loadedFrom("libtorch_cuda.so");
+  if (cpu.size() == 1 && cuda.size() == 1 && cpu.front() != cuda.front()) {
+    return path + " loaded " + cuda.front() + "/libtorch_cuda.so, but this program runs " + cpu.front() +
+           "/libtorch_cpu.so (two LibTorch installations)";
+  }
+  return "";
+}
+#endif
 
 }  // namespace
 
@@ -72,6 +115,11 @@ const CudaPlugin& loadCudaPlugin() {
       if (p == nullptr || p->abi != kCudaPluginAbi) {
         reasons += (reasons.empty() ? "" : "; ") + path + " is from another build (ABI mismatch)";
         continue;
+      }
+      if (const std::string foreign = foreignLibTorch(path, *p); !foreign.empty()) {
+        // Loaded, but not used: its LibTorch is not ours (LibTorch's C++ ABI differs between builds).
+        reasons += (reasons.empty() ? "" : "; ") + foreign;
+        break;
       }
       plugin = *p;
       return;

@@ -39,8 +39,9 @@ struct CudaPlugin {
                                             const std::shared_ptr<TimeoutCensus>& census) = nullptr;
   int64_t (*peakAllocatedBytes)(int deviceIndex) = nullptr;
   void (*report)(int deviceIndex, GpuReport* out) = nullptr;
+  const char* torchVersion = nullptr;  // TORCH_VERSION of the LibTorch the plugin was built with
 };
-inline constexpr int kCudaPluginAbi = 2;
+inline constexpr int kCudaPluginAbi = 3;
 inline constexpr const char* kCudaPluginEntry = "ddp_cuda_plugin";
 
 /// True when this build made the plugin (a CUDA LibTorch).
@@ -48,7 +49,8 @@ bool cudaPluginBuilt();
 
 /// Loads the plugin on first use (DDP_CUDA_PLUGIN, else libddp_cuda.so beside the running program,
 /// else where the build put it) and returns it. Throws ddp::ConfigError when this build has no
-/// CUDA or the library cannot be loaded (with the loader's reason).
+/// CUDA or the library cannot be loaded (with the loader's reason), or was built with another
+/// LibTorch (its version, or its libtorch_cuda.so beside another libtorch_cpu.so than ours).
 const CudaPlugin& loadCudaPlugin();
 
 /// GPUs the NVIDIA driver shows this process (libcuda.so.1: cuInit + cuDeviceGetCount, so

@@ -2,6 +2,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda_runtime_api.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/version.h>
 #ifdef DDP_WITH_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
@@ -60,10 +61,10 @@ void report(int deviceIndex, GpuReport* out) {
 extern "C" __attribute__((visibility("default"))) const ddp::comm::CudaPlugin* ddp_cuda_plugin() {
 #ifdef DDP_WITH_NCCL
   static const ddp::comm::CudaPlugin plugin{ddp::comm::kCudaPluginAbi, &ddp::comm::makeNccl,
-                                            &ddp::comm::peakAllocatedBytes, &ddp::comm::report};
+                                            &ddp::comm::peakAllocatedBytes, &ddp::comm::report, TORCH_VERSION};
 #else
   static const ddp::comm::CudaPlugin plugin{ddp::comm::kCudaPluginAbi, nullptr, &ddp::comm::peakAllocatedBytes,
-                                            &ddp::comm::report};
+                                            &ddp::comm::report, TORCH_VERSION};
 #endif
   return &plugin;
 }

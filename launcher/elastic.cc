@@ -404,7 +404,10 @@ void Agent::connect() {
   clientOptions_.who = "this launcher";
   clientOptions_.server = "the launcher hosting the rendezvous";
   // Short tries, so a signal is seen while no launcher hosts the store yet.
-  const auto deadline = Clock::now() + millis(elastic_.rdzvTimeoutS);
+  const auto start = Clock::now();
+  const auto deadline = start + millis(elastic_.rdzvTimeoutS);
+  bool told = false;
+  int silent = 0;  // tries in a row where something accepted the connection but never greeted
   while (!store_) {
     StoreClientOptions attempt = clientOptions_;
     attempt.timeout = std::min(std::chrono::milliseconds(1000),
@@ -417,6 +420,15 @@ void Agent::connect() {
                            seconds(elastic_.rdzvTimeoutS) + " s (" + e.reason() +
                            "); start the launcher of the host --master_addr names, with the same --master_port",
                        kFailureExitCode};
+      }
+      silent = e.reason() == "no greeting" ? silent + 1 : 0;
+      if (silent >= 3) {
+        DDP_THROW(ConfigError, "the rendezvous port ", where(), " is held by a program that is not a ddp-launch store (it "
+                  "accepts connections but never greets); pick a free --master_port for the job");
+      }
+      if (!told && secondsSince(start) >= 5) {
+        spdlog::info("waiting for the launcher that hosts the rendezvous at {} ({})", where(), e.reason());
+        told = true;
       }
       pause(std::chrono::milliseconds(0));
     } catch (const comm::StoreAuthError& e) {

@@ -170,7 +170,7 @@ TEST_F(Slurm, AnElasticJobOverATwoNodeStepRendezvousesAtTheStepsFirstNode) {
   // the node ranks come from the rendezvous, not SLURM_NODEID (issue 29).
   const std::string dir = test::makeTempDir("slurm_elastic");
   auto argv = with({"/usr/bin/srun", "-N2", "--ntasks-per-node=1", "--cpus-per-task=1", DDP_LAUNCH_BIN,
-                    "--nnodes=1:2", "--rdzv_last_call_s=1", "--heartbeat_timeout_s=5"});
+                    "--nnodes=1:2", "--rdzv_last_call_s=1", "--heartbeat_timeout_s=5", "--rdzv_timeout_s=60"});
   argv.push_back("output.dir=" + dir);
   argv.insert(argv.end(), kTrain.begin(), kTrain.end());
   const auto run = test::runCommand(argv, 300, env({"DDP_RDZV_TOKEN_FILE=" + tokenFile(dir)}));
