@@ -6,6 +6,7 @@
 
 #include <arpa/inet.h>
 
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -59,6 +60,41 @@ bool writeAll(int fd, const std::string& data) {
   return true;
 }
 
+// connect() that gives up at `deadline`: a blocking one waits out the kernel's SYN retries (about
+// two minutes) where a host drops the packets. The socket stays blocking afterwards.
+bool connectWithin(int fd, const sockaddr* address, socklen_t size, Clock::time_point deadline, std::string& error) {
+  const int flags = ::fcntl(fd, F_GETFL);
+  ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+  bool connected = ::connect(fd, address, size) == 0;
+  if (!connected && errno != EINPROGRESS) {
+    error = std::strerror(errno);
+    return false;
+  }
+  while (!connected) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      error = "no answer to the connection";
+      return false;
+    }
+    pollfd p{fd, POLLOUT, 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(left, 1 << 30)));
+    if (ready < 0 && errno != EINTR) {
+      error = std::strerror(errno);
+      return false;
+    }
+    if (ready <= 0) continue;
+    int status = 0;
+    socklen_t length = sizeof(status);
+    if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &status, &length) != 0 || status != 0) {
+      error = std::strerror(status != 0 ? status : errno);
+      return false;
+    }
+    connected = true;
+  }
+  ::fcntl(fd, F_SETFL, flags);
+  return true;
+}
+
 // A connected socket, retrying refused connections (the server may not listen yet) until deadline.
 int connectBy(const std::string& host, std::uint16_t port, Clock::time_point deadline, std::string& error) {
   addrinfo hints{};
@@ -74,13 +110,12 @@ int connectBy(const std::string& host, std::uint16_t port, Clock::time_point dea
       for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
         const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
         if (fd < 0) continue;
-        if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+        if (connectWithin(fd, a->ai_addr, a->ai_addrlen, deadline, error)) {
           ::freeaddrinfo(found);
           const int on = 1;
           ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
           return fd;
         }
-        error = std::strerror(errno);
         ::close(fd);
       }
       ::freeaddrinfo(found);

@@ -23,6 +23,7 @@
 
 #include "comm/ddp_store.h"
 #include "comm/shm_communicator.h"
+#include "common/store_client.h"
 #include "common/store_server.h"
 #include "common/store_wire.h"
 #include "common/job_token.h"
@@ -145,6 +146,31 @@ TEST(DdpStore, AnswersEveryCallAsLibTorchsTCPStoreDoes) {
   EXPECT_EQ(expected[19], "threw");  // the wait for a key nobody sets
   ASSERT_EQ(got.size(), expected.size());
   for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], expected[i]) << "call " << i;
+}
+
+TEST(StoreClient, AHostThatDropsTheConnectionEndsWithinTheTimeout) {
+  // A listener whose accept queue is full drops further SYNs, as a firewall or a dead host does: a
+  // blocking connect() would wait out the kernel's retries (about two minutes), not our timeout.
+  ddp::ListenSocket listener("127.0.0.1", 0);
+  ASSERT_EQ(::listen(listener.fd(), 0), 0);
+  std::vector<int> queued;
+  for (int i = 0; i < 4; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<std::uint16_t>(listener.port()));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
+    queued.push_back(fd);
+  }
+  StoreClientOptions options;
+  options.port = static_cast<std::uint16_t>(listener.port());
+  options.timeout = std::chrono::milliseconds(1500);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(StoreClient client(options), StoreUnreachableError);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 10.0) << "the connection attempt outlived its 1.5 s timeout";
+  for (int fd : queued) ::close(fd);
 }
 
 TEST(DdpStore, AGetWaitsForAKeyAnotherClientSets) {
