@@ -90,7 +90,6 @@ struct Keys {
   std::string prefix;  // "elastic/<rdzv_id>/"
   std::string nodeIds() const { return prefix + "node_ids"; }
   std::string round() const { return prefix + "round"; }
-  std::string failures() const { return prefix + "failures"; }
   std::string final() const { return prefix + "final"; }
   std::string finished() const { return prefix + "finished"; }
   std::string node(int id) const { return prefix + "node/" + std::to_string(id); }
@@ -197,19 +196,6 @@ class Liveness {
   std::map<int, Seen> seen_;
 };
 
-// Sets why round `round` ends unless another node did first, and returns the reason that stands:
-// "<kind> <failures> <text>", kind F (a worker failed), L (a node left), J (nodes wait to join),
-// C (a worker's bad configuration). F and L count towards --max_restarts; <failures> is the count
-// with this round's end included.
-std::string endRound(StoreClient& store, const Keys& keys, std::int64_t round, char kind, const std::string& why) {
-  const bool counts = kind == 'F' || kind == 'L';
-  const std::int64_t failures = store.add(keys.failures(), 0) + (counts ? 1 : 0);
-  const std::string mine = std::string(1, kind) + " " + std::to_string(failures) + " " + why;
-  const std::string standing = text(store.compareSet(keys.inRound(round, "end"), {}, bytes(mine)));
-  if (standing == mine && counts) store.add(keys.failures(), 1);
-  return standing;
-}
-
 struct EndReason {
   char kind = 'F';
   int failures = 0;
@@ -223,6 +209,23 @@ EndReason parseEnd(const std::string& standing) {
   std::getline(in >> std::ws, end.why);
   return end;
 }
+
+// Sets why round `round` ends unless another node did first, and returns the reason that stands:
+// "<kind> <failures> <text>", kind F (a worker failed), L (a node left), J (nodes wait to join),
+// C (a worker's bad configuration). F and L count towards --max_restarts; <failures> is the count
+// with this round's end included, carried from round to round in the end reasons themselves (a
+// round opens only after the previous one's end is set), so no launcher's death can lose one.
+std::string endRound(StoreClient& store, const Keys& keys, std::int64_t round, char kind, const std::string& why) {
+  const bool counts = kind == 'F' || kind == 'L';
+  std::int64_t failures = 0;
+  if (round > 0 && store.check({keys.inRound(round - 1, "end")})) {
+    failures = parseEnd(text(store.get(keys.inRound(round - 1, "end"), store.timeout()))).failures;
+  }
+  if (counts) ++failures;
+  const std::string mine = std::string(1, kind) + " " + std::to_string(failures) + " " + why;
+  return text(store.compareSet(keys.inRound(round, "end"), {}, bytes(mine)));
+}
+
 
 // One round as this launcher took part in it.
 struct Round {

@@ -225,6 +225,30 @@ TEST(Elastic, ANodeThatGetsSigtermLeavesAndTheOthersGoOnAtOnce) {
       << logA;
 }
 
+TEST(Elastic, AFailureBeyondMaxRestartsEndsTheJobOnEveryNode) {
+  const Job job;
+  test::Background a(job.node("1:2", {"--max_restarts=1"}), job.base + "/a.log");
+  ASSERT_TRUE(a.waitFor("this is node 0", 60)) << test::readFile(a.log);
+  test::Background b(job.node("1:2", {"--max_restarts=1"}), job.base + "/b.log");
+  // Failure 1: one of node 1's workers dies; both nodes restart (round 1, restart 1/1).
+  ASSERT_TRUE(a.waitFor("step 20/", 120)) << test::readFile(a.log);
+  std::vector<pid_t> workers = childrenOf(b.pid);
+  ASSERT_EQ(workers.size(), 2u);
+  ::kill(workers[1], SIGKILL);
+  ASSERT_TRUE(waitForAfter(a, "round 1:", "info epoch ", 120)) << test::readFile(a.log);
+  // Failure 2, counted on from round 1's end: the job ends on both nodes.
+  workers = childrenOf(b.pid);
+  ASSERT_EQ(workers.size(), 2u);
+  ::kill(workers[0], SIGKILL);
+  EXPECT_NE(a.wait(120), 0) << test::readFile(a.log);
+  EXPECT_EQ(b.wait(60), 128 + SIGKILL) << test::readFile(b.log);  // its own worker's end
+  for (const std::string& log : {test::readFile(a.log), test::readFile(b.log)}) {
+    EXPECT_NE(log.find("restarting with the nodes still there (restart 1/1)"), std::string::npos) << log;
+    EXPECT_NE(log.find("was failure 2 and --max_restarts=1"), std::string::npos) << log;
+    EXPECT_EQ(log.find("round 2:"), std::string::npos) << log;
+  }
+}
+
 TEST(Elastic, TheJobSurvivesLosingTheHostingNodesWorkers) {
   // The store lives in the launcher, not in rank 0: a crashed worker of node 0 is a failure like
   // any other, and the next round has both nodes again.
