@@ -7,8 +7,15 @@
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -73,13 +80,99 @@ class C10dPendingWork final : public PendingWork {
   std::shared_ptr<TimeoutCensus> census_;
 };
 
+// The collectives a GPU rank queued whose end the host has not seen yet, each with when it was
+// queued and what it was: NCCL's wait() only makes the compute stream wait, so this is what
+// awaitCompletion() watches. Completion is polled (cudaEventQuery through isCompleted(): no
+// synchronising call); the deadline comes before the watchdog's (which counts from the same
+// moment), so our line naming the missing rank wins over its abort.
+template <typename WorkPtr>
+class InFlight {
+ public:
+  explicit InFlight(std::chrono::milliseconds timeout) : timeout_(timeout) {}
+
+  void add(const char* op, WorkPtr work) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queued_.push_back({op, std::move(work), std::chrono::steady_clock::now(), ++count_});
+    // Keep the list short between waits: drop what has finished from its front.
+    if (queued_.size() > 64) dropFinished();
+  }
+
+  // Polls until everything queued has finished; throws TimeoutError past the deadline of the
+  // oldest unfinished one, CommError when NCCL reported an error for one.
+  template <typename OnTimeout, typename OnError>
+  void awaitAll(OnTimeout&& onTimeout, OnError&& onError) {
+    for (auto pause = std::chrono::microseconds(20);; pause = std::min(pause * 2, std::chrono::microseconds(1000))) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      std::exception_ptr failed;
+      const char* failedOp = nullptr;
+      try {
+        dropFinished();
+      } catch (...) {
+        failed = std::current_exception();
+        failedOp = queued_.front().op;
+        queued_.clear();
+      }
+      if (failed) {
+        lock.unlock();
+        try {
+          std::rethrow_exception(failed);
+        } catch (const std::exception& e) {
+          onError(failedOp, e);
+        }
+      }
+      if (queued_.empty()) return;
+      const auto& oldest = queued_.front();
+      const auto waited = std::chrono::steady_clock::now() - oldest.queuedAt;
+      if (waited >= deadline()) {
+        const char* op = oldest.op;
+        const uint64_t number = oldest.number;
+        const double seconds = std::chrono::duration<double>(waited).count();
+        queued_.clear();
+        lock.unlock();
+        onTimeout(op, number, seconds);
+        return;
+      }
+      lock.unlock();
+      std::this_thread::sleep_for(pause);
+    }
+  }
+
+ private:
+  struct Queued {
+    const char* op;
+    WorkPtr work;
+    std::chrono::steady_clock::time_point queuedAt;
+    uint64_t number;
+  };
+  // Before the watchdog's timeout: 5 % of it, at least 0.1 s, at most 10 s earlier.
+  std::chrono::milliseconds deadline() const {
+    const auto margin = std::clamp(timeout_ / 20, std::chrono::milliseconds(100), std::chrono::milliseconds(10000));
+    return std::max(timeout_ - margin, timeout_ / 2);
+  }
+  // Throws the work's exception (NCCL's error) when it has one.
+  void dropFinished() {
+    while (!queued_.empty() && queued_.front().work->isCompleted()) {
+      if (auto error = queued_.front().work->exception()) std::rethrow_exception(error);
+      queued_.pop_front();
+    }
+  }
+
+  std::chrono::milliseconds timeout_;
+  std::mutex mutex_;  // the reducer queues from autograd's threads
+  std::deque<Queued> queued_;
+  uint64_t count_ = 0;
+};
+
 template <typename Group>
 class C10dCommunicator final : public Communicator {
+  using WorkPtr = decltype(std::declval<Group&>().barrier());
+
  public:
   C10dCommunicator(c10::intrusive_ptr<Group> group, std::string name, int rank, int size,
-                   c10::Device device, std::shared_ptr<TimeoutCensus> census)
+                   c10::Device device, std::shared_ptr<TimeoutCensus> census,
+                   std::chrono::milliseconds timeout = std::chrono::minutes(5))
       : group_(std::move(group)), name_(std::move(name)), rank_(rank), size_(size), device_(device),
-        census_(std::move(census)) {}
+        census_(std::move(census)), queuesOnGpu_(name_ == "nccl"), inFlight_(timeout) {}
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -99,6 +192,7 @@ class C10dCommunicator final : public Communicator {
     opts.reduceOp = c10d::ReduceOp::SUM;
     try {
       auto work = group_->allreduce(tensors, opts);
+      if (queuesOnGpu_) inFlight_.add("all_reduce", work);
       return std::make_unique<C10dPendingWork<decltype(work)>>(std::move(work), name_, rank_,
                                                                size_, census_);
     } catch (const std::exception& e) {
@@ -140,11 +234,25 @@ class C10dCommunicator final : public Communicator {
     // a one-element all-reduce on our device, read back, blocks for real.
     at::Tensor token = at::ones({1}, at::TensorOptions().device(device_));
     allReduceSum(token);
+    awaitCompletion();
     try {
       (void)token.item<float>();
     } catch (const std::exception& e) {
       rethrowAsCommError(name_, "barrier", rank_, size_, e, census_);
     }
+  }
+
+  void awaitCompletion() override {
+    if (!queuesOnGpu_) return;  // Gloo (CUDA tensors too): its wait() already blocked
+    inFlight_.awaitAll(
+        [&](const char* op, uint64_t number, double seconds) {
+          const std::string missing = census_ ? census_->missingRanks() : "";
+          DDP_THROW(TimeoutError, name_, " ", op, " on rank ", rank_, "/", size_, " timed out: it was queued ",
+                    seconds, " s ago (collective ", number, " of this rank's GPU queue) and has not finished",
+                    missing.empty() ? std::string("; another rank stopped answering or crashed")
+                                    : " (" + missing + "); that rank stopped answering or crashed");
+        },
+        [&](const char* op, const std::exception& e) { rethrowAsCommError(name_, op, rank_, size_, e, census_); });
   }
 
  private:
@@ -153,6 +261,7 @@ class C10dCommunicator final : public Communicator {
     try {
       auto work = launch();
       work->wait();
+      if (queuesOnGpu_) inFlight_.add(op, std::move(work));
     } catch (const std::exception& e) {
       rethrowAsCommError(name_, op, rank_, size_, e, census_);
     }
@@ -164,6 +273,8 @@ class C10dCommunicator final : public Communicator {
   int size_;
   c10::Device device_;
   std::shared_ptr<TimeoutCensus> census_;
+  bool queuesOnGpu_;  // NCCL: wait() returns before the collective has run
+  InFlight<WorkPtr> inFlight_;
 };
 
 }  // namespace ddp::comm::detail

@@ -54,6 +54,12 @@ class Communicator {
   virtual void broadcast(at::Tensor& tensor, int root) = 0;
   /// Returns once every rank has entered.
   virtual void barrier() = 0;
+  /// Blocks until every collective this rank started has finished where it runs, within the
+  /// group's timeout: NCCL's wait() only makes the compute stream wait, so this is where the host
+  /// learns that a peer never joined (TimeoutError naming it, before NCCL's watchdog would abort
+  /// the process). Call it before reading on the host a result that depends on GPU collectives.
+  /// Backends whose wait() blocks (Gloo, shm, local) return at once.
+  virtual void awaitCompletion() {}
 
   // The collectives users call in their own loops (ddp::ProcessGroup). The defaults are built on
   // allReduceSum, so every backend has them; backends override with their native ones.

@@ -40,8 +40,11 @@ struct CudaPlugin {
   int64_t (*peakAllocatedBytes)(int deviceIndex) = nullptr;
   void (*report)(int deviceIndex, GpuReport* out) = nullptr;
   const char* torchVersion = nullptr;  // TORCH_VERSION of the LibTorch the plugin was built with
+  /// c10::cuda::warning_state().set_sync_debug_mode (torch.cuda.set_sync_debug_mode): 0 off, 1 warn,
+  /// 2 error on every call that makes the host wait for the GPU. Process-wide.
+  void (*setSyncDebugMode)(int level) = nullptr;
 };
-inline constexpr int kCudaPluginAbi = 3;
+inline constexpr int kCudaPluginAbi = 4;
 inline constexpr const char* kCudaPluginEntry = "ddp_cuda_plugin";
 
 /// True when this build made the plugin (a CUDA LibTorch).

@@ -1,5 +1,6 @@
 // libddp_cuda.so: the code that needs LibTorch's CUDA libraries (see comm/cuda_plugin.h).
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/version.h>
@@ -22,17 +23,15 @@ std::unique_ptr<Communicator> makeNccl(const c10::intrusive_ptr<c10d::Store>& pr
                                        const std::shared_ptr<TimeoutCensus>& census) {
   DDP_ENFORCE(options.device.is_cuda() && options.device.has_index(),
               "nccl needs the rank's GPU, got device ", options.device.str());
-  // Blocking wait: wait() throws on timeout/error instead of the watchdog aborting the process.
-  // 2.x reads TORCH_NCCL_BLOCKING_WAIT, 1.13 NCCL_BLOCKING_WAIT; a user's setting of either wins.
-  if (!std::getenv("TORCH_NCCL_BLOCKING_WAIT") && !std::getenv("NCCL_BLOCKING_WAIT")) {
-    ::setenv("TORCH_NCCL_BLOCKING_WAIT", "1", 1);
-    ::setenv("NCCL_BLOCKING_WAIT", "1", 1);
-  }
+  // No blocking wait (unless the user sets TORCH_NCCL_BLOCKING_WAIT): wait() makes the compute
+  // stream wait for NCCL's, the host goes on, and ProcessGroupNCCL's watchdog and async error
+  // handling stay on. A stuck peer is named by Communicator::awaitCompletion() at the points
+  // where the host reads results (log steps, barriers), before the watchdog's timeout.
   auto opts = c10d::ProcessGroupNCCL::Options::create();
   opts->timeout = options.timeout;
   auto group = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, options.rank, options.worldSize, opts);
   return std::make_unique<detail::C10dCommunicator<c10d::ProcessGroupNCCL>>(
-      std::move(group), "nccl", options.rank, options.worldSize, options.device, census);
+      std::move(group), "nccl", options.rank, options.worldSize, options.device, census, options.timeout);
 }
 #endif
 
@@ -41,6 +40,12 @@ int64_t peakAllocatedBytes(int deviceIndex) {
   return c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(deviceIndex))
       .allocated_bytes[0]
       .peak;
+}
+
+void setSyncDebugMode(int level) {
+  c10::cuda::warning_state().set_sync_debug_mode(level >= 2   ? c10::cuda::SyncDebugMode::L_ERROR
+                                                 : level == 1 ? c10::cuda::SyncDebugMode::L_WARN
+                                                              : c10::cuda::SyncDebugMode::L_DISABLED);
 }
 
 void report(int deviceIndex, GpuReport* out) {
@@ -61,10 +66,11 @@ void report(int deviceIndex, GpuReport* out) {
 extern "C" __attribute__((visibility("default"))) const ddp::comm::CudaPlugin* ddp_cuda_plugin() {
 #ifdef DDP_WITH_NCCL
   static const ddp::comm::CudaPlugin plugin{ddp::comm::kCudaPluginAbi, &ddp::comm::makeNccl,
-                                            &ddp::comm::peakAllocatedBytes, &ddp::comm::report, TORCH_VERSION};
+                                            &ddp::comm::peakAllocatedBytes, &ddp::comm::report, TORCH_VERSION,
+                                            &ddp::comm::setSyncDebugMode};
 #else
   static const ddp::comm::CudaPlugin plugin{ddp::comm::kCudaPluginAbi, nullptr, &ddp::comm::peakAllocatedBytes,
-                                            &ddp::comm::report, TORCH_VERSION};
+                                            &ddp::comm::report, TORCH_VERSION, &ddp::comm::setSyncDebugMode};
 #endif
   return &plugin;
 }

@@ -35,9 +35,9 @@ c10::Device collectiveDevice(Backend backend, c10::Device rankDevice);
 
 /// Creates the process group over `store` (from rendezvous()). World size 1
 /// returns a LocalCommunicator without touching the store (unless
-/// groupForSingleRank). NCCL: wait() blocks until the collective is done or
-/// `timeout` passed (TORCH_NCCL_BLOCKING_WAIT, unless the user set it), so a
-/// stuck peer is a TimeoutError naming the collective, not a watchdog abort.
+/// groupForSingleRank). NCCL: wait() makes the compute stream wait, the host goes
+/// on; Communicator::awaitCompletion() is where a stuck peer becomes a TimeoutError
+/// naming the collective (before the watchdog's abort, which stays on).
 std::unique_ptr<Communicator> makeCommunicator(const c10::intrusive_ptr<c10d::Store>& store,
                                                const ProcessGroupOptions& options);
 

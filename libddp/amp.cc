@@ -7,6 +7,7 @@
 #include <ATen/ops/full.h>
 #include <ATen/ops/isfinite.h>
 #include <ATen/ops/ones.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 #include <torch/optim/optimizer.h>
 
@@ -135,6 +136,31 @@ at::Tensor GradScaler::scale(const at::Tensor& outputs) {
     growthTracker_ = at::full({}, initGrowthTracker_, on.dtype(at::kInt));
   }
   return outputs * scale_.to(outputs.device(), /*non_blocking=*/true);
+}
+
+at::Tensor nonFiniteFlag(const std::vector<at::Tensor>& tensors) {
+  c10::NoGradGuard noGrad;
+  std::vector<std::pair<c10::Device, std::map<at::ScalarType, std::vector<at::Tensor>>>> groups;
+  for (const at::Tensor& t : tensors) {
+    if (!t.defined()) continue;
+    if (!at::isFloatingType(t.scalar_type())) {
+      DDP_THROW(Error, "ddp::nonFiniteFlag: a ", t.scalar_type(), " tensor has no NaN or infinity to find; pass "
+                "floating-point tensors (gradients)");
+    }
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == t.device(); });
+    if (it == groups.end()) it = groups.insert(groups.end(), {t.device(), {}});
+    it->second[t.scalar_type()].push_back(t);
+  }
+  if (groups.empty()) return at::zeros({}, at::TensorOptions().dtype(at::kFloat));
+  const at::TensorOptions flagOptions = at::TensorOptions().dtype(at::kFloat).device(groups.front().first);
+  at::Tensor found = at::zeros({}, flagOptions);
+  for (auto& [device, byDtype] : groups) {
+    at::Tensor flag = device == found.device() ? found : at::zeros({}, flagOptions.device(device));
+    const at::Tensor one = at::ones({}, flagOptions.device(device));
+    for (auto& [dtype, list] : byDtype) nonFiniteCheckAndUnscale(list, flag, one);
+    if (!flag.is_same(found)) found.add_(flag.to(found.device()));
+  }
+  return found.clamp_max_(1.0);
 }
 
 at::Tensor GradScaler::checkAndUnscale(torch::optim::Optimizer& optimizer, const at::Tensor& invScale) {

@@ -141,7 +141,7 @@ DdpEngine::DdpEngine(torch::nn::Module& module, ProcessGroup group, DdpOptions o
   all.insert(all.end(), state_->buffers.begin(), state_->buffers.end());
   comm::broadcastTensors(comm, all, /*root=*/0);
   state_->syncBuffers = comm.size() > 1 && options.broadcastBuffers && !state_->buffers.empty();
-  if (comm.size() == 1) return;
+  if (comm.size() == 1 && !options.syncOnOneRank) return;
   state_->gradients = std::make_unique<api::LabelledCommunicator>(state_->group, "DDP gradients");
   if (options.reducer == "bucketed") {
     auto bucketed = std::make_unique<comm::Reducer>(*state_->gradients, params, names, reducer);

@@ -67,6 +67,7 @@ class LabelledCommunicator final : public comm::Communicator {
   std::unique_ptr<comm::PendingWork> allReduceSumAsync(at::Tensor& tensor) override;
   void broadcast(at::Tensor& tensor, int root) override;
   void barrier() override;
+  void awaitCompletion() override;
 
  private:
   ProcessGroup group_;

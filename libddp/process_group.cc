@@ -289,6 +289,16 @@ struct ProcessGroup::Impl final : comm::Communicator {
   void barrier() override {
     run("barrier", "", Shape{}, [](comm::Communicator& c) { c.barrier(); });
   }
+  void awaitCompletion() override {
+    comm::Communicator& c = live("waitForCollectives()");
+    try {
+      c.awaitCompletion();
+    } catch (const TimeoutError& e) {
+      throw TimeoutError(e.what() + destroyedPeers());
+    } catch (const CommError& e) {
+      throw CommError(e.what() + destroyedPeers());
+    }
+  }
   std::vector<at::Tensor> allGather(const at::Tensor& input) override {
     std::vector<at::Tensor> out;
     run("all_gather", "", shapeOf(input), [&](comm::Communicator& c) { out = c.allGather(input); });
@@ -606,6 +616,8 @@ void ProcessGroup::broadcast(const std::vector<at::Tensor>& tensors, int root) {
 
 void ProcessGroup::barrier() { impl().barrier(); }
 
+void ProcessGroup::waitForCollectives() { impl().awaitCompletion(); }
+
 void ProcessGroup::destroy(const char* file, int line) {
   Impl& s = impl();
   if (s.destroyed) return;
@@ -802,6 +814,8 @@ void LabelledCommunicator::barrier() {
   CollectiveLabel label(group_, label_);
   group_.impl().barrier();
 }
+
+void LabelledCommunicator::awaitCompletion() { group_.impl().awaitCompletion(); }
 
 comm::RendezvousOptions rendezvousOptions(const runtime::DistEnv& env, std::chrono::milliseconds timeout,
                                           const std::string& timeoutName) {

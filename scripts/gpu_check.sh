@@ -2,7 +2,8 @@
 # The GPU checks, on a machine with a GPU, a pip PyTorch and no package registry
 # (the lent device machine): builds against that machine's torch with the Debian
 # -dev packages carried as .debs, then runs the GPU tests and the GPU benchmark.
-#   bash scripts/gpu_check.sh build|test|bench   (DEBS=dir of .deb files, DATA=Fashion-MNIST dir)
+#   bash scripts/gpu_check.sh build|test|bench|suite   (DEBS=dir of .deb files, DATA=Fashion-MNIST dir)
+#   bash scripts/gpu_check.sh all   (one budgeted call: build the GPU targets, test, bench; BUDGET_S)
 # Prepare the carried files here with: bash scripts/gpu_check.sh pack
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +32,10 @@ case "${1:-}" in
     torch_prefix=$("$PY" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
     cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDDP_USE_CCACHE=OFF -DDDP_PYTHON="$PY" \
       -DCMAKE_PREFIX_PATH="$torch_prefix;$DEPS/usr" -DCMAKE_LIBRARY_ARCHITECTURE=x86_64-linux-gnu 2>&1 | tail -5
-    cmake --build "$BUILD" -j"$(nproc)" -- -k 0 > "$OUT/build_full.log" 2>&1 || { grep -E -A5 "error|FAILED" "$OUT/build_full.log" | head -80; exit 1; } ;;
+    # TARGETS: what the GPU checks need (the whole suite builds when TARGETS=all).
+    targets=()
+    [ "${TARGETS:-all}" = all ] || for t in $TARGETS; do targets+=(--target "$t"); done
+    cmake --build "$BUILD" -j"$(nproc)" "${targets[@]}" -- -k 0 > "$OUT/build_full.log" 2>&1 || { grep -E -A5 "error|FAILED" "$OUT/build_full.log" | head -80; exit 1; } ;;
   test)
     export DDP_FASHION_MNIST_ROOT=$DATA
     (cd "$BUILD" && ctest -R e2e_gpu --output-on-failure -V) 2>&1 | tee "$OUT/gpu_test.log" | tail -40 ;;
@@ -42,6 +46,19 @@ case "${1:-}" in
     (cd "$BUILD" && CUDA_VISIBLE_DEVICES= ctest -j8 -E e2e_gpu --output-on-failure --timeout 300) 2>&1 |
       tee "$OUT/suite.log" | tail -30 ;;
   bench)
-    BUILD=$BUILD PY="$PY" REPS=${REPS:-3} bash bench/gpu/run_gpu_bench.sh 2>&1 | tee "$OUT/gpu_bench.jsonl" ;;
-  *) echo "usage: gpu_check.sh pack|build|test|suite|bench" >&2; exit 2 ;;
+    # Budgeted (DEADLINE_S, default 240): the most important comparisons run first.
+    BUILD=$BUILD PY="$PY" bash bench/gpu/run_gpu_bench.sh 2> "$OUT/gpu_bench.err" | tee "$OUT/gpu_bench.jsonl"
+    "$PY" bench/gpu/make_table.py "$OUT/gpu_bench.jsonl" --gpu "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" |
+      tee "$OUT/gpu_bench.md" ;;
+  all)
+    # One lent-device call: build what the checks need, the GPU tests, then the benchmark in the
+    # seconds left of BUDGET_S (default 540).
+    start=$SECONDS
+    TARGETS=${TARGETS:-"ddp-launch worker ddp_cuda gpu_test"} bash "$0" build
+    echo "built in $((SECONDS - start)) s" | tee -a "$OUT/gpu.txt"
+    bash "$0" test || true
+    echo "tests done at $((SECONDS - start)) s" | tee -a "$OUT/gpu.txt"
+    DEADLINE_S=$(( ${BUDGET_S:-540} - (SECONDS - start) - 40 )) HARD_S=$(( ${BUDGET_S:-540} - (SECONDS - start) - 10 )) \
+      bash "$0" bench ;;
+  *) echo "usage: gpu_check.sh pack|build|test|suite|bench|all" >&2; exit 2 ;;
 esac

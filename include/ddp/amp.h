@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <vector>
 
 #include "ddp/process_group.h"
 
@@ -55,6 +56,14 @@ class Autocast {
   bool previousEnabled_;
   at::ScalarType previousDtype_;
 };
+
+/// 1 if any defined tensor of `tensors` holds a NaN or an infinity, else 0: a float32 0-dim tensor
+/// on the first defined tensor's device, computed there by LibTorch's
+/// _amp_foreach_non_finite_check_and_unscale_ (scale 1, one call per device and dtype, as the
+/// GradScaler checks gradients): on a GPU nothing waits for the device. Read it when you log, or
+/// hand it to ddp::FusedAdamW::step as its found-inf flag to skip such a step on the device.
+/// Floating-point tensors only (ddp::Error otherwise); none defined: a CPU zero.
+at::Tensor nonFiniteFlag(const std::vector<at::Tensor>& tensors);
 
 /// torch.amp.GradScaler's constructor arguments, with its defaults.
 struct GradScalerOptions {

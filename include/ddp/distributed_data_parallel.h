@@ -38,6 +38,10 @@ struct DdpOptions {
   /// findUnusedParameters the graph is searched and the used map all-reduced in the first
   /// synchronising backward only.
   bool staticGraph = false;
+  /// A one-rank group runs the gradient sync too (buckets, all-reduces over the one rank), as
+  /// PyTorch's DDP does at world size 1. Off: with one rank there is nothing to average, and the
+  /// engine leaves the gradients alone.
+  bool syncOnOneRank = false;
 };
 
 /// The engine behind DistributedDataParallel, for any torch::nn::Module. Construction broadcasts

@@ -125,6 +125,13 @@ class ProcessGroup {
   void broadcast(at::Tensor& tensor, int root = 0);
   void broadcast(const std::vector<at::Tensor>& tensors, int root = 0);
   void barrier();
+  /// Blocks until every collective this rank started has finished on its device. NCCL collectives
+  /// return once queued (the compute stream waits for them, the host does not), so read a result
+  /// of GPU collectives on the host (item(), a copy to the CPU) after this call: a peer that never
+  /// joined is then a TimeoutError naming it, within the group's timeout, where a plain read would
+  /// wait until NCCL's watchdog aborts the process. Gloo and shm collectives finish inside their
+  /// call: nothing to wait for. Not a collective (no other rank takes part).
+  void waitForCollectives();
 
   /// Clean shutdown: a barrier (rank 0 hosts the store, so it must leave last), then the group is
   /// closed. Collective; idempotent. The destructor of the last handle closes without the barrier.

@@ -9,6 +9,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
 #include <iostream>
 
 #include "tests/e2e/run_command.h"
@@ -164,6 +167,80 @@ TEST_F(Gpu, PinnedPrefetchedBatchesGiveTheSameDeterministicRun) {
     } else {
       EXPECT_TRUE(model == reference) << loading << " changed the trained model";
     }
+  }
+}
+
+// Issue 27: between log steps the GPU step never makes the host wait (LibTorch's sync-debug mode
+// set to error there fails the run on any synchronising call): plain SGD with the reducer on at
+// one rank (the path of a multi-GPU job: bucket copies, NCCL all-reduces, the device's non-finite
+// flag) and fused AdamW. The control run reads a flag on the host every step
+// (train.skip_nonfinite_steps with SGD) and must fail: the mode does catch a synchronising call.
+std::vector<std::string> oneRankGpu(const std::string& dir, std::vector<std::string> extra) {
+  std::vector<std::string> argv{DDP_LAUNCH_BIN, "--nproc_per_node=1", DDP_WORKER_BIN, config(), "backend=nccl",
+                                "device=cuda", "data.root=" + dataRoot(), "eval.enabled=false", "output.dir=" + dir};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+TEST_F(Gpu, TheStepNeverWaitsForTheGpuBetweenLogSteps) {
+  const std::string dir = test::makeTempDir("gpu_sync");
+  for (const std::string optimizer : {"sgd", "adamw"}) {
+    const std::string out = dir + "/" + optimizer;
+    const auto run = test::runCommand(oneRankGpu(out, {"train.optimizer=" + optimizer, "comm.ddp_on_one_rank=true",
+                                                       "cuda.sync_debug=error", "train.max_steps=60",
+                                                       "train.log_every=20"}),
+                                      600);
+    ASSERT_EQ(run.exitCode, 0) << optimizer << ": " << run.output;
+    const auto summary = summaryOf(out);
+    EXPECT_EQ(summary["steps"], 60) << summary.dump();
+    std::cout << optimizer << " under sync-debug error: " << summary["samples_per_s"] << " samples/s" << std::endl;
+  }
+  const auto control = test::runCommand(oneRankGpu(dir + "/control", {"train.skip_nonfinite_steps=true",
+                                                                      "cuda.sync_debug=error", "train.max_steps=60",
+                                                                      "train.log_every=20"}),
+                                        600);
+  EXPECT_NE(control.exitCode, 0) << control.output;
+  EXPECT_NE(control.output.find("synchroniz"), std::string::npos) << control.output;
+}
+
+// The reducer at one rank (comm.ddp_on_one_rank), with and without gradient_as_bucket_view,
+// trains the very model the reducer-less run trains: NCCL's sum over one rank and the division by
+// 1 are exact, so the exports are byte-identical under deterministic kernels.
+TEST_F(Gpu, TheReducerAtOneRankTrainsTheSameModel) {
+  const std::string dir = test::makeTempDir("gpu_reducer1");
+  std::string reference;
+  for (const std::string variant : {"comm.ddp_on_one_rank=false", "comm.ddp_on_one_rank=true",
+                                    "comm.gradient_as_bucket_view=false"}) {
+    const std::string out = dir + "/" + std::to_string(reference.size() % 7) + variant.substr(5, 4);
+    std::vector<std::string> extra{variant, "train.max_steps=80", "deterministic_algorithms=true",
+                                   "cudnn.deterministic=true"};
+    if (variant == "comm.gradient_as_bucket_view=false") extra.push_back("comm.ddp_on_one_rank=true");
+    const auto run = test::runCommand(oneRankGpu(out, extra), 600);
+    ASSERT_EQ(run.exitCode, 0) << variant << ": " << run.output;
+    const std::string model = test::readFile(out + "/model.pt");
+    if (reference.empty()) reference = model;
+    else EXPECT_TRUE(model == reference) << variant << " trained another model";
+  }
+}
+
+// A gradient that overflows on the GPU is found on the device and reported at the next log step
+// with the step it happened at: the same step the CPU's per-step check names (bad_input's
+// DivergingLearningRate: step 2); nothing is exported.
+TEST_F(Gpu, ANonFiniteGradientIsNamedByItsStepFromTheDevice) {
+  const std::string dir = test::makeTempDir("gpu_nan");
+  for (const std::string optimizer : {"sgd", "adamw"}) {
+    const auto run = test::runCommand(oneRankGpu(dir + "/" + optimizer, {"train.optimizer=" + optimizer, "train.lr=1e30",
+                                                                        "train.max_steps=50", "train.log_every=10"}),
+                                      600);
+    EXPECT_EQ(run.exitCode, 1) << run.output;
+    if (optimizer == "sgd") {
+      EXPECT_NE(run.output.find("training diverged: a gradient is NaN or infinite at step 2 "), std::string::npos)
+          << run.output;
+    } else {  // AdamW's first steps are bounded by lr: it may overflow later, never unnamed
+      EXPECT_NE(run.output.find("training diverged: a gradient is NaN or infinite at step"), std::string::npos)
+          << run.output;
+    }
+    EXPECT_FALSE(std::ifstream(dir + "/" + optimizer + "/model.pt").good()) << optimizer;
   }
 }
 

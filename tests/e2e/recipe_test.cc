@@ -151,6 +151,35 @@ TEST(ChannelsLast, CnnTrainsAsInTheDefaultLayout) {
   std::filesystem::remove_all(dir);
 }
 
+// comm.ddp_on_one_rank (issue 27, 4): a one-rank job through the DDP engine (buckets, the all-reduce
+// over its one-rank group, the division by 1) trains the very model the engine-less job trains, bit
+// for bit, with gradient_as_bucket_view on (the default) and off: the reducer path a multi-GPU job
+// runs, measured on one device without changing what it computes.
+TEST(DdpOnOneRank, TrainsTheSameModelBitForBit) {
+  const std::string dir = test::makeTempDir("ddp_one_rank");
+  auto run = [&](const std::string& name, const std::vector<std::string>& extra) {
+    std::vector<std::string> argv{DDP_LAUNCH_BIN, "--nproc_per_node=1", DDP_WORKER_BIN,
+                                  std::string(DDP_SOURCE_DIR) + "/configs/synthetic_mlp.yaml", "model.name=cnn",
+                                  "data.synthetic_train=192", "data.synthetic_test=32", "train.batch_size=8",
+                                  "train.max_steps=12", "train.lr=0.02", "eval.enabled=false",
+                                  "output.dir=" + dir + "/" + name, "output.dump_rank_params=true"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    const auto r = test::runCommand(argv, 300);
+    EXPECT_EQ(r.exitCode, 0) << r.output;
+    return checkpoint::readStateDict(dir + "/" + name + "/rank0_params.pt");
+  };
+  const auto plain = run("plain", {});
+  for (const std::string view : {"true", "false"}) {
+    const auto engine = run("engine_" + view, {"comm.ddp_on_one_rank=true", "comm.gradient_as_bucket_view=" + view});
+    ASSERT_EQ(plain.size(), engine.size());
+    for (const auto& [key, value] : plain) {
+      ASSERT_TRUE(engine.count(key)) << key;
+      EXPECT_TRUE(at::equal(value, engine.at(key))) << "gradient_as_bucket_view=" << view << " " << key;
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
 std::string fashionMnistRoot() {
   const char* root = std::getenv("DDP_FASHION_MNIST_ROOT");
   return root ? root : "/usr/share/datasets/fashion-mnist";

@@ -78,6 +78,7 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("deterministic_algorithms", "boolean", c.deterministicAlgorithms),
       bindField("cudnn.benchmark", "boolean", c.cudnn.benchmark),
       bindField("cudnn.deterministic", "boolean", c.cudnn.deterministic),
+      bindField("cuda.sync_debug", "string", c.cuda.syncDebug),
       bindField("init.model_path", "string", c.init.modelPath),
       bindField("model.name", "string", c.model.name),
       bindField("model.hidden", "list of integers", c.model.hidden),
@@ -159,6 +160,7 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("comm.powersgd_start_iter", "integer", c.comm.powersgdStartIter),
       bindField("comm.static_graph", "boolean", c.comm.staticGraph),
       bindField("comm.check_collectives", "boolean", c.comm.checkCollectives),
+      bindField("comm.ddp_on_one_rank", "boolean", c.comm.ddpOnOneRank),
       bindField("dp.device_ids", "list of integers", c.dp.deviceIds),
       bindField("dp.output_device", "integer", c.dp.outputDevice),
       bindField("dp.replicas", "integer", c.dp.replicas),
@@ -358,6 +360,8 @@ void validate(const WorkerConfig& c) {
   require(!c.output.dir.empty(), "output.dir", "must not be empty");
   require(!c.output.exportName.empty() && c.output.exportName.find('/') == std::string::npos,
           "output.export", "must be a file name inside output.dir");
+  require(c.cuda.syncDebug == "off" || c.cuda.syncDebug == "warn" || c.cuda.syncDebug == "error", "cuda.sync_debug",
+          "is '" + c.cuda.syncDebug + "'; use off, warn or error");
   require(c.comm.timeoutS > 0, "comm.timeout_s", "must be > 0");
   require(c.comm.timeoutS <= kMaxTimeoutS, "comm.timeout_s",
           "must be at most " + std::to_string(static_cast<int64_t>(kMaxTimeoutS)) + " (7 days)");

@@ -110,7 +110,8 @@ struct CommConfig {
   double firstBucketMb = 1;              // DDP's smaller first bucket, so communication starts early
   bool findUnusedParameters = false;     // like DDP's find_unused_parameters
   bool broadcastBuffers = true;          // rank 0's buffers (e.g. BatchNorm stats) before each forward
-  bool gradientAsBucketView = false;     // grads alias the bucket buffers (no copy back)
+  bool gradientAsBucketView = true;      // grads alias the bucket buffers (no copy back, no second copy in memory)
+  bool ddpOnOneRank = false;             // a one-rank job runs the DDP engine too (reducer, all-reduces), as PyTorch's DDP does
   std::string compression = "none";      // none | fp16 | bf16: gradient dtype on the wire
   std::string hook = "none";             // none | fp16 | bf16 | powersgd (DDP communication hooks)
   int64_t powersgdRank = 1;              // PowerSGD's matrix_approximation_rank
@@ -144,6 +145,13 @@ struct CudnnConfig {
   bool deterministic = false;  // only deterministic cuDNN algorithms
 };
 
+// GPU checks.
+struct CudaConfig {
+  // torch.cuda.set_sync_debug_mode between log steps: off | warn | error (a call that makes the
+  // host wait for the GPU warns, or fails the run naming it).
+  std::string syncDebug = "off";
+};
+
 struct WorkerConfig {
   Mode mode = Mode::kDdp;
   std::string backend = "auto";  // auto | gloo | nccl
@@ -161,6 +169,7 @@ struct WorkerConfig {
   CheckpointConfig checkpoint;
   InitConfig init;
   CudnnConfig cudnn;
+  CudaConfig cuda;
   bool deterministicAlgorithms = false;  // every op deterministic, or an error naming the one that is not
 };
 

@@ -36,7 +36,7 @@ std::shared_ptr<CommHook> makeHook(const CommConfig& config) {
 
 std::unique_ptr<DdpEngine> makeEngine(const CommConfig& config, const ProcessGroup& group, torch::nn::Module& module,
                                       const std::shared_ptr<CommHook>& hook) {
-  if (group.size() == 1) return nullptr;
+  if (group.size() == 1 && !config.ddpOnOneRank) return nullptr;
   DdpOptions options;
   options.reducer = config.reducer;
   options.bucketCapMb = config.bucketCapMb;
@@ -47,6 +47,7 @@ std::unique_ptr<DdpEngine> makeEngine(const CommConfig& config, const ProcessGro
   options.compression = config.compression;
   options.commHook = hook;
   options.staticGraph = config.staticGraph;
+  options.syncOnOneRank = config.ddpOnOneRank;
   return std::make_unique<DdpEngine>(module, group, options);
 }
 

@@ -25,13 +25,17 @@ TrainPosition TrainingCheckpointer::resume(torch::nn::Module& module, torch::opt
   return checkpointer_.resumeFrom(config_.resume, module, optimizer, scaler);
 }
 
-void TrainingCheckpointer::maybeSave(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                                     const TrainPosition& position, bool epochEnded, const GradScaler* scaler) {
+bool TrainingCheckpointer::due(const TrainPosition& position, bool epochEnded) const {
   const auto& c = config_.checkpoint;
   const bool byStep = c.everySteps > 0 && position.globalStep % c.everySteps == 0;
   // position.epoch is already the next epoch when one has just ended.
   const bool byEpoch = c.everyEpochs > 0 && epochEnded && position.epoch % c.everyEpochs == 0;
-  if (byStep || byEpoch) save(module, optimizer, position, scaler);
+  return byStep || byEpoch;
+}
+
+void TrainingCheckpointer::maybeSave(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                     const TrainPosition& position, bool epochEnded, const GradScaler* scaler) {
+  if (due(position, epochEnded)) save(module, optimizer, position, scaler);
 }
 
 std::string TrainingCheckpointer::save(torch::nn::Module& module, torch::optim::Optimizer& optimizer,

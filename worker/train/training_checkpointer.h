@@ -20,6 +20,8 @@ class TrainingCheckpointer {
   /// Collective. Throws CheckpointError for an explicit path that does not load.
   /// With a scaler (train.precision: fp16), its state is restored as well.
   TrainPosition resume(torch::nn::Module& module, torch::optim::Optimizer& optimizer, GradScaler* scaler = nullptr);
+  /// Whether checkpoint.every_steps / every_epochs asks for a checkpoint at `position`.
+  bool due(const TrainPosition& position, bool epochEnded) const;
   /// Saves if checkpoint.every_steps / every_epochs says so. Collective.
   void maybeSave(torch::nn::Module& module, torch::optim::Optimizer& optimizer, const TrainPosition& position,
                  bool epochEnded, const GradScaler* scaler = nullptr);

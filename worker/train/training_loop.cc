@@ -18,7 +18,9 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <utility>
 
+#include "comm/cuda_plugin.h"
 #include "common/error.h"
 #include "ddp/ddp.h"
 #include "libddp/checkpoint/atomic_file.h"
@@ -45,8 +47,12 @@ double secondsSince(Clock::time_point start) {
 }
 
 // Steps between the all-reduces that agree on a stop request (SIGTERM): the
-// reaction time is this many steps, the cost one 4-byte collective per period.
+// reaction time is this many steps, the cost one 4-byte collective per period. On a GPU the
+// request rides on the log steps' loss all-reduce instead (no host read between log steps).
 constexpr int64_t kStopCheckEvery = 10;
+
+// cuda.sync_debug → torch.cuda.set_sync_debug_mode's level (0 off, 1 warn, 2 error).
+int syncDebugLevel(const std::string& mode) { return mode == "error" ? 2 : mode == "warn" ? 1 : 0; }
 
 // Keeps each .grad tensor (it may alias a reducer bucket); zeroes it in place.
 void zeroGradients(const std::vector<at::Tensor>& params) {
@@ -156,6 +162,10 @@ class TrainingRun {
   int64_t accumulateAndStep(const std::vector<std::vector<int64_t>>& batches, data::BatchLoader& loader,
                             const StepPlace& place);
   void applyOrSkip(int64_t epoch);
+  void deviceCheckedStep();
+  void checkDeviceNonfinite();
+  void pauseSyncDebug();
+  void resumeSyncDebug();
   void scaledStep();
   void checkScalerSkips();
   void record(const StepPlace& place, bool last);
@@ -193,6 +203,16 @@ class TrainingRun {
   std::unique_ptr<tensorboard::EventWriter> board_;  // output.tensorboard: the scalars
                                                      // torch.utils.tensorboard users log, from rank 0
   at::Tensor stopFlag_;
+  // On a GPU nothing between log steps reads the device: the non-finite check is a device flag,
+  // read at log steps (and before a checkpoint), and (world > 1) the stop request rides on the log
+  // steps' loss all-reduce.
+  const bool deviceChecks_;
+  FusedAdamW* fused_ = nullptr;  // skips a flagged step inside its kernel
+  at::Tensor nonfinite_;         // GPU: [flagged steps, of them in a row, the first one's number]
+  int64_t nonfiniteSeen_ = 0;    // flagged steps already reported
+  at::Tensor stopVotes_;         // the last log step's summed stop requests (device), or undefined
+  int syncDebug_ = 0;            // cuda.sync_debug level, set between log steps
+  bool syncDebugOn_ = false;
   at::Tensor lossForLog_;
   int64_t runSamples_ = 0;  // this process's share of the throughput figure
   int64_t runSteps_ = 0;
@@ -221,7 +241,8 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
       optimizer_(makeOptimizer(train_, params_, device, group_)), device_(device),
       join_(train_.unevenInputs == "join" && world_ > 1), autocastDtype_(autocastDtype(train_.precision)),
       sampler_(data.train.size(), world_, rank_, {train_.shuffle, config.seed, train_.dropLast, /*pad=*/!join_}),
-      checkpointer_(config, group_),
+      checkpointer_(config, group_), deviceChecks_(device.is_cuda()),
+      syncDebug_(syncDebugLevel(config.cuda.syncDebug)),
       bar_(rank_ == 0 && progressBarWanted(), std::getenv("DDP_LAUNCH_PREFIXED") != nullptr) {
   if (rank_ == 0) checkpoint::makeDirectories(config_.output.dir);
   if (autocastDtype_ != at::kFloat && !Autocast::supports(device_.type(), autocastDtype_)) {
@@ -239,6 +260,11 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
     spdlog::warn("train.precision fp16 on a CPU: LibTorch's CPU float16 kernels are slow (tens of times slower "
                  "than fp32 for the CNN); bf16 is the CPU's mixed precision");
   }
+  if (syncDebug_ > 0 && !device_.is_cuda()) {
+    DDP_THROW(ConfigError, "config: 'cuda.sync_debug' is ", config.cuda.syncDebug, " but this rank trains on ",
+              device_.str(), "; it checks GPU runs (device cuda), use off here");
+  }
+  fused_ = dynamic_cast<FusedAdamW*>(optimizer_.get());
   resumed_ = checkpointer_.resume(module_, *optimizer_, scaler_ ? &*scaler_ : nullptr);
   // A resumed run appends to the metrics of the run it continues.
   if (rank_ == 0) metrics_ = MetricsWriter(config_.output.dir + "/metrics.jsonl", resumed_.globalStep > 0);
@@ -279,6 +305,7 @@ TrainResult TrainingRun::run() {
   start_ = Clock::now();
   windowStart_ = start_;
   for (int64_t epoch = resumed_.epoch; epoch < train_.epochs && !done_; ++epoch) runEpoch(epoch);
+  pauseSyncDebug();
   bar_.clear();
   result_.trainSeconds = secondsSince(start_);
   result_.samplesPerSecond = result_.trainSeconds > 0 ? runSamples_ / result_.trainSeconds : 0;
@@ -323,13 +350,22 @@ void TrainingRun::runEpoch(int64_t epoch) {
         place.epochEnded() ? TrainPosition{epoch + 1, 0, result_.steps, result_.samples, 0}
                            : TrainPosition{epoch, epochStepOffset_ + static_cast<int64_t>(first / accumulate) + 1,
                                            result_.steps, result_.samples, consumed};
-    checkpointer_.maybeSave(module_, *optimizer_, position, place.epochEnded(), scaler_ ? &*scaler_ : nullptr);
-    if (((world_ == 1 || result_.steps % kStopCheckEvery == 0 || place.epochEnded()) && stopRequested(position)) ||
-        last) {
+    if (checkpointer_.due(position, place.epochEnded())) {
+      // Never a checkpoint of weights a non-finite step reached.
+      pauseSyncDebug();
+      group_.waitForCollectives();
+      checkDeviceNonfinite();
+      checkpointer_.save(module_, *optimizer_, position, scaler_ ? &*scaler_ : nullptr);
+    }
+    // GPU, world > 1: at log steps only, where the request came with the loss (stopVotes_).
+    const bool stopCheck = world_ == 1 || stopVotes_.defined() ||
+                           (!deviceChecks_ && (result_.steps % kStopCheckEvery == 0 || place.epochEnded()));
+    if ((stopCheck && stopRequested(position)) || last) {
       done_ = true;
       return;
     }
   }
+  pauseSyncDebug();  // a new epoch's loader starts its threads and pinned buffers
 }
 
 // The step's micro-batches: forward, loss, backward (the gradients averaged over the ranks by the
@@ -421,6 +457,12 @@ void TrainingRun::checkScalerSkips() {
 // The all-reduced gradients are equal on every rank, so every rank decides alike; a NaN loss on
 // any rank reaches them through backward and the all-reduce.
 void TrainingRun::applyOrSkip(int64_t epoch) {
+  // On a GPU the check stays on the device, except where skipping a step needs the host (an
+  // optimizer without a found-inf input, and train.skip_nonfinite_steps).
+  if (deviceChecks_ && (fused_ != nullptr || !train_.skipNonfiniteSteps)) {
+    deviceCheckedStep();
+    return;
+  }
   if (allFinite(gradientsOf(params_))) {
     optimizer_->step();
     skippedInARow_ = 0;
@@ -439,6 +481,64 @@ void TrainingRun::applyOrSkip(int64_t epoch) {
                                                    : std::string()) +
                                ", so it was not applied");
   }
+}
+
+// The step with the non-finite check on the device: ddp::FusedAdamW skips a flagged step in its
+// kernel; another optimizer applies it (the run then stops at the next log step, with the step's
+// number, before any checkpoint of it). Counted on the device, read by checkDeviceNonfinite().
+void TrainingRun::deviceCheckedStep() {
+  c10::NoGradGuard noGrad;
+  const at::Tensor found = nonFiniteFlag(gradientsOf(params_));
+  if (fused_ != nullptr) fused_->step(at::Tensor(), found);
+  else optimizer_->step();
+  if (!nonfinite_.defined()) nonfinite_ = at::zeros({3}, found.options().dtype(at::kDouble));
+  at::Tensor flagged = nonfinite_.select(0, 0);
+  // The first flagged step's number, once.
+  nonfinite_.select(0, 2).add_(flagged.eq(0).to(at::kDouble).mul_(found).mul_(static_cast<double>(result_.steps + 1)));
+  flagged.add_(found);
+  nonfinite_.select(0, 1).add_(found).mul_(found);
+}
+
+// Reads the device's non-finite counts (after waitForCollectives): a flagged step fails the run
+// unless the fused optimizer skipped it and train.skip_nonfinite_steps allows skipping.
+void TrainingRun::checkDeviceNonfinite() {
+  if (!nonfinite_.defined()) return;
+  const at::Tensor counts = nonfinite_.to(at::kCPU);
+  const auto flagged = static_cast<int64_t>(counts[0].item<double>());
+  if (flagged == nonfiniteSeen_) return;
+  const auto inARow = static_cast<int64_t>(counts[1].item<double>());
+  const auto first = static_cast<int64_t>(counts[2].item<double>());
+  if (fused_ == nullptr || !train_.skipNonfiniteSteps || inARow >= kMaxSkippedInARow) {
+    throwDiverged(config_, "a gradient is NaN or infinite at step " + std::to_string(first) +
+                               (fused_ != nullptr ? std::string(", which was not applied")
+                                                  : std::string(" (the GPU's check is read at log steps; checkpoints "
+                                                                "are only written from steps before it)")) +
+                               (inARow > 1 ? ", " + std::to_string(inARow) + " steps in a row up to step " +
+                                                 std::to_string(result_.steps)
+                                           : std::string()));
+  }
+  result_.skippedSteps += flagged - nonfiniteSeen_;
+  if (rank_ == 0) {
+    bar_.clear();
+    spdlog::warn("{} step(s) up to step {} had a NaN or infinite gradient and were skipped "
+                 "(train.skip_nonfinite_steps; the first of this run at step {})",
+                 flagged - nonfiniteSeen_, result_.steps, first);
+  }
+  nonfiniteSeen_ = flagged;
+}
+
+// cuda.sync_debug: LibTorch's sync-debug mode is on between log steps, where nothing should make
+// the host wait for the GPU; off where the loop reads results.
+void TrainingRun::pauseSyncDebug() {
+  if (!syncDebugOn_) return;
+  comm::loadCudaPlugin().setSyncDebugMode(0);
+  syncDebugOn_ = false;
+}
+
+void TrainingRun::resumeSyncDebug() {
+  if (syncDebug_ == 0 || syncDebugOn_) return;
+  comm::loadCudaPlugin().setSyncDebugMode(syncDebug_);
+  syncDebugOn_ = true;
 }
 
 // Where the resumed epoch starts in its permutation: the checkpoint's global position, or for one
@@ -480,20 +580,23 @@ ProgressPoint TrainingRun::progressAt(const StepPlace& place, double loss, doubl
 void TrainingRun::record(const StepPlace& place, bool last) {
   const bool logStep = result_.steps % train_.logEvery == 0 || last || result_.steps == 1;
   const bool finalStep = last || (place.epoch + 1 == train_.epochs && place.epochEnded());
+  if (logStep || finalStep) pauseSyncDebug();
   if (parallelism_.lossNeedsAverage() && (logStep || finalStep)) {
-    // The gradient sync carries only gradients; the loss is averaged here (every rank logs alike).
+    // The gradient sync carries only gradients; the loss is averaged here (every rank logs alike),
+    // weighted by each rank's samples in the step under join (a rank without any adds nothing).
+    // The stop requests come along: [loss × weight, weight, stop].
     c10::NoGradGuard noGrad;
-    if (join_) {  // weighted by each rank's samples in the step (a rank without any adds nothing)
-      const double weight = static_cast<double>(stepRankSamples_);
-      at::Tensor pair = at::cat({lossForLog_ * weight, at::full({1}, weight, lossForLog_.options())});
-      group_.allReduceSum(pair);
-      lossForLog_.copy_(pair.slice(0, 0, 1) / pair.slice(0, 1, 2).clamp_min(1));
-    } else {
-      group_.allReduceSum(lossForLog_);
-      lossForLog_.div_(world_);
-    }
+    const double weight = join_ ? static_cast<double>(stepRankSamples_) : 1.0;
+    const at::TensorOptions o = lossForLog_.options();
+    at::Tensor packed = at::cat({lossForLog_ * weight, at::full({1}, weight, o),
+                                 at::full({1}, stopSignal() != 0 ? 1.0 : 0.0, o)});
+    group_.allReduceSum(packed);
+    lossForLog_.copy_(packed.slice(0, 0, 1) / packed.slice(0, 1, 2).clamp_min(1));
+    stopVotes_ = packed.slice(0, 2, 3);
   }
   if (logStep) {
+    group_.waitForCollectives();  // a peer that never joined is named here, not by a hung read
+    checkDeviceNonfinite();
     checkScalerSkips();
     const double lossValue = lossForLog_.item<double>();
     const double window = secondsSince(windowStart_);
@@ -513,6 +616,7 @@ void TrainingRun::record(const StepPlace& place, bool last) {
     }
     windowStart_ = Clock::now();
     windowSamples_ = 0;
+    resumeSyncDebug();
   }
   bar_.update(progressAt(place, shownLoss_, shownRate_));
 }
@@ -522,14 +626,22 @@ void TrainingRun::record(const StepPlace& place, bool last) {
 bool TrainingRun::stopRequested(const TrainPosition& position) {
   if (world_ == 1) {
     if (stopSignal() == 0) return false;  // on the host: a one-rank GPU job does not wait for its device here
+  } else if (stopVotes_.defined()) {  // this step's log all-reduce carried the requests
+    const at::Tensor votes = std::exchange(stopVotes_, at::Tensor());
+    pauseSyncDebug();
+    group_.waitForCollectives();
+    if (votes.item<double>() <= 0) return false;
   } else {
+    pauseSyncDebug();
     {
       c10::NoGradGuard noGrad;
       stopFlag_.fill_(stopSignal() != 0 ? 1.0 : 0.0);
     }
     group_.allReduceSum(stopFlag_);
+    group_.waitForCollectives();
     if (stopFlag_.item<double>() <= 0) return false;
   }
+  checkDeviceNonfinite();
   result_.checkpointPath = checkpointer_.save(module_, *optimizer_, position, scaler_ ? &*scaler_ : nullptr);
   result_.stopSignal = stopSignal() != 0 ? stopSignal() : SIGTERM;
   if (rank_ == 0) {
@@ -542,6 +654,9 @@ bool TrainingRun::stopRequested(const TrainPosition& position) {
 
 // After the last step: the final loss, evaluation, rank<r>_params.pt when asked, rank 0's export.
 void TrainingRun::finish() {
+  pauseSyncDebug();
+  group_.waitForCollectives();
+  checkDeviceNonfinite();
   result_.finalLoss = lossForLog_.item<double>();
   checkScalerSkips();
   if (scaler_ && rank_ == 0 && result_.skippedSteps * 10 > result_.steps) {
