@@ -38,7 +38,7 @@ case "${1:-}" in
     cmake --build "$BUILD" -j"$(nproc)" "${targets[@]}" -- -k 0 > "$OUT/build_full.log" 2>&1 || { grep -E -A5 "error|FAILED" "$OUT/build_full.log" | head -80; exit 1; } ;;
   test)
     export DDP_FASHION_MNIST_ROOT=$DATA
-    (cd "$BUILD" && ctest -R e2e_gpu --output-on-failure -V) 2>&1 | tee "$OUT/gpu_test.log" | tail -40 ;;
+    (cd "$BUILD" && ctest -R e2e_gpu --timeout "${TEST_TIMEOUT_S:-900}" --output-on-failure -V) 2>&1 | tee "$OUT/gpu_test.log" | tail -40 ;;
   suite)
     # The CPU suite with the GPU hidden: its multi-rank jobs use device auto, which on a one-GPU
     # host would (rightly) refuse a second rank; e2e_gpu is what runs on the GPU.
@@ -56,7 +56,7 @@ case "${1:-}" in
     start=$SECONDS
     TARGETS=${TARGETS:-"ddp-launch worker ddp_cuda gpu_test"} bash "$0" build
     echo "built in $((SECONDS - start)) s" | tee -a "$OUT/gpu.txt"
-    bash "$0" test || true
+    TEST_TIMEOUT_S=${TEST_TIMEOUT_S:-300} bash "$0" test || true
     echo "tests done at $((SECONDS - start)) s" | tee -a "$OUT/gpu.txt"
     DEADLINE_S=$(( ${BUDGET_S:-540} - (SECONDS - start) - 40 )) HARD_S=$(( ${BUDGET_S:-540} - (SECONDS - start) - 10 )) \
       bash "$0" bench ;;
