@@ -192,7 +192,7 @@ class C10dCommunicator final : public Communicator {
     opts.reduceOp = c10d::ReduceOp::SUM;
     try {
       auto work = group_->allreduce(tensors, opts);
-      if (queuesOnGpu_) inFlight_.add("all_reduce", work);
+      if (queuesOnGpu_ && !(capturing_ && capturing_())) inFlight_.add("all_reduce", work);
       return std::make_unique<C10dPendingWork<decltype(work)>>(std::move(work), name_, rank_,
                                                                size_, census_);
     } catch (const std::exception& e) {
@@ -242,6 +242,10 @@ class C10dCommunicator final : public Communicator {
     }
   }
 
+  /// NCCL: how to tell that the current stream is capturing a CUDA graph (its collectives are then
+  /// graph nodes, not works to watch).
+  void setCaptureQuery(bool (*capturing)()) { capturing_ = capturing; }
+
   void awaitCompletion() override {
     if (!queuesOnGpu_) return;  // Gloo (CUDA tensors too): its wait() already blocked
     inFlight_.awaitAll(
@@ -261,7 +265,7 @@ class C10dCommunicator final : public Communicator {
     try {
       auto work = launch();
       work->wait();
-      if (queuesOnGpu_) inFlight_.add(op, std::move(work));
+      if (queuesOnGpu_ && !(capturing_ && capturing_())) inFlight_.add(op, std::move(work));
     } catch (const std::exception& e) {
       rethrowAsCommError(name_, op, rank_, size_, e, census_);
     }
@@ -274,6 +278,7 @@ class C10dCommunicator final : public Communicator {
   c10::Device device_;
   std::shared_ptr<TimeoutCensus> census_;
   bool queuesOnGpu_;  // NCCL: wait() returns before the collective has run
+  bool (*capturing_)() = nullptr;
   InFlight<WorkPtr> inFlight_;
 };
 

@@ -43,8 +43,19 @@ struct CudaPlugin {
   /// c10::cuda::warning_state().set_sync_debug_mode (torch.cuda.set_sync_debug_mode): 0 off, 1 warn,
   /// 2 error on every call that makes the host wait for the GPU. Process-wide.
   void (*setSyncDebugMode)(int level) = nullptr;
+  /// at::cuda::CUDAGraph with its own side stream on GPU `deviceIndex` (ddp::CudaGraph).
+  void* (*graphCreate)(int deviceIndex) = nullptr;
+  /// Runs body(ctx) on the graph's side stream (which first waits for the current stream, and the
+  /// current stream for it after), capturing it into the graph when `capture` (kernels recorded,
+  /// not run; thread-local capture mode, so the loader's threads may allocate pinned memory).
+  void (*graphRun)(void* graph, void (*body)(void*), void* ctx, bool capture) = nullptr;
+  /// Replays the captured graph on the current stream and records its end.
+  void (*graphReplay)(void* graph) = nullptr;
+  /// Whether the last replay has finished on the GPU (an event query: no wait).
+  bool (*graphIdle)(void* graph) = nullptr;
+  void (*graphDestroy)(void* graph) = nullptr;
 };
-inline constexpr int kCudaPluginAbi = 4;
+inline constexpr int kCudaPluginAbi = 5;
 inline constexpr const char* kCudaPluginEntry = "ddp_cuda_plugin";
 
 /// True when this build made the plugin (a CUDA LibTorch).

@@ -17,7 +17,11 @@
 #include "common/torch_compat.h"
 #if DDP_TORCH_2
 #include <ATen/ops/_fused_adamw.h>
+#include <ATen/ops/_fused_sgd.h>
 #endif
+#include <torch/optim/sgd.h>
+
+#include <optional>
 
 namespace ddp {
 namespace {
@@ -73,7 +77,9 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
   return loss;
 }
 
-void FusedAdamW::step(const at::Tensor& gradScale, const at::Tensor& foundInf) {
+void FusedAdamW::step(const at::Tensor& gradScale, const at::Tensor& foundInf) { step(gradScale, foundInf, at::Tensor()); }
+
+void FusedAdamW::step(const at::Tensor& gradScale, const at::Tensor& foundInf, const at::Tensor& lr) {
 #if DDP_TORCH_2
   c10::NoGradGuard noGrad;
   for (auto& group : param_groups()) {
@@ -111,7 +117,16 @@ void FusedAdamW::step(const at::Tensor& gradScale, const at::Tensor& foundInf) {
       if (gradScale.defined()) scale = gradScale.to(l.device, /*non_blocking=*/true);
       if (foundInf.defined()) inf = foundInf.to(l.device, /*non_blocking=*/true);
       at::_foreach_add_(l.steps, 1);
-      if (decoupled_) {
+      if (lr.defined()) {  // the learning rate read on the device (CUDA graphs replay it)
+        const at::Tensor deviceLr = lr.to(l.device, /*non_blocking=*/true);
+        if (decoupled_) {
+          at::_fused_adamw_(l.params, l.grads, l.expAvgs, l.expAvgSqs, l.maxExpAvgSqs, l.steps, deviceLr, beta1, beta2,
+                            o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false, scale, inf);
+        } else {
+          at::_fused_adam_(l.params, l.grads, l.expAvgs, l.expAvgSqs, l.maxExpAvgSqs, l.steps, deviceLr, beta1, beta2,
+                           o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false, scale, inf);
+        }
+      } else if (decoupled_) {
         at::_fused_adamw_(l.params, l.grads, l.expAvgs, l.expAvgSqs, l.maxExpAvgSqs, l.steps, o.lr(), beta1, beta2,
                           o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false, scale, inf);
       } else {
@@ -124,7 +139,59 @@ void FusedAdamW::step(const at::Tensor& gradScale, const at::Tensor& foundInf) {
 #else
   (void)gradScale;
   (void)foundInf;
+  (void)lr;
   DDP_THROW(ConfigError, "ddp::FusedAdamW needs LibTorch 2.x");
+#endif
+}
+
+bool fusedSgdAvailable() { return DDP_TORCH_2; }
+
+void fusedSgdStep(torch::optim::SGD& sgd, const at::Tensor& lr, const at::Tensor& foundInf) {
+#if DDP_TORCH_2
+  c10::NoGradGuard noGrad;
+  auto& state = sgd.state();
+  for (auto& group : sgd.param_groups()) {
+    const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
+    struct Lists {
+      c10::Device device;
+      at::ScalarType dtype;
+      std::vector<at::Tensor> params, grads, buffers;
+      bool firstStep = false;
+    };
+    std::vector<Lists> lists;
+    for (const auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      auto it = std::find_if(lists.begin(), lists.end(), [&](const Lists& l) {
+        return l.device == p.device() && l.dtype == p.scalar_type();
+      });
+      if (it == lists.end()) it = lists.insert(lists.end(), Lists{p.device(), p.scalar_type(), {}, {}, {}});
+      it->params.push_back(p);
+      it->grads.push_back(p.grad());
+      if (o.momentum() != 0) {
+        // LibTorch's SGD keeps the buffer in its state (checkpoints save it); the first step makes it,
+        // as torch.optim.SGD's first step does (buffer = gradient: the kernel's is_first_step).
+        auto& slot = state[compat::optimizerStateKey(p)];
+        if (!slot) slot = std::make_unique<torch::optim::SGDParamState>();
+        auto& param = static_cast<torch::optim::SGDParamState&>(*slot);
+        if (!param.momentum_buffer().defined()) {
+          param.momentum_buffer(at::zeros_like(p, at::MemoryFormat::Preserve));
+          it->firstStep = true;
+        }
+        it->buffers.push_back(param.momentum_buffer());
+      }
+    }
+    for (auto& l : lists) {
+      std::optional<at::Tensor> inf;
+      if (foundInf.defined()) inf = foundInf.to(l.device, /*non_blocking=*/true);
+      at::_fused_sgd_(l.params, l.grads, l.buffers, o.weight_decay(), o.momentum(), lr.to(l.device, /*non_blocking=*/true),
+                      o.dampening(), o.nesterov(), /*maximize=*/false, l.firstStep, std::nullopt, inf);
+    }
+  }
+#else
+  (void)sgd;
+  (void)lr;
+  (void)foundInf;
+  DDP_THROW(ConfigError, "ddp::fusedSgdStep needs LibTorch 2.x (torch.optim.SGD(fused=True)'s kernel)");
 #endif
 }
 

@@ -16,6 +16,7 @@ COLUMNS = [  # (side, variant, header)
     ("ours", "reducer_off", "ours, reducer off"),
     ("ours", "reducer_on", "ours, reducer on"),
     ("ours", "cuda_graph", "ours, cuda_graph"),
+    ("ours", "cuda_graph_on", "ours, cuda_graph + reducer"),
     ("pytorch", "ddp", "PyTorch DDP eager"),
     ("pytorch", "compile", "torch.compile reduce-overhead"),
 ]

@@ -12,7 +12,8 @@
 #   ours reducer_off  the default: a 1-rank job skips the reducer
 #   pytorch compile   the DDP model under torch.compile(mode="reduce-overhead"); only for CNN b64
 #                     and the 24M MLP unless COMPILE_ALL=1 (compiling is slow)
-#   ours cuda_graph   train.cuda_graph=true (may not exist in this worker: then an "error" line)
+#   ours cuda_graph   train.cuda_graph=true: the whole step captured once and replayed (reducer off)
+#   ours cuda_graph_on  the same with comm.ddp_on_one_rank=true: the reducer's NCCL all-reduce in the graph
 # Ours: the rate of the last metrics.jsonl line = steps W+1..2W (log_every=W, max_steps=2W).
 # PyTorch: --warmup W --timed W, the same window.
 # Each run prints one JSON line at once; after each model x batch x precision one "ratio" line;
@@ -89,6 +90,7 @@ ours() {  # model hidden batch W precision variant label
   case $variant in
     reducer_on) extra=(comm.ddp_on_one_rank=true); key=ddp_on_one_rank ;;
     cuda_graph) extra=(train.cuda_graph=true); key=cuda_graph ;;
+    cuda_graph_on) extra=(train.cuda_graph=true comm.ddp_on_one_rank=true); key=cuda_graph ;;
   esac
   local dir=$TMP/ours_${model}_b${batch}_${prec}_${variant}
   local log=$dir.log limit rc=0 t0=$SECONDS
@@ -100,14 +102,15 @@ ours() {  # model hidden batch W precision variant label
     output.dir="$dir" ${extra[@]+"${extra[@]}"} >"$log" 2>&1 || rc=$?
   local common=(bench=gpu "label=$label" "model=$model" "hidden=$hidden" "batch:=$batch" "precision=$prec"
     side=ours "variant=$variant" "window_steps:=$w" "wall_s:=$((SECONDS - t0))")
-  local last="" rate="" step=""
+  local last="" rate="" step="" loss=""
   [ -s "$dir/metrics.jsonl" ] && last=$(tail -1 "$dir/metrics.jsonl")
   if ((rc == 0)) && [ -n "$last" ]; then
-    read -r rate step < <("$PY" -c 'import json,sys; d=json.loads(sys.argv[1]); print(d["samples_per_s"], d["step"])' "$last")
+    read -r rate step loss < <("$PY" -c 'import json,sys; d=json.loads(sys.argv[1]); print(d["samples_per_s"], d["step"], d["loss"])' "$last")
   fi
   if ((rc == 0)) && [ -n "$rate" ] && [ "$step" = $((2 * w)) ]; then
     R[$variant]=$rate
-    json "${common[@]}" "samples_per_s:=$rate" "last_step:=$step"
+    # The last logged loss: variants of one model train alike (a graph that did not train would show).
+    json "${common[@]}" "samples_per_s:=$rate" "last_step:=$step" "loss:=$loss"
   else
     local err
     if ((rc == 0)); then err="no steady-state line in metrics.jsonl (last step ${step:-none}, expected $((2 * w)))"
@@ -203,7 +206,7 @@ for spec in "${SPECS[@]}"; do
   for prec in $PRECISIONS; do
     R=()
     stop=0
-    for run in "ours reducer_on" "theirs ddp" "ours reducer_off" "theirs compile" "ours cuda_graph"; do
+    for run in "ours reducer_on" "theirs ddp" "ours reducer_off" "theirs compile" "ours cuda_graph" "ours cuda_graph_on"; do
       set -- $run  # word splitting intended: function variant
       if [ "$2" = compile ] && [ "$compile" != 1 ] && [ "$COMPILE_ALL" != 1 ]; then continue; fi
       if deadline; then stop=1; break; fi

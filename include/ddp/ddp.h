@@ -21,6 +21,7 @@
 #include "ddp/checkpoint.h"                 // saveModel, loadModel, Checkpointer
 #include "ddp/clip_grad.h"                  // clipGradNorm
 #include "ddp/comm_hook.h"                  // CommHook, fp16CompressHook, powerSgdHook
+#include "ddp/cuda_graph.h"                 // CudaGraph (capture and replay a step)
 #include "ddp/data.h"                       // loadOncePerHost
 #include "ddp/data_loader.h"                // DataLoaderSampler (torch::data)
 #include "ddp/distributed_data_parallel.h"  // DistributedDataParallel, DdpEngine

@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
 #include <torch/optim/optimizer.h>
 
 #include <unordered_map>
@@ -52,6 +53,10 @@ class FusedAdamW : public torch::optim::Optimizer {
   /// unscaled) divides the gradients inside the kernel; `foundInf` (undefined: none) nonzero makes
   /// the step a no-op on the device, its step counts included.
   void step(const at::Tensor& gradScale, const at::Tensor& foundInf);
+  /// The same with the learning rate as a 0-dim tensor read on the device (torch's
+  /// `lr=torch.tensor(...)` with fused=True): a CUDA graph replays the step with the value the
+  /// tensor holds then. The groups' own lr is not used.
+  void step(const at::Tensor& gradScale, const at::Tensor& foundInf, const at::Tensor& lr);
 
   /// The state of `param` (nullptr before its first step), and installing one (checkpoints).
   const FusedAdamWState* stateOf(const at::Tensor& param) const;
@@ -65,5 +70,16 @@ class FusedAdamW : public torch::optim::Optimizer {
   bool decoupled_;
   std::unordered_map<const c10::TensorImpl*, FusedAdamWState> states_;
 };
+
+/// Whether this LibTorch has torch.optim.SGD(fused=True)'s kernel (2.x).
+bool fusedSgdAvailable();
+
+/// torch.optim.SGD(fused=True)'s step for a LibTorch SGD optimizer: one _fused_sgd_ kernel per
+/// device and dtype over its parameters and momentum buffers (kept in `sgd`'s state, where
+/// checkpoints find them; made on the first step, as PyTorch does), with the learning rate as a 0-dim
+/// tensor read on the device and `foundInf` (undefined: none) nonzero making the step a no-op there.
+/// Nothing waits for the device, so a CUDA graph can capture it. The update equals SGD's within
+/// float rounding (the kernel's fused multiply-adds). ConfigError on LibTorch 1.13.
+void fusedSgdStep(torch::optim::SGD& sgd, const at::Tensor& lr, const at::Tensor& foundInf = {});
 
 }  // namespace ddp

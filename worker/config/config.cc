@@ -132,6 +132,7 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("train.clip_grad_norm", "number", c.train.clipGradNorm),
       bindField("train.precision", "string", c.train.precision),
       bindField("train.channels_last", "boolean", c.train.channelsLast),
+      bindField("train.cuda_graph", "boolean", c.train.cudaGraph),
       bindField("train.loss_scale_init", "number", c.train.lossScaleInit),
       bindField("train.loss_scale_growth_interval", "integer", c.train.lossScaleGrowthInterval),
       bindField("eval.enabled", "boolean", c.eval.enabled),
@@ -395,6 +396,26 @@ void validate(const WorkerConfig& c) {
           "shards the optimizer state over the ranks of mode ddp; dp and single train in one process");
   require(!c.train.zero || c.train.fused != "true", "train.zero",
           "steps each shard with LibTorch's SGD, Adam or AdamW; set train.fused: auto or false");
+  // train.cuda_graph: what a captured step cannot hold (it reads nothing on the host, and its
+  // shapes and collectives never change).
+  const bool graph = c.train.cudaGraph;
+  require(!graph || c.mode == Mode::kDdp || c.mode == Mode::kSingle, "train.cuda_graph",
+          "is for mode ddp and single; mode dp drives its replicas from host threads each step");
+  require(!graph || !c.comm.findUnusedParameters, "train.cuda_graph",
+          "cannot capture comm.find_unused_parameters: its used-parameter map is read on the host every step");
+  require(!graph || c.train.precision != "fp16", "train.cuda_graph",
+          "does not capture fp16's loss scaler; use train.precision bf16 (no scaler) or fp32");
+  require(!graph || c.train.accumulateSteps == 1, "train.cuda_graph",
+          "captures one forward and backward per step; set train.accumulate_steps: 1");
+  require(!graph || c.train.unevenInputs == "pad", "train.cuda_graph",
+          "cannot capture train.uneven_inputs join (the ranks agree on who still trains every step); use pad");
+  require(!graph || c.comm.hook == "none", "train.cuda_graph",
+          "cannot capture comm.hook (hooks finish on host futures); comm.compression fp16/bf16 can be captured");
+  require(!graph || !c.train.zero, "train.cuda_graph", "cannot capture train.zero's per-step shard broadcasts");
+  require(!graph || !c.comm.checkCollectives, "train.cuda_graph",
+          "cannot capture comm.check_collectives (it asks the store before every collective)");
+  require(!graph || c.train.optimizer == "sgd" || c.train.fused != "false", "train.cuda_graph",
+          "steps Adam and AdamW with the fused kernel only; set train.fused: auto or true");
   require(!c.train.channelsLast || c.mode == Mode::kDdp || c.mode == Mode::kSingle, "train.channels_last",
           "is for mode ddp and single (one replica per process); mode dp copies its replicas contiguous");
   require(c.train.unevenInputs == "pad" || c.train.unevenInputs == "join", "train.uneven_inputs",

@@ -81,6 +81,7 @@ struct TrainConfig {
   // optimizer state in fp32; fp16 with a dynamic loss scale (ddp::GradScaler), bf16 without.
   std::string precision = "fp32";  // fp32 | bf16 | fp16
   bool channelsLast = false;       // 4-D weights and input batches in channels_last (NHWC) memory
+  bool cudaGraph = false;          // GPU: capture the whole step once (forward, backward, all-reduces, optimizer) and replay it
   double lossScaleInit = 65536.0;    // fp16: GradScaler(init_scale=...)
   int64_t lossScaleGrowthInterval = 2000;  // fp16: GradScaler(growth_interval=...)
 };

@@ -55,8 +55,19 @@ std::unique_ptr<DdpEngine> makeEngine(const CommConfig& config, const ProcessGro
 class DdpParallelism final : public Parallelism {
  public:
   DdpParallelism(const WorkerConfig& config, const ProcessGroup& group, torch::nn::AnyModule& model)
-      : config_(config), group_(group), device_(group.device()), model_(model),
-        hook_(makeHook(config.comm)), engine_(makeEngine(config.comm, group, *model.ptr(), hook_)) {}
+      : config_(config), group_(group), device_(group.device()), model_(model), hook_(makeHook(config.comm)) {
+    if (config.train.cudaGraph && device_.is_cuda()) {
+      // The engine's gradient accumulators record the stream current at their creation, and
+      // backward runs them (and the reducer's hooks) there: the graph's stream, or the capture
+      // would reach the legacy default stream ("operation would make the legacy stream depend on a
+      // capturing blocking stream", seen on an H200).
+      graph_ = std::make_unique<CudaGraph>(device_);
+      graph_->warmUp([&] { engine_ = makeEngine(config.comm, group, *model.ptr(), hook_); });
+    } else {
+      engine_ = makeEngine(config.comm, group, *model.ptr(), hook_);
+    }
+  }
+  CudaGraph* cudaGraph() override { return graph_.get(); }
 
   void describe(TrainResult& result) const override {
     if (const auto* psgd = dynamic_cast<const PowerSgdHook*>(hook_.get())) {
@@ -103,6 +114,7 @@ class DdpParallelism final : public Parallelism {
   c10::Device device_;
   torch::nn::AnyModule& model_;
   std::shared_ptr<CommHook> hook_;  // comm.hook (null: the built-in all-reduce)
+  std::unique_ptr<CudaGraph> graph_;  // train.cuda_graph, before the engine (destroyed after it)
   std::unique_ptr<DdpEngine> engine_;
 };
 

@@ -1,6 +1,8 @@
 #include "worker/train/training_loop.h"
 
+#include <ATen/autocast_mode.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
@@ -11,6 +13,7 @@
 #include <torch/optim/sgd.h>
 
 #include <algorithm>
+#include <thread>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -50,6 +53,10 @@ double secondsSince(Clock::time_point start) {
 // reaction time is this many steps, the cost one 4-byte collective per period. On a GPU the
 // request rides on the log steps' loss all-reduce instead (no host read between log steps).
 constexpr int64_t kStopCheckEvery = 10;
+
+// train.cuda_graph: eager steps on the graph's stream before the capture (lazy initialisations,
+// the reducer's first backward, which turns the gradients into bucket views, the optimizer's state).
+constexpr int64_t kGraphWarmupSteps = 3;
 
 // cuda.sync_debug → torch.cuda.set_sync_debug_mode's level (0 off, 1 warn, 2 error).
 int syncDebugLevel(const std::string& mode) { return mode == "error" ? 2 : mode == "warn" ? 1 : 0; }
@@ -163,6 +170,9 @@ class TrainingRun {
                             const StepPlace& place);
   void applyOrSkip(int64_t epoch);
   void deviceCheckedStep();
+  int64_t graphStep(const std::vector<std::vector<int64_t>>& batches, data::BatchLoader& loader, const StepPlace& place);
+  void graphBody(const at::Tensor& images, const at::Tensor& labels);
+  void awaitGraph();
   void checkDeviceNonfinite();
   void pauseSyncDebug();
   void resumeSyncDebug();
@@ -213,6 +223,15 @@ class TrainingRun {
   at::Tensor stopVotes_;         // the last log step's summed stop requests (device), or undefined
   int syncDebug_ = 0;            // cuda.sync_debug level, set between log steps
   bool syncDebugOn_ = false;
+  // train.cuda_graph: the step captured once and replayed, over static inputs; the learning rate
+  // and the step number live on the device.
+  CudaGraph* graph_ = nullptr;        // the parallelism's
+  torch::optim::SGD* sgd_ = nullptr;  // stepped by ddp::fusedSgdStep under graphs
+  bool deviceSkips_ = false;          // the optimizer skips a flagged step on the device
+  int64_t graphWarmups_ = 0;
+  int64_t uncapturedSteps_ = 0;       // after the capture: steps whose batch did not fit the graph
+  int64_t graphReplays_ = 0;
+  at::Tensor staticImages_, staticLabels_, lrTensor_, stepTensor_;
   at::Tensor lossForLog_;
   int64_t runSamples_ = 0;  // this process's share of the throughput figure
   int64_t runSteps_ = 0;
@@ -265,6 +284,25 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
               device_.str(), "; it checks GPU runs (device cuda), use off here");
   }
   fused_ = dynamic_cast<FusedAdamW*>(optimizer_.get());
+  deviceSkips_ = fused_ != nullptr;
+  if (train_.cudaGraph) {
+    if (!device_.is_cuda()) {
+      DDP_THROW(ConfigError, "config: 'train.cuda_graph' is true but this rank trains on ", device_.str(),
+                "; CUDA graphs need a GPU (device cuda), set it false here");
+    }
+    if (world_ > 1 && group_.backend() != "nccl") {
+      DDP_THROW(ConfigError, "config: 'train.cuda_graph' is true but the backend is ", group_.backend(),
+                ", whose collectives on GPU tensors go through the host; use backend nccl");
+    }
+    sgd_ = dynamic_cast<torch::optim::SGD*>(optimizer_.get());
+    if (fused_ == nullptr && (sgd_ == nullptr || !fusedSgdAvailable())) {
+      DDP_THROW(ConfigError, "config: 'train.cuda_graph' steps SGD (LibTorch 2.x) or fused Adam/AdamW; "
+                "this optimizer cannot be captured");
+    }
+    deviceSkips_ = true;
+    graph_ = parallelism_.cudaGraph();
+    if (graph_ == nullptr) DDP_THROW(ConfigError, "config: 'train.cuda_graph' is not available in this mode");
+  }
   resumed_ = checkpointer_.resume(module_, *optimizer_, scaler_ ? &*scaler_ : nullptr);
   // A resumed run appends to the metrics of the run it continues.
   if (rank_ == 0) metrics_ = MetricsWriter(config_.output.dir + "/metrics.jsonl", resumed_.globalStep > 0);
@@ -353,6 +391,7 @@ void TrainingRun::runEpoch(int64_t epoch) {
     if (checkpointer_.due(position, place.epochEnded())) {
       // Never a checkpoint of weights a non-finite step reached.
       pauseSyncDebug();
+      awaitGraph();
       group_.waitForCollectives();
       checkDeviceNonfinite();
       checkpointer_.save(module_, *optimizer_, position, scaler_ ? &*scaler_ : nullptr);
@@ -373,6 +412,7 @@ void TrainingRun::runEpoch(int64_t epoch) {
 // rank consumed.
 int64_t TrainingRun::accumulateAndStep(const std::vector<std::vector<int64_t>>& batches, data::BatchLoader& loader,
                                        const StepPlace& place) {
+  if (graph_) return graphStep(batches, loader, place);
   zeroGradients(params_);
   int64_t stepRankSamples = 0;
   {
@@ -499,6 +539,119 @@ void TrainingRun::deviceCheckedStep() {
   nonfinite_.select(0, 1).add_(found).mul_(found);
 }
 
+// train.cuda_graph: the step's batch is copied into the static inputs, then the step runs on the
+// graph's stream: eagerly for the first kGraphWarmupSteps, then captured once and replayed. A batch of
+// another shape (the last, partial one) runs its step uncaptured, on the same tensors.
+int64_t TrainingRun::graphStep(const std::vector<std::vector<int64_t>>& batches, data::BatchLoader& loader,
+                               const StepPlace& place) {
+  const auto& batch = batches[place.first];  // accumulate_steps 1 and padded shards: every rank has one
+  if (sampleLog_.is_open()) {
+    sampleLog_ << place.epoch << ' ' << result_.steps + 1;
+    for (int64_t i : batch) sampleLog_ << ' ' << i;
+    sampleLog_ << '\n' << std::flush;
+  }
+  const data::Batch b = loader.next();
+  lr_ = schedule_->apply(*optimizer_, result_.steps);
+  {
+    c10::NoGradGuard noGrad;
+    if (!staticImages_.defined()) {
+      staticImages_ = at::empty_like(b.images);
+      staticLabels_ = at::empty_like(b.labels);
+      const at::TensorOptions onDevice = at::TensorOptions().device(device_);
+      lrTensor_ = at::zeros({}, onDevice.dtype(at::kFloat));
+      stepTensor_ = at::full({}, static_cast<double>(result_.steps), onDevice.dtype(at::kDouble));
+    }
+    lrTensor_.fill_(lr_);
+  }
+  const bool fits = b.images.sizes() == staticImages_.sizes() && b.labels.sizes() == staticLabels_.sizes();
+  if (!fits) {
+    graph_->warmUp([&] { graphBody(b.images, b.labels); });
+    if (graph_->captured()) ++uncapturedSteps_;
+    return static_cast<int64_t>(batch.size());
+  }
+  {
+    c10::NoGradGuard noGrad;
+    staticImages_.copy_(b.images, /*non_blocking=*/true);
+    staticLabels_.copy_(b.labels, /*non_blocking=*/true);
+  }
+  if (graphWarmups_ < kGraphWarmupSteps) {
+    graph_->warmUp([&] { graphBody(staticImages_, staticLabels_); });
+    ++graphWarmups_;
+    return static_cast<int64_t>(batch.size());
+  }
+  if (!graph_->captured()) {
+    const bool debugging = syncDebugOn_;
+    pauseSyncDebug();  // capturing is set-up, once
+    graph_->capture([&] { graphBody(staticImages_, staticLabels_); });
+    if (debugging) resumeSyncDebug();
+    if (rank_ == 0) {
+      bar_.clear();
+      spdlog::info("train.cuda_graph: step {} captured after {} warm-up steps; replayed from here", result_.steps + 1,
+                   kGraphWarmupSteps);
+    }
+  }
+  graph_->replay();
+  ++graphReplays_;
+  return static_cast<int64_t>(batch.size());
+}
+
+// One step as the graph holds it: nothing here reads the device on the host, the learning rate and
+// the step number are device tensors, the optimizer skips a non-finite step in its kernel.
+void TrainingRun::graphBody(const at::Tensor& images, const at::Tensor& labels) {
+  zeroGradients(params_);
+  {
+    c10::NoGradGuard noGrad;
+    lossForLog_.zero_();
+  }
+  at::Tensor loss;
+  {
+    // Autocast's cast cache would keep tensors of one replay for the next: off, as torch.cuda.graph asks.
+    const bool cache = at::autocast::is_autocast_cache_enabled();
+    at::autocast::set_autocast_cache_enabled(false);
+    try {
+      const Autocast mixed(device_.type(), autocastDtype_, /*enabled=*/autocastDtype_ != at::kFloat);
+      loss = torch::nn::functional::cross_entropy(parallelism_.forward(images, /*lastMicroBatch=*/true), labels);
+    } catch (...) {
+      at::autocast::set_autocast_cache_enabled(cache);
+      throw;
+    }
+    at::autocast::set_autocast_cache_enabled(cache);
+  }
+  {
+    c10::NoGradGuard noGrad;
+    lossForLog_.add_(loss.detach().reshape({1}));
+  }
+  loss.backward();
+  c10::NoGradGuard noGrad;
+  if (train_.clipGradNorm > 0) gradNorm_ = clipGradNorm(params_, train_.clipGradNorm);
+  const at::Tensor found = nonFiniteFlag(gradientsOf(params_));
+  if (fused_ != nullptr) fused_->step(at::Tensor(), found, lrTensor_);
+  else fusedSgdStep(*sgd_, lrTensor_, found);
+  stepTensor_.add_(1);
+  if (!nonfinite_.defined()) nonfinite_ = at::zeros({3}, found.options().dtype(at::kDouble));
+  at::Tensor flagged = nonfinite_.select(0, 0);
+  nonfinite_.select(0, 2).add_(flagged.eq(0).to(at::kDouble).mul_(found).mul_(stepTensor_));
+  flagged.add_(found);
+  nonfinite_.select(0, 1).add_(found).mul_(found);
+}
+
+// Replayed collectives are not ProcessGroupNCCL's works (its watchdog does not see them): the host
+// waits for the last replay with the group's timeout before it reads a result.
+void TrainingRun::awaitGraph() {
+  if (!graph_ || !graph_->captured()) return;
+  const auto limit = std::chrono::duration<double>(config_.comm.timeoutS);
+  const auto start = Clock::now();
+  for (auto pause = std::chrono::microseconds(20); !graph_->finished();
+       pause = std::min(pause * 2, std::chrono::microseconds(1000))) {
+    if (Clock::now() - start > limit) {
+      DDP_THROW(TimeoutError, "train.cuda_graph: the replay of step ", result_.steps, " on rank ", rank_, "/", world_,
+                " did not finish within comm.timeout_s (", config_.comm.timeoutS,
+                " s): a rank stopped answering inside the graph's all-reduces, or crashed");
+    }
+    std::this_thread::sleep_for(pause);
+  }
+}
+
 // Reads the device's non-finite counts (after waitForCollectives): a flagged step fails the run
 // unless the fused optimizer skipped it and train.skip_nonfinite_steps allows skipping.
 void TrainingRun::checkDeviceNonfinite() {
@@ -508,9 +661,9 @@ void TrainingRun::checkDeviceNonfinite() {
   if (flagged == nonfiniteSeen_) return;
   const auto inARow = static_cast<int64_t>(counts[1].item<double>());
   const auto first = static_cast<int64_t>(counts[2].item<double>());
-  if (fused_ == nullptr || !train_.skipNonfiniteSteps || inARow >= kMaxSkippedInARow) {
+  if (!deviceSkips_ || !train_.skipNonfiniteSteps || inARow >= kMaxSkippedInARow) {
     throwDiverged(config_, "a gradient is NaN or infinite at step " + std::to_string(first) +
-                               (fused_ != nullptr ? std::string(", which was not applied")
+                               (deviceSkips_ ? std::string(", which was not applied")
                                                   : std::string(" (the GPU's check is read at log steps; checkpoints "
                                                                 "are only written from steps before it)")) +
                                (inARow > 1 ? ", " + std::to_string(inARow) + " steps in a row up to step " +
@@ -595,6 +748,7 @@ void TrainingRun::record(const StepPlace& place, bool last) {
     stopVotes_ = packed.slice(0, 2, 3);
   }
   if (logStep) {
+    awaitGraph();
     group_.waitForCollectives();  // a peer that never joined is named here, not by a hung read
     checkDeviceNonfinite();
     checkScalerSkips();
@@ -629,6 +783,7 @@ bool TrainingRun::stopRequested(const TrainPosition& position) {
   } else if (stopVotes_.defined()) {  // this step's log all-reduce carried the requests
     const at::Tensor votes = std::exchange(stopVotes_, at::Tensor());
     pauseSyncDebug();
+    awaitGraph();
     group_.waitForCollectives();
     if (votes.item<double>() <= 0) return false;
   } else {
@@ -638,6 +793,7 @@ bool TrainingRun::stopRequested(const TrainPosition& position) {
       stopFlag_.fill_(stopSignal() != 0 ? 1.0 : 0.0);
     }
     group_.allReduceSum(stopFlag_);
+    awaitGraph();
     group_.waitForCollectives();
     if (stopFlag_.item<double>() <= 0) return false;
   }
@@ -655,7 +811,12 @@ bool TrainingRun::stopRequested(const TrainPosition& position) {
 // After the last step: the final loss, evaluation, rank<r>_params.pt when asked, rank 0's export.
 void TrainingRun::finish() {
   pauseSyncDebug();
+  awaitGraph();
   group_.waitForCollectives();
+  if (graph_ && rank_ == 0) {
+    spdlog::info("train.cuda_graph: {} step(s) replayed from the graph, {} warm-up step(s), {} uncaptured (a batch of "
+                 "another shape)", graphReplays_, graphWarmups_, uncapturedSteps_);
+  }
   checkDeviceNonfinite();
   result_.finalLoss = lossForLog_.item<double>();
   checkScalerSkips();

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ddp/cuda_graph.h"
 #include "ddp/process_group.h"
 #include "worker/config/config.h"
 #include "worker/data/batch_loader.h"
@@ -46,6 +47,10 @@ class Parallelism {
   virtual EvalCounts evaluate(const data::TensorDataset& test) = 0;
   /// Appended to progress lines ("(4 replicas)").
   virtual std::string progressNote() const { return {}; }
+  /// train.cuda_graph: the graph the step is captured into, made before the DDP engine so that the
+  /// engine's gradient hooks belong to the graph's stream (PyTorch: construct DDP in a side-stream
+  /// context); null where this mode has none.
+  virtual CudaGraph* cudaGraph() { return nullptr; }
   /// Adds what the parallelism knows to the run's result (a communication hook's statistics).
   virtual void describe(TrainResult&) const {}
 };
