@@ -265,6 +265,21 @@ void restoreShardedState(ZeroRedundancyOptimizer& zero, const torch::nn::Module&
   (void)device;
 }
 
+// CheckpointOptions::cudaGenerators: one process's GPUs, in order (a replica without a CUDA
+// generator, a CPU one, keeps an empty slot so the order holds).
+std::vector<at::Tensor> ownCudaRngStates(const comm::Communicator& comm, const std::vector<c10::Device>& devices) {
+  if (comm.size() != 1) {
+    DDP_THROW(ConfigError, "ddp::CheckpointOptions::cudaGenerators is for a one-process job (DataParallel's replicas); "
+              "this group has ", comm.size(), " ranks, each of which keeps its own GPU's generator: leave it empty");
+  }
+  std::vector<at::Tensor> out;
+  for (const c10::Device& d : devices) {
+    const at::Tensor state = d.is_cuda() ? checkpoint::cudaRngState(d) : at::Tensor();
+    out.push_back(state.defined() ? state : at::empty({0}, at::kByte));
+  }
+  return out;
+}
+
 // Rank r fills row r only, so a SUM all-reduce is a gather.
 std::vector<at::Tensor> gatherCudaRngStates(comm::Communicator& comm, c10::Device device) {
   const at::Tensor mine = checkpoint::cudaRngState(device);
@@ -319,7 +334,12 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
   if (position.globalStep == lastSavedStep_) return path;  // this very step is on disk already
   // Read on every rank (a collective-free read of the scale, which waits for the device).
   if (scaler != nullptr && comm.rank() != 0) (void)scaler->stateDict();
-  std::vector<at::Tensor> cudaRng = gatherCudaRngStates(comm, group_.device());  // collective: before rank 0 writes
+  std::vector<at::Tensor> cudaRng;
+  if (options_.cudaGenerators.empty()) {
+    cudaRng = gatherCudaRngStates(comm, group_.device());  // collective: before rank 0 writes
+  } else {
+    cudaRng = ownCudaRngStates(comm, options_.cudaGenerators);
+  }
   // ZeRO: the shards of the optimizer state, from every rank (collective).
   std::optional<checkpoint::NamedTensors> sharded;
   if (auto* zero = dynamic_cast<ZeroRedundancyOptimizer*>(&optimizer)) sharded = gatherShardedState(comm, *zero, module);
@@ -426,7 +446,19 @@ TrainPosition Checkpointer::resumeFrom(const std::string& path, torch::nn::Modul
   }
   checkpoint::setCpuRngState(state.cpuRng);
   const auto rank = static_cast<size_t>(comm.rank());
-  if (device.is_cuda() && rank < state.cudaRng.size()) {
+  if (!options_.cudaGenerators.empty()) {
+    (void)ownCudaRngStates(comm, {});  // the one-process check
+    const auto& devices = options_.cudaGenerators;
+    for (size_t i = 0; i < devices.size(); ++i) {
+      if (!devices[i].is_cuda()) continue;
+      if (i < state.cudaRng.size() && state.cudaRng[i].numel() > 0) {
+        checkpoint::setCudaRngState(devices[i], state.cudaRng[i]);  // replica i's generator
+      } else {
+        spdlog::warn("resume: {} holds no CUDA generator state for {} (replica {}); it keeps the seed", path,
+                     devices[i].str(), i);
+      }
+    }
+  } else if (device.is_cuda() && rank < state.cudaRng.size()) {
     checkpoint::setCudaRngState(device, state.cudaRng[rank]);  // this rank's own generator
   } else if (device.is_cuda()) {
     spdlog::warn("resume: {} holds no CUDA generator state for rank {}; its GPU generator keeps the seed", path,

@@ -2,12 +2,14 @@
 // checkpoints for exact resume (ddp::Checkpointer).
 #pragma once
 
+#include <c10/core/Device.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ddp/amp.h"
 #include "ddp/process_group.h"
@@ -42,6 +44,10 @@ struct CheckpointOptions {
   int64_t keepLast = 3;  // older checkpoints are deleted (0: keep all)
   uint64_t seed = 0;     // recorded in the file
   std::string config;    // recorded in the file: the run's settings, as text (e.g. YAML)
+  /// The GPUs whose generators a one-process job saves and restores, in this order (DataParallel's
+  /// replicas, as torch.cuda.get_rng_state_all() lists them). Empty: each rank's own GPU (the group's
+  /// device), one state per rank. With several ranks, save() and resume throw ConfigError.
+  std::vector<c10::Device> cudaGenerators;
 };
 
 /// Training checkpoints for exact resume: model, optimizer state (SGD momentum and Adam/AdamW

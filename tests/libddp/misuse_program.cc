@@ -101,6 +101,12 @@ int run(const std::string& scenario, const std::string& backend) {
       model(torch::randn({8, 4}));
     }
     group.destroy();
+  } else if (scenario == "generators_of_one_process_in_two") {  // DataParallel's option in a 2-rank job
+    ddp::CheckpointOptions options;
+    options.dir = "misuse_checkpoints";
+    options.cudaGenerators = {c10::Device(c10::kCPU)};
+    ddp::Checkpointer checkpointer(group, options);
+    checkpointer.save(*net, optimizer, ddp::TrainPosition{0, 1, 1, 16, -1});
   } else if (scenario == "clean") {
     group.destroy();
   } else {

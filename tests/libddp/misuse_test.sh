@@ -68,6 +68,10 @@ expect recv_nobody_sends "/2 timed out (["
 expect_not recv_nobody_sends "finished recv_nobody_sends"
 
 # A handle used after it was moved from, a step or a backward after destroy().
+run generators_of_one_process_in_two nonzero "$launch" --nproc_per_node=2 "$program" generators_of_one_process_in_two shm 10
+expect generators_of_one_process_in_two "caught ddp::ConfigError: ddp::CheckpointOptions::cudaGenerators is for a one-process job"
+expect_not generators_of_one_process_in_two "finished generators_of_one_process_in_two"
+
 run moved_group nonzero "$launch" --nproc_per_node=2 "$program" moved_group shm 10
 expect moved_group "caught ddp::ConfigError: ddp::ProcessGroup: this handle was moved from"
 for scenario in forward_after_destroy backward_after_destroy; do

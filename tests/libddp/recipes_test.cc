@@ -363,4 +363,65 @@ TEST(FusedAdamW, EqualsTorchAdamWFusedUnderGradScaler) {
   }
 }
 
+// ddp::fusedSgdStep (what train.cuda_graph steps SGD with) equals torch.optim.SGD(fused=True) with a
+// tensor learning rate changed between steps and GradScaler-style found_inf skips, on the CPU
+// kernel of the same LibTorch, to the bit: plain, momentum with dampening and weight decay, Nesterov.
+TEST(FusedSgd, EqualsTorchSgdFusedWithATensorLearningRate) {
+  if (!ddp::fusedSgdAvailable()) {
+    torch::optim::SGD sgd({torch::zeros({2}, torch::requires_grad())}, 0.1);
+    EXPECT_THROW(ddp::fusedSgdStep(sgd, torch::tensor(0.1)), ddp::ConfigError);
+    return;
+  }
+  torch::manual_seed(22);
+  const int64_t n = 6;
+  struct Case {
+    double momentum, dampening, weightDecay;
+    bool nesterov;
+  };
+  const std::vector<Case> cases = {{0.0, 0.0, 0.0, false}, {0.9, 0.1, 0.01, false}, {0.9, 0.0, 0.001, true}};
+  const std::vector<double> lrs = {0.1, 0.05, 0.05, 0.02, 0.2, 0.01, 0.1};
+  const std::vector<bool> skip = {false, false, true, false, false, true, false};
+  std::vector<torch::Tensor> grads;
+  for (std::size_t i = 0; i < lrs.size(); ++i) grads.push_back(torch::randn({n}));
+  std::vector<torch::Tensor> initial;
+  nlohmann::json request = {{"fused_sgd", nlohmann::json::array()}};
+  for (const auto& c : cases) {
+    initial.push_back(torch::randn({n}));
+    nlohmann::json steps = nlohmann::json::array();
+    for (std::size_t i = 0; i < lrs.size(); ++i) {
+      steps.push_back({{"g", std::vector<float>(grads[i].data_ptr<float>(), grads[i].data_ptr<float>() + n)},
+                       {"lr", lrs[i]}, {"skip", static_cast<bool>(skip[i])}});
+    }
+    const auto& p = initial.back();
+    request["fused_sgd"].push_back({{"momentum", c.momentum}, {"dampening", c.dampening},
+                                    {"weight_decay", c.weightDecay}, {"nesterov", c.nesterov}, {"lrs", lrs},
+                                    {"params", std::vector<float>(p.data_ptr<float>(), p.data_ptr<float>() + n)},
+                                    {"steps", steps}});
+  }
+  const nlohmann::json reply = askPython(request);
+  ASSERT_EQ(reply["fused_sgd"].size(), cases.size());
+  for (std::size_t c = 0; c < cases.size(); ++c) {
+    auto p = initial[c].clone().requires_grad_();
+    torch::optim::SGD sgd({p}, torch::optim::SGDOptions(0.1)
+                                   .momentum(cases[c].momentum)
+                                   .dampening(cases[c].dampening)
+                                   .weight_decay(cases[c].weightDecay)
+                                   .nesterov(cases[c].nesterov));
+    const auto lr = torch::zeros({});
+    for (std::size_t i = 0; i < lrs.size(); ++i) {
+      lr.fill_(lrs[i]);
+      p.mutable_grad() = grads[i].clone();
+      ddp::fusedSgdStep(sgd, lr, torch::full({}, skip[i] ? 1.0 : 0.0));
+      const auto want = reply["fused_sgd"][c]["params"][i].get<std::vector<float>>();
+      for (int64_t k = 0; k < n; ++k) {
+        EXPECT_EQ(p[k].item<float>(), want[k]) << "case " << c << " step " << i << " parameter " << k;
+      }
+    }
+    if (cases[c].momentum != 0) {  // the buffer sits where LibTorch's SGD (and the Checkpointer) keeps it
+      const auto& state = sgd.state();
+      ASSERT_EQ(state.size(), 1u);
+    }
+  }
+}
+
 }  // namespace

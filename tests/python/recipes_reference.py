@@ -124,13 +124,31 @@ def fused_run(c):
     return out
 
 
+def fused_sgd_run(c):
+    """torch.optim.SGD(fused=True) with a tensor learning rate changed between steps and found_inf
+    set as GradScaler sets it for fused optimizers (a flagged step is skipped inside the kernel)."""
+    p = torch.tensor(c["params"], dtype=torch.float32, requires_grad=True)
+    opt = torch.optim.SGD([p], lr=torch.tensor(c["lrs"][0]), momentum=c["momentum"], dampening=c["dampening"],
+                          weight_decay=c["weight_decay"], nesterov=c["nesterov"], fused=True)
+    out = {"params": []}
+    for step in c["steps"]:
+        opt.param_groups[0]["lr"].fill_(step["lr"])
+        p.grad = torch.tensor(step["g"], dtype=torch.float32)
+        opt.grad_scale = None
+        opt.found_inf = torch.tensor(1.0 if step["skip"] else 0.0)
+        opt.step()
+        out["params"].append(p.detach().tolist())
+    return out
+
+
 def main():
     request = json.load(sys.stdin)
     out = {"schedules": [schedule_lrs(s) for s in request.get("schedules", [])],
            "clip": [clip(c) for c in request.get("clip", [])],
            "scaler": [scaler_run(c) for c in request.get("scaler", [])],
            "autocast": [autocast_run(c) for c in request.get("autocast", [])],
-           "fused": [fused_run(c) for c in request.get("fused", [])]}
+           "fused": [fused_run(c) for c in request.get("fused", [])],
+           "fused_sgd": [fused_sgd_run(c) for c in request.get("fused_sgd", [])]}
     json.dump(out, sys.stdout)
 
 

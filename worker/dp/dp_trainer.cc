@@ -106,6 +106,10 @@ class DpParallelism final : public Parallelism {
     return EvalCounts{correct, n};
   }
   std::string progressNote() const override { return " (" + std::to_string(dp_.lastReplicasUsed()) + " replicas)"; }
+  // Each replica draws from its own GPU's generator (dropout): checkpoints keep every one of them.
+  std::vector<c10::Device> cudaGenerators() const override {
+    return placement_.devices.front().is_cuda() ? placement_.devices : std::vector<c10::Device>{};
+  }
 
  private:
   static DataParallelOptions dpOptions(const DpPlacement& placement) {

@@ -4,8 +4,9 @@
 namespace ddp::worker {
 namespace {
 
-CheckpointOptions checkpointOptions(const WorkerConfig& config) {
+CheckpointOptions checkpointOptions(const WorkerConfig& config, std::vector<c10::Device> cudaGenerators) {
   CheckpointOptions o;
+  o.cudaGenerators = std::move(cudaGenerators);
   o.dir = checkpointDir(config);
   o.keepLast = config.checkpoint.keepLast;
   o.seed = config.seed;
@@ -15,8 +16,9 @@ CheckpointOptions checkpointOptions(const WorkerConfig& config) {
 
 }  // namespace
 
-TrainingCheckpointer::TrainingCheckpointer(const WorkerConfig& config, ProcessGroup group)
-    : config_(config), checkpointer_(std::move(group), checkpointOptions(config)) {}
+TrainingCheckpointer::TrainingCheckpointer(const WorkerConfig& config, ProcessGroup group,
+                                           std::vector<c10::Device> cudaGenerators)
+    : config_(config), checkpointer_(std::move(group), checkpointOptions(config, std::move(cudaGenerators))) {}
 
 TrainPosition TrainingCheckpointer::resume(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                            GradScaler* scaler) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "ddp/ddp.h"
 #include "worker/config/config.h"
@@ -14,7 +15,8 @@ using TrainPosition = ::ddp::TrainPosition;
 class TrainingCheckpointer {
  public:
   /// The group's device is this rank's: its GPU's generator is saved and restored per rank.
-  TrainingCheckpointer(const WorkerConfig& config, ProcessGroup group);
+  /// `cudaGenerators`: mode dp's replica GPUs, whose generators are saved and restored in order.
+  TrainingCheckpointer(const WorkerConfig& config, ProcessGroup group, std::vector<c10::Device> cudaGenerators = {});
   /// Applies config.resume (auto | path) to `module` and `optimizer` and the RNGs;
   /// returns where to continue (the start when there is nothing to resume).
   /// Collective. Throws CheckpointError for an explicit path that does not load.

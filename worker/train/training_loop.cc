@@ -260,7 +260,7 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
       optimizer_(makeOptimizer(train_, params_, device, group_)), device_(device),
       join_(train_.unevenInputs == "join" && world_ > 1), autocastDtype_(autocastDtype(train_.precision)),
       sampler_(data.train.size(), world_, rank_, {train_.shuffle, config.seed, train_.dropLast, /*pad=*/!join_}),
-      checkpointer_(config, group_), deviceChecks_(device.is_cuda()),
+      checkpointer_(config, group_, parallelism.cudaGenerators()), deviceChecks_(device.is_cuda()),
       syncDebug_(syncDebugLevel(config.cuda.syncDebug)),
       bar_(rank_ == 0 && progressBarWanted(), std::getenv("DDP_LAUNCH_PREFIXED") != nullptr) {
   if (rank_ == 0) checkpoint::makeDirectories(config_.output.dir);

@@ -51,6 +51,9 @@ class Parallelism {
   /// engine's gradient hooks belong to the graph's stream (PyTorch: construct DDP in a side-stream
   /// context); null where this mode has none.
   virtual CudaGraph* cudaGraph() { return nullptr; }
+  /// The GPUs whose generators checkpoints keep for this process (mode dp: every replica's, in
+  /// order); empty: the group's device.
+  virtual std::vector<c10::Device> cudaGenerators() const { return {}; }
   /// Adds what the parallelism knows to the run's result (a communication hook's statistics).
   virtual void describe(TrainResult&) const {}
 };
