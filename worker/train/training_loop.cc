@@ -390,11 +390,13 @@ void TrainingRun::runEpoch(int64_t epoch) {
                                            result_.steps, result_.samples, consumed};
     if (checkpointer_.due(position, place.epochEnded())) {
       // Never a checkpoint of weights a non-finite step reached.
+      const bool debugging = syncDebugOn_;
       pauseSyncDebug();
       awaitGraph();
       group_.waitForCollectives();
       checkDeviceNonfinite();
       checkpointer_.save(module_, *optimizer_, position, scaler_ ? &*scaler_ : nullptr);
+      if (debugging) resumeSyncDebug();
     }
     // GPU, world > 1: at log steps only, where the request came with the loss (stopVotes_).
     const bool stopCheck = world_ == 1 || stopVotes_.defined() ||
@@ -782,10 +784,14 @@ bool TrainingRun::stopRequested(const TrainPosition& position) {
     if (stopSignal() == 0) return false;  // on the host: a one-rank GPU job does not wait for its device here
   } else if (stopVotes_.defined()) {  // this step's log all-reduce carried the requests
     const at::Tensor votes = std::exchange(stopVotes_, at::Tensor());
+    const bool debugging = syncDebugOn_;  // on again for the steps to the next log step
     pauseSyncDebug();
     awaitGraph();
     group_.waitForCollectives();
-    if (votes.item<double>() <= 0) return false;
+    if (votes.item<double>() <= 0) {
+      if (debugging) resumeSyncDebug();
+      return false;
+    }
   } else {
     pauseSyncDebug();
     {
