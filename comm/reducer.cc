@@ -291,6 +291,32 @@ void Reducer::markReadyLocked(size_t index) {
   if (--bucket.pending == 0) launchReadyBucketsLocked();
 }
 
+void Reducer::zeroGrad() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (armed_ && hookSeen_) {
+    DDP_THROW(CommError, "reducer on rank ", comm_.rank(), "/", comm_.size(),
+              ": zero_grad during a backward that is reducing the gradients; zero them before the forward");
+  }
+  c10::NoGradGuard noGrad;
+  for (Bucket& bucket : buckets_) {
+    bool views = false;
+    bool others = false;
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      const at::Tensor& grad = params_[bucket.params[k]].grad();
+      if (!grad.defined()) continue;
+      (aliases(grad, bucket.views[k]) ? views : others) = true;
+    }
+    if (views && !others) {
+      bucket.buffer.zero_();  // an undefined .grad's slice too: its next gradient is copied over it
+      continue;
+    }
+    for (size_t i : bucket.params) {
+      at::Tensor grad = params_[i].grad();
+      if (grad.defined()) grad.zero_();
+    }
+  }
+}
+
 void Reducer::launchReadyBucketsLocked() {
   // Launched in bucket order on every rank, or collectives mismatch and hang.
   const double divisor = nextDivisor_ > 0 ? nextDivisor_ : static_cast<double>(comm_.size());
@@ -304,10 +330,10 @@ void Reducer::launchReadyBucketsLocked() {
     } else if (bucket.wire.defined()) {
       // Cast, then divide in the wire dtype: fp16_compress_hook's arithmetic, bit for bit.
       bucket.wire.copy_(bucket.buffer);
-      bucket.wire.div_(divisor);
+      if (divisor != 1.0) bucket.wire.div_(divisor);  // x / 1 is x: no kernel for it
       bucket.work = comm_.allReduceSumAsync(bucket.wire);
     } else {
-      bucket.buffer.div_(divisor);  // pre-divide, then SUM: Gloo has no AVG
+      if (divisor != 1.0) bucket.buffer.div_(divisor);  // pre-divide, then SUM: Gloo has no AVG
       bucket.work = comm_.allReduceSumAsync(bucket.buffer);
     }
   }

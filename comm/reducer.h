@@ -81,6 +81,11 @@ class Reducer final : public GradientSync {
   /// by `divisor` (the ranks still training) instead of the world size.
   void setNextDivisor(double divisor);
 
+  /// zero_grad for the parameters: a bucket whose every defined .grad is its view (gradient as
+  /// bucket view) is zeroed with one kernel, any other .grad on its own; undefined ones stay so.
+  /// Not while an armed backward runs (CommError).
+  void zeroGrad();
+
   /// Parameter indices per bucket, in launch order.
   const std::vector<std::vector<size_t>>& bucketIndices() const { return layout_; }
 

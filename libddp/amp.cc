@@ -4,6 +4,7 @@
 
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <ATen/ops/_amp_update_scale.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/isfinite.h>
 #include <ATen/ops/ones.h>
@@ -163,6 +164,82 @@ at::Tensor nonFiniteFlag(const std::vector<at::Tensor>& tensors) {
   return found.clamp_max_(1.0);
 }
 
+namespace {
+constexpr int64_t kNonFiniteChunk = 256;
+}  // namespace
+
+at::Tensor NonFiniteSteps::check(const std::vector<at::Tensor>& tensors, int64_t step) {
+  c10::NoGradGuard noGrad;
+  std::vector<std::pair<c10::Device, std::map<at::ScalarType, std::vector<at::Tensor>>>> groups;
+  for (const at::Tensor& t : tensors) {
+    if (!t.defined()) continue;
+    if (!at::isFloatingType(t.scalar_type())) {
+      DDP_THROW(Error, "ddp::NonFiniteSteps::check: a ", t.scalar_type(), " tensor has no NaN or infinity to find; "
+                "pass floating-point tensors (gradients)");
+    }
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == t.device(); });
+    if (it == groups.end()) it = groups.insert(groups.end(), {t.device(), {}});
+    it->second[t.scalar_type()].push_back(t);
+  }
+  const c10::Device device = groups.empty() ? c10::Device(c10::kCPU) : groups.front().first;
+  const int64_t used = static_cast<int64_t>(steps_.size());
+  if (!chunks_.empty() && chunks_.front().device() != device) {
+    DDP_THROW(Error, "ddp::NonFiniteSteps::check: the tensors moved from ", chunks_.front().device().str(), " to ",
+              device.str(), " between reads; read() first");
+  }
+  if (used == static_cast<int64_t>(chunks_.size()) * kNonFiniteChunk) {
+    chunks_.push_back(at::zeros({kNonFiniteChunk}, at::TensorOptions().dtype(at::kFloat).device(device)));
+  }
+  at::Tensor slot = chunks_[static_cast<std::size_t>(used / kNonFiniteChunk)].select(0, used % kNonFiniteChunk);
+  steps_.push_back(step);
+  for (auto& [where, byDtype] : groups) {
+    auto one = std::find_if(ones_.begin(), ones_.end(), [&](const auto& o) { return o.first == where; });
+    if (one == ones_.end()) {
+      one = ones_.insert(ones_.end(), {where, at::ones({}, at::TensorOptions().dtype(at::kFloat).device(where))});
+    }
+    if (where == device) {
+      for (auto& [dtype, list] : byDtype) nonFiniteCheckAndUnscale(list, slot, one->second);
+    } else {  // another device's gradients: its own flag, added in
+      at::Tensor flag = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(where));
+      for (auto& [dtype, list] : byDtype) nonFiniteCheckAndUnscale(list, flag, one->second);
+      slot.add_(flag.to(device));
+    }
+  }
+  return slot;
+}
+
+NonFiniteSteps::Report NonFiniteSteps::read() {
+  Report report;
+  report.checked = static_cast<int64_t>(steps_.size());
+  if (steps_.empty()) {
+    report.inARow = inARow_;
+    return report;
+  }
+  c10::NoGradGuard noGrad;
+  std::vector<at::Tensor> used;
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    const int64_t n = std::min<int64_t>(kNonFiniteChunk, report.checked - static_cast<int64_t>(c) * kNonFiniteChunk);
+    if (n > 0) used.push_back(chunks_[c].narrow(0, 0, n));
+  }
+  const at::Tensor flags = (used.size() == 1 ? used.front() : at::cat(used)).to(at::kCPU).contiguous();
+  const float* f = flags.data_ptr<float>();
+  for (int64_t i = 0; i < report.checked; ++i) {
+    if (f[i] != 0.0f) {
+      ++report.flagged;
+      if (report.first == 0) report.first = steps_[static_cast<std::size_t>(i)];
+      ++inARow_;
+    } else {
+      inARow_ = 0;
+    }
+  }
+  report.inARow = inARow_;
+  // The slots are reused from the first: zeroed behind the copy just read, in stream order.
+  chunks_.resize(1);
+  if (report.flagged > 0) chunks_.front().zero_();
+  steps_.clear();
+  return report;
+}
+
 at::Tensor GradScaler::checkAndUnscale(torch::optim::Optimizer& optimizer, const at::Tensor& invScale) {
   c10::NoGradGuard noGrad;
   // Gradients by device and dtype, one kernel call per group; one flag per device.
@@ -220,12 +297,12 @@ void GradScaler::step(torch::optim::Optimizer& optimizer) {
   requireScale("step");
   PerOptimizer& state = perOptimizer_[&optimizer];
   if (state.stage == Stage::kStepped) DDP_THROW(Error, "ddp::GradScaler::step has already been called since the last update()");
-  if (auto* fused = dynamic_cast<FusedAdamW*>(&optimizer)) {
+  if (auto* fused = dynamic_cast<FusedOptimizer*>(&optimizer)) {
     // PyTorch's _step_supports_amp_scaling path: check without unscaling (× 1), and let the kernel
     // divide by the scale (unless unscale_() did) and skip on the flag.
     const bool unscaled = state.stage == Stage::kUnscaled;
     if (!unscaled) state.foundInf = checkAndUnscale(optimizer, at::ones({}, scale_.options()));
-    fused->step(unscaled ? at::Tensor() : scale_, state.foundInf);
+    fused->fusedStep(unscaled ? at::Tensor() : scale_, state.foundInf, at::Tensor());
     state.stage = Stage::kStepped;
     return;
   }

@@ -161,6 +161,18 @@ DdpEngine::~DdpEngine() = default;
 
 ProcessGroup& DdpEngine::group() { return state_->group; }
 
+void DdpEngine::zeroGrad() {
+  if (state_->reducer) {
+    state_->reducer->zeroGrad();
+    return;
+  }
+  c10::NoGradGuard noGrad;
+  for (const at::Tensor& p : state_->params) {
+    at::Tensor grad = p.grad();
+    if (grad.defined()) grad.zero_();
+  }
+}
+
 void DdpEngine::beforeForward() {
   comm::Communicator& comm = api::communicatorOf(state_->group, "a forward through the DDP wrapper");
   if (state_->join && state_->gradientSync) {

@@ -147,6 +147,10 @@ void FusedAdamW::step(const at::Tensor& gradScale, const at::Tensor& foundInf, c
 bool fusedSgdAvailable() { return DDP_TORCH_2; }
 
 void fusedSgdStep(torch::optim::SGD& sgd, const at::Tensor& lr, const at::Tensor& foundInf) {
+  fusedSgdStep(sgd, lr, foundInf, at::Tensor());
+}
+
+void fusedSgdStep(torch::optim::SGD& sgd, const at::Tensor& lr, const at::Tensor& foundInf, const at::Tensor& gradScale) {
 #if DDP_TORCH_2
   c10::NoGradGuard noGrad;
   auto& state = sgd.state();
@@ -161,6 +165,10 @@ void fusedSgdStep(torch::optim::SGD& sgd, const at::Tensor& lr, const at::Tensor
     std::vector<Lists> lists;
     for (const auto& p : group.params()) {
       if (!p.grad().defined()) continue;
+      if (p.grad().is_sparse()) {
+        DDP_THROW(ConfigError, "ddp::FusedSGD: a gradient is sparse; the fused kernel takes dense gradients "
+                  "(as torch.optim.SGD(fused=True)); use torch::optim::SGD");
+      }
       auto it = std::find_if(lists.begin(), lists.end(), [&](const Lists& l) {
         return l.device == p.device() && l.dtype == p.scalar_type();
       });
@@ -181,18 +189,55 @@ void fusedSgdStep(torch::optim::SGD& sgd, const at::Tensor& lr, const at::Tensor
       }
     }
     for (auto& l : lists) {
-      std::optional<at::Tensor> inf;
+      std::optional<at::Tensor> inf, scale;
       if (foundInf.defined()) inf = foundInf.to(l.device, /*non_blocking=*/true);
-      at::_fused_sgd_(l.params, l.grads, l.buffers, o.weight_decay(), o.momentum(), lr.to(l.device, /*non_blocking=*/true),
-                      o.dampening(), o.nesterov(), /*maximize=*/false, l.firstStep, std::nullopt, inf);
+      if (gradScale.defined()) scale = gradScale.to(l.device, /*non_blocking=*/true);
+      if (lr.defined()) {
+        at::_fused_sgd_(l.params, l.grads, l.buffers, o.weight_decay(), o.momentum(),
+                        lr.to(l.device, /*non_blocking=*/true), o.dampening(), o.nesterov(), /*maximize=*/false,
+                        l.firstStep, scale, inf);
+      } else {
+        at::_fused_sgd_(l.params, l.grads, l.buffers, o.weight_decay(), o.momentum(), o.lr(), o.dampening(),
+                        o.nesterov(), /*maximize=*/false, l.firstStep, scale, inf);
+      }
     }
   }
 #else
   (void)sgd;
   (void)lr;
   (void)foundInf;
+  (void)gradScale;
   DDP_THROW(ConfigError, "ddp::fusedSgdStep needs LibTorch 2.x (torch.optim.SGD(fused=True)'s kernel)");
 #endif
+}
+
+bool FusedSGD::available(c10::DeviceType deviceType) {
+  return fusedSgdAvailable() && (deviceType == c10::DeviceType::CUDA || deviceType == c10::DeviceType::CPU);
+}
+
+FusedSGD::FusedSGD(const std::vector<at::Tensor>& params, torch::optim::SGDOptions options)
+    : torch::optim::SGD(std::vector<at::Tensor>(params), options) {
+  for (const auto& p : params) {
+    if (!available(p.device().type())) {
+      DDP_THROW(ConfigError, "ddp::FusedSGD: this LibTorch has no fused SGD kernel for ", p.device().str(),
+                " parameters (it needs LibTorch 2.x, on CUDA or CPU); use torch::optim::SGD");
+    }
+    if (!p.is_floating_point()) DDP_THROW(ConfigError, "ddp::FusedSGD: parameters must be floating point");
+  }
+}
+
+at::Tensor FusedSGD::step(LossClosure closure) {
+  at::Tensor loss;
+  if (closure) {
+    at::AutoGradMode enable(true);
+    loss = closure();
+  }
+  fusedSgdStep(*this, at::Tensor(), at::Tensor(), at::Tensor());
+  return loss;
+}
+
+void FusedSGD::step(const at::Tensor& gradScale, const at::Tensor& foundInf, const at::Tensor& lr) {
+  fusedSgdStep(*this, lr, foundInf, gradScale);
 }
 
 void FusedAdamW::save(torch::serialize::OutputArchive&) const {

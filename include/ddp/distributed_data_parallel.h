@@ -83,6 +83,11 @@ class DdpEngine {
   /// accumulates nothing). Not for a model whose forward communicates (SyncBatchNorm), nor inside a
   /// ddp::Join (there a rank out of batches just leaves the loop).
   void backwardWithoutBatch();
+  /// optimizer.zero_grad(set_to_none=false) for the module's parameters, in fewer kernels: with
+  /// gradientAsBucketView each bucket is zeroed at once (one kernel for every gradient it holds),
+  /// other gradients one by one; undefined ones stay undefined. Before the forward, not during a
+  /// backward (CommError).
+  void zeroGrad();
   /// register_comm_hook: before the first forward, once; the bucketed reducer only.
   void registerCommHook(std::shared_ptr<CommHook> hook);
   ProcessGroup& group();
@@ -176,6 +181,8 @@ class DistributedDataParallel {
   /// `model.registerCommHook(ddp::powerSgdHook({.matrixApproximationRank = 2}))`, as
   /// register_comm_hook(state, powerSGD_hook): before the first forward, once.
   void registerCommHook(std::shared_ptr<CommHook> hook) { engine_.registerCommHook(std::move(hook)); }
+  /// DdpEngine::zeroGrad: the gradients zeroed, one kernel per bucket with gradientAsBucketView.
+  void zeroGrad() { engine_.zeroGrad(); }
 
  private:
   Model module_;

@@ -10,6 +10,7 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
+#include <torch/version.h>
 
 #include <cctype>
 #include <chrono>
@@ -282,6 +283,10 @@ std::vector<Case> allCases() {
   both.push_back(Case{2, "cnn", 64, 6, {"train.nesterov=true", "train.lr_schedule=linear", "train.warmup_steps=2",
                                         "train.clip_grad_norm=1.0"}});
   both.push_back(Case{2, "cnn", 64, 5, {}});
+#if TORCH_VERSION_MAJOR >= 2
+  // SGD as torch.optim.SGD(fused=True) (ddp::FusedSGD): the reference's LibTorch SGD within rounding.
+  both.push_back(Case{2, "mlp", 160, 8, {"train.fused=true", "train.momentum=0.9", "train.weight_decay=0.01"}});
+#endif
   both.push_back(Case{4, "cnn", 50, 3, {"comm.gradient_as_bucket_view=true"}});
   for (const char* bcast : {"true", "false"}) {
     for (int k : {1, 2}) {

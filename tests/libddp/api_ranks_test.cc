@@ -4,6 +4,7 @@
 // gradient of the mean loss over the union of the shards, computed here on the whole batch.
 #include <ddp/ddp.h>
 #include <gtest/gtest.h>
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -224,6 +225,46 @@ TEST(DistributedDataParallel, FlatReducerGivesTheGradientOfTheWholeBatch) {
   EXPECT_THROW(ddp::DdpEngine(*net, group(), options), ddp::ConfigError);
 }
 
+// zeroGrad: every gradient zero in the tensors it had (bucket views stay views), with one aten::zero_
+// for the whole bucket when the gradients are its views (the Net's 4 parameters fit DDP's 1 MB first
+// bucket) and one per gradient otherwise; the next backward gives the whole batch's gradient again.
+TEST(DistributedDataParallel, ZeroGradZeroesABucketOfViewsAtOnce) {
+  for (const bool asView : {true, false}) {
+    torch::manual_seed(12);
+    const int64_t w = group().size();
+    const auto x1 = torch::randn({6 * w, 5}), y1 = torch::randn({6 * w, 3});
+    const auto x2 = torch::randn({6 * w, 5}), y2 = torch::randn({6 * w, 3});
+    Net net;
+    ddp::DdpOptions options;
+    options.gradientAsBucketView = asView;
+    options.syncOnOneRank = true;  // the reducer at world 1 too
+    ddp::DistributedDataParallel<Net> model(net, group(), options);
+    Net reference = copyOf(net);
+    torch::mse_loss(model(shard(x1)), shard(y1)).backward();
+    std::vector<const void*> where;
+    for (const auto& p : net->parameters()) where.push_back(p.grad().data_ptr());
+    static thread_local int zeroCalls = 0;
+    zeroCalls = 0;
+    const auto handle = at::addThreadLocalCallback(at::RecordFunctionCallback(
+        [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+          if (std::string(fn.name()) == "aten::zero_") ++zeroCalls;
+          return nullptr;
+        }));
+    model.zeroGrad();
+    at::removeCallback(handle);
+    EXPECT_EQ(zeroCalls, asView ? 1 : 4) << "gradient as bucket view: " << asView;
+    const auto params = net->parameters();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      ASSERT_TRUE(params[i].grad().defined());
+      EXPECT_EQ(params[i].grad().count_nonzero().item<int64_t>(), 0) << "parameter " << i;
+      EXPECT_EQ(params[i].grad().data_ptr(), where[i]) << "parameter " << i;
+    }
+    torch::mse_loss(model(shard(x2)), shard(y2)).backward();
+    torch::mse_loss(reference(x2), y2).backward();
+    EXPECT_TRUE(torch::allclose(flatGrads(*net), flatGrads(*reference), 1e-5, 1e-6)) << "as view: " << asView;
+  }
+}
+
 // PyTorch's rule (require_forward_param_sync): rank 0's buffers arrive before a forward that follows
 // a synchronising one, so under noSync before the first micro-batch and not before the last.
 TEST(DistributedDataParallel, BuffersArriveBeforeTheFirstMicroBatchOnly) {
@@ -404,6 +445,18 @@ TEST(Checkpointer, FusedAdamWResumesExactly) {
     o.lr = 0.01;
     o.weightDecay = 0.1;
     return std::make_unique<ddp::FusedAdamW>(net.parameters(), o);
+  });
+}
+
+// FusedSGD is a LibTorch SGD to checkpoints: its momentum buffers come back, step 3 is the same.
+TEST(Checkpointer, FusedSgdResumesExactly) {
+  if (!ddp::FusedSGD::available(torch::kCPU)) {
+    Net net;
+    EXPECT_THROW(ddp::FusedSGD(net->parameters(), torch::optim::SGDOptions(0.1)), ddp::ConfigError);
+    return;
+  }
+  checkExactResume("fused_sgd", [](NetImpl& net) {
+    return std::make_unique<ddp::FusedSGD>(net.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   });
 }
 

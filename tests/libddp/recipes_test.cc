@@ -12,6 +12,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -422,6 +423,144 @@ TEST(FusedSgd, EqualsTorchSgdFusedWithATensorLearningRate) {
       ASSERT_EQ(state.size(), 1u);
     }
   }
+}
+
+// ddp::FusedSGD under a GradScaler equals torch.optim.SGD(fused=True) under torch.amp.GradScaler on
+// the CPU, step by step and to the bit: the kernel unscales the gradients and skips an overflowed
+// step itself (the scale backs off), with and without unscale_() before step(); plain, momentum with
+// dampening and weight decay, Nesterov. Its momentum buffers sit where LibTorch's SGD keeps them.
+TEST(FusedSgd, EqualsTorchSgdFusedUnderGradScaler) {
+  if (!ddp::FusedSGD::available(torch::kCPU)) {
+    auto p = torch::zeros({2}, torch::requires_grad());
+    EXPECT_THROW(ddp::FusedSGD({p}, torch::optim::SGDOptions(0.1)), ddp::ConfigError);
+    return;
+  }
+  torch::manual_seed(23);
+  const int64_t n = 5;
+  struct Case {
+    double momentum, dampening, weightDecay;
+    bool nesterov;
+  };
+  const std::vector<Case> cases = {{0.0, 0.0, 0.0, false}, {0.9, 0.1, 0.01, false}, {0.9, 0.0, 0.001, true}};
+  const char* bad[] = {"none", "none", "inf", "none", "nan", "none", "none", "none", "-inf", "none", "none", "none"};
+  std::vector<torch::Tensor> initial;
+  std::vector<torch::Tensor> grads;
+  for (std::size_t i = 0; i < std::size(bad); ++i) grads.push_back(torch::randn({n}) + 1.0);
+  nlohmann::json request = {{"fused_sgd_scaler", nlohmann::json::array()}};
+  for (const auto& c : cases) {
+    initial.push_back(torch::randn({n}));
+    nlohmann::json steps = nlohmann::json::array();
+    for (std::size_t i = 0; i < std::size(bad); ++i) {
+      const auto& g = grads[i];
+      steps.push_back({{"g", std::vector<float>(g.data_ptr<float>(), g.data_ptr<float>() + n)},
+                       {"bad", bad[i]}, {"at", static_cast<int>(i % n)}, {"unscale", i % 3 == 1}});
+    }
+    const auto& p = initial.back();
+    request["fused_sgd_scaler"].push_back(
+        {{"lr", 0.05}, {"momentum", c.momentum}, {"dampening", c.dampening}, {"weight_decay", c.weightDecay},
+         {"nesterov", c.nesterov}, {"init_scale", 256.0}, {"growth_interval", 3},
+         {"params", std::vector<float>(p.data_ptr<float>(), p.data_ptr<float>() + n)}, {"steps", steps}});
+  }
+  const nlohmann::json reply = askPython(request);
+  ASSERT_EQ(reply["fused_sgd_scaler"].size(), cases.size());
+  for (std::size_t c = 0; c < cases.size(); ++c) {
+    auto p = initial[c].clone().requires_grad_();
+    ddp::FusedSGD sgd({p}, torch::optim::SGDOptions(0.05)
+                               .momentum(cases[c].momentum)
+                               .dampening(cases[c].dampening)
+                               .weight_decay(cases[c].weightDecay)
+                               .nesterov(cases[c].nesterov));
+    ddp::GradScaler scaler({256.0, 2.0, 0.5, 3});
+    const auto& want = reply["fused_sgd_scaler"][c];
+    for (std::size_t i = 0; i < std::size(bad); ++i) {
+      auto g = grads[i].clone();
+      const std::string b = bad[i];
+      if (b != "none") g[static_cast<int64_t>(i % n)] = b == "nan" ? NAN : (b == "inf" ? INFINITY : -INFINITY);
+      sgd.zero_grad();
+      scaler.scale((p * g).sum()).backward();
+      if (i % 3 == 1) scaler.unscale_(sgd);
+      scaler.step(sgd);
+      scaler.update();
+      const auto params = want["params"][i].get<std::vector<float>>();
+      for (int64_t k = 0; k < n; ++k) {
+        EXPECT_EQ(p[k].item<float>(), params[k]) << "case " << c << " step " << i << " parameter " << k;
+      }
+      EXPECT_EQ(scaler.getScale(), want["scales"][i].get<double>()) << "case " << c << " step " << i;
+    }
+    // An SGD to the rest of LibTorch: the buffer is in SGD's state, under the parameter's key.
+    EXPECT_NE(dynamic_cast<torch::optim::SGD*>(&sgd), nullptr);
+    EXPECT_EQ(sgd.state().size(), cases[c].momentum != 0 ? 1u : 0u) << "case " << c;
+  }
+}
+
+// ddp::NonFiniteSteps: one flag per checked step, read at once. Which steps are flagged, the first
+// one's number and the run of flagged steps at the end (carried across reads) follow from where the
+// NaNs and infinities were put; more than one chunk of 256 steps between reads; a flag handed to
+// ddp::FusedSGD as found_inf leaves the parameters of exactly the flagged steps untouched.
+TEST(NonFiniteSteps, NamesTheFlaggedStepsWhenRead) {
+  ddp::NonFiniteSteps checks;
+  auto report = checks.read();
+  EXPECT_EQ(report.checked, 0);
+  EXPECT_EQ(report.flagged, 0);
+  const auto finite = std::vector<torch::Tensor>{torch::ones({3}), torch::ones({2, 2}, torch::kDouble)};
+  auto withBad = [](float value, bool inDouble) {
+    auto a = torch::ones({3});
+    auto b = torch::ones({2, 2}, torch::kDouble);
+    if (inDouble) b[1][0] = value;
+    else a[2] = value;
+    return std::vector<torch::Tensor>{a, torch::Tensor(), b};
+  };
+  // Steps 1..600 (three chunks): flagged at 7 (NaN), 300 (inf, in the double tensor), 598..600 (a run).
+  std::vector<int64_t> flaggedSteps = {7, 300, 598, 599, 600};
+  std::vector<torch::Tensor> flags;
+  for (int64_t step = 1; step <= 600; ++step) {
+    const bool bad = std::find(flaggedSteps.begin(), flaggedSteps.end(), step) != flaggedSteps.end();
+    flags.push_back(bad ? checks.check(withBad(step == 7 ? NAN : INFINITY, step == 300), step)
+                        : checks.check(finite, step));
+  }
+  EXPECT_EQ(checks.pending(), 600);
+  EXPECT_EQ(flags[6].item<float>(), 1.0f);
+  EXPECT_EQ(flags[7].item<float>(), 0.0f);
+  EXPECT_EQ(flags[299].item<float>(), 1.0f);
+  EXPECT_EQ(flags[0].scalar_type(), torch::kFloat);
+  report = checks.read();
+  EXPECT_EQ(report.checked, 600);
+  EXPECT_EQ(report.flagged, 5);
+  EXPECT_EQ(report.first, 7);
+  EXPECT_EQ(report.inARow, 3);
+  EXPECT_EQ(checks.pending(), 0);
+  // The run goes on across the read; the reused slots start at zero again.
+  checks.check(withBad(-INFINITY, false), 601);
+  checks.check(finite, 602);
+  report = checks.read();
+  EXPECT_EQ(report.flagged, 1);
+  EXPECT_EQ(report.first, 601);
+  EXPECT_EQ(report.inARow, 0);
+  checks.check(withBad(NAN, true), 603);
+  checks.check(withBad(NAN, false), 604);
+  report = checks.read();
+  EXPECT_EQ(report.inARow, 2);
+  checks.check(finite, 605);
+  report = checks.read();
+  EXPECT_EQ(report.flagged, 0);
+  EXPECT_EQ(report.first, 0);
+  EXPECT_EQ(report.inARow, 0);
+  EXPECT_THROW(checks.check({torch::ones({2}, torch::kLong)}, 606), ddp::Error);
+
+  if (!ddp::FusedSGD::available(torch::kCPU)) return;
+  auto p = torch::zeros({4}, torch::requires_grad());
+  ddp::FusedSGD sgd({p}, torch::optim::SGDOptions(0.5));
+  const std::vector<float> values = {1.0f, NAN, 2.0f, INFINITY, 3.0f};
+  float expected = 0.0f;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    p.mutable_grad() = torch::full({4}, values[i]);
+    sgd.fusedStep({}, checks.check({p.grad()}, static_cast<int64_t>(i) + 1), {});
+    if (std::isfinite(values[i])) expected -= 0.5f * values[i];
+    EXPECT_TRUE(torch::equal(p.detach(), torch::full({4}, expected))) << "step " << i + 1;
+  }
+  report = checks.read();
+  EXPECT_EQ(report.flagged, 2);
+  EXPECT_EQ(report.first, 2);
 }
 
 }  // namespace

@@ -12,7 +12,9 @@ and prints {"schedules": [[lr at step 0, 1, ...], ...], "clip": [{"norm": x, "gr
             "w_shape", "b", "dtype": "bf16" | "fp16"}] (linear + cross_entropy under torch.autocast("cpu")),
             "fused": [{"params", "scales", "steps"} per step] for "fused": [{"decoupled", "lr", "betas", "eps",
             "weight_decay", "amsgrad", "init_scale", "growth_interval", "params", "steps": [{"g", "bad",
-            "at", "unscale"}]}] (torch.optim.AdamW/Adam(fused=True) on the CPU under GradScaler):
+            "at", "unscale"}]}] (torch.optim.AdamW/Adam(fused=True) on the CPU under GradScaler), and
+            "fused_sgd_scaler": [{"params", "scales"}] for the same with SGD(fused=True) ("lr",
+            "momentum", "dampening", "weight_decay", "nesterov" in place of Adam's options):
 the lr that optimizer.param_groups[0]["lr"] holds after k calls of scheduler.step(), with the warm-up
 as LinearLR(start_factor=1/(W+1), total_iters=W) chained by SequentialLR, and clip_grad_norm_'s
 norm and clipped gradients, and torch.amp.GradScaler("cpu") driving SGD on loss = sum(p * g) (so the
@@ -141,6 +143,29 @@ def fused_sgd_run(c):
     return out
 
 
+def fused_sgd_scaler_run(c):
+    """SGD(fused=True) on CPU under GradScaler (the kernel unscales and skips): params and scale after
+    each step."""
+    p = torch.nn.Parameter(torch.tensor(c["params"], dtype=torch.float32))
+    opt = torch.optim.SGD([p], lr=c["lr"], momentum=c["momentum"], dampening=c["dampening"],
+                          weight_decay=c["weight_decay"], nesterov=c["nesterov"], fused=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=c["init_scale"], growth_interval=c["growth_interval"])
+    out = {"params": [], "scales": []}
+    for step in c["steps"]:
+        g = torch.tensor(step["g"], dtype=torch.float32)
+        if step["bad"] != "none":
+            g[step["at"]] = float(step["bad"])
+        opt.zero_grad()
+        scaler.scale((p * g).sum()).backward()
+        if step["unscale"]:
+            scaler.unscale_(opt)
+        scaler.step(opt)
+        scaler.update()
+        out["params"].append(p.detach().tolist())
+        out["scales"].append(scaler.get_scale())
+    return out
+
+
 def main():
     request = json.load(sys.stdin)
     out = {"schedules": [schedule_lrs(s) for s in request.get("schedules", [])],
@@ -148,7 +173,8 @@ def main():
            "scaler": [scaler_run(c) for c in request.get("scaler", [])],
            "autocast": [autocast_run(c) for c in request.get("autocast", [])],
            "fused": [fused_run(c) for c in request.get("fused", [])],
-           "fused_sgd": [fused_sgd_run(c) for c in request.get("fused_sgd", [])]}
+           "fused_sgd": [fused_sgd_run(c) for c in request.get("fused_sgd", [])],
+           "fused_sgd_scaler": [fused_sgd_scaler_run(c) for c in request.get("fused_sgd_scaler", [])]}
     json.dump(out, sys.stdout)
 
 

@@ -275,8 +275,6 @@ void validateRecipe(const TrainConfig& t) {
   require(!t.nesterov || t.momentum > 0, "train.nesterov", "needs train.momentum > 0 (PyTorch's rule)");
   require(t.fused == "auto" || t.fused == "true" || t.fused == "false", "train.fused",
           "is '" + t.fused + "'; use auto (fused on GPUs), true or false");
-  require(t.fused != "true" || t.optimizer != "sgd", "train.fused",
-          "applies to train.optimizer adamw and adam (ddp::FusedAdamW); SGD runs LibTorch's own step");
   require(t.lrSchedule == "constant" || t.lrSchedule == "step" || t.lrSchedule == "cosine" || t.lrSchedule == "linear",
           "train.lr_schedule", "is '" + t.lrSchedule + "'; use constant, step, cosine or linear");
   require(t.warmupSteps >= 0, "train.warmup_steps", "must be >= 0 (0 = no warm-up)");

@@ -104,6 +104,10 @@ class DdpParallelism final : public Parallelism {
     engine_->backwardWithoutBatch();
   }
   bool lossNeedsAverage() const override { return engine_ != nullptr; }
+  void zeroGrad(const std::vector<at::Tensor>& params) override {
+    if (engine_) engine_->zeroGrad();
+    else Parallelism::zeroGrad(params);
+  }
   EvalCounts evaluate(const data::TensorDataset& test) override {
     return worker::evaluate(model_, test, device_, config_.eval.batchSize, group_, loading(0, false));
   }

@@ -41,6 +41,14 @@ void Parallelism::backwardWithoutBatch(bool) {
   DDP_THROW(Error, "train.uneven_inputs join: this mode has no ranks to join (it is for mode ddp)");
 }
 
+// Keeps each .grad tensor (it may alias a reducer bucket); zeroes it in place.
+void Parallelism::zeroGrad(const std::vector<at::Tensor>& params) {
+  c10::NoGradGuard noGrad;
+  for (const auto& p : params) {
+    if (p.grad().defined()) p.grad().zero_();
+  }
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -61,16 +69,9 @@ constexpr int64_t kGraphWarmupSteps = 3;
 // cuda.sync_debug → torch.cuda.set_sync_debug_mode's level (0 off, 1 warn, 2 error).
 int syncDebugLevel(const std::string& mode) { return mode == "error" ? 2 : mode == "warn" ? 1 : 0; }
 
-// Keeps each .grad tensor (it may alias a reducer bucket); zeroes it in place.
-void zeroGradients(const std::vector<at::Tensor>& params) {
-  c10::NoGradGuard noGrad;
-  for (const auto& p : params) {
-    if (p.grad().defined()) p.grad().zero_();
-  }
-}
 
-// train.optimizer over `params`, with PyTorch's semantics for each option; Adam and AdamW with
-// LibTorch's fused kernel (ddp::FusedAdamW) when train.fused says so (auto: on a GPU).
+// train.optimizer over `params`, with PyTorch's semantics for each option; with LibTorch's fused
+// kernels (ddp::FusedAdamW, ddp::FusedSGD) when train.fused says so (auto: on a GPU).
 std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const TrainConfig& t, const std::vector<at::Tensor>& params,
                                                        c10::Device device, const ProcessGroup& group) {
   if (t.zero && group.size() > 1) {  // train.zero: the same optimizer, its state sharded over the ranks
@@ -110,8 +111,18 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const TrainConfig& t, con
     return std::make_unique<torch::optim::Adam>(
         params, torch::optim::AdamOptions(t.lr).betas({t.betas[0], t.betas[1]}).eps(t.eps).weight_decay(t.weightDecay));
   }
-  return std::make_unique<torch::optim::SGD>(
-      params, torch::optim::SGDOptions(t.lr).momentum(t.momentum).weight_decay(t.weightDecay).nesterov(t.nesterov));
+  const auto sgdOptions =
+      torch::optim::SGDOptions(t.lr).momentum(t.momentum).weight_decay(t.weightDecay).nesterov(t.nesterov);
+  // SGD as torch.optim.SGD(fused=True) (ddp::FusedSGD): one kernel for every parameter instead of a
+  // few per parameter, a step the GPU's non-finite flag can skip in the kernel.
+  if (t.fused == "true" || (t.fused == "auto" && device.is_cuda() && FusedSGD::available(device.type()))) {
+    if (!FusedSGD::available(device.type())) {
+      DDP_THROW(ConfigError, "config: 'train.fused' is true but this LibTorch has no fused SGD kernel for ",
+                device.str(), " (LibTorch 2.x has, on CUDA and CPU); use train.fused: auto");
+    }
+    return std::make_unique<FusedSGD>(params, sgdOptions);
+  }
+  return std::make_unique<torch::optim::SGD>(params, sgdOptions);
 }
 
 // train.lr_schedule over train.decay_steps, else the job's `jobSteps`; a warm-up that would take
@@ -217,9 +228,11 @@ class TrainingRun {
   // read at log steps (and before a checkpoint), and (world > 1) the stop request rides on the log
   // steps' loss all-reduce.
   const bool deviceChecks_;
-  FusedAdamW* fused_ = nullptr;  // skips a flagged step inside its kernel
-  at::Tensor nonfinite_;         // GPU: [flagged steps, of them in a row, the first one's number]
-  int64_t nonfiniteSeen_ = 0;    // flagged steps already reported
+  FusedOptimizer* fused_ = nullptr;  // skips a flagged step inside its kernel
+  NonFiniteSteps nonfiniteSteps_;    // GPU, eager: one flag per step, read at log steps
+  at::Tensor nonfinite_;             // GPU, graph: [flagged steps, of them in a row, the first one's number]
+  int64_t nonfiniteSeen_ = 0;        // graph: flagged steps already reported
+  int64_t firstNonfinite_ = 0;       // the run's first flagged step (0: none yet)
   at::Tensor stopVotes_;         // the last log step's summed stop requests (device), or undefined
   int syncDebug_ = 0;            // cuda.sync_debug level, set between log steps
   bool syncDebugOn_ = false;
@@ -283,7 +296,7 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
     DDP_THROW(ConfigError, "config: 'cuda.sync_debug' is ", config.cuda.syncDebug, " but this rank trains on ",
               device_.str(), "; it checks GPU runs (device cuda), use off here");
   }
-  fused_ = dynamic_cast<FusedAdamW*>(optimizer_.get());
+  fused_ = dynamic_cast<FusedOptimizer*>(optimizer_.get());
   deviceSkips_ = fused_ != nullptr;
   if (train_.cudaGraph) {
     if (!device_.is_cuda()) {
@@ -415,12 +428,8 @@ void TrainingRun::runEpoch(int64_t epoch) {
 int64_t TrainingRun::accumulateAndStep(const std::vector<std::vector<int64_t>>& batches, data::BatchLoader& loader,
                                        const StepPlace& place) {
   if (graph_) return graphStep(batches, loader, place);
-  zeroGradients(params_);
+  parallelism_.zeroGrad(params_);
   int64_t stepRankSamples = 0;
-  {
-    c10::NoGradGuard noGrad;
-    lossForLog_.zero_();
-  }
   // join: this rank's shard may end before the step's slots do (by at most one batch).
   const std::size_t held =
       place.first < batches.size() ? std::min(place.count, batches.size() - place.first) : std::size_t{0};
@@ -444,8 +453,10 @@ int64_t TrainingRun::accumulateAndStep(const std::vector<std::vector<int64_t>>& 
     {
       c10::NoGradGuard noGrad;
       // join: weighted by samples (the shards' last batches differ); padded: the micro-batches' mean.
-      lossForLog_.add_(loss.detach().reshape({1}),
-                       join_ ? static_cast<double>(batch.size()) : 1.0 / static_cast<double>(place.count));
+      const double weight = join_ ? static_cast<double>(batch.size()) : 1.0 / static_cast<double>(place.count);
+      if (m > 0) lossForLog_.add_(loss.detach().reshape({1}), weight);
+      else if (weight == 1.0) lossForLog_.copy_(loss.detach().reshape({1}));  // one kernel
+      else lossForLog_.copy_(loss.detach().reshape({1})).mul_(weight);
     }
     stepRankSamples += static_cast<int64_t>(batch.size());
     if (place.count > 1) loss = loss / static_cast<double>(place.count);
@@ -454,6 +465,10 @@ int64_t TrainingRun::accumulateAndStep(const std::vector<std::vector<int64_t>>& 
   }
   // The slots this rank has no batch for: the others' collectives, with zeros; the missing micro-
   // batches count as zero loss, as a joined rank's do in PyTorch's Join.
+  if (held == 0) {
+    c10::NoGradGuard noGrad;
+    lossForLog_.zero_();
+  }
   for (std::size_t m = held; m < place.count; ++m) parallelism_.backwardWithoutBatch(m + 1 == place.count);
   if (join_ && stepRankSamples > 0) {
     c10::NoGradGuard noGrad;
@@ -525,20 +540,15 @@ void TrainingRun::applyOrSkip(int64_t epoch) {
   }
 }
 
-// The step with the non-finite check on the device: ddp::FusedAdamW skips a flagged step in its
-// kernel; another optimizer applies it (the run then stops at the next log step, with the step's
-// number, before any checkpoint of it). Counted on the device, read by checkDeviceNonfinite().
+// The step with the non-finite check on the device (one kernel, ddp::NonFiniteSteps): a fused
+// optimizer (ddp::FusedSGD, ddp::FusedAdamW) skips a flagged step in its kernel; another one applies
+// it (the run then stops at the next log step, with the step's number, before any checkpoint of it).
+// Read by checkDeviceNonfinite().
 void TrainingRun::deviceCheckedStep() {
   c10::NoGradGuard noGrad;
-  const at::Tensor found = nonFiniteFlag(gradientsOf(params_));
-  if (fused_ != nullptr) fused_->step(at::Tensor(), found);
+  const at::Tensor found = nonfiniteSteps_.check(gradientsOf(params_), result_.steps + 1);
+  if (fused_ != nullptr) fused_->fusedStep(at::Tensor(), found, at::Tensor());
   else optimizer_->step();
-  if (!nonfinite_.defined()) nonfinite_ = at::zeros({3}, found.options().dtype(at::kDouble));
-  at::Tensor flagged = nonfinite_.select(0, 0);
-  // The first flagged step's number, once.
-  nonfinite_.select(0, 2).add_(flagged.eq(0).to(at::kDouble).mul_(found).mul_(static_cast<double>(result_.steps + 1)));
-  flagged.add_(found);
-  nonfinite_.select(0, 1).add_(found).mul_(found);
 }
 
 // train.cuda_graph: the step's batch is copied into the static inputs, then the step runs on the
@@ -600,7 +610,7 @@ int64_t TrainingRun::graphStep(const std::vector<std::vector<int64_t>>& batches,
 // One step as the graph holds it: nothing here reads the device on the host, the learning rate and
 // the step number are device tensors, the optimizer skips a non-finite step in its kernel.
 void TrainingRun::graphBody(const at::Tensor& images, const at::Tensor& labels) {
-  zeroGradients(params_);
+  parallelism_.zeroGrad(params_);
   {
     c10::NoGradGuard noGrad;
     lossForLog_.zero_();
@@ -627,7 +637,7 @@ void TrainingRun::graphBody(const at::Tensor& images, const at::Tensor& labels) 
   c10::NoGradGuard noGrad;
   if (train_.clipGradNorm > 0) gradNorm_ = clipGradNorm(params_, train_.clipGradNorm);
   const at::Tensor found = nonFiniteFlag(gradientsOf(params_));
-  if (fused_ != nullptr) fused_->step(at::Tensor(), found, lrTensor_);
+  if (fused_ != nullptr) fused_->fusedStep(at::Tensor(), found, lrTensor_);
   else fusedSgdStep(*sgd_, lrTensor_, found);
   stepTensor_.add_(1);
   if (!nonfinite_.defined()) nonfinite_ = at::zeros({3}, found.options().dtype(at::kDouble));
@@ -657,12 +667,23 @@ void TrainingRun::awaitGraph() {
 // Reads the device's non-finite counts (after waitForCollectives): a flagged step fails the run
 // unless the fused optimizer skipped it and train.skip_nonfinite_steps allows skipping.
 void TrainingRun::checkDeviceNonfinite() {
-  if (!nonfinite_.defined()) return;
-  const at::Tensor counts = nonfinite_.to(at::kCPU);
-  const auto flagged = static_cast<int64_t>(counts[0].item<double>());
-  if (flagged == nonfiniteSeen_) return;
-  const auto inARow = static_cast<int64_t>(counts[1].item<double>());
-  const auto first = static_cast<int64_t>(counts[2].item<double>());
+  int64_t newlyFlagged = 0;
+  int64_t inARow = 0;
+  if (nonfiniteSteps_.pending() > 0) {  // eager steps
+    const NonFiniteSteps::Report report = nonfiniteSteps_.read();
+    newlyFlagged = report.flagged;
+    inARow = report.inARow;
+    if (firstNonfinite_ == 0) firstNonfinite_ = report.first;
+  } else if (nonfinite_.defined()) {  // graph steps
+    const at::Tensor counts = nonfinite_.to(at::kCPU);
+    const auto flagged = static_cast<int64_t>(counts[0].item<double>());
+    newlyFlagged = flagged - nonfiniteSeen_;
+    nonfiniteSeen_ = flagged;
+    inARow = static_cast<int64_t>(counts[1].item<double>());
+    firstNonfinite_ = static_cast<int64_t>(counts[2].item<double>());
+  }
+  if (newlyFlagged == 0) return;
+  const int64_t first = firstNonfinite_;
   if (!deviceSkips_ || !train_.skipNonfiniteSteps || inARow >= kMaxSkippedInARow) {
     throwDiverged(config_, "a gradient is NaN or infinite at step " + std::to_string(first) +
                                (deviceSkips_ ? std::string(", which was not applied")
@@ -672,14 +693,13 @@ void TrainingRun::checkDeviceNonfinite() {
                                                  std::to_string(result_.steps)
                                            : std::string()));
   }
-  result_.skippedSteps += flagged - nonfiniteSeen_;
+  result_.skippedSteps += newlyFlagged;
   if (rank_ == 0) {
     bar_.clear();
     spdlog::warn("{} step(s) up to step {} had a NaN or infinite gradient and were skipped "
                  "(train.skip_nonfinite_steps; the first of this run at step {})",
-                 flagged - nonfiniteSeen_, result_.steps, first);
+                 newlyFlagged, result_.steps, first);
   }
-  nonfiniteSeen_ = flagged;
 }
 
 // cuda.sync_debug: LibTorch's sync-debug mode is on between log steps, where nothing should make

@@ -41,6 +41,9 @@ class Parallelism {
   /// not have while others do; lastMicroBatch true: the step's gradient sync, with this rank's
   /// accumulated (or zero) gradients.
   virtual void backwardWithoutBatch(bool lastMicroBatch);
+  /// Zeroes the gradients of `params` (the module's), keeping the tensors (they may alias
+  /// communication buckets): ddp, one kernel per bucket.
+  virtual void zeroGrad(const std::vector<at::Tensor>& params);
   /// Whether the logged loss still needs averaging over ranks (the gradient sync carries gradients only).
   virtual bool lossNeedsAverage() const { return false; }
   /// Correct predictions over the whole test set (a collective in ddp).
