@@ -15,9 +15,11 @@ import statistics
 COLUMNS = [  # (side, variant, header)
     ("ours", "reducer_off", "ours, reducer off"),
     ("ours", "reducer_on", "ours, reducer on"),
+    ("ours", "unfused", "ours, reducer on, train.fused=false"),
     ("ours", "cuda_graph", "ours, cuda_graph"),
     ("ours", "cuda_graph_on", "ours, cuda_graph + reducer"),
     ("pytorch", "ddp", "PyTorch DDP eager"),
+    ("pytorch", "ddp_fused", "PyTorch DDP eager, SGD(fused=True)"),
     ("pytorch", "compile", "torch.compile reduce-overhead"),
 ]
 
@@ -68,7 +70,8 @@ def main():
     out.append("World 1, NCCL, same model, per-rank batch, SGD and pinned synthetic host data on both sides; "
                "samples/s over the steady-state window (steps W+1..2W). bf16 = autocast around forward and loss.")
     out.append("")
-    head = ["model", "batch", "precision"] + [c[2] for c in COLUMNS] + ["ours (on) / DDP", "best ours / compile"]
+    head = ["model", "batch", "precision"] + [c[2] for c in COLUMNS] + ["ours (on) / best DDP eager",
+                                                                        "best ours / compile"]
     out.append("| " + " | ".join(head) + " |")
     out.append("|" + "---|" * len(head))
     errors = []
@@ -92,7 +95,8 @@ def main():
                               f"{r.get('cudagraph_skips')}, graph_breaks {r.get('graph_breaks')} (not all CUDA graphs)")
                 line[-1] += f" ({len(errors)})"
         ours = [v for (side, _), v in med.items() if side == "ours" and v is not None]
-        line.append(ratio(med[("ours", "reducer_on")], med[("pytorch", "ddp")]))
+        eager = [v for v in (med[("pytorch", "ddp")], med[("pytorch", "ddp_fused")]) if v is not None]
+        line.append(ratio(med[("ours", "reducer_on")], max(eager) if eager else None))
         line.append(ratio(max(ours) if ours else None, med[("pytorch", "compile")]))
         out.append("| " + " | ".join(line) + " |")
     if errors:

@@ -73,7 +73,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=200, help="steps before the timed window")
     p.add_argument("--timed", type=int, default=200, help="steps in the timed window")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
-    p.add_argument("--variant", choices=["ddp", "compile"], default="ddp")
+    p.add_argument("--variant", choices=["ddp", "ddp_fused", "compile"], default="ddp",
+                   help="ddp: eager DDP with SGD's default (foreach on CUDA); ddp_fused: SGD(fused=True)")
     p.add_argument("--samples", type=int, default=8192, help="synthetic training samples")
     p.add_argument("--dry-run", action="store_true", help="CPU, no process group, 2 steps")
     args = p.parse_args(argv)
@@ -157,7 +158,8 @@ def main():
     model = build_model(args).to(device)
     if not dry:
         model = DDP(model, device_ids=[device.index])
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9,
+                          **({"fused": True} if args.variant == "ddp_fused" else {}))
     compiled = args.variant == "compile" and not dry
     step_model = model
     mark_step = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None) if compiled else None

@@ -8,7 +8,9 @@
 # Per model x batch x precision, in this order (most important comparisons first):
 #   ours reducer_on   comm.ddp_on_one_rank=true: our DDP engine and its NCCL all-reduces run at
 #                     world 1, as PyTorch's DDP does (the fair comparison)
-#   pytorch ddp       bench/gpu/python_gpu_reference.py --variant ddp (eager DDP)
+#   pytorch ddp       bench/gpu/python_gpu_reference.py --variant ddp (eager DDP, SGD's default: foreach)
+#   pytorch ddp_fused the same with SGD(fused=True), a careful user's fastest eager optimizer
+#   ours unfused      reducer on with train.fused=false: LibTorch's per-parameter SGD (what fused SGD saves)
 #   ours reducer_off  the default: a 1-rank job skips the reducer
 #   pytorch compile   the DDP model under torch.compile(mode="reduce-overhead"); only for CNN b64
 #                     and the 24M MLP unless COMPILE_ALL=1 (compiling is slow)
@@ -89,6 +91,7 @@ ours() {  # model hidden batch W precision variant label
   local model=$1 hidden=$2 batch=$3 w=$4 prec=$5 variant=$6 label=$7 key="" extra=()
   case $variant in
     reducer_on) extra=(comm.ddp_on_one_rank=true); key=ddp_on_one_rank ;;
+    unfused) extra=(comm.ddp_on_one_rank=true train.fused=false); key=ddp_on_one_rank ;;
     cuda_graph) extra=(train.cuda_graph=true); key=cuda_graph ;;
     cuda_graph_on) extra=(train.cuda_graph=true comm.ddp_on_one_rank=true); key=cuda_graph ;;
   esac
@@ -176,6 +179,7 @@ def ratio(a, b):
 print(json.dumps({"bench": "gpu", "kind": "ratio", "label": label, "model": model, "batch": int(batch),
                   "precision": prec,
                   "ours_reducer_on_vs_pytorch_ddp": ratio(r.get("reducer_on"), r.get("py_ddp")),
+                  "ours_reducer_on_vs_pytorch_ddp_fused": ratio(r.get("reducer_on"), r.get("py_ddp_fused")),
                   "ours_best_vs_pytorch_compile": ratio(ours.get(best), r.get("py_compile")),
                   "ours_best_variant": best}), flush=True)' "$@" "${kv[@]}"
 }
@@ -206,7 +210,8 @@ for spec in "${SPECS[@]}"; do
   for prec in $PRECISIONS; do
     R=()
     stop=0
-    for run in "ours reducer_on" "theirs ddp" "ours reducer_off" "theirs compile" "ours cuda_graph" "ours cuda_graph_on"; do
+    for run in "ours reducer_on" "theirs ddp" "theirs ddp_fused" "ours reducer_off" "theirs compile" "ours cuda_graph" \
+               "ours cuda_graph_on" "ours unfused"; do
       set -- $run  # word splitting intended: function variant
       if [ "$2" = compile ] && [ "$compile" != 1 ] && [ "$COMPILE_ALL" != 1 ]; then continue; fi
       if deadline; then stop=1; break; fi

@@ -115,7 +115,9 @@ void BatchLoader::work(int worker) {
   }
 }
 
-Batch BatchLoader::next() {
+Batch BatchLoader::next() { return toDevice(nextOnHost()); }
+
+Batch BatchLoader::nextOnHost() {
   DDP_ENFORCE(nextIndex_ < plan_.size(), "BatchLoader: all ", plan_.size(), " batches were taken");
   const size_t i = nextIndex_;
   Batch host;
@@ -133,7 +135,7 @@ Batch BatchLoader::next() {
     ++nextIndex_;
   }
   changed_.notify_all();
-  return toDevice(std::move(host));
+  return host;
 }
 
 }  // namespace ddp::data

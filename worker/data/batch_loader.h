@@ -48,11 +48,16 @@ class BatchLoader {
   /// The next batch on the device; throws what making it threw (e.g. DataError). Call at most
   /// plan.size() times.
   Batch next();
+  /// The next batch as made on the host (page-locked with pinMemory), for a caller that copies it
+  /// itself (train.cuda_graph: straight into the graph's static inputs, no device-to-device copy).
+  /// next() is nextOnHost() then toDevice().
+  Batch nextOnHost();
+  /// `host` on options.device: with pinMemory copied on a side stream the compute stream waits for.
+  Batch toDevice(Batch host) const;
   size_t size() const { return plan_.size(); }
 
  private:
   Batch make(size_t i) const;  // gather + augment + normalise (+ pin) on the calling thread
-  Batch toDevice(Batch host) const;
   void work(int worker);
 
   const TensorDataset& dataset_;

@@ -2,7 +2,7 @@
 
 #include <ATen/autocast_mode.h>
 #include <ATen/ops/cat.h>
-#include <ATen/ops/empty_like.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
@@ -562,29 +562,34 @@ int64_t TrainingRun::graphStep(const std::vector<std::vector<int64_t>>& batches,
     for (int64_t i : batch) sampleLog_ << ' ' << i;
     sampleLog_ << '\n' << std::flush;
   }
-  const data::Batch b = loader.next();
+  // The batch as the loader made it on the host (page-locked with data.pin_memory): copied straight
+  // into the static inputs, or (another shape) to the device for an uncaptured step.
+  data::Batch host = loader.nextOnHost();
   lr_ = schedule_->apply(*optimizer_, result_.steps);
   {
     c10::NoGradGuard noGrad;
     if (!staticImages_.defined()) {
-      staticImages_ = at::empty_like(b.images);
-      staticLabels_ = at::empty_like(b.labels);
       const at::TensorOptions onDevice = at::TensorOptions().device(device_);
+      staticImages_ = at::empty(host.images.sizes(), onDevice.dtype(host.images.scalar_type()));
+      staticLabels_ = at::empty(host.labels.sizes(), onDevice.dtype(host.labels.scalar_type()));
       lrTensor_ = at::zeros({}, onDevice.dtype(at::kFloat));
       stepTensor_ = at::full({}, static_cast<double>(result_.steps), onDevice.dtype(at::kDouble));
     }
     lrTensor_.fill_(lr_);
   }
-  const bool fits = b.images.sizes() == staticImages_.sizes() && b.labels.sizes() == staticLabels_.sizes();
+  const bool fits = host.images.sizes() == staticImages_.sizes() && host.labels.sizes() == staticLabels_.sizes();
   if (!fits) {
+    const data::Batch b = loader.toDevice(std::move(host));
     graph_->warmUp([&] { graphBody(b.images, b.labels); });
     if (graph_->captured()) ++uncapturedSteps_;
     return static_cast<int64_t>(batch.size());
   }
   {
+    // On the current stream, before the step (the graph's stream waits for it): from page-locked
+    // memory the host does not wait, and the allocator keeps that memory until the copy ran.
     c10::NoGradGuard noGrad;
-    staticImages_.copy_(b.images, /*non_blocking=*/true);
-    staticLabels_.copy_(b.labels, /*non_blocking=*/true);
+    staticImages_.copy_(host.images, /*non_blocking=*/true);
+    staticLabels_.copy_(host.labels, /*non_blocking=*/true);
   }
   if (graphWarmups_ < kGraphWarmupSteps) {
     graph_->warmUp([&] { graphBody(staticImages_, staticLabels_); });
