@@ -4,6 +4,8 @@
 # -dev packages carried as .debs, then runs the GPU tests and the GPU benchmark.
 #   bash scripts/gpu_check.sh build|test|bench|suite   (DEBS=dir of .deb files, DATA=Fashion-MNIST dir)
 #   bash scripts/gpu_check.sh all   (one budgeted call: build the GPU targets, test, bench; BUDGET_S)
+#   bash scripts/gpu_check.sh profile   (where the eager step's time goes: ours and Python's traces of
+#                                        CNN b64, reducer on, side by side; ~1 min; MODEL, BATCH)
 # Prepare the carried files here with: bash scripts/gpu_check.sh pack
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,6 +52,20 @@ case "${1:-}" in
     BUILD=$BUILD PY="$PY" bash bench/gpu/run_gpu_bench.sh 2> "$OUT/gpu_bench.err" | tee "$OUT/gpu_bench.jsonl"
     "$PY" bench/gpu/make_table.py "$OUT/gpu_bench.jsonl" --gpu "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" |
       tee "$OUT/gpu_bench.md" ;;
+  profile)
+    # Both sides' Chrome traces of PROFILE_STEPS steps after 200 warm-up steps, then where the time
+    # goes per step (bench/gpu/trace_summary.py): host ops, CUDA runtime calls, GPU busy time.
+    model=${MODEL:-cnn} batch=${BATCH:-64} steps=${PROFILE_STEPS:-20}
+    "$BUILD/ddp-launch" --nproc_per_node=1 "$BUILD/worker" configs/synthetic_mlp.yaml device=cuda backend=nccl \
+      model.name="$model" train.batch_size="$batch" train.max_steps=$((200 + steps)) train.log_every=100 \
+      train.epochs=1000 eval.enabled=false data.synthetic_train=8192 comm.ddp_on_one_rank=true \
+      output.profile_start=201 output.profile_steps="$steps" output.dir="$OUT/profile_ours" > "$OUT/profile_ours.log" 2>&1 ||
+      tail -5 "$OUT/profile_ours.log"
+    "$BUILD/ddp-launch" --nproc_per_node=1 "$PY" bench/gpu/python_gpu_reference.py --model "$model" --batch "$batch" \
+      --warmup 200 --timed 50 --profile "$OUT/profile_python.json" --profile-steps "$steps" > "$OUT/profile_python.log" 2>&1 ||
+      tail -5 "$OUT/profile_python.log"
+    "$PY" bench/gpu/trace_summary.py ours="$OUT/profile_ours/profile_rank0.json" python="$OUT/profile_python.json" |
+      tee "$OUT/profile.md" ;;
   all)
     # One lent-device call: build what the checks need, the GPU tests, then the benchmark in the
     # seconds left of BUDGET_S (default 540).
@@ -60,5 +76,5 @@ case "${1:-}" in
     echo "tests done at $((SECONDS - start)) s" | tee -a "$OUT/gpu.txt"
     DEADLINE_S=$(( ${BUDGET_S:-540} - (SECONDS - start) - 40 )) HARD_S=$(( ${BUDGET_S:-540} - (SECONDS - start) - 10 )) \
       bash "$0" bench ;;
-  *) echo "usage: gpu_check.sh pack|build|test|suite|bench|all" >&2; exit 2 ;;
+  *) echo "usage: gpu_check.sh pack|build|test|suite|bench|profile|all" >&2; exit 2 ;;
 esac

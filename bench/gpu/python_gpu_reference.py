@@ -77,6 +77,10 @@ def parse_args(argv=None):
                    help="ddp: eager DDP with SGD's default (foreach on CUDA); ddp_fused: SGD(fused=True)")
     p.add_argument("--samples", type=int, default=8192, help="synthetic training samples")
     p.add_argument("--dry-run", action="store_true", help="CPU, no process group, 2 steps")
+    p.add_argument("--profile", metavar="PATH",
+                   help="after the timed window, profile --profile-steps more steps with torch.profiler (CPU and "
+                        "CUDA activity, prof.step() per step) and write the Chrome trace to PATH (rank 0)")
+    p.add_argument("--profile-steps", type=int, default=20)
     args = p.parse_args(argv)
     if args.batch < 1 or args.warmup < 0 or args.timed < 1 or args.samples < args.batch:
         p.error("need batch >= 1, warmup >= 0, timed >= 1, samples >= batch")
@@ -201,6 +205,19 @@ def main():
             loss = train_step()
         sync()
         seconds = time.perf_counter() - start
+        if args.profile and rank == 0:
+            # After the timed window, so the figures above are not the profiler's.
+            # A schedule, so prof.step() marks each step (ProfilerStep#k) as output.profile_start does.
+            from torch.profiler import ProfilerActivity, profile, schedule
+
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+            with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=args.profile_steps, repeat=1),
+                         on_trace_ready=lambda p: p.export_chrome_trace(args.profile)) as prof:
+                for _ in range(args.profile_steps + 1):
+                    train_step()
+                    sync()  # the last active step's GPU work inside the trace
+                    prof.step()
+            record["profile"] = args.profile
     except Exception as e:  # noqa: BLE001 - the compiled variant reports, the eager one raises
         if not compiled:
             raise

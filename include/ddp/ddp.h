@@ -25,12 +25,13 @@
 #include "ddp/data.h"                       // loadOncePerHost
 #include "ddp/data_loader.h"                // DataLoaderSampler (torch::data)
 #include "ddp/distributed_data_parallel.h"  // DistributedDataParallel, DdpEngine
-#include "ddp/fused_optim.h"                // FusedAdamW
+#include "ddp/fused_optim.h"                // FusedAdamW, FusedSGD
 #include "ddp/join.h"                       // Join (uneven inputs)
 #include "ddp/error.h"                      // Error, ConfigError, CommError, ...
 #include "ddp/sync_batch_norm.h"            // SyncBatchNorm, convertSyncBatchNorm
 #include "ddp/zero_redundancy_optimizer.h"  // ZeroRedundancyOptimizer (ZeRO stage 1)
 #include "ddp/lr_schedule.h"                // LrSchedule
 #include "ddp/process_group.h"              // initProcessGroup, ProcessGroup
+#include "ddp/profiler.h"                   // Profiler (torch.profiler, Chrome traces)
 #include "ddp/sampler.h"                    // DistributedSampler
 #include "ddp/version.h"

@@ -404,6 +404,11 @@ INSTANTIATE_TEST_SUITE_P(
                  "config: 'train.zero' shards the optimizer state over the ranks of mode ddp", 2},
         BadInput{"ZeroWithFusedAdamW", [](const Fixture& f) { return worker({"train.zero=true", "train.optimizer=adamw", "train.fused=true"}, f); },
                  "config: 'train.zero' steps each shard with LibTorch's SGD, Adam or AdamW; set train.fused: auto or false", 2},
+        // output.profile_start / output.profile_steps (ddp::Profiler).
+        BadInput{"ProfileStepsZero", [](const Fixture& f) { return worker({"output.profile_start=2", "output.profile_steps=0"}, f); },
+                 "config: 'output.profile_steps' must be from 1 to 10000 steps", 2},
+        BadInput{"ProfileStartNegative", [](const Fixture& f) { return worker({"output.profile_start=-1"}, f); },
+                 "config: 'output.profile_start' must be >= 0", 2},
         // train.uneven_inputs (issue 26, 2).
         BadInput{"UnevenInputsUnknown", [](const Fixture& f) { return worker({"train.uneven_inputs=skip"}, f); },
                  "config: 'train.uneven_inputs' is 'skip'; use pad", 2},

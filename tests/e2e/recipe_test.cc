@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <torch/version.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -176,6 +178,46 @@ TEST(DdpOnOneRank, TrainsTheSameModelBitForBit) {
       ASSERT_TRUE(engine.count(key)) << key;
       EXPECT_TRUE(at::equal(value, engine.at(key))) << "gradient_as_bucket_view=" << view << " " << key;
     }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// output.profile_start (ddp::Profiler, Kineto): 2 ranks profile steps 3..6 of 10; each writes a
+// Chrome trace that holds exactly those 4 steps as ProfilerStep#0..3 spans and the MLP's ops
+// (aten::addmm: a Linear's forward on the CPU). LibTorch 1.13 refuses the key with one line.
+TEST(Profile, EveryRankWritesAChromeTraceOfTheProfiledSteps) {
+  const std::string dir = test::makeTempDir("profile");
+  const auto r = test::runCommand({DDP_LAUNCH_BIN, "--nproc_per_node=2", DDP_WORKER_BIN,
+                                   std::string(DDP_SOURCE_DIR) + "/configs/synthetic_mlp.yaml", "train.max_steps=10",
+                                   "train.batch_size=8", "eval.enabled=false", "output.profile_start=3",
+                                   "output.profile_steps=4", "output.dir=" + dir},
+                                  300);
+  if (TORCH_VERSION_MAJOR < 2) {
+    EXPECT_EQ(r.exitCode, 2) << r.output;
+    EXPECT_NE(r.output.find("config: 'output.profile_start' needs LibTorch 2.x"), std::string::npos) << r.output;
+    return;
+  }
+  ASSERT_EQ(r.exitCode, 0) << r.output;
+  EXPECT_NE(r.output.find("output.profile_start: steps 3..6 profiled"), std::string::npos) << r.output;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string path = dir + "/profile_rank" + std::to_string(rank) + ".json";
+    ASSERT_TRUE(std::filesystem::exists(path)) << path;
+    EXPECT_FALSE(std::filesystem::exists(path + ".partial")) << path;
+    const auto trace = nlohmann::json::parse(test::readFile(path));
+    ASSERT_TRUE(trace.contains("traceEvents")) << path;
+    std::vector<std::string> steps;
+    int addmm = 0;
+    for (const auto& e : trace["traceEvents"]) {
+      if (!e.contains("name") || !e["name"].is_string()) continue;
+      const std::string name = e["name"];
+      if (name.rfind("ProfilerStep#", 0) == 0) steps.push_back(name);
+      if (name == "aten::addmm") ++addmm;
+    }
+    std::sort(steps.begin(), steps.end());
+    EXPECT_EQ(steps, (std::vector<std::string>{"ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2", "ProfilerStep#3"}))
+        << path;
+    // The MLP has 2 Linear layers: at least one addmm each per forward, 4 forwards.
+    EXPECT_GE(addmm, 8) << path;
   }
   std::filesystem::remove_all(dir);
 }

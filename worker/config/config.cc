@@ -148,6 +148,8 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("output.dump_rank_params", "boolean", c.output.dumpRankParams),
       bindField("output.sample_log", "boolean", c.output.sampleLog),
       bindField("output.tensorboard", "boolean", c.output.tensorboard),
+      bindField("output.profile_start", "integer", c.output.profileStart),
+      bindField("output.profile_steps", "integer", c.output.profileSteps),
       bindField("comm.timeout_s", "number", c.comm.timeoutS),
       bindField("comm.reducer", "string", c.comm.reducer),
       bindField("comm.bucket_cap_mb", "number", c.comm.bucketCapMb),
@@ -315,6 +317,9 @@ void validate(const WorkerConfig& c) {
           "and data.test_file are needed with data.name tensors: files written by torch.save({\"x\": x, \"y\": y}, path)");
   require(c.data.classes >= 0, "data.classes", "must be >= 0 (0 = the largest label + 1)");
   require(c.data.trainLimit >= 0, "data.train_limit", "must be >= 0 (0 = all)");
+  require(c.output.profileStart >= 0, "output.profile_start", "must be >= 0 (0 = no profile; N = from step N)");
+  require(c.output.profileSteps >= 1 && c.output.profileSteps <= 10000, "output.profile_steps",
+          "must be from 1 to 10000 steps (the trace grows with every op)");
   require(c.data.syntheticTrain > 0, "data.synthetic_train", "must be > 0");
   require(c.data.syntheticTest > 0, "data.synthetic_test", "must be > 0");
   require(c.data.syntheticClasses >= 2, "data.synthetic_classes", "must be >= 2");

@@ -102,6 +102,8 @@ struct OutputConfig {
   bool sampleLog = false;              // every rank appends the indices of each batch it trains on to
                                        // dir/samples_rank<R>.txt (an audit of what each epoch saw)
   bool tensorboard = false;            // rank 0 writes TensorBoard event files to dir/tensorboard
+  int64_t profileStart = 0;            // > 0: every rank profiles steps profileStart.. (ddp::Profiler)
+  int64_t profileSteps = 5;            // into dir/profile_rank<R>.json (Chrome trace)
 };
 
 struct CommConfig {

@@ -189,6 +189,7 @@ class TrainingRun {
   void resumeSyncDebug();
   void scaledStep();
   void checkScalerSkips();
+  void stopProfile();
   void record(const StepPlace& place, bool last);
   bool stopRequested(const TrainPosition& position);
   void finish();
@@ -246,6 +247,8 @@ class TrainingRun {
   int64_t graphReplays_ = 0;
   at::Tensor staticImages_, staticLabels_, lrTensor_, stepTensor_;
   at::Tensor lossForLog_;
+  std::optional<Profiler> profiler_;  // output.profile_start
+  int64_t profiledFrom_ = 0;
   int64_t runSamples_ = 0;  // this process's share of the throughput figure
   int64_t runSteps_ = 0;
   int64_t windowSamples_ = 0;
@@ -350,6 +353,13 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
   if (rank_ == 0 && config_.output.tensorboard) {
     board_ = std::make_unique<tensorboard::EventWriter>(config_.output.dir + "/tensorboard");
   }
+  if (config_.output.profileStart > 0) {
+    if (!Profiler::available()) {
+      DDP_THROW(ConfigError, "config: 'output.profile_start' needs LibTorch 2.x (1.13's C++ profiler API differs); "
+                "set it 0, or profile with perf");
+    }
+    profiler_.emplace(ProfilerOptions{/*cuda=*/device_.is_cuda()});
+  }
 }
 
 TrainResult TrainingRun::run() {
@@ -357,6 +367,7 @@ TrainResult TrainingRun::run() {
   windowStart_ = start_;
   for (int64_t epoch = resumed_.epoch; epoch < train_.epochs && !done_; ++epoch) runEpoch(epoch);
   pauseSyncDebug();
+  if (profiler_ && profiler_->running()) stopProfile();  // the run ended inside the profiled steps
   bar_.clear();
   result_.trainSeconds = secondsSince(start_);
   result_.samplesPerSecond = result_.trainSeconds > 0 ? runSamples_ / result_.trainSeconds : 0;
@@ -382,7 +393,15 @@ void TrainingRun::runEpoch(int64_t epoch) {
   // only the last one's backward communicates (DDP's no_sync for the others).
   for (std::size_t first = 0; first < epochBatches_; first += accumulate) {
     const StepPlace place{epoch, first, std::min<std::size_t>(accumulate, epochBatches_ - first), epochBatches_};
-    stepRankSamples_ = accumulateAndStep(batches, loader, place);
+    if (profiler_ && !profiler_->running() && result_.steps + 1 == config_.output.profileStart) {
+      profiler_->start();
+      profiledFrom_ = result_.steps + 1;
+    }
+    {
+      // output.profile_start: the step as one "ProfilerStep#N" span, as torch.profiler marks them.
+      const auto span = profiler_ && profiler_->running() ? profiler_->step() : nullptr;
+      stepRankSamples_ = accumulateAndStep(batches, loader, place);
+    }
     ++result_.steps;
     ++runSteps_;
     // Padded, every rank's batch has the same size; join: every rank knows every rank's share.
@@ -392,6 +411,9 @@ void TrainingRun::runEpoch(int64_t epoch) {
     windowSamples_ += stepSamples;
     const bool last = train_.maxSteps > 0 && result_.steps >= train_.maxSteps;
     record(place, last);
+    if (profiler_ && profiler_->running() && result_.steps + 1 >= profiledFrom_ + config_.output.profileSteps) {
+      stopProfile();
+    }
     // Every rank consumed the same count of its positions (join: or all of them), so the epoch's
     // consumed positions are the first epochStart_ + world × batches × batch_size.
     const int64_t consumed = std::min<int64_t>(
@@ -705,6 +727,22 @@ void TrainingRun::checkDeviceNonfinite() {
                  "(train.skip_nonfinite_steps; the first of this run at step {})",
                  newlyFlagged, result_.steps, first);
   }
+}
+
+// output.profile_start: the trace of the profiled steps, one file per rank (Kineto waits for the
+// GPU's activity records: sync-debug is off meanwhile).
+void TrainingRun::stopProfile() {
+  const bool debugging = syncDebugOn_;
+  pauseSyncDebug();
+  checkpoint::makeDirectories(config_.output.dir);
+  const std::string path = config_.output.dir + "/profile_rank" + std::to_string(rank_) + ".json";
+  const int64_t events = profiler_->stop(path);
+  if (rank_ == 0) {
+    bar_.clear();
+    spdlog::info("output.profile_start: steps {}..{} profiled ({} events on rank 0), one Chrome trace per rank: {} "
+                 "(Perfetto, chrome://tracing)", profiledFrom_, result_.steps, events, path);
+  }
+  if (debugging) resumeSyncDebug();
 }
 
 // cuda.sync_debug: LibTorch's sync-debug mode is on between log steps, where nothing should make
