@@ -225,6 +225,28 @@ TEST_F(Gpu, TheReducerAtOneRankTrainsTheSameModel) {
   }
 }
 
+// output.profile_start on a GPU: the trace holds the profiled steps (ProfilerStep#0..2) and the
+// GPU's side of them (CUPTI kernel records), which a CPU run cannot show.
+TEST_F(Gpu, AProfileHoldsTheStepsAndTheirKernels) {
+  const std::string dir = test::makeTempDir("gpu_profile");
+  const auto run = test::runCommand(oneRankGpu(dir, {"train.max_steps=10", "output.profile_start=5",
+                                                     "output.profile_steps=3"}),
+                                    600);
+  ASSERT_EQ(run.exitCode, 0) << run.output;
+  const auto trace = nlohmann::json::parse(test::readFile(dir + "/profile_rank0.json"));
+  std::vector<std::string> steps;
+  int kernels = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (!e.contains("name") || !e["name"].is_string()) continue;
+    const std::string name = e["name"];
+    if (name.rfind("ProfilerStep#", 0) == 0) steps.push_back(name);
+    if (e.value("cat", std::string()) == "kernel") ++kernels;
+  }
+  std::sort(steps.begin(), steps.end());
+  EXPECT_EQ(steps, (std::vector<std::string>{"ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"}));
+  EXPECT_GT(kernels, 3) << "no GPU kernel in the trace";
+}
+
 // A gradient that overflows on the GPU is found on the device and reported at the next log step
 // with the step it happened at: the same step the CPU's per-step check names (bad_input's
 // DivergingLearningRate: step 2); nothing is exported.
