@@ -702,14 +702,14 @@ std::optional<int> Agent::runRound(const Round& round) {
     return 0;
   }
   std::optional<ExitStatus> ownFailure;
+  std::string ownWhy;
   std::string standing;
   if (report.firstFailure) {
     const RankReport& failed = report.ranks[*report.firstFailure];
     ownFailure = failed.status;
     const bool configError = !failed.status.signaled && failed.status.code == kWorkerConfigErrorCode;
-    standing = endRound(*store_, keys_, round.number, configError ? 'C' : 'F',
-                        "node " + std::to_string(nodeId_) + ": rank " + std::to_string(failed.rank) + " " +
-                            describeFailure(failed));
+    ownWhy = "node " + std::to_string(nodeId_) + ": rank " + std::to_string(failed.rank) + " " + describeFailure(failed);
+    standing = endRound(*store_, keys_, round.number, configError ? 'C' : 'F', ownWhy);
   } else if (watchFailure && !store_->check({keys_.inRound(round.number, "end")})) {
     // This launcher's own connections failed while the store still answers this one.
     if (const auto failure = heartbeat_->failure()) {
@@ -723,6 +723,10 @@ std::optional<int> Agent::runRound(const Round& round) {
   }
   const EndReason end = parseEnd(standing);
   spdlog::warn("round {} ended: {}", round.number, end.why);
+  // Another node's report came first (often the consequence: its ranks lost their peer here).
+  if (!ownWhy.empty() && end.why != ownWhy) {
+    spdlog::warn("round {}: here too, {} (another node reported its failure first)", round.number, ownWhy);
+  }
   // A worker's bad configuration is every node's (the same command line): exit 2 everywhere.
   const int ownCode = ownFailure ? ownFailure->shellCode() : end.kind == 'C' ? kUsageExitCode : kFailureExitCode;
   auto finish = [&](const std::string& why) {

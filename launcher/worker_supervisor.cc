@@ -211,8 +211,14 @@ AttemptReport WorkerSupervisor::monitor() {
     // own timeout did not fire): report once, and let the job run on.
     if (!stopping_ && !hangReported_) reportHangOnce(/*stallOnly=*/true);
     if (!stopping_ && stopRequested_ && stopRequested_()) {
-      stoppedOnRequest_ = true;
-      beginStop(SIGTERM);  // our worker finishes its step, checkpoints and exits, as on preemption
+      // A worker that died before the request came is this node's own failure, not a consequence
+      // of the stop: often its death is what made another node end the round (a rank killed from
+      // outside; its peers' connections reset). Reaped first, it is reported as such.
+      pollExits();
+      if (!stopping_) {
+        stoppedOnRequest_ = true;
+        beginStop(SIGTERM);  // our worker finishes its step, checkpoints and exits, as on preemption
+      }
     }
     auto timeout = checkEarlyExit(stopRequested_ ? kRequestPollInterval : kPollInterval);
     if (stopping_ && !killed_) {

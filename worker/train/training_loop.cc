@@ -69,7 +69,6 @@ constexpr int64_t kGraphWarmupSteps = 3;
 // cuda.sync_debug → torch.cuda.set_sync_debug_mode's level (0 off, 1 warn, 2 error).
 int syncDebugLevel(const std::string& mode) { return mode == "error" ? 2 : mode == "warn" ? 1 : 0; }
 
-
 // train.optimizer over `params`, with PyTorch's semantics for each option; with LibTorch's fused
 // kernels (ddp::FusedAdamW, ddp::FusedSGD) when train.fused says so (auto: on a GPU).
 std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const TrainConfig& t, const std::vector<at::Tensor>& params,
