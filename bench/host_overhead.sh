@@ -43,7 +43,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 {
   echo "# Host cost per step: ours vs PyTorch DDP (last run)"
   echo
-  echo "\`bash bench/host_overhead.sh\` on $(hostname) ($(nproc) cores), $(date -u +%Y-%m-%d): ours on LibTorch $libtorch,"
+  echo "\`bash bench/host_overhead.sh\` on $(hostname) ($(getconf _NPROCESSORS_ONLN) cores), $(date -u +%Y-%m-%d): ours on LibTorch $libtorch,"
   echo "PyTorch $pytorch. World 1 over Gloo, DDP reducer on, MLP 784-16-10, batch 1, SGD(0.001, momentum 0.9),"
   echo "OMP_NUM_THREADS=1; µs per step over steps $((STEPS + 1))..$((2 * STEPS)); $REPS alternated repetitions."
   echo
