@@ -24,6 +24,7 @@
 #include <sstream>
 
 #include "ddp/amp.h"
+#include "ddp/fused_optim.h"
 #include "tests/e2e/run_command.h"
 #include "libddp/checkpoint/checkpoint_dir.h"
 #include "libddp/checkpoint/training_checkpoint.h"
@@ -104,6 +105,22 @@ TEST(ExactResumeRecipe, AdamWCosineClippingResumesBitwise) {
   checkExactResume(2, {"train.optimizer=adamw", "train.lr=0.01", "train.weight_decay=0.01",
                        "train.lr_schedule=cosine", "train.warmup_steps=5", "train.decay_steps=30",
                        "train.min_lr=0.0005", "train.clip_grad_norm=1.0"});
+}
+
+// train.fused=true with SGD (ddp::FusedSGD): its momentum buffers are SGD's state, so they travel
+// in the checkpoint as LibTorch SGD's do and the resumed run is bitwise the uninterrupted one.
+TEST(ExactResumeRecipe, FusedSgdNesterovResumesBitwise) {
+  if (!FusedSGD::available(c10::DeviceType::CPU)) {
+    const std::string dir = tempDir();
+    const auto run = launch(2, {kConfig, "train.fused=true", "output.dir=" + dir + "/out"});
+    EXPECT_EQ(run.exitCode, 2) << run.output;
+    EXPECT_NE(run.output.find("config: 'train.fused' is true but this LibTorch has no fused SGD kernel"),
+              std::string::npos)
+        << run.output;
+    fs::remove_all(dir);
+    return;
+  }
+  checkExactResume(2, {"train.fused=true", "train.nesterov=true", "train.weight_decay=0.01"});
 }
 
 // fp16 on the CPU: the loss scaler's scale and growth tracker travel in the checkpoint as well. With
