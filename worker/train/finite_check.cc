@@ -5,10 +5,19 @@
 #include <ATen/ops/sum.h>
 #include <c10/core/GradMode.h>
 
+#include "common/torch_compat.h"
+#include "ddp/amp.h"
+
 namespace ddp::worker {
 
 bool allFinite(const std::vector<at::Tensor>& tensors) {
   c10::NoGradGuard noGrad;
+  // One multi-tensor pass (GradScaler's kernel) where LibTorch has it, instead of a float64 sum per
+  // tensor: on one core that sum took 57 ms of a 180 ms step of a 20 M-parameter MLP, and 12 µs of a
+  // 62 µs step of a tiny one (bench/host_overhead.sh).
+  if (compat::kAmpKernelsOnCpu || (!tensors.empty() && tensors.front().is_cuda())) {
+    return ddp::nonFiniteFlag(tensors).item<float>() == 0.0f;
+  }
   std::vector<at::Tensor> sums;
   sums.reserve(tensors.size());
   // NaN and Inf survive a sum (Inf - Inf is NaN); a double accumulator cannot overflow on finite fp32 values.
