@@ -33,7 +33,15 @@ def within(e, spans):
 
 def summarize(name, path, top):
     events = load(path)
-    steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    # One span per step: Kineto also copies a ProfilerStep#k span onto each GPU stream that ran in
+    # it (cat gpu_user_annotation); only the host's span (cat user_annotation) is the step.
+    host_steps = {}
+    for e in events:
+        span = str(e.get("name", ""))
+        if span.startswith("ProfilerStep#") and not str(e.get("cat", "")).startswith("gpu_"):
+            if span not in host_steps or e.get("cat") == "user_annotation":
+                host_steps[span] = e
+    steps = sorted(host_steps.values(), key=lambda e: float(e["ts"]))
     if not steps:
         raise SystemExit(f"{path}: no ProfilerStep#k spans (profile with output.profile_start or prof.step())")
     spans = [(float(e["ts"]), float(e["dur"])) for e in steps]

@@ -234,16 +234,23 @@ TEST_F(Gpu, AProfileHoldsTheStepsAndTheirKernels) {
                                     600);
   ASSERT_EQ(run.exitCode, 0) << run.output;
   const auto trace = nlohmann::json::parse(test::readFile(dir + "/profile_rank0.json"));
+  // Each step is one host span (cat user_annotation); Kineto copies it onto every GPU stream that
+  // ran in it (gpu_user_annotation), as in Python's traces.
   std::vector<std::string> steps;
+  std::string seen;  // every ProfilerStep span's name and category, for the failure message
   int kernels = 0;
   for (const auto& e : trace["traceEvents"]) {
     if (!e.contains("name") || !e["name"].is_string()) continue;
     const std::string name = e["name"];
-    if (name.rfind("ProfilerStep#", 0) == 0) steps.push_back(name);
-    if (e.value("cat", std::string()) == "kernel") ++kernels;
+    const std::string cat = e.value("cat", std::string());
+    if (name.rfind("ProfilerStep#", 0) == 0) {
+      seen += name + " (" + cat + ") ";
+      if (cat == "user_annotation") steps.push_back(name);
+    }
+    if (cat == "kernel") ++kernels;
   }
   std::sort(steps.begin(), steps.end());
-  EXPECT_EQ(steps, (std::vector<std::string>{"ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"}));
+  EXPECT_EQ(steps, (std::vector<std::string>{"ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"})) << seen;
   EXPECT_GT(kernels, 3) << "no GPU kernel in the trace";
 }
 
