@@ -15,11 +15,13 @@ import statistics
 COLUMNS = [  # (side, variant, header)
     ("ours", "reducer_off", "ours, reducer off"),
     ("ours", "reducer_on", "ours, reducer on"),
+    ("ours", "inline", "ours, reducer on, data.num_workers=0"),
     ("ours", "unfused", "ours, reducer on, train.fused=false"),
     ("ours", "cuda_graph", "ours, cuda_graph"),
     ("ours", "cuda_graph_on", "ours, cuda_graph + reducer"),
     ("pytorch", "ddp", "PyTorch DDP eager"),
     ("pytorch", "ddp_fused", "PyTorch DDP eager, SGD(fused=True)"),
+    ("pytorch", "ddp_dataloader", "PyTorch DDP eager, fused, DataLoader(num_workers=2)"),
     ("pytorch", "compile", "torch.compile reduce-overhead"),
 ]
 
@@ -95,7 +97,8 @@ def main():
                               f"{r.get('cudagraph_skips')}, graph_breaks {r.get('graph_breaks')} (not all CUDA graphs)")
                 line[-1] += f" ({len(errors)})"
         ours = [v for (side, _), v in med.items() if side == "ours" and v is not None]
-        eager = [v for v in (med[("pytorch", "ddp")], med[("pytorch", "ddp_fused")]) if v is not None]
+        eager = [v for v in (med[("pytorch", "ddp")], med[("pytorch", "ddp_fused")],
+                             med[("pytorch", "ddp_dataloader")]) if v is not None]
         line.append(ratio(med[("ours", "reducer_on")], max(eager) if eager else None))
         line.append(ratio(max(ours) if ours else None, med[("pytorch", "compile")]))
         out.append("| " + " | ".join(line) + " |")

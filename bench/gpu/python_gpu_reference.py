@@ -16,6 +16,10 @@ which does not hand a block out again before the asynchronous copy out of it has
 DataLoader(pin_memory=True) relies on), so the host may run ahead of the GPU safely.
 Training: SGD(lr 0.01, momentum 0.9), zero_grad(set_to_none=True), cross-entropy; bf16 =
 torch.autocast("cuda", torch.bfloat16) around forward and loss (our train.precision=bf16).
+--loader dataloader instead: torch.utils.data.DataLoader(TensorDataset, sampler=the DistributedSampler,
+num_workers=--workers, pin_memory=True, persistent_workers, drop_last) as the tutorials write it: the
+batch is assembled by worker processes, pinned on DataLoader's pin thread, off the main thread (as
+our worker's loader threads do, data.num_workers).
 Variants: ddp = eager DDP (bucket_cap_mb 25, broadcast_buffers: PyTorch's defaults);
 compile = the DDP-wrapped model under torch.compile(mode="reduce-overhead") (CUDA graphs).
 Steady state: samples/s over the `timed` steps after `warmup` steps, torch.cuda.synchronize() at
@@ -76,6 +80,10 @@ def parse_args(argv=None):
     p.add_argument("--variant", choices=["ddp", "ddp_fused", "compile"], default="ddp",
                    help="ddp: eager DDP with SGD's default (foreach on CUDA); ddp_fused: SGD(fused=True)")
     p.add_argument("--samples", type=int, default=8192, help="synthetic training samples")
+    p.add_argument("--loader", choices=["gather", "dataloader"], default="gather",
+                   help="gather: index_select into pinned memory on the main thread; dataloader: "
+                        "DataLoader(num_workers=--workers, pin_memory=True, persistent_workers=True)")
+    p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes (--loader dataloader)")
     p.add_argument("--dry-run", action="store_true", help="CPU, no process group, 2 steps")
     p.add_argument("--profile", metavar="PATH",
                    help="after the timed window, profile --profile-steps more steps with torch.profiler (CPU and "
@@ -84,6 +92,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.batch < 1 or args.warmup < 0 or args.timed < 1 or args.samples < args.batch:
         p.error("need batch >= 1, warmup >= 0, timed >= 1, samples >= batch")
+    if args.workers < 0:
+        p.error("--workers: need >= 0")
     try:
         args.hidden_list = [int(h) for h in args.hidden.split(",") if h.strip()]
     except ValueError:
@@ -129,6 +139,32 @@ class Batches:
         return x, y
 
 
+class LoaderBatches:
+    """DataLoader's batches, epoch after epoch (sampler.set_epoch before each, as DistributedSampler
+    asks); the last partial batch is dropped, as Batches never makes one."""
+
+    def __init__(self, images, labels, sampler, batch, workers, pin):
+        from torch.utils.data import DataLoader, TensorDataset
+
+        self.sampler = sampler
+        self.loader = DataLoader(TensorDataset(images, labels), batch_size=batch, sampler=sampler,
+                                 num_workers=workers, pin_memory=pin, drop_last=True,
+                                 persistent_workers=workers > 0)
+        self.epoch = 0
+        self.it = None
+
+    def next(self):
+        while True:
+            if self.it is None:
+                self.sampler.set_epoch(self.epoch)
+                self.epoch += 1
+                self.it = iter(self.loader)
+            try:
+                return next(self.it)
+            except StopIteration:
+                self.it = None
+
+
 def emit(record):
     print(json.dumps(record), flush=True)
 
@@ -154,10 +190,13 @@ def main():
     images = torch.randn(n, 1, 28, 28)
     labels = torch.randint(0, 10, (n,))
     pin = not dry
-    if pin:
-        images, labels = images.pin_memory(), labels.pin_memory()
     sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=0)
-    batches = Batches(images, labels, sampler, args.batch, pin)
+    if args.loader == "dataloader":  # the workers read the dataset; DataLoader pins each batch
+        batches = LoaderBatches(images, labels, sampler, args.batch, args.workers, pin)
+    else:
+        if pin:
+            images, labels = images.pin_memory(), labels.pin_memory()
+        batches = Batches(images, labels, sampler, args.batch, pin)
 
     model = build_model(args).to(device)
     if not dry:
@@ -188,7 +227,8 @@ def main():
             torch.cuda.synchronize(device)
 
     warmup, timed = (1, 1) if dry else (args.warmup, args.timed)
-    record = {"samples_per_s": None, "seconds": None, "variant": args.variant, "precision": args.precision,
+    record = {"samples_per_s": None, "seconds": None, "variant": args.variant, "loader": args.loader,
+              "workers": args.workers if args.loader == "dataloader" else 0, "precision": args.precision,
               "model": args.model, "batch": args.batch, "world": world, "warmup": warmup, "timed": timed,
               "torch": torch.__version__}
     if not dry:

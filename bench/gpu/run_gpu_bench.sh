@@ -10,6 +10,10 @@
 #                     world 1, as PyTorch's DDP does (the fair comparison)
 #   pytorch ddp       bench/gpu/python_gpu_reference.py --variant ddp (eager DDP, SGD's default: foreach)
 #   pytorch ddp_fused the same with SGD(fused=True), a careful user's fastest eager optimizer
+#   pytorch ddp_dataloader  ddp_fused with the batches from DataLoader(num_workers=2, pin_memory=True):
+#                     assembled off the main thread, as ours are (the like-for-like loader)
+#   ours inline       reducer on with data.num_workers=0: the batch gathered on the main thread, as
+#                     pytorch ddp / ddp_fused do (the other like-for-like loader)
 #   ours unfused      reducer on with train.fused=false: LibTorch's per-parameter SGD (what fused SGD saves)
 #   ours reducer_off  the default: a 1-rank job skips the reducer
 #   pytorch compile   the DDP model under torch.compile(mode="reduce-overhead"); only for CNN b64
@@ -92,6 +96,7 @@ ours() {  # model hidden batch W precision variant label
   case $variant in
     reducer_on) extra=(comm.ddp_on_one_rank=true); key=ddp_on_one_rank ;;
     unfused) extra=(comm.ddp_on_one_rank=true train.fused=false); key=ddp_on_one_rank ;;
+    inline) extra=(comm.ddp_on_one_rank=true data.num_workers=0); key=num_workers ;;
     cuda_graph) extra=(train.cuda_graph=true); key=cuda_graph ;;
     cuda_graph_on) extra=(train.cuda_graph=true comm.ddp_on_one_rank=true); key=cuda_graph ;;
   esac
@@ -126,11 +131,15 @@ ours() {  # model hidden batch W precision variant label
 
 theirs() {  # model hidden batch W precision variant label
   local model=$1 hidden=$2 batch=$3 w=$4 prec=$5 variant=$6 label=$7
-  local log=$TMP/pytorch_${model}_b${batch}_${prec}_${variant}.log limit rc=0 t0=$SECONDS
+  local log=$TMP/pytorch_${model}_b${batch}_${prec}_${variant}.log limit rc=0 t0=$SECONDS args
+  case $variant in
+    ddp_dataloader) args=(--variant ddp_fused --loader dataloader --workers 2) ;;
+    *) args=(--variant "$variant") ;;
+  esac
   limit=$(run_limit)
   timeout -k 5 "$limit" "$LAUNCH" --nproc_per_node=1 "$PY" bench/gpu/python_gpu_reference.py \
     --model "$model" --hidden "$hidden" --batch "$batch" --warmup "$w" --timed "$w" \
-    --precision "$prec" --variant "$variant" >"$log" 2>&1 || rc=$?
+    --precision "$prec" "${args[@]}" >"$log" 2>&1 || rc=$?
   local common=(bench=gpu "label=$label" "model=$model" "hidden=$hidden" "batch:=$batch" "precision=$prec"
     side=pytorch "variant=$variant" "window_steps:=$w" "wall_s:=$((SECONDS - t0))")
   # The script's own line (the launcher prefixes '[rank 0] '): samples_per_s, or an "error".
@@ -144,7 +153,7 @@ try:
     d = json.loads(line)
 except ValueError:
     sys.exit(1)
-keep = {k: d[k] for k in ("samples_per_s", "seconds", "warmup_s", "device", "torch", "cudagraph_skips",
+keep = {k: d[k] for k in ("samples_per_s", "seconds", "warmup_s", "device", "torch", "loader", "workers", "cudagraph_skips",
                           "graph_breaks", "error") if k in d}
 if rc != 0 and "error" not in keep:
     sys.exit(1)
@@ -180,6 +189,8 @@ print(json.dumps({"bench": "gpu", "kind": "ratio", "label": label, "model": mode
                   "precision": prec,
                   "ours_reducer_on_vs_pytorch_ddp": ratio(r.get("reducer_on"), r.get("py_ddp")),
                   "ours_reducer_on_vs_pytorch_ddp_fused": ratio(r.get("reducer_on"), r.get("py_ddp_fused")),
+                  "ours_reducer_on_vs_pytorch_ddp_dataloader": ratio(r.get("reducer_on"), r.get("py_ddp_dataloader")),
+                  "ours_inline_vs_pytorch_ddp_fused": ratio(r.get("inline"), r.get("py_ddp_fused")),
                   "ours_best_vs_pytorch_compile": ratio(ours.get(best), r.get("py_compile")),
                   "ours_best_variant": best}), flush=True)' "$@" "${kv[@]}"
 }
@@ -210,8 +221,8 @@ for spec in "${SPECS[@]}"; do
   for prec in $PRECISIONS; do
     R=()
     stop=0
-    for run in "ours reducer_on" "theirs ddp" "theirs ddp_fused" "ours reducer_off" "theirs compile" "ours cuda_graph" \
-               "ours cuda_graph_on" "ours unfused"; do
+    for run in "ours reducer_on" "theirs ddp" "theirs ddp_fused" "theirs ddp_dataloader" "ours inline" \
+               "ours reducer_off" "theirs compile" "ours cuda_graph" "ours cuda_graph_on" "ours unfused"; do
       set -- $run  # word splitting intended: function variant
       if [ "$2" = compile ] && [ "$compile" != 1 ] && [ "$COMPILE_ALL" != 1 ]; then continue; fi
       if deadline; then stop=1; break; fi
