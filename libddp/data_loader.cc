@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "common/error.h"
+#include "libddp/sampler_options.h"
 #include "sampler/distributed_sampler.h"
 
 namespace ddp {
@@ -34,25 +35,11 @@ struct DataLoaderSampler::State {
   }
 };
 
-namespace {
-
-sampler::DistributedSamplerOptions toSamplerOptions(int numReplicas, int rank, const SamplerOptions& o) {
-  sampler::DistributedSamplerOptions out;
-  out.numReplicas = numReplicas;
-  out.rank = rank;
-  out.shuffle = o.shuffle;
-  out.seed = o.seed;
-  out.dropLast = o.dropLast;
-  return out;
-}
-
-}  // namespace
-
 DataLoaderSampler::DataLoaderSampler(int64_t datasetSize, const ProcessGroup& group, SamplerOptions options)
     : DataLoaderSampler(datasetSize, group.size(), group.rank(), options) {}
 
 DataLoaderSampler::DataLoaderSampler(int64_t datasetSize, int numReplicas, int rank, SamplerOptions options)
-    : state_(std::make_shared<State>(datasetSize, toSamplerOptions(numReplicas, rank, options))) {}
+    : state_(std::make_shared<State>(datasetSize, api::samplerOptions(numReplicas, rank, options))) {}
 
 DataLoaderSampler::~DataLoaderSampler() = default;
 

@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "ddp/ddp.h"
 #include "sampler/batching.h"
+#include "libddp/sampler_options.h"
 #include "sampler/distributed_sampler.h"
 
 namespace ddp {
@@ -229,27 +230,12 @@ struct DistributedSampler::Impl {
   sampler::DistributedSampler sampler;
 };
 
-namespace {
-
-sampler::DistributedSamplerOptions samplerOptions(int numReplicas, int rank, const SamplerOptions& o) {
-  sampler::DistributedSamplerOptions out;
-  out.numReplicas = numReplicas;
-  out.rank = rank;
-  out.shuffle = o.shuffle;
-  out.seed = o.seed;
-  out.dropLast = o.dropLast;
-  out.pad = o.pad;
-  return out;
-}
-
-}  // namespace
-
 DistributedSampler::DistributedSampler(int64_t datasetSize, const ProcessGroup& group, SamplerOptions options)
     : DistributedSampler(datasetSize, group.size(), group.rank(), options) {}
 
 DistributedSampler::DistributedSampler(int64_t datasetSize, int numReplicas, int rank, SamplerOptions options)
     : impl_(std::make_unique<Impl>(
-          Impl{sampler::DistributedSampler(datasetSize, samplerOptions(numReplicas, rank, options))})) {}
+          Impl{sampler::DistributedSampler(datasetSize, api::samplerOptions(numReplicas, rank, options))})) {}
 
 DistributedSampler::~DistributedSampler() = default;
 DistributedSampler::DistributedSampler(DistributedSampler&&) noexcept = default;

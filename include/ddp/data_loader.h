@@ -16,8 +16,9 @@
 namespace ddp {
 
 /// This rank's share of a data set of `datasetSize` samples, in PyTorch's DistributedSampler order
-/// (shuffled from seed + epoch, padded or cut to an equal share per rank), handed out in batches to
-/// a LibTorch data loader:
+/// (shuffled from seed + epoch, padded or cut to an equal share per rank; with SamplerOptions::pad
+/// false, every sample once in shares that differ by one), handed out in batches to a LibTorch data
+/// loader:
 ///
 ///     ddp::DataLoaderSampler sampler(dataset.size().value(), group);
 ///     auto loader = torch::data::make_data_loader(dataset, sampler,  // a copy: the loader owns it

@@ -139,3 +139,36 @@ TEST(DataLoaderSampler, ALoaderStartedAfterLoadContinuesTheSavedEpoch) {
 }
 
 }  // namespace
+
+// SamplerOptions::pad = false through the loader: no sample twice and none dropped, rank r holding
+// ceil((N - r) / W) of them, which are the first ones of its padded (PyTorch's) share: padding only
+// appends the permutation's head after position N.
+TEST(DataLoaderSampler, PadFalseHandsOutEverySampleOnceInUnevenShares) {
+  const int64_t n = 23;
+  const int world = 3;
+  for (const bool shuffle : {true, false}) {
+    std::vector<int> seen(n, 0);
+    for (int rank = 0; rank < world; ++rank) {
+      ddp::SamplerOptions padded{shuffle, 5};
+      ddp::SamplerOptions uneven = padded;
+      uneven.pad = false;
+      ddp::DataLoaderSampler reference(n, world, rank, padded);
+      reference.setEpoch(1);
+      reference.reset();
+      const std::vector<size_t> full = *reference.next(1000);
+      ASSERT_EQ(full.size(), 8u);  // ceil(23 / 3)
+      const size_t share = static_cast<size_t>((n - rank + world - 1) / world);
+
+      ddp::DataLoaderSampler sampler(n, world, rank, uneven);
+      EXPECT_EQ(sampler.numSamples(), static_cast<int64_t>(share)) << "rank " << rank;
+      auto loader = torch::data::make_data_loader(Indices(n), sampler, torch::data::DataLoaderOptions(3).workers(2));
+      sampler.setEpoch(1);
+      std::vector<int64_t> got;
+      for (auto& batch : *loader) got.insert(got.end(), batch.begin(), batch.end());
+      EXPECT_EQ(got, std::vector<int64_t>(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(share)))
+          << "rank " << rank << " shuffle " << shuffle;
+      for (const int64_t i : got) ++seen.at(static_cast<size_t>(i));
+    }
+    EXPECT_EQ(seen, std::vector<int>(n, 1)) << "shuffle " << shuffle;
+  }
+}
