@@ -87,7 +87,7 @@ void overlap(ddp::ProcessGroup& group, const std::string& hiddenCsv, int64_t bat
   };
   const double a = medianStep(group, steps, local);
   at::Tensor flat = at::zeros({numel});
-  const double b = medianStep(group, steps, [&] { group.allReduceSum(flat); });
+  const double b = medianStep(group, steps, [&] { group.allReduce(flat); });
   // The bucket count, from one untimed backward of an engine with a counting hook.
   auto counter = std::make_shared<CountingHook>();
   {
@@ -121,10 +121,10 @@ void collectives(ddp::ProcessGroup& group) {
   for (int64_t bytes = 4 << 10; bytes <= (int64_t(256) << 20); bytes *= 4) {
     at::Tensor t = at::ones({bytes / 4});
     const int iters = bytes >= (64 << 20) ? 3 : bytes >= (1 << 20) ? 10 : 50;
-    group.allReduceSum(t);
+    group.allReduce(t);
     group.barrier();
     const auto start = Clock::now();
-    for (int i = 0; i < iters; ++i) group.allReduceSum(t);
+    for (int i = 0; i < iters; ++i) group.allReduce(t);
     const double s = seconds(start) / iters;
     at::Tensor dst = at::empty_like(t);
     const auto m = Clock::now();

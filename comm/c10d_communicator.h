@@ -51,8 +51,12 @@ inline std::string firstLine(const std::string& text) { return text.substr(0, te
 template <typename WorkPtr>
 class C10dPendingWork final : public PendingWork {
  public:
-  C10dPendingWork(WorkPtr work, std::string backend, int rank, int size, std::shared_ptr<TimeoutCensus> census)
-      : work_(std::move(work)), backend_(std::move(backend)), rank_(rank), size_(size), census_(std::move(census)) {}
+  // `waitLimit`: how long wait() waits (0: as long as the collective's own timeout). LibTorch 1.13's
+  // Gloo ignores a per-call timeout in the options; wait(timeout) honours it in both.
+  C10dPendingWork(WorkPtr work, const char* op, std::string backend, int rank, int size,
+                  std::shared_ptr<TimeoutCensus> census, std::chrono::milliseconds waitLimit)
+      : work_(std::move(work)), op_(op), backend_(std::move(backend)), rank_(rank), size_(size),
+        census_(std::move(census)), waitLimit_(waitLimit) {}
   ~C10dPendingWork() override {
     // Never abandon a collective the peers are running: its buffer would be freed under it.
     if (work_) {
@@ -66,14 +70,20 @@ class C10dPendingWork final : public PendingWork {
     auto work = std::move(work_);
     if (!work) return;
     try {
-      work->wait();
+      if (waitLimit_.count() > 0) {
+        work->wait(waitLimit_);
+      } else {
+        work->wait();
+      }
     } catch (const std::exception& e) {
-      rethrowAsCommError(backend_, "all_reduce", rank_, size_, e, census_);
+      rethrowAsCommError(backend_, op_, rank_, size_, e, census_);
     }
   }
 
  private:
   WorkPtr work_;
+  const char* op_;
+  std::chrono::milliseconds waitLimit_;
   std::string backend_;
   int rank_;
   int size_;
@@ -90,9 +100,12 @@ class InFlight {
  public:
   explicit InFlight(std::chrono::milliseconds timeout) : timeout_(timeout) {}
 
-  void add(const char* op, WorkPtr work) {
+  /// `timeout`: this collective's (0 = the group's; never more than the group's, where the
+  /// watchdog aborts).
+  void add(const char* op, WorkPtr work, std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) {
+    const auto limit = timeout.count() > 0 ? std::min(timeout, timeout_) : timeout_;
     std::lock_guard<std::mutex> lock(mutex_);
-    queued_.push_back({op, std::move(work), std::chrono::steady_clock::now(), ++count_});
+    queued_.push_back({op, std::move(work), std::chrono::steady_clock::now(), ++count_, limit});
     // Keep the list short between waits: drop what has finished from its front.
     if (queued_.size() > 64) dropFinished();
   }
@@ -123,7 +136,7 @@ class InFlight {
       if (queued_.empty()) return;
       const auto& oldest = queued_.front();
       const auto waited = std::chrono::steady_clock::now() - oldest.queuedAt;
-      if (waited >= deadline()) {
+      if (waited >= deadline(oldest.timeout)) {
         const char* op = oldest.op;
         const uint64_t number = oldest.number;
         const double seconds = std::chrono::duration<double>(waited).count();
@@ -143,11 +156,12 @@ class InFlight {
     WorkPtr work;
     std::chrono::steady_clock::time_point queuedAt;
     uint64_t number;
+    std::chrono::milliseconds timeout;
   };
   // Before the watchdog's timeout: 5 % of it, at least 0.1 s, at most 10 s earlier.
-  std::chrono::milliseconds deadline() const {
-    const auto margin = std::clamp(timeout_ / 20, std::chrono::milliseconds(100), std::chrono::milliseconds(10000));
-    return std::max(timeout_ - margin, timeout_ / 2);
+  static std::chrono::milliseconds deadline(std::chrono::milliseconds timeout) {
+    const auto margin = std::clamp(timeout / 20, std::chrono::milliseconds(100), std::chrono::milliseconds(10000));
+    return std::max(timeout - margin, timeout / 2);
   }
   // Throws the work's exception (NCCL's error) when it has one.
   void dropFinished() {
@@ -162,6 +176,24 @@ class InFlight {
   std::deque<Queued> queued_;
   uint64_t count_ = 0;
 };
+
+// c10d's reduction for ours (kAvg is the front's: a sum, then a division).
+inline c10d::ReduceOp toC10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return c10d::ReduceOp::SUM;
+    case ReduceOp::kProduct: return c10d::ReduceOp::PRODUCT;
+    case ReduceOp::kMin: return c10d::ReduceOp::MIN;
+    case ReduceOp::kMax: return c10d::ReduceOp::MAX;
+    case ReduceOp::kAvg: break;
+  }
+  DDP_THROW(ConfigError, "internal: the backends take kSum, kProduct, kMin or kMax (got ", reduceOpName(op), ")");
+}
+
+// c10d's per-call timeout: unset (the group's) for 0.
+template <typename Options>
+void setTimeout(Options& opts, std::chrono::milliseconds timeout) {
+  if (timeout.count() > 0) opts.timeout = timeout;
+}
 
 template <typename Group>
 class C10dCommunicator final : public Communicator {
@@ -179,67 +211,76 @@ class C10dCommunicator final : public Communicator {
   std::string backendName() const override { return name_; }
   c10::Device device() const override { return device_; }
 
-  void allReduceSum(at::Tensor& tensor) override {
+  std::unique_ptr<PendingWork> allReduce(at::Tensor& tensor, const AllReduceOptions& options) override {
     std::vector<at::Tensor> tensors{tensor};
     c10d::AllreduceOptions opts;
-    opts.reduceOp = c10d::ReduceOp::SUM;
-    run("all_reduce", [&] { return group_->allreduce(tensors, opts); });
+    opts.reduceOp = toC10d(options.op);
+    setTimeout(opts, options.timeout);
+    return start("all_reduce", options.timeout, [&] { return group_->allreduce(tensors, opts); });
   }
 
-  std::unique_ptr<PendingWork> allReduceSumAsync(at::Tensor& tensor) override {
-    std::vector<at::Tensor> tensors{tensor};
-    c10d::AllreduceOptions opts;
-    opts.reduceOp = c10d::ReduceOp::SUM;
-    try {
-      auto work = group_->allreduce(tensors, opts);
-      if (queuesOnGpu_ && !(capturing_ && capturing_())) inFlight_.add("all_reduce", work);
-      return std::make_unique<C10dPendingWork<decltype(work)>>(std::move(work), name_, rank_,
-                                                               size_, census_);
-    } catch (const std::exception& e) {
-      rethrowAsCommError(name_, "all_reduce", rank_, size_, e);
-    }
-  }
-
-  void broadcast(at::Tensor& tensor, int root) override {
+  std::unique_ptr<PendingWork> broadcast(at::Tensor& tensor, const BroadcastOptions& options) override {
     std::vector<at::Tensor> tensors{tensor};
     c10d::BroadcastOptions opts;
-    opts.rootRank = root;
-    run("broadcast", [&] { return group_->broadcast(tensors, opts); });
+    opts.rootRank = options.root;
+    setTimeout(opts, options.timeout);
+    return start("broadcast", options.timeout, [&] { return group_->broadcast(tensors, opts); });
   }
 
-  std::vector<at::Tensor> allGather(const at::Tensor& input) override {
+  std::unique_ptr<PendingWork> allGather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                                         const CollectiveOptions& options) override {
     std::vector<at::Tensor> inputs{input.contiguous()};
-    std::vector<std::vector<at::Tensor>> outputs(1);
-    for (int r = 0; r < size_; ++r) outputs[0].push_back(at::empty_like(inputs[0]));
-    run("all_gather", [&] { return group_->allgather(outputs, inputs); });
-    return outputs[0];
+    std::vector<std::vector<at::Tensor>> lists(1);
+    for (int r = 0; r < size_; ++r) lists[0].push_back(at::empty_like(inputs[0]));
+    outputs = lists[0];  // the same tensors: c10d fills them
+    c10d::AllgatherOptions opts;
+    setTimeout(opts, options.timeout);
+    return start("all_gather", options.timeout, [&] { return group_->allgather(lists, inputs, opts); });
   }
 
-  void send(const at::Tensor& tensor, int dst) override {
+  std::unique_ptr<PendingWork> reduceScatter(at::Tensor& output, const std::vector<at::Tensor>& inputs,
+                                             const ReduceScatterOptions& options) override {
+    if (!queuesOnGpu_) return Communicator::reduceScatter(output, inputs, options);  // Gloo: built on all_reduce
+    std::vector<std::vector<at::Tensor>> lists{{}};
+    for (const at::Tensor& t : inputs) lists[0].push_back(t.contiguous());
+    std::vector<at::Tensor> outputs{at::empty_like(lists[0].front())};
+    output = outputs[0];
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = toC10d(options.op);
+    setTimeout(opts, options.timeout);
+    return start("reduce_scatter", options.timeout, [&] { return group_->reduce_scatter(outputs, lists, opts); });
+  }
+
+  std::unique_ptr<PendingWork> send(const at::Tensor& tensor, int dst, const CollectiveOptions&) override {
     std::vector<at::Tensor> tensors{tensor.contiguous()};
-    run("send", [&] { return group_->send(tensors, dst, /*tag=*/0); });
+    return start("send", {}, [&] { return group_->send(tensors, dst, /*tag=*/0); });
   }
 
-  void recv(at::Tensor& tensor, int src) override {
+  std::unique_ptr<PendingWork> recv(at::Tensor& tensor, int src, const CollectiveOptions&) override {
     std::vector<at::Tensor> tensors{tensor};
-    run("recv", [&] { return group_->recv(tensors, src, /*tag=*/0); });
+    return start("recv", {}, [&] { return group_->recv(tensors, src, /*tag=*/0); });
   }
 
-  void barrier() override {
+  std::unique_ptr<PendingWork> barrier(const CollectiveOptions& options) override {
     if (device_.is_cpu()) {
-      run("barrier", [&] { return group_->barrier(); });
-      return;
+      c10d::BarrierOptions opts;
+      setTimeout(opts, options.timeout);
+      return start("barrier", options.timeout, [&] { return group_->barrier(opts); });
     }
     // NCCL's own barrier guesses the GPU and returns before the GPU is done:
     // a one-element all-reduce on our device, read back, blocks for real.
-    at::Tensor token = at::ones({1}, at::TensorOptions().device(device_));
-    allReduceSum(token);
-    awaitCompletion();
-    try {
-      (void)token.item<float>();
-    } catch (const std::exception& e) {
-      rethrowAsCommError(name_, "barrier", rank_, size_, e, census_);
-    }
+    return std::make_unique<DeferredWork>([this, options] {
+      at::Tensor token = at::ones({1}, at::TensorOptions().device(device_));
+      AllReduceOptions sum;
+      sum.timeout = options.timeout;
+      allReduce(token, sum)->wait();
+      awaitCompletion();
+      try {
+        (void)token.item<float>();
+      } catch (const std::exception& e) {
+        rethrowAsCommError(name_, "barrier", rank_, size_, e, census_);
+      }
+    });
   }
 
   /// NCCL: how to tell that the current stream is capturing a CUDA graph (its collectives are then
@@ -260,12 +301,15 @@ class C10dCommunicator final : public Communicator {
   }
 
  private:
+  // Launches a c10d collective; NCCL's is watched until it has run on the GPU (awaitCompletion).
   template <typename Launch>
-  void run(const char* op, Launch&& launch) {
+  std::unique_ptr<PendingWork> start(const char* op, std::chrono::milliseconds timeout, Launch&& launch) {
     try {
       auto work = launch();
-      work->wait();
-      if (queuesOnGpu_ && !(capturing_ && capturing_())) inFlight_.add(op, std::move(work));
+      if (queuesOnGpu_ && !(capturing_ && capturing_())) inFlight_.add(op, work, timeout);
+      // NCCL's wait(timeout) would block the host: its per-call limit is the watch's (above).
+      const auto waitLimit = queuesOnGpu_ ? std::chrono::milliseconds(0) : timeout;
+      return std::make_unique<C10dPendingWork<WorkPtr>>(std::move(work), op, name_, rank_, size_, census_, waitLimit);
     } catch (const std::exception& e) {
       rethrowAsCommError(name_, op, rank_, size_, e, census_);
     }

@@ -9,16 +9,19 @@
 #include <c10/core/Device.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "common/error.h"
+#include "ddp/collectives.h"
 
 namespace ddp::comm {
 
-/// A collective in flight. wait() returns once this rank's result is in place
-/// (or throws CommError/TimeoutError); it must be called exactly once.
+/// A collective in flight. wait() returns once this rank's result is in place (or throws
+/// CommError/TimeoutError); a second wait() returns at once. Destroyed unwaited, it still lets its
+/// collective finish (the peers run it too): its tensors are never freed under it.
 class PendingWork {
  public:
   virtual ~PendingWork() = default;
@@ -31,8 +34,47 @@ class CompletedWork final : public PendingWork {
   void wait() override {}
 };
 
-/// A group of `size()` ranks; every collective must be called by all ranks
-/// in the same order, or they mismatch and hang until the timeout.
+/// A collective that runs when it is waited for (or destroyed), on the waiting thread: for
+/// backends whose collectives block (shm). Works are waited in launch order on every rank, so the
+/// collectives still line up.
+class DeferredWork final : public PendingWork {
+ public:
+  explicit DeferredWork(std::function<void()> run) : run_(std::move(run)) {}
+  ~DeferredWork() override {
+    try {
+      DeferredWork::wait();
+    } catch (...) {
+    }
+  }
+  void wait() override {
+    if (auto run = std::move(run_)) run();
+  }
+
+ private:
+  std::function<void()> run_;
+};
+
+/// `first`, then `next` once it has finished (outputs copied out of a staging buffer, a division).
+class ThenWork final : public PendingWork {
+ public:
+  ThenWork(std::unique_ptr<PendingWork> first, std::function<void()> next)
+      : first_(std::move(first)), next_(std::move(next)) {}
+  ~ThenWork() override { first_.reset(); }  // waits for the collective; `next` is skipped
+  void wait() override {
+    if (auto first = std::move(first_)) first->wait();
+    if (auto next = std::move(next_)) next();
+  }
+
+ private:
+  std::unique_ptr<PendingWork> first_;
+  std::function<void()> next_;
+};
+
+/// A group of `size()` ranks: a backend (c10d's Backend). Every collective starts and returns its
+/// work (wait() for the result: `comm.allReduce(t)->wait()`); every rank must call the same
+/// collectives in the same order, or they mismatch and hang until the timeout. Reductions take
+/// kSum, kProduct, kMin and kMax (kAvg is the front's: a sum, then a division). Options' labels
+/// are the front's business; backends honour the timeout where they can.
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -45,15 +87,12 @@ class Communicator {
   /// collectives (flags, counters, the used-parameter map) allocate here.
   virtual c10::Device device() const { return c10::Device(c10::kCPU); }
 
-  /// In place: every rank ends with the element-wise sum over ranks.
-  virtual void allReduceSum(at::Tensor& tensor) = 0;
-  /// Starts an in-place SUM all-reduce and returns at once; `tensor` must stay
-  /// alive and untouched until wait(). Works complete in launch order.
-  virtual std::unique_ptr<PendingWork> allReduceSumAsync(at::Tensor& tensor) = 0;
-  /// In place: every rank ends with `root`'s tensor.
-  virtual void broadcast(at::Tensor& tensor, int root) = 0;
-  /// Returns once every rank has entered.
-  virtual void barrier() = 0;
+  /// In place: every rank ends with the reduction over ranks.
+  virtual std::unique_ptr<PendingWork> allReduce(at::Tensor& tensor, const AllReduceOptions& options = {}) = 0;
+  /// In place: every rank ends with the root's tensor.
+  virtual std::unique_ptr<PendingWork> broadcast(at::Tensor& tensor, const BroadcastOptions& options = {}) = 0;
+  /// Done once every rank has entered.
+  virtual std::unique_ptr<PendingWork> barrier(const CollectiveOptions& options = {}) = 0;
   /// Blocks until every collective this rank started has finished where it runs, within the
   /// group's timeout: NCCL's wait() only makes the compute stream wait, so this is where the host
   /// learns that a peer never joined (TimeoutError naming it, before NCCL's watchdog would abort
@@ -61,48 +100,63 @@ class Communicator {
   /// Backends whose wait() blocks (Gloo, shm, local) return at once.
   virtual void awaitCompletion() {}
 
-  // The collectives users call in their own loops (ddp::ProcessGroup). The defaults are built on
-  // allReduceSum, so every backend has them; backends override with their native ones.
-  /// outputs[r] = rank r's `input` (every rank's input has the same shape and dtype).
-  virtual std::vector<at::Tensor> allGather(const at::Tensor& input);
-  /// The sum over ranks of their inputs[rank()] (inputs: size() tensors of one shape).
-  virtual at::Tensor reduceScatterSum(const std::vector<at::Tensor>& inputs);
+  // The defaults are built on allReduce, so every backend has them; backends override with their
+  // native ones. Outputs are the caller's: they must outlive the work.
+  /// outputs (resized to size()): outputs[r] = rank r's `input` (same shape and dtype everywhere).
+  virtual std::unique_ptr<PendingWork> allGather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                                                 const CollectiveOptions& options = {});
+  /// output = the reduction over ranks of their inputs[rank()] (inputs: size() tensors of one shape).
+  virtual std::unique_ptr<PendingWork> reduceScatter(at::Tensor& output, const std::vector<at::Tensor>& inputs,
+                                                     const ReduceScatterOptions& options = {});
   /// outputs[r] = rank r's inputs[rank()] (inputs: size() tensors of one shape).
-  virtual std::vector<at::Tensor> allToAll(const std::vector<at::Tensor>& inputs);
+  virtual std::unique_ptr<PendingWork> allToAll(std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
+                                                const CollectiveOptions& options = {});
   /// Point to point; backends without it throw ConfigError naming one that has it.
-  virtual void send(const at::Tensor& tensor, int dst);
-  virtual void recv(at::Tensor& tensor, int src);
+  virtual std::unique_ptr<PendingWork> send(const at::Tensor& tensor, int dst, const CollectiveOptions& options = {});
+  virtual std::unique_ptr<PendingWork> recv(at::Tensor& tensor, int src, const CollectiveOptions& options = {});
 };
 
-inline std::vector<at::Tensor> Communicator::allGather(const at::Tensor& input) {
+inline std::unique_ptr<PendingWork> Communicator::allGather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                                                            const CollectiveOptions& options) {
   // One all-reduce of a zero-padded (size, n) block: exact, since x + 0 == x.
   const at::Tensor flat = input.reshape({-1});
-  at::Tensor all = at::zeros({size(), flat.numel()}, flat.options().device(device()));
-  all[rank()].copy_(flat);
-  allReduceSum(all);
-  std::vector<at::Tensor> out;
-  for (int r = 0; r < size(); ++r) out.push_back(all[r].reshape(input.sizes()).to(input.device(), /*non_blocking=*/false, /*copy=*/true));
-  return out;
+  auto all = std::make_shared<at::Tensor>(at::zeros({size(), flat.numel()}, flat.options().device(device())));
+  (*all)[rank()].copy_(flat);
+  AllReduceOptions sum;
+  sum.timeout = options.timeout;
+  outputs.assign(static_cast<size_t>(size()), at::Tensor());
+  return std::make_unique<ThenWork>(allReduce(*all, sum), [this, all, &outputs, input] {
+    for (int r = 0; r < size(); ++r) {
+      outputs[r] = (*all)[r].reshape(input.sizes()).to(input.device(), /*non_blocking=*/false, /*copy=*/true);
+    }
+  });
 }
 
-inline at::Tensor Communicator::reduceScatterSum(const std::vector<at::Tensor>& inputs) {
-  at::Tensor all = at::stack(inputs).to(device()).contiguous();
-  allReduceSum(all);
-  return all[rank()].to(inputs.front().device(), /*non_blocking=*/false, /*copy=*/true);
+inline std::unique_ptr<PendingWork> Communicator::reduceScatter(at::Tensor& output, const std::vector<at::Tensor>& inputs,
+                                                                const ReduceScatterOptions& options) {
+  auto all = std::make_shared<at::Tensor>(at::stack(inputs).to(device()).contiguous());
+  AllReduceOptions reduce(options.op);
+  reduce.timeout = options.timeout;
+  return std::make_unique<ThenWork>(allReduce(*all, reduce), [this, all, &output, target = inputs.front().device()] {
+    output = (*all)[rank()].to(target, /*non_blocking=*/false, /*copy=*/true);
+  });
 }
 
-inline std::vector<at::Tensor> Communicator::allToAll(const std::vector<at::Tensor>& inputs) {
-  const std::vector<at::Tensor> gathered = allGather(at::stack(inputs));
-  std::vector<at::Tensor> out;
-  for (int r = 0; r < size(); ++r) out.push_back(gathered[r][rank()].clone());
-  return out;
+inline std::unique_ptr<PendingWork> Communicator::allToAll(std::vector<at::Tensor>& outputs,
+                                                           const std::vector<at::Tensor>& inputs,
+                                                           const CollectiveOptions& options) {
+  auto gathered = std::make_shared<std::vector<at::Tensor>>();
+  return std::make_unique<ThenWork>(allGather(*gathered, at::stack(inputs), options), [this, gathered, &outputs] {
+    outputs.clear();
+    for (int r = 0; r < size(); ++r) outputs.push_back((*gathered)[r][rank()].clone());
+  });
 }
 
-inline void Communicator::send(const at::Tensor&, int) {
+inline std::unique_ptr<PendingWork> Communicator::send(const at::Tensor&, int, const CollectiveOptions&) {
   DDP_THROW(ConfigError, "the ", backendName(), " backend has no send/recv; use backend gloo (CPU) or nccl (GPU)");
 }
 
-inline void Communicator::recv(at::Tensor&, int) {
+inline std::unique_ptr<PendingWork> Communicator::recv(at::Tensor&, int, const CollectiveOptions&) {
   DDP_THROW(ConfigError, "the ", backendName(), " backend has no send/recv; use backend gloo (CPU) or nccl (GPU)");
 }
 
@@ -112,12 +166,13 @@ class LocalCommunicator final : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::string backendName() const override { return "local"; }
-  void allReduceSum(at::Tensor&) override {}
-  std::unique_ptr<PendingWork> allReduceSumAsync(at::Tensor&) override {
+  std::unique_ptr<PendingWork> allReduce(at::Tensor&, const AllReduceOptions&) override {
     return std::make_unique<CompletedWork>();
   }
-  void broadcast(at::Tensor&, int) override {}
-  void barrier() override {}
+  std::unique_ptr<PendingWork> broadcast(at::Tensor&, const BroadcastOptions&) override {
+    return std::make_unique<CompletedWork>();
+  }
+  std::unique_ptr<PendingWork> barrier(const CollectiveOptions&) override { return std::make_unique<CompletedWork>(); }
 };
 
 }  // namespace ddp::comm

@@ -29,11 +29,11 @@ void unflatten(const at::Tensor& buffer, const std::vector<at::Tensor>& tensors)
 
 }  // namespace
 
-void broadcastTensors(Communicator& comm, const std::vector<at::Tensor>& tensors, int root) {
+void broadcastTensors(Communicator& comm, const std::vector<at::Tensor>& tensors, const BroadcastOptions& options) {
   if (comm.size() == 1 || tensors.empty()) return;
   c10::NoGradGuard noGrad;
   at::Tensor buffer = flatten(tensors);
-  comm.broadcast(buffer, root);
+  comm.broadcast(buffer, options)->wait();
   unflatten(buffer, tensors);
 }
 
@@ -54,7 +54,7 @@ void allReduceGradients(Communicator& comm, const std::vector<at::Tensor>& param
   if (grads.empty()) return;
   at::Tensor buffer = flatten(grads);
   buffer.div_(comm.size());
-  comm.allReduceSum(buffer);
+  comm.allReduce(buffer)->wait();
   unflatten(buffer, grads);
 }
 

@@ -44,7 +44,7 @@ class FlatGradientSync final : public GradientSync {
 
 /// Copies `root`'s values into every rank's tensors (parameters and buffers),
 /// so all replicas start equal. One collective for all tensors.
-void broadcastTensors(Communicator& comm, const std::vector<at::Tensor>& tensors, int root = 0);
+void broadcastTensors(Communicator& comm, const std::vector<at::Tensor>& tensors, const BroadcastOptions& options = {});
 
 /// Averages the gradients of `params` over all ranks, in place: pre-divides by
 /// the world size and SUM-reduces (Gloo has no AVG). Parameters without a

@@ -162,15 +162,15 @@ void Reducer::shadowBackward() {
     } else if (bucket.wire.defined()) {
       at::Tensor wire = at::zeros_like(bucket.wire);
       keep.push_back(wire);
-      works.push_back(comm_.allReduceSumAsync(wire));
+      works.push_back(comm_.allReduce(wire));
     } else {
-      works.push_back(comm_.allReduceSumAsync(zeros));
+      works.push_back(comm_.allReduce(zeros));
     }
   }
   for (auto& work : works) work->wait();
   if (options_.findUnusedParameters && !staticUsedKnown_) {
     at::Tensor unused = at::zeros({static_cast<int64_t>(params_.size())}, at::TensorOptions(at::kInt).device(comm_.device()));
-    comm_.allReduceSum(unused);
+    comm_.allReduce(unused)->wait();
   }
 }
 
@@ -331,10 +331,10 @@ void Reducer::launchReadyBucketsLocked() {
       // Cast, then divide in the wire dtype: fp16_compress_hook's arithmetic, bit for bit.
       bucket.wire.copy_(bucket.buffer);
       if (divisor != 1.0) bucket.wire.div_(divisor);  // x / 1 is x: no kernel for it
-      bucket.work = comm_.allReduceSumAsync(bucket.wire);
+      bucket.work = comm_.allReduce(bucket.wire);
     } else {
       if (divisor != 1.0) bucket.buffer.div_(divisor);  // pre-divide, then SUM: Gloo has no AVG
-      bucket.work = comm_.allReduceSumAsync(bucket.buffer);
+      bucket.work = comm_.allReduce(bucket.buffer);
     }
   }
 }
@@ -361,7 +361,7 @@ void Reducer::finalizeBackward() {
     // backward's global map holds for every later one: no search and no all-reduce any more.
     if (!staticUsedKnown_) {
       at::Tensor usedEverywhere = usedMap_.to(comm_.device());
-      usedMapWork_ = comm_.allReduceSumAsync(usedEverywhere);
+      usedMapWork_ = comm_.allReduce(usedEverywhere);
       std::move(usedMapWork_)->wait();
       usedMap_.copy_(usedEverywhere);  // back on the host: blocks until the GPU is done
       staticUsedKnown_ = options_.staticGraph;

@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/maximum.h>
+#include <ATen/ops/minimum.h>
 
 #include <atomic>
 #include <cctype>
@@ -49,12 +51,33 @@ struct Header {
 };
 constexpr uint64_t kWriting = ~uint64_t{0};
 enum CallOp : uint64_t { kAllReduce = 1, kBroadcast = 2, kBarrier = 3 };
+// An all-reduce's call op carries its reduction: kAllReduce | (ReduceOp + 1) << 4, so a max on one
+// rank and a sum on another do not pair.
+uint64_t allReduceCall(ReduceOp op) { return kAllReduce | (static_cast<uint64_t>(op) + 1) << 4; }
 std::string lowerName(at::ScalarType type) {
   std::string out = c10::toString(type);
   for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return out;
 }
-const char* opName(uint64_t op) { return op == kAllReduce ? "all_reduce" : op == kBroadcast ? "broadcast" : "barrier"; }
+std::string opName(uint64_t op) {
+  if ((op & 0xf) == kAllReduce) {
+    const auto reduce = static_cast<ReduceOp>((op >> 4) - 1);
+    return reduce == ReduceOp::kSum ? "all_reduce" : std::string("all_reduce (") + reduceOpName(reduce) + ")";
+  }
+  return op == kBroadcast ? "broadcast" : "barrier";
+}
+
+// out = out (op) other, element-wise.
+void reduceInto(at::Tensor& out, const at::Tensor& other, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: out.add_(other); return;
+    case ReduceOp::kProduct: out.mul_(other); return;
+    case ReduceOp::kMin: at::minimum_out(out, out, other); return;
+    case ReduceOp::kMax: at::maximum_out(out, out, other); return;
+    case ReduceOp::kAvg: break;
+  }
+  DDP_THROW(ConfigError, "internal: shm takes kSum, kProduct, kMin or kMax (got ", reduceOpName(op), ")");
+}
 
 /// Dead, or a zombie its parent has not reaped yet (kill(pid, 0) still succeeds on those).
 bool processGone(pid_t pid) {
@@ -77,16 +100,6 @@ int futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* t
 
 class ShmCommunicator;
 
-class DeferredAllReduce final : public PendingWork {
- public:
-  DeferredAllReduce(Communicator& comm, at::Tensor& tensor) : comm_(comm), tensor_(tensor) {}
-  void wait() override { comm_.allReduceSum(tensor_); }
-
- private:
-  Communicator& comm_;
-  at::Tensor tensor_;  // shares storage with the caller's
-};
-
 class ShmCommunicator final : public Communicator {
  public:
   ShmCommunicator(const ShmOptions& options, void* base, size_t bytes)
@@ -101,7 +114,47 @@ class ShmCommunicator final : public Communicator {
   int size() const override { return options_.worldSize; }
   std::string backendName() const override { return "shm"; }
 
-  void allReduceSum(at::Tensor& tensor) override {
+  // Deferred to wait(), on the caller's thread: with every core busy in backward a helper thread
+  // would only compete, and a rendezvous inside backward would stall both ranks.
+  std::unique_ptr<PendingWork> allReduce(at::Tensor& tensor, const AllReduceOptions& options) override {
+    return std::make_unique<DeferredWork>([this, tensor, options]() mutable {
+      const TimeoutScope scope(*this, options.timeout);
+      allReduceNow(tensor, options.op);
+    });
+  }
+
+  std::unique_ptr<PendingWork> broadcast(at::Tensor& tensor, const BroadcastOptions& options) override {
+    return std::make_unique<DeferredWork>([this, tensor, options]() mutable {
+      const TimeoutScope scope(*this, options.timeout);
+      broadcastNow(tensor, options.root);
+    });
+  }
+
+  std::unique_ptr<PendingWork> barrier(const CollectiveOptions& options) override {
+    return std::make_unique<DeferredWork>([this, options] {
+      const TimeoutScope scope(*this, options.timeout);
+      barrierNow();
+    });
+  }
+
+  /// The barrier at start-up (no options yet).
+  void barrierNow() {
+    announce(kBarrier, at::kByte, 0);
+    arrive("barrier");
+    checkPairing(kBarrier, at::kByte, 0);
+  }
+
+ private:
+  // The timeout of the collective in progress (0: the group's).
+  struct TimeoutScope {
+    TimeoutScope(ShmCommunicator& comm, std::chrono::milliseconds timeout) : comm_(comm) {
+      comm_.timeout_ = timeout.count() > 0 ? timeout : comm_.options_.timeout;
+    }
+    ~TimeoutScope() { comm_.timeout_ = comm_.options_.timeout; }
+    ShmCommunicator& comm_;
+  };
+
+  void allReduceNow(at::Tensor& tensor, ReduceOp op) {
     at::Tensor work = contiguousCpu(tensor, "all_reduce");
     char* data = static_cast<char*>(work.data_ptr());
     const size_t element = work.element_size();
@@ -111,9 +164,9 @@ class ShmCommunicator final : public Communicator {
       const size_t bytes = std::min(chunkElems * element, total - offset);
       const int64_t n = static_cast<int64_t>(bytes / element);
       std::memcpy(slot(rank()), data + offset, bytes);
-      if (offset == 0) announce(kAllReduce, work.scalar_type(), total);
+      if (offset == 0) announce(allReduceCall(op), work.scalar_type(), total);
       arrive("all_reduce");
-      if (offset == 0) checkPairing(kAllReduce, work.scalar_type(), total);
+      if (offset == 0) checkPairing(allReduceCall(op), work.scalar_type(), total);
       // This rank reduces elements [lo, hi) of the chunk, over every slot in rank order:
       // the same order on every rank, so the result is bitwise identical everywhere.
       const int64_t lo = n * rank() / size();
@@ -122,29 +175,22 @@ class ShmCommunicator final : public Communicator {
         const auto opts = at::TensorOptions().dtype(work.scalar_type());
         at::Tensor out = at::from_blob(result_ + lo * element, {hi - lo}, opts);
         out.copy_(at::from_blob(slot(0) + lo * element, {hi - lo}, opts));
-        for (int r = 1; r < size(); ++r) out.add_(at::from_blob(slot(r) + lo * element, {hi - lo}, opts));
+        for (int r = 1; r < size(); ++r) reduceInto(out, at::from_blob(slot(r) + lo * element, {hi - lo}, opts), op);
       }
       arrive("all_reduce");
       std::memcpy(data + offset, result_, bytes);
       arrive("all_reduce");  // the slots and the result are reused next
     }
     if (total == 0) {  // no chunk ran: still one pairing
-      announce(kAllReduce, work.scalar_type(), 0);
+      announce(allReduceCall(op), work.scalar_type(), 0);
       arrive("all_reduce");
-      checkPairing(kAllReduce, work.scalar_type(), 0);
+      checkPairing(allReduceCall(op), work.scalar_type(), 0);
       arrive("all_reduce");
     }
     if (!work.is_same(tensor)) tensor.copy_(work);
   }
 
-  std::unique_ptr<PendingWork> allReduceSumAsync(at::Tensor& tensor) override {
-    // Deferred to wait(), on the caller's thread: with every core busy in backward a helper
-    // thread would only compete, and a rendezvous inside backward would stall both ranks.
-    // Works are waited in launch order on every rank, so the collectives still line up.
-    return std::make_unique<DeferredAllReduce>(*this, tensor);
-  }
-
-  void broadcast(at::Tensor& tensor, int root) override {
+  void broadcastNow(at::Tensor& tensor, int root) {
     at::Tensor work = contiguousCpu(tensor, "broadcast");
     char* data = static_cast<char*>(work.data_ptr());
     const size_t total = work.nbytes();
@@ -167,15 +213,6 @@ class ShmCommunicator final : public Communicator {
     if (!work.is_same(tensor)) tensor.copy_(work);
   }
 
-  // A rank that leaves the barrier and announces its next collective before a slower rank has
-  // checked this one is skipped by the count.
-  void barrier() override {
-    announce(kBarrier, at::kByte, 0);
-    arrive("barrier");
-    checkPairing(kBarrier, at::kByte, 0);
-  }
-
- private:
   char* slot(int r) const { return slots_ + options_.chunkBytes * static_cast<size_t>(r); }
 
   at::Tensor contiguousCpu(const at::Tensor& t, const char* op) const {
@@ -232,7 +269,7 @@ class ShmCommunicator final : public Communicator {
       futex(&header_->generation, FUTEX_WAKE, INT_MAX, nullptr);
       return;
     }
-    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
     for (int spin = 0; header_->generation.load(std::memory_order_acquire) == gen; ++spin) {
       if (header_->broken.load(std::memory_order_relaxed)) {
         DDP_THROW(CommError, "shm ", op, " failed on rank ", rank(), "/", size(), ": another rank gave up waiting");
@@ -267,7 +304,7 @@ class ShmCommunicator final : public Communicator {
         }
         const std::string missing = rankRanges(absent);
         DDP_THROW(TimeoutError, "shm ", op, " on rank ", rank(), "/", size(), " timed out after ",
-                  options_.timeout.count() / 1000.0, " s: ", joined, "/", size(), " ranks joined",
+                  timeout_.count() / 1000.0, " s: ", joined, "/", size(), " ranks joined",
                   missing.empty() ? std::string("; another rank stopped answering or crashed")
                                   : " (missing: " + missing + "); that rank stopped answering or crashed");
       }
@@ -280,6 +317,7 @@ class ShmCommunicator final : public Communicator {
   Header* header_ = nullptr;
   char* slots_ = nullptr;
   char* result_ = nullptr;
+  std::chrono::milliseconds timeout_ = options_.timeout;  // the current collective's
   uint64_t calls_ = 0;  // collectives announced: equal on every rank while they pair
 };
 
@@ -355,7 +393,7 @@ std::unique_ptr<Communicator> makeShmCommunicator(const c10::intrusive_ptr<c10d:
     }
     ::usleep(1000);
   }
-  comm->barrier();
+  comm->barrierNow();
   return comm;
 }
 

@@ -268,7 +268,7 @@ at::Tensor GradScaler::checkAndUnscale(torch::optim::Optimizer& optimizer, const
     // After DDP's all-reduce the gradients agree, and so would the flags; summing them anyway keeps
     // the ranks in step even when they do not (a rank's own overflow in unscale, gradients outside DDP).
     at::Tensor flag = foundInf.to(group_->collectiveDevice());
-    group_->allReduceSum(flag);
+    group_->allReduce(flag);
     foundInf.copy_(flag);
   }
   foundInf.clamp_max_(1.0);

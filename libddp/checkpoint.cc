@@ -140,7 +140,7 @@ checkpoint::NamedTensors gatherShardedState(comm::Communicator& comm, ZeroRedund
       }
     }
     at::Tensor sizes = at::tensor({static_cast<int64_t>(names.size()), static_cast<int64_t>(meta.size())}, at::kLong).to(comm.device());
-    comm.broadcast(sizes, r);
+    comm.broadcast(sizes, r)->wait();
     sizes = sizes.cpu();
     at::Tensor nameBytes = at::zeros({sizes[0].item<int64_t>()}, at::kByte);
     at::Tensor metaValues = at::zeros({sizes[1].item<int64_t>()}, at::kLong);
@@ -150,8 +150,8 @@ checkpoint::NamedTensors gatherShardedState(comm::Communicator& comm, ZeroRedund
     }
     nameBytes = nameBytes.to(comm.device());
     metaValues = metaValues.to(comm.device());
-    comm.broadcast(nameBytes, r);
-    comm.broadcast(metaValues, r);
+    comm.broadcast(nameBytes, r)->wait();
+    comm.broadcast(metaValues, r)->wait();
     nameBytes = nameBytes.cpu();
     metaValues = metaValues.cpu();
     const std::string text(static_cast<const char*>(nameBytes.data_ptr()), static_cast<size_t>(nameBytes.numel()));
@@ -167,7 +167,7 @@ checkpoint::NamedTensors gatherShardedState(comm::Communicator& comm, ZeroRedund
       at += static_cast<size_t>(dims);
       at::Tensor t = sender ? mine[entry].second.contiguous().to(comm.device())
                             : at::empty(shape, on.dtype(dtype));
-      comm.broadcast(t, r);
+      comm.broadcast(t, r)->wait();
       all.emplace_back(key, t.cpu());
     }
   }
@@ -287,7 +287,7 @@ std::vector<at::Tensor> gatherCudaRngStates(comm::Communicator& comm, c10::Devic
   at::Tensor rows = at::zeros({comm.size(), mine.numel()}, at::kLong);
   rows[comm.rank()].copy_(mine);
   rows = rows.to(comm.device());
-  comm.allReduceSum(rows);
+  comm.allReduce(rows)->wait();
   rows = rows.cpu();
   std::vector<at::Tensor> out;
   for (int r = 0; r < comm.size(); ++r) out.push_back(rows[r].to(at::kByte).clone());
@@ -312,7 +312,7 @@ void saveModel(const torch::nn::Module& module, const std::string& path, Process
   }
   at::Tensor failed = at::tensor({error.empty() ? 0.0 : 1.0});
   api::CollectiveLabel label(group, "saveModel");
-  group.allReduceSum(failed);
+  group.allReduce(failed);
   if (!error.empty()) DDP_THROW(CheckpointError, error);
   if (failed.item<double>() > 0) DDP_THROW(CheckpointError, "rank 0 could not write '", path, "' (its log says why)");
 }
@@ -393,7 +393,7 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
   }
   // No rank runs ahead of a save; a failed save fails every rank (none waits for ever).
   at::Tensor failed = at::tensor({error.empty() ? 0.0 : 1.0}).to(comm.device());
-  comm.allReduceSum(failed);
+  comm.allReduce(failed)->wait();
   if (!error.empty()) throw CheckpointError(error);
   if (failed.item<double>() > 0) DDP_THROW(CheckpointError, "rank 0 could not write checkpoint '", path, "' (its log says why)");
   lastSavedStep_ = position.globalStep;
@@ -423,7 +423,7 @@ TrainPosition Checkpointer::resumeFrom(const std::string& path, torch::nn::Modul
   const int64_t step = path.empty() ? -1 : state.globalStep;
   // Every rank must continue from the same step, or the collectives mismatch.
   at::Tensor steps = at::tensor({step, int64_t{1}}, at::kLong).to(comm.device());
-  comm.allReduceSum(steps);
+  comm.allReduce(steps)->wait();
   steps = steps.cpu();
   if (steps[0].item<int64_t>() != step * steps[1].item<int64_t>()) {
     DDP_THROW(CommError, "resume: ranks found different checkpoints (rank ", comm.rank(), " has step ", step,

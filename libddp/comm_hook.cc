@@ -49,7 +49,7 @@ class AllReduceHook final : public CommHook {
   Work run(GradBucket& bucket, ProcessGroup& group) override {
     // Divide first, then sum (Gloo has no average; dividing first also keeps fp16 from overflowing).
     bucket.buffer().div_(group.size());
-    return group.allReduceSumAsync(bucket.buffer());
+    return group.allReduceAsync(bucket.buffer());
   }
   std::string name() const override { return "allreduce"; }
 };
@@ -65,7 +65,7 @@ class CompressHook final : public CommHook {
     }
     // buffer.to(dtype).div_(world_size): cast first, divide in the wire dtype, as PyTorch does.
     at::Tensor wire = bucket.buffer().to(dtype_).div_(group.size());
-    Work work = group.allReduceSumAsync(wire);
+    Work work = group.allReduceAsync(wire);
     return Work::then(std::move(work), [buffer = bucket.buffer(), wire]() mutable { buffer.copy_(wire); });
   }
   std::string name() const override { return dtype_ == at::kHalf ? "fp16" : "bf16"; }
@@ -184,7 +184,7 @@ Work PowerSgdHook::run(GradBucket& bucket, ProcessGroup& group) {
   if (state->iter < o.startPowerSgdIter) {
     state->maybeIncreaseIter(bucket.isLast());
     input.div_(worldSize);
-    return group.allReduceSumAsync(input);
+    return group.allReduceAsync(input);
   }
   const size_t index = bucket.index();
   at::Tensor inputCopy;
@@ -283,7 +283,7 @@ Work PowerSgdHook::run(GradBucket& bucket, ProcessGroup& group) {
   }
   for (Batch& b : *batches) at::bmm_out(b.p, b.tensor, b.q);
 
-  Work first = group.allReduceSumAsync(uncompressedMemory);
+  Work first = group.allReduceAsync(uncompressedMemory);
   // What follows the uncompressed all-reduce, in order: unpack it, all-reduce the Ps, orthogonalise
   // them, Q = Mᵀ P, all-reduce the Qs, M = P Qᵀ, remember the error. Runs where the reducer waits
   // (in bucket order on every rank, so the collectives pair).
@@ -300,10 +300,10 @@ Work PowerSgdHook::run(GradBucket& bucket, ProcessGroup& group) {
     }
     at::Tensor& pMemory = state->pMemory[index];
     at::Tensor& qMemory = state->qMemory[index];
-    group.allReduceSum(pMemory);
+    group.allReduce(pMemory);
     for (Batch& b : *batches) orthogonalize(b.p, o.orthogonalizationEpsilon);
     for (Batch& b : *batches) at::bmm_out(b.q, b.tensor.transpose(1, 2), b.p);
-    group.allReduceSum(qMemory);
+    group.allReduce(qMemory);
     qMemory.div_(worldSize);
     for (Batch& b : *batches) at::bmm_out(b.tensor, b.p, b.q.transpose(1, 2));
     for (Batch& b : *batches) {

@@ -38,22 +38,21 @@ struct DdpEngine::State {
   // ddp::Join: set while a Join context is active and enabled.
   std::optional<JoinOptions> join;
 
-  // The highest rank whose `mine` is true (DDP's _find_common_rank, a MAX all-reduce built from
-  // a SUM over one slot per rank).
+  // The highest rank whose `mine` is true (DDP's _find_common_rank: a MAX all-reduce of the rank,
+  // or -1 where `mine` is false).
   int commonRank(comm::Communicator& comm, bool mine) {
-    at::Tensor slots = at::zeros({comm.size()}, at::TensorOptions(at::kFloat).device(comm.device()));
-    if (mine) slots[comm.rank()] = 1;
-    comm.allReduceSum(slots);
-    const at::Tensor host = slots.cpu();
-    for (int r = comm.size() - 1; r >= 0; --r) {
-      if (host[r].item<float>() > 0) return r;
+    at::Tensor rank = at::full({1}, mine ? comm.rank() : -1, at::TensorOptions(at::kInt).device(comm.device()));
+    comm.allReduce(rank, ReduceOp::kMax)->wait();
+    const int common = rank.item<int>();
+    if (common < 0) {
+      DDP_THROW(CommError, "ddp::Join: no rank qualified as the source of the model (ranks disagree about who joined)");
     }
-    DDP_THROW(CommError, "ddp::Join: no rank qualified as the source of the model (ranks disagree about who joined)");
+    return common;
   }
   // One element all-reduced: the sum over ranks of `value`.
   static double sumOver(comm::Communicator& comm, double value) {
     at::Tensor t = at::full({1}, value, at::TensorOptions(at::kFloat).device(comm.device()));
-    comm.allReduceSum(t);
+    comm.allReduce(t)->wait();
     return t.item<double>();
   }
 };

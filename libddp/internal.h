@@ -63,13 +63,18 @@ class LabelledCommunicator final : public comm::Communicator {
   int size() const override;
   std::string backendName() const override;
   c10::Device device() const override;
-  void allReduceSum(at::Tensor& tensor) override;
-  std::unique_ptr<comm::PendingWork> allReduceSumAsync(at::Tensor& tensor) override;
-  void broadcast(at::Tensor& tensor, int root) override;
-  void barrier() override;
+  std::unique_ptr<comm::PendingWork> allReduce(at::Tensor& tensor, const AllReduceOptions& options) override;
+  std::unique_ptr<comm::PendingWork> broadcast(at::Tensor& tensor, const BroadcastOptions& options) override;
+  std::unique_ptr<comm::PendingWork> barrier(const CollectiveOptions& options) override;
   void awaitCompletion() override;
 
  private:
+  template <typename Options>
+  Options labelled(const Options& options) const {
+    Options out = options;
+    if (out.label.empty()) out.label = label_;
+    return out;
+  }
   ProcessGroup group_;
   const char* label_;
 };

@@ -52,7 +52,7 @@ struct ProcessGroup::Impl final : comm::Communicator {
   struct Entry {
     uint64_t seq = 0;
     const char* op = "";
-    const char* label = "";
+    std::string label;
   };
   static constexpr size_t kRecent = 8;
   uint64_t seq = 0;
@@ -79,7 +79,7 @@ struct ProcessGroup::Impl final : comm::Communicator {
 
   static std::string describe(const Entry& e) {
     std::string out = std::string(e.op) + " #" + std::to_string(e.seq);
-    if (*e.label) out += std::string(" (") + e.label + ")";
+    if (!e.label.empty()) out += " (" + e.label + ")";
     return out;
   }
   const Entry* entry(uint64_t n) const {
@@ -200,12 +200,13 @@ struct ProcessGroup::Impl final : comm::Communicator {
     }
   }
 
-  // Numbers the collective, records it (entered; done, timed out or failed) and runs it. For an
-  // asynchronous one (`async`), the returned entry is ended by the work's wait().
+  // Numbers the collective, records it (entered; done, timed out or failed) and starts it; the
+  // returned work's wait() (or destruction) ends the record. `by`: the call's label ("" = the
+  // current CollectiveLabel's).
   template <typename Fn>
-  flight::Entry* run(const char* op, const char* by, Shape shape, Fn&& fn, bool async = false, bool p2p = false) {
+  std::unique_ptr<comm::PendingWork> start(const char* op, const std::string& by, Shape shape, Fn&& fn, bool p2p = false) {
     comm::Communicator& c = live(op);
-    const char* who = *by ? by : label;
+    const std::string who = by.empty() ? std::string(label) : by;
     uint64_t n;
     if (p2p) {
       n = ++p2pSeq;
@@ -213,11 +214,23 @@ struct ProcessGroup::Impl final : comm::Communicator {
       n = ++seq;
       recent[seq % kRecent] = Entry{seq, op, who};
     }
-    flight::Entry* entry = flight::Recorder::instance().begin(p2p ? kPointToPoint + groupIndex : groupIndex, n, op, who,
-                                                              shape.dtype, shape.numel, shape.peer);
+    flight::Entry* entry = flight::Recorder::instance().begin(p2p ? kPointToPoint + groupIndex : groupIndex, n, op,
+                                                              who.c_str(), shape.dtype, shape.numel, shape.peer);
+    std::unique_ptr<comm::PendingWork> work;
     try {
-      if (!p2p) checkPairing(n, op, who, shape);
-      fn(c);
+      if (!p2p) checkPairing(n, op, who.c_str(), shape);
+      work = fn(c);
+    } catch (...) {
+      fail(entry, n);
+    }
+    return std::make_unique<RecordedWork>(*this, std::move(work), entry, n);
+  }
+
+  // Ends the record of a failed collective and rethrows its error with what the store knows of
+  // ranks that already left (the likeliest cause).
+  [[noreturn]] void fail(flight::Entry* entry, uint64_t n) const {
+    try {
+      throw;
     } catch (const TimeoutError& e) {
       flight::Recorder::end(entry, n, flight::State::kTimedOut);
       throw TimeoutError(e.what() + destroyedPeers());
@@ -228,37 +241,20 @@ struct ProcessGroup::Impl final : comm::Communicator {
       flight::Recorder::end(entry, n, flight::State::kFailed);
       throw;
     }
-    if (!async) flight::Recorder::end(entry, n, flight::State::kDone);
-    return entry;
   }
 
-  // comm::Communicator: what the DDP engine, checkpoints and the public methods call.
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  std::string backendName() const override { return backend; }
-  c10::Device device() const override { return collectiveDevice; }
-  void allReduceSum(at::Tensor& tensor) override {
-    run("all_reduce", "", shapeOf(tensor), [&tensor](comm::Communicator& c) { c.allReduceSum(tensor); });
-  }
-  // A failed wait() says what a failed blocking collective says; the flight recorder's entry ends
-  // with the wait.
+  // A failed wait() says what a failed start says; the flight recorder's entry ends with the wait.
   class RecordedWork final : public comm::PendingWork {
    public:
     RecordedWork(const Impl& owner, std::unique_ptr<comm::PendingWork> work, flight::Entry* entry, uint64_t seq)
         : owner_(owner), work_(std::move(work)), entry_(entry), seq_(seq) {}
     void wait() override {
+      if (waited_) return;
       waited_ = true;
       try {
         work_->wait();
-      } catch (const TimeoutError& e) {
-        flight::Recorder::end(entry_, seq_, flight::State::kTimedOut);
-        throw TimeoutError(e.what() + owner_.destroyedPeers());
-      } catch (const CommError& e) {
-        flight::Recorder::end(entry_, seq_, flight::State::kFailed);
-        throw CommError(e.what() + owner_.destroyedPeers());
       } catch (...) {
-        flight::Recorder::end(entry_, seq_, flight::State::kFailed);
-        throw;
+        owner_.fail(entry_, seq_);
       }
       flight::Recorder::end(entry_, seq_, flight::State::kDone);
     }
@@ -277,17 +273,56 @@ struct ProcessGroup::Impl final : comm::Communicator {
     flight::Entry* entry_;
     uint64_t seq_;
   };
-  std::unique_ptr<comm::PendingWork> allReduceSumAsync(at::Tensor& tensor) override {
-    std::unique_ptr<comm::PendingWork> work;
-    flight::Entry* entry = run("all_reduce", "", shapeOf(tensor),
-                               [&](comm::Communicator& c) { work = c.allReduceSumAsync(tensor); }, /*async=*/true);
-    return std::make_unique<RecordedWork>(*this, std::move(work), entry, seq);
+
+  // The names collectives have in reports: "all_reduce" (a sum), "all_reduce (max)", ...
+  static const char* reductionName(const char* base, ReduceOp op) {
+    static const char* const allReduce[] = {"all_reduce", "all_reduce (avg)", "all_reduce (product)",
+                                            "all_reduce (min)", "all_reduce (max)"};
+    static const char* const reduceScatter[] = {"reduce_scatter", "reduce_scatter (avg)", "reduce_scatter (product)",
+                                                "reduce_scatter (min)", "reduce_scatter (max)"};
+    const auto i = static_cast<size_t>(op);
+    return std::strcmp(base, "all_reduce") == 0 ? allReduce[i] : reduceScatter[i];
   }
-  void broadcast(at::Tensor& tensor, int root) override {
-    run("broadcast", "", shapeOf(tensor, root), [&](comm::Communicator& c) { c.broadcast(tensor, root); });
+
+  // kAvg, which backends do not take: a sum, then a division by the group's size (as the
+  // reducer's pre-division, the same bits on every rank).
+  template <typename Options>
+  static Options asSum(const Options& options, const at::Tensor& tensor, const char* what) {
+    Options sum = options;
+    if (options.op != ReduceOp::kAvg) return sum;
+    if (!at::isFloatingType(tensor.scalar_type())) {
+      DDP_THROW(ConfigError, "ddp::ProcessGroup::", what, ": ReduceOp::kAvg needs a floating-point tensor (got ",
+                tensor.scalar_type(), "); use kSum and divide");
+    }
+    sum.op = ReduceOp::kSum;
+    return sum;
   }
-  void barrier() override {
-    run("barrier", "", Shape{}, [](comm::Communicator& c) { c.barrier(); });
+  // `result()` gives the reduced tensor once the sum is in. A template: the sums of the DDP hot path
+  // build no std::function.
+  template <typename Result>
+  std::unique_ptr<comm::PendingWork> thenAverage(std::unique_ptr<comm::PendingWork> work, ReduceOp op,
+                                                 Result result) const {
+    if (op != ReduceOp::kAvg || size_ == 1) return work;
+    return std::make_unique<comm::ThenWork>(std::move(work), [result, n = size_] { result().div_(n); });
+  }
+
+  // comm::Communicator: what the DDP engine, checkpoints and the public methods call.
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backendName() const override { return backend; }
+  c10::Device device() const override { return collectiveDevice; }
+  std::unique_ptr<comm::PendingWork> allReduce(at::Tensor& tensor, const AllReduceOptions& options) override {
+    const AllReduceOptions sum = asSum(options, tensor, "allReduce");
+    auto work = start(reductionName("all_reduce", options.op), options.label, shapeOf(tensor),
+                      [&](comm::Communicator& c) { return c.allReduce(tensor, sum); });
+    return thenAverage(std::move(work), options.op, [tensor] { return tensor; });
+  }
+  std::unique_ptr<comm::PendingWork> broadcast(at::Tensor& tensor, const BroadcastOptions& options) override {
+    return start("broadcast", options.label, shapeOf(tensor, options.root),
+                 [&](comm::Communicator& c) { return c.broadcast(tensor, options); });
+  }
+  std::unique_ptr<comm::PendingWork> barrier(const CollectiveOptions& options) override {
+    return start("barrier", options.label, Shape{}, [&](comm::Communicator& c) { return c.barrier(options); });
   }
   void awaitCompletion() override {
     comm::Communicator& c = live("waitForCollectives()");
@@ -299,26 +334,30 @@ struct ProcessGroup::Impl final : comm::Communicator {
       throw CommError(e.what() + destroyedPeers());
     }
   }
-  std::vector<at::Tensor> allGather(const at::Tensor& input) override {
-    std::vector<at::Tensor> out;
-    run("all_gather", "", shapeOf(input), [&](comm::Communicator& c) { out = c.allGather(input); });
-    return out;
+  std::unique_ptr<comm::PendingWork> allGather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                                               const CollectiveOptions& options) override {
+    return start("all_gather", options.label, shapeOf(input),
+                 [&](comm::Communicator& c) { return c.allGather(outputs, input, options); });
   }
-  at::Tensor reduceScatterSum(const std::vector<at::Tensor>& inputs) override {
-    at::Tensor out;
-    run("reduce_scatter", "", shapeOf(inputs), [&](comm::Communicator& c) { out = c.reduceScatterSum(inputs); });
-    return out;
+  std::unique_ptr<comm::PendingWork> reduceScatter(at::Tensor& output, const std::vector<at::Tensor>& inputs,
+                                                   const ReduceScatterOptions& options) override {
+    const ReduceScatterOptions sum = asSum(options, inputs.front(), "reduceScatter");
+    auto work = start(reductionName("reduce_scatter", options.op), options.label, shapeOf(inputs),
+                      [&](comm::Communicator& c) { return c.reduceScatter(output, inputs, sum); });
+    return thenAverage(std::move(work), options.op, [&output] { return output; });
   }
-  std::vector<at::Tensor> allToAll(const std::vector<at::Tensor>& inputs) override {
-    std::vector<at::Tensor> out;
-    run("all_to_all", "", shapeOf(inputs), [&](comm::Communicator& c) { out = c.allToAll(inputs); });
-    return out;
+  std::unique_ptr<comm::PendingWork> allToAll(std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
+                                              const CollectiveOptions& options) override {
+    return start("all_to_all", options.label, shapeOf(inputs),
+                 [&](comm::Communicator& c) { return c.allToAll(outputs, inputs, options); });
   }
-  void send(const at::Tensor& tensor, int dst) override {
-    run("send", "", shapeOf(tensor, dst), [&](comm::Communicator& c) { c.send(tensor, dst); }, false, /*p2p=*/true);
+  std::unique_ptr<comm::PendingWork> send(const at::Tensor& tensor, int dst, const CollectiveOptions& options) override {
+    return start("send", options.label, shapeOf(tensor, dst),
+                 [&](comm::Communicator& c) { return c.send(tensor, dst, options); }, /*p2p=*/true);
   }
-  void recv(at::Tensor& tensor, int src) override {
-    run("recv", "", shapeOf(tensor, src), [&](comm::Communicator& c) { c.recv(tensor, src); }, false, /*p2p=*/true);
+  std::unique_ptr<comm::PendingWork> recv(at::Tensor& tensor, int src, const CollectiveOptions& options) override {
+    return start("recv", options.label, shapeOf(tensor, src),
+                 [&](comm::Communicator& c) { return c.recv(tensor, src, options); }, /*p2p=*/true);
   }
 
   // newGroup(): how this group was made, for its sub-groups (absent for a wrapped communicator).
@@ -371,7 +410,7 @@ void ProcessGroup::Impl::destroyCollectively(const std::string& where) {
   recent[seq % kRecent] = Entry{seq, "barrier", "destroy"};
   flight::Entry* first = flight::Recorder::instance().begin(groupIndex, seq, "barrier", "destroy", "", -1, -1);
   try {
-    c.barrier();  // no rank leaves while another may still need rank 0's store
+    c.barrier()->wait();  // no rank leaves while another may still need rank 0's store
     flight::Recorder::end(first, seq, flight::State::kDone);
   } catch (const CommError& e) {
     flight::Recorder::end(first, seq, dynamic_cast<const TimeoutError*>(&e) ? flight::State::kTimedOut : flight::State::kFailed);
@@ -391,7 +430,7 @@ void ProcessGroup::Impl::destroyCollectively(const std::string& where) {
   recent[seq % kRecent] = Entry{seq, "barrier", "destroy"};
   flight::Entry* second = flight::Recorder::instance().begin(groupIndex, seq, "barrier", "destroy", "", -1, -1);
   try {
-    c.barrier();
+    c.barrier()->wait();
     flight::Recorder::end(second, seq, flight::State::kDone);
   } catch (const CommError& e) {
     flight::Recorder::end(second, seq, dynamic_cast<const TimeoutError*>(&e) ? flight::State::kTimedOut : flight::State::kFailed);
@@ -431,25 +470,39 @@ bool ProcessGroup::destroyed() const { return impl().destroyed; }
 
 namespace {
 
-// Runs `op` on `tensor` where the backend takes it; copies back when it had to move.
-template <typename Op>
-void onCollectiveDevice(comm::Communicator& comm, at::Tensor& tensor, Op op) {
-  if (tensor.device() == comm.device() && tensor.is_contiguous()) {
-    op(tensor);
-    return;
+void checkRank(const ProcessGroup& group, int peer, const char* what) {
+  if (peer < 0 || peer >= group.size()) {
+    DDP_THROW(ConfigError, "ddp::ProcessGroup::", what, ": rank ", peer, " is not in the group (ranks 0-", group.size() - 1, ")");
   }
-  at::Tensor moved = tensor.to(comm.device()).contiguous();
-  op(moved);
-  tensor.copy_(moved);
+}
+
+void checkPeer(const ProcessGroup& group, int peer, const char* what) {
+  checkRank(group, peer, what);
+  if (peer == group.rank()) DDP_THROW(ConfigError, "ddp::ProcessGroup::", what, ": rank ", peer, " is this rank");
+}
+
+// size() tensors of one shape and dtype, as reduceScatter and allToAll take them.
+void checkParts(const ProcessGroup& group, const std::vector<at::Tensor>& parts, const char* what) {
+  if (static_cast<int>(parts.size()) != group.size()) {
+    DDP_THROW(ConfigError, "ddp::ProcessGroup::", what, ": ", parts.size(), " tensors for ", group.size(),
+              " ranks; pass one per rank");
+  }
+  for (const at::Tensor& t : parts) {
+    if (!t.defined() || t.sizes() != parts.front().sizes() || t.scalar_type() != parts.front().scalar_type()) {
+      DDP_THROW(ConfigError, "ddp::ProcessGroup::", what, ": the tensors must have one shape and dtype (",
+                parts.front().sizes(), " ", parts.front().scalar_type(), " vs ", t.sizes(), ")");
+    }
+  }
+}
+
+std::vector<at::Tensor> onDevice(const std::vector<at::Tensor>& tensors, c10::Device device) {
+  std::vector<at::Tensor> out;
+  out.reserve(tensors.size());
+  for (const at::Tensor& t : tensors) out.push_back(t.to(device).contiguous());
+  return out;
 }
 
 }  // namespace
-
-void ProcessGroup::allReduceSum(at::Tensor& tensor) {
-  Impl& comm = impl();
-  comm.live("all_reduce");
-  onCollectiveDevice(comm, tensor, [&comm](at::Tensor& t) { comm.allReduceSum(t); });
-}
 
 struct Work::Impl {
   // Destroyed in reverse: an unwaited collective finishes before `next` lets go of its tensor.
@@ -480,84 +533,135 @@ Work Work::then(Work first, std::function<void()> next) {
   return Work(std::move(impl));
 }
 
-Work ProcessGroup::allReduceSumAsync(at::Tensor& tensor) {
-  Impl& comm = impl();
-  comm.live("all_reduce");
+namespace {
+
+Work workOf(std::unique_ptr<comm::PendingWork> pending, std::function<void()> next = {}) {
   auto work = std::make_unique<Work::Impl>();
-  if (tensor.device() == comm.device() && tensor.is_contiguous()) {
-    work->work = comm.allReduceSumAsync(tensor);
-    return Work(std::move(work));
-  }
-  auto moved = std::make_shared<at::Tensor>(tensor.to(comm.device()).contiguous());
-  work->work = comm.allReduceSumAsync(*moved);
-  work->next = [target = tensor, moved]() mutable { target.copy_(*moved); };
+  work->work = std::move(pending);
+  work->next = std::move(next);
   return Work(std::move(work));
 }
 
-namespace {
-
-void checkRank(const ProcessGroup& group, int peer, const char* what) {
-  if (peer < 0 || peer >= group.size()) {
-    DDP_THROW(ConfigError, "ddp::ProcessGroup::", what, ": rank ", peer, " is not in the group (ranks 0-", group.size() - 1, ")");
-  }
-  if (peer == group.rank()) DDP_THROW(ConfigError, "ddp::ProcessGroup::", what, ": rank ", peer, " is this rank");
-}
-
-// size() tensors of one shape and dtype, as reduceScatterSum and allToAll take them.
-void checkParts(const ProcessGroup& group, const std::vector<at::Tensor>& parts, const char* what) {
-  if (static_cast<int>(parts.size()) != group.size()) {
-    DDP_THROW(ConfigError, "ddp::ProcessGroup::", what, ": ", parts.size(), " tensors for ", group.size(),
-              " ranks; pass one per rank");
-  }
-  for (const at::Tensor& t : parts) {
-    if (!t.defined() || t.sizes() != parts.front().sizes() || t.scalar_type() != parts.front().scalar_type()) {
-      DDP_THROW(ConfigError, "ddp::ProcessGroup::", what, ": the tensors must have one shape and dtype (",
-                parts.front().sizes(), " ", parts.front().scalar_type(), " vs ", t.sizes(), ")");
-    }
-  }
+// Starts `start` on `tensor` where the backend takes it; copies back by wait() when it had to move.
+template <typename Start>
+Work onCollectiveDevice(comm::Communicator& comm, at::Tensor& tensor, Start start) {
+  if (tensor.device() == comm.device() && tensor.is_contiguous()) return workOf(start(tensor));
+  auto moved = std::make_shared<at::Tensor>(tensor.to(comm.device()).contiguous());
+  auto pending = start(*moved);
+  return workOf(std::move(pending), [target = tensor, moved]() mutable { target.copy_(*moved); });
 }
 
 }  // namespace
 
-std::vector<at::Tensor> ProcessGroup::allGather(const at::Tensor& input) {
-  Impl& comm = impl();
-  comm.live("all_gather");
-  std::vector<at::Tensor> out = comm.allGather(input.to(comm.device()).contiguous());
-  for (at::Tensor& t : out) t = t.to(input.device());
+Work ProcessGroup::allReduceAsync(at::Tensor& tensor, const AllReduceOptions& options) {
+  Impl& group = impl();
+  group.live("all_reduce");
+  return onCollectiveDevice(group, tensor, [&](at::Tensor& t) { return group.allReduce(t, options); });
+}
+
+void ProcessGroup::allReduce(at::Tensor& tensor, const AllReduceOptions& options) {
+  allReduceAsync(tensor, options).wait();
+}
+
+Work ProcessGroup::allGatherAsync(std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                                  const CollectiveOptions& options) {
+  Impl& group = impl();
+  group.live("all_gather");
+  auto staged = std::make_shared<std::vector<at::Tensor>>();
+  auto pending = group.allGather(*staged, input.to(group.device()).contiguous(), options);
+  outputs.assign(static_cast<size_t>(size()), at::Tensor());
+  return workOf(std::move(pending), [&outputs, staged, device = input.device()] {
+    for (size_t r = 0; r < staged->size(); ++r) outputs[r] = (*staged)[r].to(device);
+  });
+}
+
+std::vector<at::Tensor> ProcessGroup::allGather(const at::Tensor& input, const CollectiveOptions& options) {
+  std::vector<at::Tensor> out;
+  allGatherAsync(out, input, options).wait();
   return out;
 }
 
-at::Tensor ProcessGroup::reduceScatterSum(const std::vector<at::Tensor>& inputs) {
-  Impl& comm = impl();
-  comm.live("reduce_scatter");
-  checkParts(*this, inputs, "reduceScatterSum");
-  return comm.reduceScatterSum(inputs);
+Work ProcessGroup::reduceScatterAsync(at::Tensor& output, const std::vector<at::Tensor>& inputs,
+                                      const ReduceScatterOptions& options) {
+  Impl& group = impl();
+  group.live("reduce_scatter");
+  checkParts(*this, inputs, "reduceScatter");
+  auto staged = std::make_shared<at::Tensor>();
+  auto pending = group.reduceScatter(*staged, onDevice(inputs, group.device()), options);
+  return workOf(std::move(pending), [&output, staged, device = inputs.front().device()] { output = staged->to(device); });
 }
 
-std::vector<at::Tensor> ProcessGroup::allToAll(const std::vector<at::Tensor>& inputs) {
-  Impl& comm = impl();
-  comm.live("all_to_all");
+at::Tensor ProcessGroup::reduceScatter(const std::vector<at::Tensor>& inputs, const ReduceScatterOptions& options) {
+  at::Tensor out;
+  reduceScatterAsync(out, inputs, options).wait();
+  return out;
+}
+
+Work ProcessGroup::allToAllAsync(std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
+                                 const CollectiveOptions& options) {
+  Impl& group = impl();
+  group.live("all_to_all");
   checkParts(*this, inputs, "allToAll");
-  std::vector<at::Tensor> moved;
-  for (const at::Tensor& t : inputs) moved.push_back(t.to(comm.device()));
-  std::vector<at::Tensor> out = comm.allToAll(moved);
-  for (at::Tensor& t : out) t = t.to(inputs.front().device());
+  auto staged = std::make_shared<std::vector<at::Tensor>>();
+  auto pending = group.allToAll(*staged, onDevice(inputs, group.device()), options);
+  outputs.assign(static_cast<size_t>(size()), at::Tensor());
+  return workOf(std::move(pending), [&outputs, staged, device = inputs.front().device()] {
+    for (size_t r = 0; r < staged->size(); ++r) outputs[r] = (*staged)[r].to(device);
+  });
+}
+
+std::vector<at::Tensor> ProcessGroup::allToAll(const std::vector<at::Tensor>& inputs, const CollectiveOptions& options) {
+  std::vector<at::Tensor> out;
+  allToAllAsync(out, inputs, options).wait();
   return out;
 }
 
-void ProcessGroup::send(const at::Tensor& tensor, int dst) {
-  Impl& comm = impl();
-  comm.live("send");
-  checkRank(*this, dst, "send");
-  comm.send(tensor.to(comm.device()).contiguous(), dst);
+Work ProcessGroup::sendAsync(const at::Tensor& tensor, int dst, const CollectiveOptions& options) {
+  Impl& group = impl();
+  group.live("send");
+  checkPeer(*this, dst, "send");
+  auto moved = std::make_shared<at::Tensor>(tensor.to(group.device()).contiguous());
+  auto pending = group.send(*moved, dst, options);
+  return workOf(std::move(pending), [moved] {});  // `moved` lives until the send is done
 }
 
-void ProcessGroup::recv(at::Tensor& tensor, int src) {
-  Impl& comm = impl();
-  comm.live("recv");
-  checkRank(*this, src, "recv");
-  onCollectiveDevice(comm, tensor, [&comm, src](at::Tensor& t) { comm.recv(t, src); });
+void ProcessGroup::send(const at::Tensor& tensor, int dst, const CollectiveOptions& options) {
+  sendAsync(tensor, dst, options).wait();
 }
+
+Work ProcessGroup::recvAsync(at::Tensor& tensor, int src, const CollectiveOptions& options) {
+  Impl& group = impl();
+  group.live("recv");
+  checkPeer(*this, src, "recv");
+  return onCollectiveDevice(group, tensor, [&](at::Tensor& t) { return group.recv(t, src, options); });
+}
+
+void ProcessGroup::recv(at::Tensor& tensor, int src, const CollectiveOptions& options) {
+  recvAsync(tensor, src, options).wait();
+}
+
+Work ProcessGroup::broadcastAsync(at::Tensor& tensor, const BroadcastOptions& options) {
+  Impl& group = impl();
+  group.live("broadcast");
+  checkRank(*this, options.root, "broadcast");
+  return onCollectiveDevice(group, tensor, [&](at::Tensor& t) { return group.broadcast(t, options); });
+}
+
+void ProcessGroup::broadcast(at::Tensor& tensor, const BroadcastOptions& options) {
+  broadcastAsync(tensor, options).wait();
+}
+
+void ProcessGroup::broadcast(const std::vector<at::Tensor>& tensors, const BroadcastOptions& options) {
+  Impl& group = impl();
+  group.live("broadcast");
+  checkRank(*this, options.root, "broadcast");
+  comm::broadcastTensors(group, tensors, options);
+}
+
+Work ProcessGroup::barrierAsync(const CollectiveOptions& options) { return workOf(impl().barrier(options)); }
+
+void ProcessGroup::barrier(const CollectiveOptions& options) { barrierAsync(options).wait(); }
+
 
 std::optional<ProcessGroup> ProcessGroup::newGroup(const std::vector<int>& ranks) {
   Impl& world = impl();
@@ -597,24 +701,6 @@ std::optional<ProcessGroup> ProcessGroup::newGroup(const std::vector<int>& ranks
   return ProcessGroup(std::move(impl));
 }
 
-void ProcessGroup::allReduceMean(at::Tensor& tensor) {
-  allReduceSum(tensor);
-  tensor.div_(size());
-}
-
-void ProcessGroup::broadcast(at::Tensor& tensor, int root) {
-  Impl& comm = impl();
-  comm.live("broadcast");
-  onCollectiveDevice(comm, tensor, [&comm, root](at::Tensor& t) { comm.broadcast(t, root); });
-}
-
-void ProcessGroup::broadcast(const std::vector<at::Tensor>& tensors, int root) {
-  Impl& comm = impl();
-  comm.live("broadcast");
-  comm::broadcastTensors(comm, tensors, root);
-}
-
-void ProcessGroup::barrier() { impl().barrier(); }
 
 void ProcessGroup::waitForCollectives() { impl().awaitCompletion(); }
 
@@ -798,21 +884,14 @@ int LabelledCommunicator::rank() const { return group_.rank(); }
 int LabelledCommunicator::size() const { return group_.size(); }
 std::string LabelledCommunicator::backendName() const { return group_.impl().backend; }
 c10::Device LabelledCommunicator::device() const { return group_.impl().collectiveDevice; }
-void LabelledCommunicator::allReduceSum(at::Tensor& tensor) {
-  CollectiveLabel label(group_, label_);
-  group_.impl().allReduceSum(tensor);
+std::unique_ptr<comm::PendingWork> LabelledCommunicator::allReduce(at::Tensor& tensor, const AllReduceOptions& options) {
+  return group_.impl().allReduce(tensor, labelled(options));
 }
-std::unique_ptr<comm::PendingWork> LabelledCommunicator::allReduceSumAsync(at::Tensor& tensor) {
-  CollectiveLabel label(group_, label_);
-  return group_.impl().allReduceSumAsync(tensor);
+std::unique_ptr<comm::PendingWork> LabelledCommunicator::broadcast(at::Tensor& tensor, const BroadcastOptions& options) {
+  return group_.impl().broadcast(tensor, labelled(options));
 }
-void LabelledCommunicator::broadcast(at::Tensor& tensor, int root) {
-  CollectiveLabel label(group_, label_);
-  group_.impl().broadcast(tensor, root);
-}
-void LabelledCommunicator::barrier() {
-  CollectiveLabel label(group_, label_);
-  group_.impl().barrier();
+std::unique_ptr<comm::PendingWork> LabelledCommunicator::barrier(const CollectiveOptions& options) {
+  return group_.impl().barrier(labelled(options));
 }
 
 void LabelledCommunicator::awaitCompletion() { group_.impl().awaitCompletion(); }

@@ -37,7 +37,7 @@ torch::Tensor perChannel(const torch::Tensor& t, const torch::Tensor& x) {
 torch::Tensor allGatherRows(comm::Communicator& comm, const torch::Tensor& mine) {
   torch::Tensor rows = torch::zeros({comm.size(), mine.numel()}, mine.options());
   rows[comm.rank()].copy_(mine);
-  comm.allReduceSum(rows);
+  comm.allReduce(rows)->wait();
   return rows;
 }
 
@@ -113,7 +113,7 @@ struct SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFun
     }
     // The input gradient needs the sums over the whole batch: one all-reduce of both (2C).
     torch::Tensor sums = torch::cat({sumDy, sumDyXmu});
-    comm->allReduceSum(sums);
+    comm->allReduce(sums)->wait();
     const int64_t channels = mean.size(0);
     const torch::Tensor meanDy = sums.narrow(0, 0, channels) / n;
     const torch::Tensor meanDyXmu = sums.narrow(0, channels, channels) / n;

@@ -79,7 +79,7 @@ int main(int argc, char** argv) try {
     counts[0] += predicted.eq(batch.target).sum().item<double>();
     counts[1] += static_cast<double>(batch.target.size(0));
   }
-  group.allReduceSum(counts);
+  group.allReduce(counts);
   if (group.rank() == 0) {
     std::printf("world %d: test accuracy %.4f (%lld images)\n", group.size(), counts[0].item<double>() / counts[1].item<double>(),
                 static_cast<long long>(counts[1].item<double>()));

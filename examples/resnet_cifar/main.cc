@@ -101,7 +101,7 @@ int main(int argc, char** argv) try {
       ++step;
     }
     auto meanLoss = torch::tensor({lossSum / static_cast<double>(batches.size())});
-    group.allReduceMean(meanLoss);
+    group.allReduce(meanLoss, ddp::ReduceOp::kAvg);
     checkpoints.save(*net, optimizer, {epoch + 1, 0, step, 0});
     if (group.rank() == 0) std::printf("epoch %lld: loss %.4f\n", static_cast<long long>(epoch), meanLoss.item<double>());
   }
@@ -120,7 +120,7 @@ int main(int argc, char** argv) try {
   const auto predicted = net->forward(testX.index_select(0, index).to(group.device())).argmax(1).cpu();
   counts[0] = predicted.eq(testY.index_select(0, index)).sum().item<double>();
   counts[1] = static_cast<double>(mine.size());
-  group.allReduceSum(counts);
+  group.allReduce(counts);
   ddp::saveModel(*net, out + "/model.pt", group);  // plain keys, CPU tensors: torch.load reads it
   if (group.rank() == 0) {
     std::printf("test accuracy %.4f (%lld samples), world %d, backend %s\n",

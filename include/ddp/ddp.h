@@ -20,6 +20,7 @@
 #include "ddp/amp.h"                        // Autocast, GradScaler
 #include "ddp/checkpoint.h"                 // saveModel, loadModel, Checkpointer
 #include "ddp/clip_grad.h"                  // clipGradNorm
+#include "ddp/collectives.h"                // ReduceOp, AllReduceOptions, ... (per-call options)
 #include "ddp/comm_hook.h"                  // CommHook, fp16CompressHook, powerSgdHook
 #include "ddp/cuda_graph.h"                 // CudaGraph (capture and replay a step)
 #include "ddp/data.h"                       // loadOncePerHost

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "ddp/collectives.h"
 #include "ddp/error.h"
 
 namespace ddp {
@@ -98,33 +99,49 @@ class ProcessGroup {
   /// Where collectives take their tensors: the rank's GPU for NCCL, the CPU otherwise.
   c10::Device collectiveDevice() const;
 
-  /// In place, every rank ends with the sum (or the mean) over ranks. Any device: the tensor is
-  /// moved to collectiveDevice() and back when it lives elsewhere.
-  void allReduceSum(at::Tensor& tensor);
-  void allReduceMean(at::Tensor& tensor);
-  /// Starts the in-place sum and returns at once (dist.all_reduce(..., async_op=True)); `tensor`
-  /// must stay alive and untouched until wait(). Collectives complete in the order they started.
-  Work allReduceSumAsync(at::Tensor& tensor);
+  // The collectives (torch.distributed's), each with typed per-call options (ddp/collectives.h)
+  // and an async form that returns at once with a Work (async_op=True): the tensors it reads and
+  // writes (outputs included) must stay alive and untouched until wait(). Every rank calls the same
+  // collectives in the same order; they complete in the order they started. Any device: a tensor
+  // that is not on collectiveDevice() is moved there and back.
+
+  /// In place, every rank ends with the reduction over ranks (sum unless `options` says otherwise:
+  /// `allReduce(t, ddp::ReduceOp::kMax)`). kAvg needs a floating-point tensor.
+  void allReduce(at::Tensor& tensor, const AllReduceOptions& options = {});
+  Work allReduceAsync(at::Tensor& tensor, const AllReduceOptions& options = {});
   /// all_gather: element r is rank r's `input` (same shape and dtype on every rank).
-  std::vector<at::Tensor> allGather(const at::Tensor& input);
-  /// reduce_scatter (sum): `inputs` holds size() tensors of one shape; the result is the sum over
-  /// ranks of their inputs[rank()].
-  at::Tensor reduceScatterSum(const std::vector<at::Tensor>& inputs);
+  std::vector<at::Tensor> allGather(const at::Tensor& input, const CollectiveOptions& options = {});
+  /// Resizes `outputs` to size() tensors now and fills them by wait().
+  Work allGatherAsync(std::vector<at::Tensor>& outputs, const at::Tensor& input, const CollectiveOptions& options = {});
+  /// reduce_scatter: `inputs` holds size() tensors of one shape; the result is the reduction (sum
+  /// unless `options` says otherwise) over ranks of their inputs[rank()].
+  at::Tensor reduceScatter(const std::vector<at::Tensor>& inputs, const ReduceScatterOptions& options = {});
+  /// Sets `output` by wait().
+  Work reduceScatterAsync(at::Tensor& output, const std::vector<at::Tensor>& inputs,
+                          const ReduceScatterOptions& options = {});
   /// all_to_all: inputs[r] goes to rank r; element r of the result came from rank r (size() tensors
   /// of one shape, the same on every rank).
-  std::vector<at::Tensor> allToAll(const std::vector<at::Tensor>& inputs);
+  std::vector<at::Tensor> allToAll(const std::vector<at::Tensor>& inputs, const CollectiveOptions& options = {});
+  Work allToAllAsync(std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
+                     const CollectiveOptions& options = {});
   /// Point to point (gloo and nccl; shm refuses with one line). recv fills `tensor` in place; a
   /// peer that never sends is a TimeoutError after the group's timeout.
-  void send(const at::Tensor& tensor, int dst);
-  void recv(at::Tensor& tensor, int src);
+  void send(const at::Tensor& tensor, int dst, const CollectiveOptions& options = {});
+  Work sendAsync(const at::Tensor& tensor, int dst, const CollectiveOptions& options = {});
+  void recv(at::Tensor& tensor, int src, const CollectiveOptions& options = {});
+  Work recvAsync(at::Tensor& tensor, int src, const CollectiveOptions& options = {});
+  /// In place, every rank ends with the root's values (`broadcast(t, root)`).
+  void broadcast(at::Tensor& tensor, const BroadcastOptions& options = {});
+  Work broadcastAsync(at::Tensor& tensor, const BroadcastOptions& options = {});
+  /// Several tensors (of any dtypes and devices) in one collective.
+  void broadcast(const std::vector<at::Tensor>& tensors, const BroadcastOptions& options = {});
+  /// Returns once every rank has entered (on GPUs: once this rank's queued collectives have run).
+  void barrier(const CollectiveOptions& options = {});
+  Work barrierAsync(const CollectiveOptions& options = {});
   /// new_group: a group of `ranks` (this group's numbering) with the same backend and timeout,
   /// numbered 0.. in ascending order of `ranks`. Every rank of this group calls it, in the same
   /// order (as new_group); a rank not in `ranks` gets nullopt.
   std::optional<ProcessGroup> newGroup(const std::vector<int>& ranks);
-  /// In place, every rank ends with `root`'s values.
-  void broadcast(at::Tensor& tensor, int root = 0);
-  void broadcast(const std::vector<at::Tensor>& tensors, int root = 0);
-  void barrier();
   /// Blocks until every collective this rank started has finished on its device. NCCL collectives
   /// return once queued (the compute stream waits for them, the host does not), so read a result
   /// of GPU collectives on the host (item(), a copy to the CPU) after this call: a peer that never

@@ -48,7 +48,7 @@ TEST_P(CommWorld, AllReduceSumsOverRanks) {
   runRanks(world, [world](Communicator& comm) {
     EXPECT_EQ(comm.size(), world);
     at::Tensor t = at::full({1000}, static_cast<float>(comm.rank() + 1));
-    comm.allReduceSum(t);
+    comm.allReduce(t)->wait();
     // 1 + 2 + ... + world
     const float expected = world * (world + 1) / 2.0f;
     EXPECT_TRUE(t.eq(expected).all().item<bool>()) << t[0].item<float>();
@@ -103,27 +103,71 @@ TEST(Shm, LargeTensorsGoThroughInChunksAndEveryDtypeSums) {
     const int r = comm.rank();
     // 3 M floats = 12 MB: three 4 MiB chunks, the last one partial.
     at::Tensor big = at::arange(3'000'001, at::kFloat).mul_(r + 1);
-    comm.allReduceSum(big);
+    comm.allReduce(big)->wait();
     // (1 + 2 + 3) · i
     EXPECT_TRUE(big.equal(at::arange(3'000'001, at::kFloat).mul_(6))) << big[2999999].item<float>();
     at::Tensor counts = at::tensor({int64_t{r}, int64_t{1} << 40}, at::kLong);
-    comm.allReduceSum(counts);
+    comm.allReduce(counts)->wait();
     EXPECT_EQ(counts[0].item<int64_t>(), 0 + 1 + 2);
     EXPECT_EQ(counts[1].item<int64_t>(), 3 * (int64_t{1} << 40));
     at::Tensor half = at::full({5}, 0.5 * (r + 1), at::kHalf);
-    comm.allReduceSum(half);
+    comm.allReduce(half)->wait();
     EXPECT_EQ(half[4].item<float>(), 3.0f);
     // A non-contiguous tensor (a column) is reduced in place too.
     at::Tensor matrix = at::full({4, 3}, static_cast<float>(r));
     at::Tensor column = matrix.select(1, 1);
-    comm.allReduceSum(column);
+    comm.allReduce(column)->wait();
     EXPECT_EQ(matrix[2][1].item<float>(), 3.0f);
     EXPECT_EQ(matrix[2][0].item<float>(), static_cast<float>(r));
     // Broadcast larger than all slots together.
     at::Tensor payload = r == 2 ? at::arange(5'000'000, at::kFloat) : at::zeros({5'000'000});
-    comm.broadcast(payload, 2);
+    comm.broadcast(payload, 2)->wait();
     EXPECT_TRUE(payload.equal(at::arange(5'000'000, at::kFloat)));
   }, Backend::kShm);
+}
+
+TEST(Shm, EveryReductionOverChunks) {
+  runRanks(3, [](Communicator& comm) {
+    const int r = comm.rank();
+    // Three chunks again: each rank reduces its share of every chunk with the same operation.
+    at::Tensor big = at::arange(3'000'001, at::kFloat).mul_(r + 1);
+    comm.allReduce(big, ReduceOp::kMax)->wait();
+    EXPECT_TRUE(big.equal(at::arange(3'000'001, at::kFloat).mul_(3)));
+    at::Tensor small = at::arange(1, 6, at::kDouble).add_(r);
+    comm.allReduce(small, ReduceOp::kMin)->wait();
+    EXPECT_TRUE(small.equal(at::arange(1, 6, at::kDouble)));
+    at::Tensor factors = at::full({3}, int64_t{r + 2}, at::kLong);
+    comm.allReduce(factors, ReduceOp::kProduct)->wait();
+    EXPECT_TRUE(factors.equal(at::full({3}, int64_t{2 * 3 * 4}, at::kLong)));
+  }, Backend::kShm);
+}
+
+// A max on rank 0 against a sum on rank 1: shm compares the calls, no silent mixed result. (The
+// segment is broken afterwards, so these ranks are made here rather than by runRanks.)
+TEST(Shm, ADifferentReductionDoesNotPair) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      ShmOptions shm;
+      shm.rank = r;
+      shm.worldSize = 2;
+      shm.timeout = std::chrono::seconds(30);
+      try {
+        auto comm = makeShmCommunicator(store, shm);
+        at::Tensor t = at::ones({8});
+        comm->allReduce(t, r == 0 ? ReduceOp::kMax : ReduceOp::kSum)->wait();
+      } catch (const CommError& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[r].find("do not pair"), std::string::npos) << "rank " << r << ": " << errors[r];
+    EXPECT_NE(errors[r].find("all_reduce (max) of 8 float"), std::string::npos) << "rank " << r << ": " << errors[r];
+  }
 }
 
 TEST(Shm, ARankThatNeverComesIsATimeoutNotAHang) {
@@ -274,7 +318,7 @@ TEST(ProcessGroup, WorldOfOneNeedsNoNetwork) {
   auto comm = makeCommunicator({}, pg);
   EXPECT_EQ(comm->size(), 1);
   at::Tensor t = at::ones({2});
-  comm->allReduceSum(t);
+  comm->allReduce(t)->wait();
   EXPECT_EQ(t.sum().item<float>(), 2.0f);
 }
 

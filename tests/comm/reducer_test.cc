@@ -223,15 +223,17 @@ class RecordingCommunicator final : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return n_; }
   std::string backendName() const override { return "recording"; }
-  void allReduceSum(at::Tensor& t) override { t.mul_(n_); }
-  std::unique_ptr<PendingWork> allReduceSumAsync(at::Tensor& t) override {
+  std::unique_ptr<PendingWork> allReduce(at::Tensor& t, const AllReduceOptions& options) override {
+    EXPECT_EQ(options.op, ReduceOp::kSum);
     launches.push_back(t.numel());
     hooksAtLaunch.push_back(hooks_->load());
     t.mul_(n_);
     return std::make_unique<CompletedWork>();
   }
-  void broadcast(at::Tensor&, int) override {}
-  void barrier() override {}
+  std::unique_ptr<PendingWork> broadcast(at::Tensor&, const BroadcastOptions&) override {
+    return std::make_unique<CompletedWork>();
+  }
+  std::unique_ptr<PendingWork> barrier(const CollectiveOptions&) override { return std::make_unique<CompletedWork>(); }
   std::vector<int64_t> launches;
   std::vector<int> hooksAtLaunch;
 

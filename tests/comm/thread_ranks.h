@@ -85,7 +85,7 @@ inline void runRanks(int world, const std::function<void(Communicator&)>& body,
         pg.timeout = std::chrono::seconds(30);
         auto comm = makeCommunicator(store, pg);
         body(*comm);
-        comm->barrier();
+        comm->barrier()->wait();
       } catch (const std::exception& e) {
         errors[r] = e.what();
       }

@@ -50,6 +50,19 @@ class Gpu : public ::testing::Test {
   }
 };
 
+// ddp::ProcessGroup's typed collectives (every reduction, kAvg as a sum and a division, NCCL's
+// own reduce_scatter, the async forms, CPU tensors staged through the GPU) on a real NCCL group of
+// one rank: the tests of tests/libddp/collectives_test.cc that hold for any group size.
+TEST_F(Gpu, TypedCollectivesOnOneNcclRank) {
+  const auto run = test::runCommand({"/usr/bin/env", "DDP_TEST_BACKEND=nccl", "DDP_TEST_DEVICE=cuda", DDP_LAUNCH_BIN,
+                                     "--nproc_per_node=1", DDP_COLLECTIVES_TEST_BIN,
+                                     "--gtest_filter=Collectives.AllReduceWithEveryReduction:Collectives.ReduceScatterWithMax:"
+                                     "Collectives.AsyncFormsCompleteByWait"},
+                                    300);
+  ASSERT_EQ(run.exitCode, 0) << run.output;
+  EXPECT_NE(run.output.find("[  PASSED  ] 3 tests"), std::string::npos) << run.output;
+}
+
 TEST_F(Gpu, OneRankOnNcclTrainsExportsAndEvaluates) {
   const std::string dir = test::makeTempDir("gpu_nccl");
   const auto run = test::runCommand({DDP_LAUNCH_BIN, "--nproc_per_node=1", DDP_WORKER_BIN, config(),

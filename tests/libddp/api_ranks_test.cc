@@ -59,7 +59,7 @@ ddp::ProcessGroup& group() {
 bool equalOnAllRanks(const torch::Tensor& t) {
   auto local = t.detach().to(torch::kDouble).flatten().clone();
   auto sum = local.clone();
-  group().allReduceSum(sum);
+  group().allReduce(sum);
   return torch::allclose(sum, local * group().size(), 0, 1e-12);
 }
 
@@ -108,7 +108,7 @@ TEST(ProcessGroup, ReadsTheEnvContract) {
   EXPECT_EQ(group().rank(), rank ? std::atoi(rank) : 0);
   EXPECT_EQ(group().device(), c10::Device(c10::kCPU));  // no GPU in this test
   auto t = torch::full({3}, static_cast<double>(group().rank() + 1));
-  group().allReduceSum(t);
+  group().allReduce(t);
   const double w = group().size();
   EXPECT_TRUE(torch::equal(t, torch::full({3}, w * (w + 1) / 2)));  // 1 + 2 + ... + W
   auto b = torch::full({2}, static_cast<double>(group().rank()));
@@ -143,7 +143,7 @@ TEST(LoadOncePerHost, OneRankOfTheHostLoadsTheOthersMapItsCopy) {
                                seen.copy.origin == ddp::HostCopyOrigin::kMappedFromHostCopy ? 1.0 : 0.0,
                                seen.copy.origin == ddp::HostCopyOrigin::kLoaded ? 1.0 : 0.0},
                               torch::kDouble);
-  g.allReduceSum(counts);
+  g.allReduce(counts);
   EXPECT_EQ(counts[0].item<double>(), 1.0);
   if (g.localSize() > 1) {
     EXPECT_EQ(g.localSize(), g.size());
@@ -363,7 +363,7 @@ TEST(DistributedSampler, ShardsCoverTheDataSetEvenlyAndReshuffleEachEpoch) {
   EXPECT_EQ(sampler.numSamples(), (n + w - 1) / w);  // ceil(N / W), padded
   auto counts = torch::zeros({n}, torch::kDouble);
   for (int64_t i : sampler.indices()) counts[i] += 1;
-  group().allReduceSum(counts);
+  group().allReduce(counts);
   EXPECT_GE(counts.min().item<double>(), 1.0);  // every sample once, the padding's head twice
   EXPECT_EQ(counts.sum().item<double>(), static_cast<double>(sampler.numSamples() * w));
   const auto epoch0 = sampler.indices();
@@ -568,7 +568,7 @@ TEST(Shutdown, DestroyIsCollectiveAndFinal) {
   group().destroy();  // idempotent
   EXPECT_EQ(group().size(), std::getenv("WORLD_SIZE") ? std::atoi(std::getenv("WORLD_SIZE")) : 1);  // still answers
   auto t = torch::ones({1});
-  EXPECT_THROW(group().allReduceSum(t), ddp::ConfigError);
+  EXPECT_THROW(group().allReduce(t), ddp::ConfigError);
 }
 
 }  // namespace

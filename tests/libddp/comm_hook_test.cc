@@ -217,7 +217,7 @@ double spreadOverRanks(const std::vector<torch::Tensor>& params) {
     torch::Tensor root = p.clone();
     group().broadcast(root, 0);
     torch::Tensor diff = (p - root).abs().max().reshape({1});
-    group().allReduceSum(diff);
+    group().allReduce(diff);
     spread = std::max(spread, diff.item<double>());
   }
   return spread;

@@ -49,13 +49,14 @@ for backend in shm gloo; do
   name="stop_$backend"
   run "$name" stop "$backend"
   expect "$name" "hang report (a collective timed out"
-  expect "$name" "rank 1 is behind: never entered all_reduce #4 of 1000 float, which rank 0 entered"
+  expect "$name" "rank 1 is behind: never entered all_reduce #4 (the loss) of 1000 float, which rank 0 entered"
   expect "$name" "stopped (state T)"
   expect "$name" "stopHereForHangTest"
   report "$name" '
 assert r["reason"] == "timeout", r["reason"]
 assert r["behind"] == [1] and r["ahead"] == [0], (r["behind"], r["ahead"])
 assert r["missing"]["seq"] == 4 and r["missing"]["op"] == "all_reduce" and r["missing"]["numel"] == 1000
+assert r["missing"]["label"] == "the loss", r["missing"]
 assert ranks[0]["last_entered"]["state"] == "timed out" and ranks[0]["last_entered_seq"] == 4
 assert ranks[1]["last_entered_seq"] == 3 and ranks[1]["last_finished_seq"] == 3
 assert ranks[1]["stopped"] is True
@@ -65,7 +66,7 @@ assert r["mismatch"] is None'
   # Rank 1 spins in its own code instead of all-reduce #4.
   name="spin_$backend"
   run "$name" spin "$backend"
-  expect "$name" "rank 1 is behind: never entered all_reduce #4 of 1000 float"
+  expect "$name" "rank 1 is behind: never entered all_reduce #4 (the loss) of 1000 float"
   expect "$name" "spinInUserCodeForHangTest"
   report "$name" '
 assert r["behind"] == [1] and r["missing"]["seq"] == 4
@@ -75,7 +76,7 @@ assert "spinInUserCodeForHangTest" in frames(1)[0] or "spinInUserCodeForHangTest
   # Rank 1 skips the 3rd all-reduce: its barrier meets rank 0's 6th all-reduce at #6.
   name="skip_$backend"
   run "$name" skip "$backend"
-  expect "$name" "collectives do not pair at #6 (different collectives): rank 0 all_reduce #6 of 1000 float; rank 1 barrier #6"
+  expect "$name" "collectives do not pair at #6 (different collectives): rank 0 all_reduce #6 (the loss) of 1000 float; rank 1 barrier #6"
   report "$name" '
 m = r["mismatch"]
 assert m["seq"] == 6 and m["kind"] == "different collectives", m
@@ -85,7 +86,7 @@ assert calls == {0: "all_reduce", 1: "barrier"}, calls'
   # Rank 1 all-reduces 999 elements where rank 0 all-reduces 1000 (a different model on one rank).
   name="size_$backend"
   CRASH_OK=$([[ $backend == gloo ]] && echo 1 || echo 0) run "$name" size "$backend"
-  expect "$name" "collectives do not pair at #4 (different sizes): rank 0 all_reduce #4 of 1000 float; rank 1 all_reduce #4 of 999 float"
+  expect "$name" "collectives do not pair at #4 (different sizes): rank 0 all_reduce #4 (the loss) of 1000 float; rank 1 all_reduce #4 (the loss) of 999 float"
   if [[ $backend == shm ]]; then  # shm itself compares the ranks' calls: no silent 999-of-1000 sum
     expect "$name" "shm: the ranks' collectives do not pair: rank 1's collective is all_reduce of 999 float but rank 0's is all_reduce of 1000 float"
   fi
@@ -97,10 +98,10 @@ assert {c["rank"]: c["numel"] for c in m["calls"]} == {0: 1000, 1: 999}'
   # check_collectives: the same two bugs stop at the collective itself, with one line naming both calls.
   name="check_skip_$backend"
   run "$name" skip "$backend" check
-  expect "$name" "caught ddp::Error: collectives do not pair (comm.check_collectives): collective #6 is barrier on rank 1 but all_reduce of 1000 float on rank 0"
+  expect "$name" "caught ddp::Error: collectives do not pair (comm.check_collectives): collective #6 is barrier on rank 1 but all_reduce of 1000 float (the loss) on rank 0"
   name="check_size_$backend"
   run "$name" size "$backend" check
-  expect "$name" "caught ddp::Error: collectives do not pair (comm.check_collectives): collective #4 is all_reduce of 999 float on rank 1 but all_reduce of 1000 float on rank 0"
+  expect "$name" "caught ddp::Error: collectives do not pair (comm.check_collectives): collective #4 is all_reduce of 999 float (the loss) on rank 1 but all_reduce of 1000 float (the loss) on rank 0"
 done
 
 # check_collectives on a clean job changes nothing.

@@ -2,7 +2,8 @@
 # The layers of ARCHITECTURE.md, checked on the sources (and the launcher's binary):
 #   include/ddp/   public headers: LibTorch, the standard library and <ddp/...> only
 #   libddp/        the library: may include include/ddp, comm/, sampler/, common/; never worker/
-#   comm/ sampler/ below the library: never libddp/ or worker/
+#   comm/ sampler/ below the library: never libddp/ or worker/; of include/ddp only the shared types
+#                  (ddp/collectives.h, ddp/error.h)
 #   common/        below everything: never comm/, sampler/, libddp/, worker/
 #   launcher/      ddp-launch: common/ only, no LibTorch header (nor in the common/ files it includes),
 #                  and its binary does not link LibTorch
@@ -39,6 +40,14 @@ forbid '^libddp/' "comm/ and sampler/ are below the library" comm sampler
 forbid '^(libddp|comm|sampler)/' "common/ is below everything" common
 forbid '^(libddp|comm|sampler|worker|include)/' "the launcher builds on common/ only" launcher
 forbid '^libddp/internal\.h$' "the worker uses the public classes (include/ddp), not their insides" worker
+# The backends share the front's types only (c10d's Types.hpp), not its classes.
+for file in $(sources_in comm sampler); do
+  while IFS= read -r inc; do
+    if [[ $inc == ddp/* && $inc != ddp/collectives.h && $inc != ddp/error.h ]]; then
+      violations+=("$file includes \"$inc\": comm/ and sampler/ take ddp/collectives.h and ddp/error.h from include/ddp, nothing else")
+    fi
+  done < <(includes_of "$file")
+done
 
 # No LibTorch in the launcher, nor in the common/ headers and sources it uses.
 torch_re='^(torch|ATen|c10|caffe2)/'

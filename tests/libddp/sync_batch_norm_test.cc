@@ -35,7 +35,7 @@ torch::Tensor part(const torch::Tensor& whole, const std::vector<int64_t>& sizes
 
 torch::Tensor summed(torch::Tensor t) {
   t = t.clone();
-  group().allReduceSum(t);
+  group().allReduce(t);
   return t;
 }
 

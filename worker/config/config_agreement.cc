@@ -38,7 +38,7 @@ void checkConfigAgreement(const WorkerConfig& config, ProcessGroup& group) {
   at::Tensor rank0 = mine.clone().to(group.collectiveDevice());
   group.broadcast(rank0, /*root=*/0);
   at::Tensor differs = mine.ne(rank0.cpu()).to(at::kDouble).to(group.collectiveDevice());
-  group.allReduceSum(differs);
+  group.allReduce(differs);
   differs = differs.cpu();
   rank0 = rank0.cpu();
 

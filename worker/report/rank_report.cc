@@ -64,7 +64,7 @@ std::vector<RankReport> gatherRankReports(ProcessGroup& group, const RankReport&
   putString(slot + kNumbers, kDeviceBytes, mine.device);
   const c10::Device on = group.collectiveDevice();
   if (!on.is_cpu()) all = all.to(on);
-  group.allReduceSum(all);
+  group.allReduce(all);
   all = all.cpu().contiguous();
   std::vector<RankReport> out;
   if (group.rank() != 0) return out;

@@ -25,7 +25,7 @@ EvalCounts evaluate(torch::nn::AnyModule& model, const data::TensorDataset& test
     correct += model.forward(batch.images).argmax(1).eq(batch.labels).sum().item<int64_t>();
   }
   at::Tensor counts = at::tensor({correct, end - begin}, at::kLong).to(device);
-  group.allReduceSum(counts);
+  group.allReduce(counts);
   counts = counts.cpu();
   return EvalCounts{counts[0].item<int64_t>(), counts[1].item<int64_t>()};
 }

@@ -807,7 +807,7 @@ void TrainingRun::record(const StepPlace& place, bool last) {
     const at::TensorOptions o = lossForLog_.options();
     at::Tensor packed = at::cat({lossForLog_ * weight, at::full({1}, weight, o),
                                  at::full({1}, stopSignal() != 0 ? 1.0 : 0.0, o)});
-    group_.allReduceSum(packed);
+    group_.allReduce(packed);
     lossForLog_.copy_(packed.slice(0, 0, 1) / packed.slice(0, 1, 2).clamp_min(1));
     stopVotes_ = packed.slice(0, 2, 3);
   }
@@ -860,7 +860,7 @@ bool TrainingRun::stopRequested(const TrainPosition& position) {
       c10::NoGradGuard noGrad;
       stopFlag_.fill_(stopSignal() != 0 ? 1.0 : 0.0);
     }
-    group_.allReduceSum(stopFlag_);
+    group_.allReduce(stopFlag_);
     awaitGraph();
     group_.waitForCollectives();
     if (stopFlag_.item<double>() <= 0) return false;
