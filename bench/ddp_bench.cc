@@ -12,9 +12,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "ddp/ddp.h"
@@ -32,7 +34,13 @@ std::string benchBackend() {
 
 ddp::ProcessGroup connect() {
   ddp::InitOptions options;
-  options.backend = benchBackend();
+  const std::string name = benchBackend();
+  const std::optional<ddp::Backend> backend = ddp::parseBackend(name);
+  if (!backend) {
+    std::fprintf(stderr, "ddp_bench: DDP_BENCH_BACKEND is '%s'; use gloo or shm\n", name.c_str());
+    std::exit(2);
+  }
+  options.backend = *backend;
   options.device = "cpu";
   options.timeoutName = "ddp_bench's timeout";
   return ddp::initProcessGroup(options);

@@ -5,21 +5,8 @@
 namespace ddp::comm {
 
 Backend parseBackend(const std::string& name) {
-  if (name == "auto") return Backend::kAuto;
-  if (name == "gloo") return Backend::kGloo;
-  if (name == "nccl") return Backend::kNccl;
-  if (name == "shm") return Backend::kShm;
+  if (const auto backend = ::ddp::parseBackend(name)) return *backend;
   DDP_THROW(ConfigError, "config: backend '", name, "' is not one of auto | gloo | nccl | shm");
-}
-
-std::string backendName(Backend backend) {
-  switch (backend) {
-    case Backend::kAuto: return "auto";
-    case Backend::kGloo: return "gloo";
-    case Backend::kNccl: return "nccl";
-    case Backend::kShm: return "shm";
-  }
-  return "?";
 }
 
 bool ncclCompiled() {
@@ -53,6 +40,8 @@ Backend resolveBackend(Backend requested, bool deviceIsCuda, bool singleHost) {
                   "use backend: gloo (or auto)");
       }
       return Backend::kNccl;
+    case Backend::kLocal:
+      DDP_THROW(ConfigError, "backend 'local' is what a group of one reports; ask for auto, gloo, nccl or shm");
   }
   return Backend::kGloo;
 }

@@ -3,13 +3,14 @@
 
 #include <string>
 
+#include "ddp/collectives.h"
+
 namespace ddp::comm {
 
-enum class Backend { kAuto, kGloo, kNccl, kShm };
+using Backend = ::ddp::Backend;
 
 /// Parses "auto" | "gloo" | "nccl" | "shm"; throws ConfigError otherwise.
 Backend parseBackend(const std::string& name);
-std::string backendName(Backend backend);
 
 /// True when this build can create ProcessGroupNCCL (a CUDA LibTorch).
 bool ncclCompiled();

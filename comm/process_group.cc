@@ -70,6 +70,7 @@ std::unique_ptr<Communicator> makeCommunicator(const c10::intrusive_ptr<c10d::St
         return makeShmCommunicator(prefixed, shm);
       }
       case Backend::kAuto:
+      case Backend::kLocal:
         break;
     }
   } catch (const ddp::Error&) {

@@ -38,13 +38,6 @@ bool aliases(const at::Tensor& a, const at::Tensor& b) {
 
 }  // namespace
 
-WireDtype parseCompression(const std::string& name) {
-  if (name == "none") return WireDtype::kNone;
-  if (name == "fp16") return WireDtype::kFp16;
-  if (name == "bf16") return WireDtype::kBf16;
-  DDP_THROW(ConfigError, "ddp::DdpOptions::compression is '", name, "'; use none, fp16 or bf16");
-}
-
 Reducer::Reducer(Communicator& comm, std::vector<at::Tensor> params,
                  std::vector<std::string> names, ReducerOptions options)
     : comm_(comm), params_(std::move(params)), names_(std::move(names)), options_(options) {

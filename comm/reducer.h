@@ -21,8 +21,6 @@ namespace ddp::comm {
 /// The dtype gradients travel in. Buckets stay in the parameters' dtype.
 enum class WireDtype { kNone, kFp16, kBf16 };
 
-/// "none" | "fp16" | "bf16"; throws ConfigError otherwise.
-WireDtype parseCompression(const std::string& name);
 
 /// Reduces one bucket instead of the built-in all-reduce (the library's CommHook behind it).
 /// `buffer` holds this rank's sum, not yet divided; the work's wait() leaves the mean there.

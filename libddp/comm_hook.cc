@@ -59,7 +59,7 @@ class CompressHook final : public CommHook {
   explicit CompressHook(at::ScalarType dtype) : dtype_(dtype) {}
   Work run(GradBucket& bucket, ProcessGroup& group) override {
     // Gloo of LibTorch 1.13 has no bfloat16 sum: the all-reduce would fail and poison the group.
-    if (dtype_ == at::kBFloat16 && !compat::kGlooSumsBFloat16 && group.backend() == "gloo") {
+    if (dtype_ == at::kBFloat16 && !compat::kGlooSumsBFloat16 && group.backend() == Backend::kGloo) {
       DDP_THROW(ConfigError, "ddp::bf16CompressHook: the gloo backend of this LibTorch cannot all-reduce bfloat16; "
                 "use fp16CompressHook, or the shm or nccl backend");
     }

@@ -111,17 +111,16 @@ DdpEngine::DdpEngine(torch::nn::Module& module, ProcessGroup group, DdpOptions o
     : state_(std::make_unique<State>(std::move(group))) {
   comm::Communicator& comm = api::communicatorOf(state_->group, "DistributedDataParallel's construction");
   api::CollectiveLabel label(state_->group, "DistributedDataParallel construction");
-  if (options.reducer != "bucketed" && options.reducer != "flat") {
-    DDP_THROW(ConfigError, "ddp::DdpOptions::reducer is '", options.reducer, "'; use bucketed or flat");
-  }
   comm::ReducerOptions reducer;
   reducer.bucketCapBytes = megabytes(options.bucketCapMb, "bucketCapMb");
   reducer.firstBucketCapBytes = megabytes(options.firstBucketCapMb, "firstBucketCapMb");
   reducer.findUnusedParameters = options.findUnusedParameters;
   reducer.gradientAsBucketView = options.gradientAsBucketView;
-  reducer.compression = comm::parseCompression(options.compression);
+  reducer.compression = options.compression == GradientCompression::kFp16   ? comm::WireDtype::kFp16
+                        : options.compression == GradientCompression::kBf16 ? comm::WireDtype::kBf16
+                                                                           : comm::WireDtype::kNone;
   reducer.staticGraph = options.staticGraph;
-  state_->flat = options.reducer == "flat";
+  state_->flat = options.reducer == GradientReducer::kFlat;
 
   std::vector<at::Tensor> params;
   std::vector<std::string> names;
@@ -143,7 +142,7 @@ DdpEngine::DdpEngine(torch::nn::Module& module, ProcessGroup group, DdpOptions o
   state_->syncBuffers = comm.size() > 1 && options.broadcastBuffers && !state_->buffers.empty();
   if (comm.size() == 1 && !options.syncOnOneRank) return;
   state_->gradients = std::make_unique<api::LabelledCommunicator>(state_->group, "DDP gradients");
-  if (options.reducer == "bucketed") {
+  if (options.reducer == GradientReducer::kBucketed) {
     auto bucketed = std::make_unique<comm::Reducer>(*state_->gradients, params, names, reducer);
     state_->reducer = bucketed.get();
     state_->gradientSync = std::move(bucketed);

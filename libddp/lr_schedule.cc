@@ -11,18 +11,18 @@ namespace ddp {
 
 LrSchedule::LrSchedule(LrScheduleOptions options) : options_(std::move(options)) {
   const auto& o = options_;
-  if (o.kind != "constant" && o.kind != "step" && o.kind != "cosine" && o.kind != "linear") {
-    DDP_THROW(ConfigError, "ddp::LrScheduleOptions::kind is '", o.kind, "'; use constant, step, cosine or linear");
+  if (!parseLrDecay(lrDecayName(o.kind))) {
+    DDP_THROW(ConfigError, "ddp::LrScheduleOptions::kind is ", static_cast<int>(o.kind), ", not an LrDecay");
   }
   if (!(o.baseLr > 0) || !std::isfinite(o.baseLr)) {
     DDP_THROW(ConfigError, "ddp::LrScheduleOptions::baseLr must be a positive finite number (got ", o.baseLr, ")");
   }
   if (o.warmupSteps < 0) DDP_THROW(ConfigError, "ddp::LrScheduleOptions::warmupSteps must be >= 0 (got ", o.warmupSteps, ")");
-  if ((o.kind == "cosine" || o.kind == "linear") && o.totalSteps <= o.warmupSteps) {
-    DDP_THROW(ConfigError, "ddp::LrSchedule: a ", o.kind, " decay needs totalSteps (", o.totalSteps,
+  if ((o.kind == LrDecay::kCosine || o.kind == LrDecay::kLinear) && o.totalSteps <= o.warmupSteps) {
+    DDP_THROW(ConfigError, "ddp::LrSchedule: a ", lrDecayName(o.kind), " decay needs totalSteps (", o.totalSteps,
               ") > warmupSteps (", o.warmupSteps, "): the warm-up would take the whole run");
   }
-  if (o.kind == "step" && o.stepSize < 1) DDP_THROW(ConfigError, "ddp::LrScheduleOptions::stepSize must be >= 1 (got ", o.stepSize, ")");
+  if (o.kind == LrDecay::kStep && o.stepSize < 1) DDP_THROW(ConfigError, "ddp::LrScheduleOptions::stepSize must be >= 1 (got ", o.stepSize, ")");
   if (!(o.minLr >= 0) || !std::isfinite(o.minLr)) {
     DDP_THROW(ConfigError, "ddp::LrScheduleOptions::minLr must be a finite number >= 0 (got ", o.minLr, ")");
   }
@@ -40,16 +40,16 @@ double LrSchedule::at(int64_t step) const {
     return o.baseLr * (s + (1.0 - s) * static_cast<double>(step) / static_cast<double>(w));
   }
   const int64_t k = step - w;  // steps since the warm-up ended (SequentialLR restarts the next one at 0)
-  if (o.kind == "step") {
+  if (o.kind == LrDecay::kStep) {
     return o.baseLr * std::pow(o.gamma, static_cast<double>(k / o.stepSize));
   }
-  if (o.kind == "cosine") {
+  if (o.kind == LrDecay::kCosine) {
     // CosineAnnealingLR(T_max = total - W, eta_min) in closed form (past T_max it rises again, as
     // PyTorch's does).
     const double t = static_cast<double>(k) / static_cast<double>(o.totalSteps - w);
     return o.minLr + (o.baseLr - o.minLr) * (1.0 + std::cos(M_PI * t)) / 2.0;
   }
-  if (o.kind == "linear") {
+  if (o.kind == LrDecay::kLinear) {
     // LinearLR(start_factor=1, end_factor=minLr/base, total_iters = total - W).
     const double t = static_cast<double>(std::min(k, o.totalSteps - w)) / static_cast<double>(o.totalSteps - w);
     return o.baseLr * (1.0 + (o.minLr / o.baseLr - 1.0) * t);

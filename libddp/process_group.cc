@@ -44,6 +44,7 @@ struct ProcessGroup::Impl final : comm::Communicator {
   int rank_ = 0;
   int size_ = 1;
   std::string backend;
+  Backend backendKind = Backend::kLocal;
   c10::Device collectiveDevice{c10::kCPU};
   bool destroyed = false;
   std::string destroyedAt;  // file:line of the destroy() call
@@ -64,6 +65,7 @@ struct ProcessGroup::Impl final : comm::Communicator {
     rank_ = c->rank();
     size_ = c->size();
     backend = c->backendName();
+    backendKind = backend == "local" ? Backend::kLocal : ::ddp::parseBackend(backend).value_or(Backend::kGloo);
     collectiveDevice = c->device();
   }
 
@@ -464,7 +466,7 @@ int ProcessGroup::size() const { return impl().size_; }
 int ProcessGroup::localRank() const { return impl().localRank; }
 int ProcessGroup::localSize() const { return impl().localSize; }
 c10::Device ProcessGroup::device() const { return impl().rankDevice; }
-std::string ProcessGroup::backend() const { return impl().backend; }
+Backend ProcessGroup::backend() const { return impl().backendKind; }
 c10::Device ProcessGroup::collectiveDevice() const { return impl().collectiveDevice; }
 bool ProcessGroup::destroyed() const { return impl().destroyed; }
 
@@ -814,7 +816,11 @@ ProcessGroup initProcessGroup(const InitOptions& options) {
 
   impl->localRank = env.localRank;
   impl->localSize = env.localWorldSize;
-  const comm::Backend requested = comm::parseBackend(options.backend);
+  const comm::Backend requested = options.backend;
+  if (requested == Backend::kLocal) {
+    DDP_THROW(ConfigError, "ddp::InitOptions::backend is kLocal, which a group of one reports; ask for kAuto, kGloo, "
+              "kNccl or kShm");
+  }
   DeviceRequest request;
   request.requested = options.device;
   request.localRank = env.localRank;
@@ -948,7 +954,7 @@ std::unique_ptr<comm::Communicator> createGroup(const c10::intrusive_ptr<c10d::S
                                                 const comm::ProcessGroupOptions& pg,
                                                 const comm::RendezvousOptions& rdv) {
   runtime::StartupWatchdog watchdog(phaseLimit(rdv), [&rdv, &pg] {
-    return "start-up: rank " + std::to_string(rdv.rank) + " could not create its " + comm::backendName(pg.backend) +
+    return "start-up: rank " + std::to_string(rdv.rank) + " could not create its " + backendName(pg.backend) +
            " process group within " + rdv.timeoutName + "=" +
            ::ddp::detail::concat(static_cast<double>(rdv.timeout.count()) / 1000.0) + " s (the store at " +
            rdv.masterAddr + ":" + std::to_string(rdv.masterPort) + " stopped answering); did another rank fail?";

@@ -145,7 +145,7 @@ ddp::ProcessGroup startGroup(const ddp::worker::WorkerConfig& config, std::optio
   ddp::InitOptions init;
   // mode single needs no network whatever the backend; ddp with backend nccl gets an NCCL group even
   // for one rank (as init_process_group does), so a one-GPU job runs NCCL too.
-  init.backend = config.mode == Mode::kSingle ? "auto" : config.backend;
+  init.backend = config.mode == Mode::kSingle ? ddp::Backend::kAuto : config.backend;
   init.device = config.device;
   init.timeout = std::chrono::milliseconds(static_cast<int64_t>(config.comm.timeoutS * 1000));
   init.timeoutName = "comm.timeout_s";
@@ -177,7 +177,7 @@ void writeDdpSummary(const ddp::worker::WorkerConfig& config, const ddp::worker:
   }
   nlohmann::json summary =
       trainingSummary(config, result, group.size(), modeName(config.mode),
-                      group.backend() == "local" ? "none" : group.backend(), group.device().str(),
+                      group.backend() == ddp::Backend::kLocal ? "none" : ddp::backendName(group.backend()), group.device().str(),
                       config.train.batchSize * group.size());
   summary["peak_rss_mb"] = rssMb.front();
   summary["peak_rss_mb_per_process"] = rssMb;
@@ -210,7 +210,7 @@ int runDistributed(const ddp::worker::WorkerConfig& config, const ddp::runtime::
   checkConfigAgreement(config, group);
   if (group.rank() == 0) {
     spdlog::info("mode {} world {} backend {} device {} model {} data {} ({} train / {} test)",
-                 modeName(config.mode), group.size(), group.backend(), group.device().str(),
+                 modeName(config.mode), group.size(), ddp::backendName(group.backend()), group.device().str(),
                  config.model.name, config.data.name, data.train.size(), data.test.size());
     ddp::checkpoint::makeDirectories(config.output.dir);
     ddp::checkpoint::writeFileAtomic(config.output.dir + "/config.resolved.yaml", dumpConfig(config));

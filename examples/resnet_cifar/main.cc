@@ -65,7 +65,7 @@ int main(int argc, char** argv) try {
   // epochs resumes on the same curve.
   const int64_t stepsPerEpoch = (trainX.size(0) / group.size() + 31) / 32;
   ddp::LrScheduleOptions lr;
-  lr.kind = "cosine";
+  lr.kind = ddp::LrDecay::kCosine;
   lr.baseLr = 2e-3;
   lr.warmupSteps = 20;
   lr.totalSteps = 8 * stepsPerEpoch;
@@ -125,7 +125,7 @@ int main(int argc, char** argv) try {
   if (group.rank() == 0) {
     std::printf("test accuracy %.4f (%lld samples), world %d, backend %s\n",
                 counts[0].item<double>() / counts[1].item<double>(), static_cast<long long>(counts[1].item<double>()),
-                group.size(), group.backend().c_str());
+                group.size(), ddp::backendName(group.backend()));
   }
   group.destroy();
   return 0;

@@ -1,9 +1,11 @@
-// The typed per-call options of ddp::ProcessGroup's collectives (c10d's Types.hpp twin): the
-// reduction, a timeout, a label. Shared by the public front and the backends below it.
+// The types of ddp::ProcessGroup's collectives (c10d's Types.hpp twin): the backend, the reduction,
+// per-call options (a timeout, a label). Shared by the public front and the backends below it.
 #pragma once
 
 #include <chrono>
+#include <optional>
 #include <string>
+#include <string_view>
 
 namespace ddp {
 
@@ -26,6 +28,36 @@ inline const char* reduceOpName(ReduceOp op) {
     case ReduceOp::kMax: return "max";
   }
   return "?";
+}
+
+/// Which collectives a group runs on (torch.distributed's backend names).
+enum class Backend {
+  kAuto,   ///< InitOptions: NCCL on GPUs, shm when every rank is on this host's CPUs, else Gloo
+  kGloo,
+  kNccl,
+  kShm,    ///< our shared-memory collectives (one host, CPU)
+  kLocal,  ///< ProcessGroup::backend() of a group of one (no network)
+};
+
+/// "auto", "gloo", "nccl", "shm", "local".
+inline const char* backendName(Backend backend) {
+  switch (backend) {
+    case Backend::kAuto: return "auto";
+    case Backend::kGloo: return "gloo";
+    case Backend::kNccl: return "nccl";
+    case Backend::kShm: return "shm";
+    case Backend::kLocal: return "local";
+  }
+  return "?";
+}
+
+/// The backend a name (auto | gloo | nccl | shm) chooses; nullopt for any other (your own
+/// option's error names it: InitOptions takes the enum).
+inline std::optional<Backend> parseBackend(std::string_view name) {
+  for (Backend b : {Backend::kAuto, Backend::kGloo, Backend::kNccl, Backend::kShm}) {
+    if (name == backendName(b)) return b;
+  }
+  return std::nullopt;
 }
 
 /// What every collective takes (all_gather, all_to_all, barrier, send, recv, ...).

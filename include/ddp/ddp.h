@@ -25,6 +25,7 @@
 #include "ddp/cuda_graph.h"                 // CudaGraph (capture and replay a step)
 #include "ddp/data.h"                       // loadOncePerHost
 #include "ddp/data_loader.h"                // DataLoaderSampler (torch::data)
+#include "ddp/ddp_options.h"                // DdpOptions, GradientCompression, GradientReducer
 #include "ddp/distributed_data_parallel.h"  // DistributedDataParallel, DdpEngine
 #include "ddp/fused_optim.h"                // FusedAdamW, FusedSGD
 #include "ddp/join.h"                       // Join (uneven inputs)

@@ -8,41 +8,20 @@
 #include <torch/nn/pimpl.h>
 
 #include <memory>
+#include <optional>
 #include <type_traits>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "ddp/comm_hook.h"
+#include "ddp/ddp_options.h"
 #include "ddp/process_group.h"
 
 namespace ddp {
 
-struct DdpOptions {
-  double bucketCapMb = 25;            // like DDP's bucket_cap_mb
-  double firstBucketCapMb = 1;        // a small first bucket starts communication early
-  bool findUnusedParameters = false;  // parameters the forward did not reach count as ready
-  bool broadcastBuffers = true;       // rank 0's buffers (BatchNorm statistics) before a forward that
-                                      // follows a synchronising one (PyTorch's rule: under noSync, before
-                                      // the first micro-batch only)
-  bool gradientAsBucketView = false;  // .grad aliases the communication bucket (saves a copy)
-  std::string compression = "none";   // none | fp16 | bf16: the dtype gradients travel in (DDP's
-                                      // fp16_compress_hook / bf16_compress_hook)
-  std::string reducer = "bucketed";   // bucketed: DDP's Reducer, all-reduces overlapped with backward;
-                                      // flat: one all-reduce of every gradient after backward
-  /// How each bucket is reduced (register_comm_hook): allReduceHook(), fp16CompressHook(),
-  /// bf16CompressHook(), powerSgdHook(...) or your own CommHook; null: the built-in all-reduce.
-  std::shared_ptr<CommHook> commHook;
-  /// static_graph=True: the set of parameters the forward uses never changes, so with
-  /// findUnusedParameters the graph is searched and the used map all-reduced in the first
-  /// synchronising backward only.
-  bool staticGraph = false;
-  /// A one-rank group runs the gradient sync too (buckets, all-reduces over the one rank), as
-  /// PyTorch's DDP does at world size 1. Off: with one rank there is nothing to average, and the
-  /// engine leaves the gradients alone.
-  bool syncOnOneRank = false;
-};
 
 /// The engine behind DistributedDataParallel, for any torch::nn::Module. Construction broadcasts
 /// rank 0's parameters and buffers (collective). Per forward: beforeForward(), the module's forward,

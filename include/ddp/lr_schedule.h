@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 
 namespace torch::optim {
 class Optimizer;
@@ -13,8 +15,29 @@ class Optimizer;
 
 namespace ddp {
 
+/// What follows the warm-up: constant, StepLR, CosineAnnealingLR or a linear decay (LinearLR).
+enum class LrDecay { kConstant, kStep, kCosine, kLinear };
+
+/// "constant", "step", "cosine", "linear".
+inline const char* lrDecayName(LrDecay decay) {
+  switch (decay) {
+    case LrDecay::kConstant: return "constant";
+    case LrDecay::kStep: return "step";
+    case LrDecay::kCosine: return "cosine";
+    case LrDecay::kLinear: return "linear";
+  }
+  return "?";
+}
+/// The decay a name (constant | step | cosine | linear) chooses; nullopt for any other.
+inline std::optional<LrDecay> parseLrDecay(std::string_view name) {
+  for (auto d : {LrDecay::kConstant, LrDecay::kStep, LrDecay::kCosine, LrDecay::kLinear}) {
+    if (name == lrDecayName(d)) return d;
+  }
+  return std::nullopt;
+}
+
 struct LrScheduleOptions {
-  std::string kind = "constant";  // constant | step | cosine | linear (what follows the warm-up)
+  LrDecay kind = LrDecay::kConstant;  // what follows the warm-up
   double baseLr = 0.1;            // the optimizer's lr
   int64_t warmupSteps = 0;        // steps 0..W-1 use baseLr·(k+1)/(W+1): PyTorch's
                                   // LinearLR(start_factor=1/(W+1), total_iters=W); then baseLr
@@ -27,7 +50,7 @@ struct LrScheduleOptions {
 
 class LrSchedule {
  public:
-  /// Throws ConfigError for a kind it does not know, a negative warm-up, a cosine or linear decay
+  /// Throws ConfigError for a negative warm-up, a cosine or linear decay
   /// with totalSteps <= warmupSteps, stepSize < 1, or a non-positive baseLr.
   explicit LrSchedule(LrScheduleOptions options);
 

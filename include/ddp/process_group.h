@@ -38,7 +38,7 @@ class GroupStart {
 };
 
 struct InitOptions {
-  std::string backend = "auto";  // auto (NCCL on GPUs, shm on one host's CPUs, else Gloo) | gloo | nccl | shm
+  Backend backend = Backend::kAuto;  // kAuto: NCCL on GPUs, shm on one host's CPUs, else Gloo; kGloo | kNccl | kShm
   std::string device = "auto";   // auto (cuda:LOCAL_RANK when GPUs are visible, else cpu) | cpu | cuda | cuda:N
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // rendezvous and every collective
   /// Runs on every rank after the ranks have met at the store and before the process group is
@@ -95,7 +95,7 @@ class ProcessGroup {
   int localRank() const;       // LOCAL_RANK: indexes this host's GPUs
   int localSize() const;       // LOCAL_WORLD_SIZE
   c10::Device device() const;  // where this rank computes (already the current CUDA device)
-  std::string backend() const; // "gloo", "nccl", or "local" for world size 1
+  Backend backend() const;     // kGloo, kNccl, kShm, or kLocal for a group of one (backendName() spells it)
   /// Where collectives take their tensors: the rank's GPU for NCCL, the CPU otherwise.
   c10::Device collectiveDevice() const;
 

@@ -167,7 +167,7 @@ TEST(Collectives, AllToAllDeliversPartKToRankK) {
 TEST(Collectives, SendRecvAroundTheRingOrRefusedOnShm) {
   const int rank = group().rank();
   const int next = (rank + 1) % 3, prev = (rank + 2) % 3;
-  if (group().backend() == "shm") {
+  if (group().backend() == ddp::Backend::kShm) {
     try {
       group().send(valuesOf(rank, 0), next);
       ADD_FAILURE() << "shm accepted send";
@@ -226,7 +226,7 @@ TEST(Collectives, NewGroupOfRanksZeroAndTwo) {
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   ddp::InitOptions options;
-  if (const char* backend = std::getenv("DDP_TEST_BACKEND")) options.backend = backend;
+  if (const char* backend = std::getenv("DDP_TEST_BACKEND")) options.backend = ddp::parseBackend(backend).value();
   if (const char* device = std::getenv("DDP_TEST_DEVICE")) options.device = device;
   options.timeout = std::chrono::seconds(60);
   theGroup = ddp::initProcessGroup(options);

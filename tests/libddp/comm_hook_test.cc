@@ -119,7 +119,7 @@ TEST_P(HookAgainstPyTorch, SameGradientsSameResult) {
   ASSERT_FALSE(c.name.empty()) << GetParam();
   auto hook = makeHook(c);
 #if TORCH_VERSION_MAJOR < 2
-  if (c.hook == "bf16" && group().backend() == "gloo") {
+  if (c.hook == "bf16" && group().backend() == ddp::Backend::kGloo) {
     // LibTorch 1.13's Gloo cannot sum bfloat16: refused before any collective, the group intact.
     at::Tensor buffer = at::ones({4});
     ddp::GradBucket bucket(0, true, buffer, {buffer}, {});
@@ -241,7 +241,7 @@ TEST(HooksInDdp, PowerSgdKeepsReplicasEqualAndItsWarmUpIsPlainDdp) {
 
 TEST(HooksInDdp, Fp16HookEqualsTheCompressionOption) {
   ddp::DdpOptions option;
-  option.compression = "fp16";
+  option.compression = ddp::GradientCompression::kFp16;
   ddp::DdpOptions hook;
   hook.commHook = ddp::fp16CompressHook();
   EXPECT_EQ(maxDiff(train(option, 3), train(hook, 3)), 0.0);
@@ -258,11 +258,11 @@ TEST(HooksInDdp, RegistrationMisuseIsRefusedWithOneLine) {
     EXPECT_NE(std::string(e.what()).find("a hook (allreduce) is registered already"), std::string::npos) << e.what();
   }
   ddp::DdpOptions compressed;
-  compressed.compression = "fp16";
+  compressed.compression = ddp::GradientCompression::kFp16;
   ddp::DistributedDataParallel<Net> other(Net(), group(), compressed);
   EXPECT_THROW(other.registerCommHook(ddp::allReduceHook()), ddp::ConfigError);
   ddp::DdpOptions flat;
-  flat.reducer = "flat";
+  flat.reducer = ddp::GradientReducer::kFlat;
   flat.commHook = ddp::allReduceHook();
   EXPECT_THROW(ddp::DistributedDataParallel<Net>(Net(), group(), flat), ddp::ConfigError);
   ddp::PowerSgdOptions early;
@@ -362,7 +362,7 @@ TEST(ChannelsLast, PowerSgdCompressesAChannelsLastWeightAndKeepsReplicasEqual) {
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   ddp::InitOptions options;
-  if (const char* backend = std::getenv("DDP_TEST_BACKEND")) options.backend = backend;
+  if (const char* backend = std::getenv("DDP_TEST_BACKEND")) options.backend = ddp::parseBackend(backend).value();
   options.timeout = std::chrono::seconds(60);
   theGroup = ddp::initProcessGroup(options);
   if (theGroup->size() != 2) {

@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
   const std::string scenario = argv[1];
   try {
     ddp::InitOptions options;
-    options.backend = argv[2];
+    options.backend = ddp::parseBackend(argv[2]).value();
     options.timeout = std::chrono::seconds(std::atoi(argv[3]));
     options.hangReportDir = argv[4];
     options.checkCollectives = argc > 5 && std::string(argv[5]) == "check";

@@ -218,7 +218,7 @@ TEST_P(WithoutBatchAccumulated, GradientsAreTheMeanOverTheMicroBatchesHeld) {
   ddp::DdpOptions options;
   options.bucketCapMb = 1e-4;  // ~100 bytes: one bucket per parameter or so
   options.firstBucketCapMb = 1e-4;
-  options.reducer = variant == "flat" ? "flat" : "bucketed";
+  options.reducer = variant == "flat" ? ddp::GradientReducer::kFlat : ddp::GradientReducer::kBucketed;
   options.findUnusedParameters = variant == "find_unused";
   options.gradientAsBucketView = variant == "bucket_view";
   torch::nn::Sequential model = makeModel();
@@ -272,7 +272,7 @@ TEST(BackwardWithoutBatch, InsideAJoinIsRefusedWithOneLine) {
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   ddp::InitOptions options;
-  if (const char* backend = std::getenv("DDP_TEST_BACKEND")) options.backend = backend;
+  if (const char* backend = std::getenv("DDP_TEST_BACKEND")) options.backend = ddp::parseBackend(backend).value();
   options.timeout = std::chrono::seconds(120);  // rank 0 runs PyTorch's reference meanwhile
   theGroup = ddp::initProcessGroup(options);
   if (theGroup->size() != 3) {

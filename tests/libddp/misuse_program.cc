@@ -27,7 +27,7 @@ int timeoutSeconds = 20;
 
 ddp::ProcessGroup start(const std::string& backend) {
   ddp::InitOptions options;
-  options.backend = backend;
+  options.backend = ddp::parseBackend(backend).value();
   options.timeout = std::chrono::seconds(timeoutSeconds);  // a pairing bug must not hold the test for minutes
   return ddp::initProcessGroup(options);
 }
@@ -56,7 +56,7 @@ int run(const std::string& scenario, const std::string& backend) {
   }
   if (scenario == "before_group_fails_on_rank0") {  // rank 0 hosts the store and leaves on its error
     ddp::InitOptions options;
-    options.backend = backend;
+    options.backend = ddp::parseBackend(backend).value();
     options.timeout = std::chrono::seconds(timeoutSeconds);
     options.beforeGroup = [](const ddp::GroupStart& start) {
       if (start.rank() == 0) throw ddp::ConfigError("the model does not fit (a check of rank 0's own)");

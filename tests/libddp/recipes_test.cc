@@ -46,7 +46,7 @@ nlohmann::json askPython(const nlohmann::json& request) {
 ddp::LrScheduleOptions schedule(const std::string& kind, double base, int64_t warmup, int64_t total, double minLr = 0,
                                 int64_t stepSize = 1, double gamma = 0.1) {
   ddp::LrScheduleOptions o;
-  o.kind = kind;
+  o.kind = ddp::parseLrDecay(kind).value();
   o.baseLr = base;
   o.warmupSteps = warmup;
   o.totalSteps = total;
@@ -65,7 +65,7 @@ TEST(LrSchedule, EveryStepEqualsPyTorchsSchedulers) {
       schedule("linear", 0.02, 6, 31, 0.0)};
   nlohmann::json request = {{"schedules", nlohmann::json::array()}};
   for (const auto& o : cases) {
-    request["schedules"].push_back({{"kind", o.kind}, {"base_lr", o.baseLr}, {"warmup_steps", o.warmupSteps},
+    request["schedules"].push_back({{"kind", ddp::lrDecayName(o.kind)}, {"base_lr", o.baseLr}, {"warmup_steps", o.warmupSteps},
                                     {"total_steps", o.totalSteps}, {"min_lr", o.minLr}, {"step_size", o.stepSize},
                                     {"gamma", o.gamma}, {"steps", o.totalSteps + 1}});
   }
@@ -78,7 +78,7 @@ TEST(LrSchedule, EveryStepEqualsPyTorchsSchedulers) {
     for (std::size_t k = 0; k < lrs.size(); ++k) {
       const double want = lrs[k].get<double>();
       EXPECT_NEAR(s.at(static_cast<int64_t>(k)), want, 1e-12 * std::max(1.0, std::abs(want)))
-          << cases[c].kind << " warm-up " << cases[c].warmupSteps << " step " << k;
+          << ddp::lrDecayName(cases[c].kind) << " warm-up " << cases[c].warmupSteps << " step " << k;
     }
   }
 }
@@ -94,7 +94,10 @@ TEST(LrSchedule, ApplySetsEveryParameterGroup) {
 }
 
 TEST(LrSchedule, RefusesWhatPyTorchWouldNotDo) {
-  EXPECT_THROW(ddp::LrSchedule(schedule("cosin", 0.1, 0, 10)), ddp::ConfigError);
+  EXPECT_FALSE(ddp::parseLrDecay("cosin").has_value());  // a misspelt name never reaches the options
+  ddp::LrScheduleOptions unknown = schedule("cosine", 0.1, 0, 10);
+  unknown.kind = static_cast<ddp::LrDecay>(9);  // a value no LrDecay has
+  EXPECT_THROW(ddp::LrSchedule{unknown}, ddp::ConfigError);
   EXPECT_THROW(ddp::LrSchedule(schedule("cosine", 0.1, 10, 10)), ddp::ConfigError);  // warm-up takes the run
   EXPECT_THROW(ddp::LrSchedule(schedule("step", 0.1, 0, 10, 0, 0)), ddp::ConfigError);
   EXPECT_THROW(ddp::LrSchedule(schedule("constant", -0.1, 0, 10)), ddp::ConfigError);

@@ -19,7 +19,7 @@ ddp::ProcessGroup& group() {
   static ddp::ProcessGroup g = [] {
     ddp::InitOptions options;
     const char* backend = std::getenv("DDP_TEST_BACKEND");
-    if (backend != nullptr) options.backend = backend;
+    if (backend != nullptr) options.backend = ddp::parseBackend(backend).value();
     options.timeout = std::chrono::seconds(60);
     return ddp::initProcessGroup(options);
   }();

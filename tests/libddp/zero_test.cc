@@ -142,7 +142,7 @@ TEST(Zero, MisuseIsOneLine) {
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   ddp::InitOptions options;
-  if (const char* backend = std::getenv("DDP_TEST_BACKEND")) options.backend = backend;
+  if (const char* backend = std::getenv("DDP_TEST_BACKEND")) options.backend = ddp::parseBackend(backend).value();
   options.timeout = std::chrono::seconds(60);
   theGroup = ddp::initProcessGroup(options);
   torch::set_num_threads(1);

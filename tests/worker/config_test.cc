@@ -19,7 +19,7 @@ std::string errorOf(const std::string& yaml, const std::vector<std::string>& ove
 TEST(Config, EmptyDocumentGivesDocumentedDefaults) {
   const WorkerConfig c = parseConfig("");
   EXPECT_EQ(c.mode, Mode::kDdp);
-  EXPECT_EQ(c.backend, "auto");
+  EXPECT_EQ(c.backend, ddp::Backend::kAuto);
   EXPECT_EQ(c.model.name, "cnn");
   EXPECT_EQ(c.data.root, "/usr/share/datasets/fashion-mnist");
   EXPECT_EQ(c.train.batchSize, 64);

@@ -67,10 +67,25 @@ Field bindMode(const std::string& key, Mode& ref) {
                [&ref] { return YAML::Node(modeName(ref)); }};
 }
 
+// A choice among names, held as the library's enum (parsed here, once): a name it does not know is
+// "config: '<key>' is '<value>'; use <names>".
+template <typename E>
+Field bindChoice(const std::string& key, E& ref, std::optional<E> (*parse)(std::string_view), const char* (*name)(E),
+                 const std::string& names) {
+  return Field{key, "string",
+               [&ref, key, parse, names](const YAML::Node& n) {
+                 const std::string v = n.IsNull() ? std::string() : n.as<std::string>();
+                 const std::optional<E> parsed = parse(v);
+                 if (!parsed) DDP_THROW(ConfigError, "config: '", key, "' is '", v, "'; use ", names);
+                 ref = *parsed;
+               },
+               [&ref, name] { return YAML::Node(std::string(name(ref))); }};
+}
+
 std::vector<Field> fieldsOf(WorkerConfig& c) {
   return {
       bindMode("mode", c.mode),
-      bindField("backend", "string", c.backend),
+      bindChoice("backend", c.backend, ddp::parseBackend, ddp::backendName, "auto, gloo, nccl or shm"),
       bindField("device", "string", c.device),
       bindField("seed", "non-negative integer", c.seed),
       bindField("resume", "string", c.resume),
@@ -123,7 +138,8 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("train.nesterov", "boolean", c.train.nesterov),
       bindField("train.fused", "string", c.train.fused),
       bindField("train.zero", "boolean", c.train.zero),
-      bindField("train.lr_schedule", "string", c.train.lrSchedule),
+      bindChoice("train.lr_schedule", c.train.lrSchedule, ddp::parseLrDecay, ddp::lrDecayName,
+                 "constant, step, cosine or linear"),
       bindField("train.warmup_steps", "integer", c.train.warmupSteps),
       bindField("train.min_lr", "number", c.train.minLr),
       bindField("train.decay_steps", "integer", c.train.decaySteps),
@@ -151,13 +167,14 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("output.profile_start", "integer", c.output.profileStart),
       bindField("output.profile_steps", "integer", c.output.profileSteps),
       bindField("comm.timeout_s", "number", c.comm.timeoutS),
-      bindField("comm.reducer", "string", c.comm.reducer),
+      bindChoice("comm.reducer", c.comm.reducer, ddp::parseReducer, ddp::reducerName, "bucketed or flat"),
       bindField("comm.bucket_cap_mb", "number", c.comm.bucketCapMb),
       bindField("comm.first_bucket_mb", "number", c.comm.firstBucketMb),
       bindField("comm.find_unused_parameters", "boolean", c.comm.findUnusedParameters),
       bindField("comm.broadcast_buffers", "boolean", c.comm.broadcastBuffers),
       bindField("comm.gradient_as_bucket_view", "boolean", c.comm.gradientAsBucketView),
-      bindField("comm.compression", "string", c.comm.compression),
+      bindChoice("comm.compression", c.comm.compression, ddp::parseCompression, ddp::compressionName,
+                 "none, fp16 or bf16"),
       bindField("comm.hook", "string", c.comm.hook),
       bindField("comm.powersgd_rank", "integer", c.comm.powersgdRank),
       bindField("comm.powersgd_start_iter", "integer", c.comm.powersgdStartIter),
@@ -277,12 +294,10 @@ void validateRecipe(const TrainConfig& t) {
   require(!t.nesterov || t.momentum > 0, "train.nesterov", "needs train.momentum > 0 (PyTorch's rule)");
   require(t.fused == "auto" || t.fused == "true" || t.fused == "false", "train.fused",
           "is '" + t.fused + "'; use auto (fused on GPUs), true or false");
-  require(t.lrSchedule == "constant" || t.lrSchedule == "step" || t.lrSchedule == "cosine" || t.lrSchedule == "linear",
-          "train.lr_schedule", "is '" + t.lrSchedule + "'; use constant, step, cosine or linear");
   require(t.warmupSteps >= 0, "train.warmup_steps", "must be >= 0 (0 = no warm-up)");
   require(t.minLr >= 0 && t.minLr < t.lr, "train.min_lr", "must be >= 0 and below train.lr");
   require(t.decaySteps >= 0, "train.decay_steps", "must be >= 0 (0 = the run's last step)");
-  require(t.lrSchedule != "step" || t.stepSize >= 1, "train.step_size",
+  require(t.lrSchedule != ddp::LrDecay::kStep || t.stepSize >= 1, "train.step_size",
           "must be >= 1 with train.lr_schedule: step (steps between two multiplications by train.gamma)");
   require(t.gamma > 0 && t.gamma <= 1, "train.gamma", "must be in (0, 1]");
   require(t.clipGradNorm >= 0 && std::isfinite(t.clipGradNorm), "train.clip_grad_norm",
@@ -330,8 +345,6 @@ void validate(const WorkerConfig& c) {
   require(c.data.cropPadding >= 0 && c.data.cropPadding <= 64, "data.crop_padding", "must be from 0 to 64");
   require(c.data.name != "synthetic" || (c.data.rotateDegrees == 0 && c.data.cropPadding == 0 && !c.data.horizontalFlip),
           "data.rotate_degrees", "(and crop_padding, horizontal_flip) augment images; data.name synthetic has none");
-  require(c.backend == "auto" || c.backend == "gloo" || c.backend == "nccl" || c.backend == "shm", "backend",
-          "is '" + c.backend + "'; use auto, gloo, nccl or shm");
   const bool cudaIndexed = c.device.rfind("cuda:", 0) == 0 && c.device.size() > 5 &&
                            c.device.find_first_not_of("0123456789", 5) == std::string::npos;
   require(c.device == "auto" || c.device == "cpu" || c.device == "cuda" || cudaIndexed, "device",
@@ -369,23 +382,19 @@ void validate(const WorkerConfig& c) {
   require(c.comm.timeoutS > 0, "comm.timeout_s", "must be > 0");
   require(c.comm.timeoutS <= kMaxTimeoutS, "comm.timeout_s",
           "must be at most " + std::to_string(static_cast<int64_t>(kMaxTimeoutS)) + " (7 days)");
-  require(c.comm.reducer == "bucketed" || c.comm.reducer == "flat", "comm.reducer",
-          "is '" + c.comm.reducer + "'; use bucketed or flat");
   // Megabytes become byte counts (size_t): finite and far below any memory.
   require(c.comm.bucketCapMb > 0 && c.comm.bucketCapMb <= kMaxBucketMb, "comm.bucket_cap_mb",
           "must be > 0 and at most " + std::to_string(static_cast<int64_t>(kMaxBucketMb)) + " (MB), e.g. 25");
   require(c.comm.firstBucketMb > 0 && c.comm.firstBucketMb <= kMaxBucketMb, "comm.first_bucket_mb",
           "must be > 0 and at most " + std::to_string(static_cast<int64_t>(kMaxBucketMb)) + " (MB), e.g. 1"); 
-  require(c.comm.compression == "none" || c.comm.compression == "fp16" || c.comm.compression == "bf16",
-          "comm.compression", "is '" + c.comm.compression + "'; use none, fp16 or bf16");
   require(c.comm.hook == "none" || c.comm.hook == "fp16" || c.comm.hook == "bf16" || c.comm.hook == "powersgd",
           "comm.hook", "is '" + c.comm.hook + "'; use none, fp16, bf16 or powersgd");
-  require(c.comm.hook == "none" || c.comm.compression == "none", "comm.hook",
-          "is " + c.comm.hook + " and comm.compression is " + c.comm.compression +
+  require(c.comm.hook == "none" || c.comm.compression == ddp::GradientCompression::kNone, "comm.hook",
+          "is " + c.comm.hook + " and comm.compression is " + ddp::compressionName(c.comm.compression) +
               ": compression is a hook itself; set one of them");
   require(c.comm.hook == "none" || c.mode == Mode::kDdp, "comm.hook",
           "is for mode ddp: dp and single train in one process and reduce no gradients over ranks");
-  require(c.comm.hook == "none" || c.comm.reducer == "bucketed", "comm.hook",
+  require(c.comm.hook == "none" || c.comm.reducer == ddp::GradientReducer::kBucketed, "comm.hook",
           "reduces the buckets of the bucketed reducer; set comm.reducer: bucketed");
   require(c.comm.powersgdRank >= 1 && c.comm.powersgdRank <= 1024, "comm.powersgd_rank", "must be from 1 to 1024 (1-4 typical)");
   require(c.comm.powersgdStartIter >= 2, "comm.powersgd_start_iter",

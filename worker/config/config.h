@@ -7,6 +7,10 @@
 #include <utility>
 #include <vector>
 
+#include "ddp/collectives.h"
+#include "ddp/ddp_options.h"
+#include "ddp/lr_schedule.h"
+
 namespace ddp::worker {
 
 enum class Mode { kDdp, kDp, kSingle, kEval };
@@ -70,7 +74,7 @@ struct TrainConfig {
   bool zero = false;           // ZeRO stage 1 (ddp::ZeroRedundancyOptimizer): each rank keeps its shard's optimizer state
   std::string fused = "auto";  // adam, adamw: LibTorch's fused kernel (ddp::FusedAdamW): auto (on CUDA) | true | false
   // The learning rate per optimizer step (ddp::LrSchedule): warm-up, then the schedule.
-  std::string lrSchedule = "constant";  // constant | step | cosine | linear
+  ddp::LrDecay lrSchedule = ddp::LrDecay::kConstant;  // constant | step | cosine | linear
   int64_t warmupSteps = 0;              // linear warm-up: step k < W uses lr·(k+1)/(W+1)
   double minLr = 0;                     // cosine, linear: the lr the decay ends at
   int64_t decaySteps = 0;               // cosine, linear: the step the decay ends at (0 = the run's last)
@@ -108,14 +112,14 @@ struct OutputConfig {
 
 struct CommConfig {
   double timeoutS = 300;                 // rendezvous and every collective
-  std::string reducer = "bucketed";      // bucketed (DDP's Reducer: overlapped with backward) | flat
+  ddp::GradientReducer reducer = ddp::GradientReducer::kBucketed;  // bucketed (DDP's Reducer: overlapped with backward) | flat
   double bucketCapMb = 25;               // like DDP's bucket_cap_mb
   double firstBucketMb = 1;              // DDP's smaller first bucket, so communication starts early
   bool findUnusedParameters = false;     // like DDP's find_unused_parameters
   bool broadcastBuffers = true;          // rank 0's buffers (e.g. BatchNorm stats) before each forward
   bool gradientAsBucketView = true;      // grads alias the bucket buffers (no copy back, no second copy in memory)
   bool ddpOnOneRank = false;             // a one-rank job runs the DDP engine too (reducer, all-reduces), as PyTorch's DDP does
-  std::string compression = "none";      // none | fp16 | bf16: gradient dtype on the wire
+  ddp::GradientCompression compression = ddp::GradientCompression::kNone;  // none | fp16 | bf16: gradient dtype on the wire
   std::string hook = "none";             // none | fp16 | bf16 | powersgd (DDP communication hooks)
   int64_t powersgdRank = 1;              // PowerSGD's matrix_approximation_rank
   int64_t powersgdStartIter = 1000;      // PowerSGD's start_powerSGD_iter (plain all-reduce before)
@@ -157,7 +161,7 @@ struct CudaConfig {
 
 struct WorkerConfig {
   Mode mode = Mode::kDdp;
-  std::string backend = "auto";  // auto | gloo | nccl
+  ddp::Backend backend = ddp::Backend::kAuto;  // auto | gloo | nccl | shm
   std::string device = "auto";   // auto (cuda:LOCAL_RANK if a GPU is present) | cpu | cuda | cuda:N
   uint64_t seed = 0;
   std::string resume;            // "" = start fresh; auto = latest valid checkpoint in checkpoint.dir; or a path

@@ -132,7 +132,7 @@ LrSchedule makeSchedule(const TrainConfig& t, int64_t jobSteps) {
               " optimizer steps (train.epochs, the data and train.max_steps); use fewer warm-up steps");
   }
   const int64_t totalSteps = t.decaySteps > 0 ? t.decaySteps : jobSteps;
-  if ((t.lrSchedule == "cosine" || t.lrSchedule == "linear") && t.warmupSteps >= totalSteps) {
+  if ((t.lrSchedule == LrDecay::kCosine || t.lrSchedule == LrDecay::kLinear) && t.warmupSteps >= totalSteps) {
     DDP_THROW(ConfigError, "config: 'train.warmup_steps' is ", t.warmupSteps, " but train.decay_steps is ",
               totalSteps, "; the decay must end after the warm-up");
   }
@@ -305,8 +305,8 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
       DDP_THROW(ConfigError, "config: 'train.cuda_graph' is true but this rank trains on ", device_.str(),
                 "; CUDA graphs need a GPU (device cuda), set it false here");
     }
-    if (world_ > 1 && group_.backend() != "nccl") {
-      DDP_THROW(ConfigError, "config: 'train.cuda_graph' is true but the backend is ", group_.backend(),
+    if (world_ > 1 && group_.backend() != Backend::kNccl) {
+      DDP_THROW(ConfigError, "config: 'train.cuda_graph' is true but the backend is ", backendName(group_.backend()),
                 ", whose collectives on GPU tensors go through the host; use backend nccl");
     }
     sgd_ = dynamic_cast<torch::optim::SGD*>(optimizer_.get());
