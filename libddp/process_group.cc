@@ -277,13 +277,15 @@ struct ProcessGroup::Impl final : comm::Communicator {
   };
 
   // The names collectives have in reports: "all_reduce" (a sum), "all_reduce (max)", ...
-  static const char* reductionName(const char* base, ReduceOp op) {
-    static const char* const allReduce[] = {"all_reduce", "all_reduce (avg)", "all_reduce (product)",
-                                            "all_reduce (min)", "all_reduce (max)"};
-    static const char* const reduceScatter[] = {"reduce_scatter", "reduce_scatter (avg)", "reduce_scatter (product)",
-                                                "reduce_scatter (min)", "reduce_scatter (max)"};
-    const auto i = static_cast<size_t>(op);
-    return std::strcmp(base, "all_reduce") == 0 ? allReduce[i] : reduceScatter[i];
+  static const char* allReduceName(ReduceOp op) {
+    static const char* const names[] = {"all_reduce", "all_reduce (avg)", "all_reduce (product)", "all_reduce (min)",
+                                        "all_reduce (max)"};
+    return names[static_cast<size_t>(op)];
+  }
+  static const char* reduceScatterName(ReduceOp op) {
+    static const char* const names[] = {"reduce_scatter", "reduce_scatter (avg)", "reduce_scatter (product)",
+                                        "reduce_scatter (min)", "reduce_scatter (max)"};
+    return names[static_cast<size_t>(op)];
   }
 
   // kAvg, which backends do not take: a sum, then a division by the group's size (as the
@@ -315,7 +317,7 @@ struct ProcessGroup::Impl final : comm::Communicator {
   c10::Device device() const override { return collectiveDevice; }
   std::unique_ptr<comm::PendingWork> allReduce(at::Tensor& tensor, const AllReduceOptions& options) override {
     const AllReduceOptions sum = asSum(options, tensor, "allReduce");
-    auto work = start(reductionName("all_reduce", options.op), options.label, shapeOf(tensor),
+    auto work = start(allReduceName(options.op), options.label, shapeOf(tensor),
                       [&](comm::Communicator& c) { return c.allReduce(tensor, sum); });
     return thenAverage(std::move(work), options.op, [tensor] { return tensor; });
   }
@@ -344,7 +346,7 @@ struct ProcessGroup::Impl final : comm::Communicator {
   std::unique_ptr<comm::PendingWork> reduceScatter(at::Tensor& output, const std::vector<at::Tensor>& inputs,
                                                    const ReduceScatterOptions& options) override {
     const ReduceScatterOptions sum = asSum(options, inputs.front(), "reduceScatter");
-    auto work = start(reductionName("reduce_scatter", options.op), options.label, shapeOf(inputs),
+    auto work = start(reduceScatterName(options.op), options.label, shapeOf(inputs),
                       [&](comm::Communicator& c) { return c.reduceScatter(output, inputs, sum); });
     return thenAverage(std::move(work), options.op, [&output] { return output; });
   }

@@ -7,6 +7,8 @@
 #include <string>
 #include <string_view>
 
+#include "ddp/enum_names.h"
+
 namespace ddp {
 
 /// How all-reduce and reduce-scatter combine the ranks' values (torch.distributed.ReduceOp).
@@ -54,10 +56,7 @@ inline const char* backendName(Backend backend) {
 /// The backend a name (auto | gloo | nccl | shm) chooses; nullopt for any other (your own
 /// option's error names it: InitOptions takes the enum).
 inline std::optional<Backend> parseBackend(std::string_view name) {
-  for (Backend b : {Backend::kAuto, Backend::kGloo, Backend::kNccl, Backend::kShm}) {
-    if (name == backendName(b)) return b;
-  }
-  return std::nullopt;
+  return detail::fromName(name, {Backend::kAuto, Backend::kGloo, Backend::kNccl, Backend::kShm}, backendName);
 }
 
 /// What every collective takes (all_gather, all_to_all, barrier, send, recv, ...).

@@ -6,6 +6,8 @@
 #include <optional>
 #include <string_view>
 
+#include "ddp/enum_names.h"
+
 namespace ddp {
 
 class CommHook;
@@ -24,19 +26,14 @@ inline const char* compressionName(GradientCompression c) {
 }
 /// The compression a name (none | fp16 | bf16) chooses; nullopt for any other.
 inline std::optional<GradientCompression> parseCompression(std::string_view name) {
-  for (auto c : {GradientCompression::kNone, GradientCompression::kFp16, GradientCompression::kBf16}) {
-    if (name == compressionName(c)) return c;
-  }
-  return std::nullopt;
+  return detail::fromName(name, {GradientCompression::kNone, GradientCompression::kFp16, GradientCompression::kBf16},
+                          compressionName);
 }
 /// "bucketed", "flat".
 inline const char* reducerName(GradientReducer r) { return r == GradientReducer::kFlat ? "flat" : "bucketed"; }
 /// The reducer a name (bucketed | flat) chooses; nullopt for any other.
 inline std::optional<GradientReducer> parseReducer(std::string_view name) {
-  for (auto r : {GradientReducer::kBucketed, GradientReducer::kFlat}) {
-    if (name == reducerName(r)) return r;
-  }
-  return std::nullopt;
+  return detail::fromName(name, {GradientReducer::kBucketed, GradientReducer::kFlat}, reducerName);
 }
 
 struct DdpOptions {

@@ -9,6 +9,8 @@
 #include <string>
 #include <string_view>
 
+#include "ddp/enum_names.h"
+
 namespace torch::optim {
 class Optimizer;
 }
@@ -30,10 +32,7 @@ inline const char* lrDecayName(LrDecay decay) {
 }
 /// The decay a name (constant | step | cosine | linear) chooses; nullopt for any other.
 inline std::optional<LrDecay> parseLrDecay(std::string_view name) {
-  for (auto d : {LrDecay::kConstant, LrDecay::kStep, LrDecay::kCosine, LrDecay::kLinear}) {
-    if (name == lrDecayName(d)) return d;
-  }
-  return std::nullopt;
+  return detail::fromName(name, {LrDecay::kConstant, LrDecay::kStep, LrDecay::kCosine, LrDecay::kLinear}, lrDecayName);
 }
 
 struct LrScheduleOptions {
