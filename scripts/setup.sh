@@ -23,6 +23,7 @@ packages=(
   slurm-wlm munge                   # a real Slurm for tests/e2e/cluster_test.cc (scripts/slurm_cluster.sh)
   openmpi-bin pdsh                  # a real mpirun and pdsh for the same tests
   elfutils                          # eu-stack: the launcher's hang report reads a lagging rank's native stack
+  doxygen                           # the API reference from include/ddp (scripts/docs.sh, the CTest docs)
 )
 
 missing=()
