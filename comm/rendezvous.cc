@@ -95,7 +95,7 @@ c10::intrusive_ptr<c10d::Store> connectToJobStore(const RendezvousOptions& optio
   } catch (const StoreAuthError& e) {
     DDP_THROW(ConfigError, "rendezvous: rank ", options.rank, ": ", e.what(),
               "; every rank needs the job's token: ddp-launch gives it to its workers, and a job started "
-              "otherwise needs the same DDP_RDZV_TOKEN_FILE on every rank (README: Security)");
+              "otherwise needs the same DDP_RDZV_TOKEN_FILE on every rank (docs/security.md)");
   } catch (const StoreUnreachableError& e) {
     DDP_THROW(TimeoutError, "rendezvous: rank ", options.rank, " could not reach rank 0 at ", where, " within ",
               seconds(options.timeout), " s (", e.reason(), "); is rank 0 running and MASTER_ADDR reachable?");

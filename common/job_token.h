@@ -1,4 +1,4 @@
-// The job's secret: what a rank proves it holds before the store admits it (see README Security).
+// The job's secret: what a rank proves it holds before the store admits it (see docs/security.md).
 // ddp-launch makes one per single-node job; multi-node jobs share one from a file.
 #pragma once
 

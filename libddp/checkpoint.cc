@@ -117,7 +117,7 @@ checkpoint::NamedTensors optimizerState(torch::optim::Optimizer& optimizer, cons
 // ZeroRedundancyOptimizer: every rank's shard of the state by name (its local optimizer's entries,
 // the unsharded optimizer's names), broadcast by each rank in turn: names, then dtype and shape per
 // entry, then the tensors. Collective; every rank ends with the whole state (rank 0 writes it).
-checkpoint::NamedTensors gatherShardedState(comm::Communicator& comm, ZeroRedundancyOptimizer& zero,
+checkpoint::NamedTensors gatherShardedState(ProcessGroup& group, ZeroRedundancyOptimizer& zero,
                                             const torch::nn::Module& module) {
   torch::optim::Optimizer& local = zero.localOptimizer();
   if (dynamic_cast<torch::optim::SGD*>(&local) == nullptr && !checkpoint::isAdam(local)) {
@@ -126,9 +126,9 @@ checkpoint::NamedTensors gatherShardedState(comm::Communicator& comm, ZeroRedund
   }
   const checkpoint::NamedTensors mine = optimizerState(local, module);
   checkpoint::NamedTensors all;
-  const auto on = at::TensorOptions().device(comm.device());
-  for (int r = 0; r < comm.size(); ++r) {
-    const bool sender = comm.rank() == r;
+  const auto on = at::TensorOptions().device(group.collectiveDevice());
+  for (int r = 0; r < group.size(); ++r) {
+    const bool sender = group.rank() == r;
     std::string names;
     std::vector<int64_t> meta;
     if (sender) {
@@ -139,8 +139,8 @@ checkpoint::NamedTensors gatherShardedState(comm::Communicator& comm, ZeroRedund
         for (int64_t d : t.sizes()) meta.push_back(d);
       }
     }
-    at::Tensor sizes = at::tensor({static_cast<int64_t>(names.size()), static_cast<int64_t>(meta.size())}, at::kLong).to(comm.device());
-    comm.broadcast(sizes, r)->wait();
+    at::Tensor sizes = at::tensor({static_cast<int64_t>(names.size()), static_cast<int64_t>(meta.size())}, at::kLong).to(group.collectiveDevice());
+    group.broadcast(sizes, r);
     sizes = sizes.cpu();
     at::Tensor nameBytes = at::zeros({sizes[0].item<int64_t>()}, at::kByte);
     at::Tensor metaValues = at::zeros({sizes[1].item<int64_t>()}, at::kLong);
@@ -148,10 +148,10 @@ checkpoint::NamedTensors gatherShardedState(comm::Communicator& comm, ZeroRedund
       std::memcpy(nameBytes.data_ptr(), names.data(), names.size());
       std::memcpy(metaValues.data_ptr(), meta.data(), meta.size() * sizeof(int64_t));
     }
-    nameBytes = nameBytes.to(comm.device());
-    metaValues = metaValues.to(comm.device());
-    comm.broadcast(nameBytes, r)->wait();
-    comm.broadcast(metaValues, r)->wait();
+    nameBytes = nameBytes.to(group.collectiveDevice());
+    metaValues = metaValues.to(group.collectiveDevice());
+    group.broadcast(nameBytes, r);
+    group.broadcast(metaValues, r);
     nameBytes = nameBytes.cpu();
     metaValues = metaValues.cpu();
     const std::string text(static_cast<const char*>(nameBytes.data_ptr()), static_cast<size_t>(nameBytes.numel()));
@@ -165,9 +165,9 @@ checkpoint::NamedTensors gatherShardedState(comm::Communicator& comm, ZeroRedund
       const int64_t dims = m[at++];
       std::vector<int64_t> shape(m + at, m + at + dims);
       at += static_cast<size_t>(dims);
-      at::Tensor t = sender ? mine[entry].second.contiguous().to(comm.device())
+      at::Tensor t = sender ? mine[entry].second.contiguous().to(group.collectiveDevice())
                             : at::empty(shape, on.dtype(dtype));
-      comm.broadcast(t, r)->wait();
+      group.broadcast(t, r);
       all.emplace_back(key, t.cpu());
     }
   }
@@ -267,10 +267,10 @@ void restoreShardedState(ZeroRedundancyOptimizer& zero, const torch::nn::Module&
 
 // CheckpointOptions::cudaGenerators: one process's GPUs, in order (a replica without a CUDA
 // generator, a CPU one, keeps an empty slot so the order holds).
-std::vector<at::Tensor> ownCudaRngStates(const comm::Communicator& comm, const std::vector<c10::Device>& devices) {
-  if (comm.size() != 1) {
+std::vector<at::Tensor> ownCudaRngStates(const ProcessGroup& group, const std::vector<c10::Device>& devices) {
+  if (group.size() != 1) {
     DDP_THROW(ConfigError, "ddp::CheckpointOptions::cudaGenerators is for a one-process job (DataParallel's replicas); "
-              "this group has ", comm.size(), " ranks, each of which keeps its own GPU's generator: leave it empty");
+              "this group has ", group.size(), " ranks, each of which keeps its own GPU's generator: leave it empty");
   }
   std::vector<at::Tensor> out;
   for (const c10::Device& d : devices) {
@@ -281,16 +281,16 @@ std::vector<at::Tensor> ownCudaRngStates(const comm::Communicator& comm, const s
 }
 
 // Rank r fills row r only, so a SUM all-reduce is a gather.
-std::vector<at::Tensor> gatherCudaRngStates(comm::Communicator& comm, c10::Device device) {
+std::vector<at::Tensor> gatherCudaRngStates(ProcessGroup& group, c10::Device device) {
   const at::Tensor mine = checkpoint::cudaRngState(device);
   if (!mine.defined()) return {};
-  at::Tensor rows = at::zeros({comm.size(), mine.numel()}, at::kLong);
-  rows[comm.rank()].copy_(mine);
-  rows = rows.to(comm.device());
-  comm.allReduce(rows)->wait();
+  at::Tensor rows = at::zeros({group.size(), mine.numel()}, at::kLong);
+  rows[group.rank()].copy_(mine);
+  rows = rows.to(group.collectiveDevice());
+  group.allReduce(rows);
   rows = rows.cpu();
   std::vector<at::Tensor> out;
-  for (int r = 0; r < comm.size(); ++r) out.push_back(rows[r].to(at::kByte).clone());
+  for (int r = 0; r < group.size(); ++r) out.push_back(rows[r].to(at::kByte).clone());
   return out;
 }
 
@@ -311,8 +311,7 @@ void saveModel(const torch::nn::Module& module, const std::string& path, Process
     }
   }
   at::Tensor failed = at::tensor({error.empty() ? 0.0 : 1.0});
-  api::CollectiveLabel label(group, "saveModel");
-  group.allReduce(failed);
+  group.withLabel("saveModel").allReduce(failed);
   if (!error.empty()) DDP_THROW(CheckpointError, error);
   if (failed.item<double>() > 0) DDP_THROW(CheckpointError, "rank 0 could not write '", path, "' (its log says why)");
 }
@@ -327,24 +326,24 @@ Checkpointer::Checkpointer(ProcessGroup group, CheckpointOptions options)
 
 std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                const TrainPosition& position, const GradScaler* scaler) {
-  comm::Communicator& comm = api::communicatorOf(group_, "Checkpointer::save");
-  api::CollectiveLabel label(group_, "Checkpointer::save");
+  api::checkLive(group_, "Checkpointer::save");
+  ProcessGroup group = group_.withLabel("Checkpointer::save");
   const std::string& dir = options_.dir;
   const std::string path = checkpoint::checkpointPath(dir, position.globalStep);
   if (position.globalStep == lastSavedStep_) return path;  // this very step is on disk already
   // Read on every rank (a collective-free read of the scale, which waits for the device).
-  if (scaler != nullptr && comm.rank() != 0) (void)scaler->stateDict();
+  if (scaler != nullptr && group.rank() != 0) (void)scaler->stateDict();
   std::vector<at::Tensor> cudaRng;
   if (options_.cudaGenerators.empty()) {
-    cudaRng = gatherCudaRngStates(comm, group_.device());  // collective: before rank 0 writes
+    cudaRng = gatherCudaRngStates(group, group_.device());  // collective: before rank 0 writes
   } else {
-    cudaRng = ownCudaRngStates(comm, options_.cudaGenerators);
+    cudaRng = ownCudaRngStates(group, options_.cudaGenerators);
   }
   // ZeRO: the shards of the optimizer state, from every rank (collective).
   std::optional<checkpoint::NamedTensors> sharded;
-  if (auto* zero = dynamic_cast<ZeroRedundancyOptimizer*>(&optimizer)) sharded = gatherShardedState(comm, *zero, module);
+  if (auto* zero = dynamic_cast<ZeroRedundancyOptimizer*>(&optimizer)) sharded = gatherShardedState(group, *zero, module);
   std::string error;
-  if (comm.rank() == 0) {
+  if (group.rank() == 0) {
     try {
       checkpoint::makeDirectories(dir, "ddp::CheckpointOptions::dir");
       checkpoint::TrainingState state;
@@ -354,7 +353,7 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
       state.stepInEpoch = position.stepInEpoch;
       state.globalStep = position.globalStep;
       state.samples = position.samples;
-      state.worldSize = comm.size();
+      state.worldSize = group.size();
       if (position.epochSamples >= 0) state.epochSamples = position.epochSamples;
       state.seed = static_cast<int64_t>(options_.seed);
       state.cpuRng = checkpoint::cpuRngState();
@@ -392,8 +391,8 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
     }
   }
   // No rank runs ahead of a save; a failed save fails every rank (none waits for ever).
-  at::Tensor failed = at::tensor({error.empty() ? 0.0 : 1.0}).to(comm.device());
-  comm.allReduce(failed)->wait();
+  at::Tensor failed = at::tensor({error.empty() ? 0.0 : 1.0}).to(group.collectiveDevice());
+  group.allReduce(failed);
   if (!error.empty()) throw CheckpointError(error);
   if (failed.item<double>() > 0) DDP_THROW(CheckpointError, "rank 0 could not write checkpoint '", path, "' (its log says why)");
   lastSavedStep_ = position.globalStep;
@@ -416,17 +415,17 @@ std::optional<TrainPosition> Checkpointer::resume(torch::nn::Module& module, tor
 
 TrainPosition Checkpointer::resumeFrom(const std::string& path, torch::nn::Module& module,
                                        torch::optim::Optimizer& optimizer, GradScaler* scaler) {
-  comm::Communicator& comm = api::communicatorOf(group_, "Checkpointer::resume");
-  api::CollectiveLabel label(group_, "Checkpointer::resume");
+  api::checkLive(group_, "Checkpointer::resume");
+  ProcessGroup group = group_.withLabel("Checkpointer::resume");
   checkpoint::TrainingState state;
   if (!path.empty()) state = checkpoint::loadTrainingCheckpoint(path);
   const int64_t step = path.empty() ? -1 : state.globalStep;
   // Every rank must continue from the same step, or the collectives mismatch.
-  at::Tensor steps = at::tensor({step, int64_t{1}}, at::kLong).to(comm.device());
-  comm.allReduce(steps)->wait();
+  at::Tensor steps = at::tensor({step, int64_t{1}}, at::kLong).to(group.collectiveDevice());
+  group.allReduce(steps);
   steps = steps.cpu();
   if (steps[0].item<int64_t>() != step * steps[1].item<int64_t>()) {
-    DDP_THROW(CommError, "resume: ranks found different checkpoints (rank ", comm.rank(), " has step ", step,
+    DDP_THROW(CommError, "resume: ranks found different checkpoints (rank ", group.rank(), " has step ", step,
               " from '", path.empty() ? "<none>" : path, "'); point every rank at the same ", "ddp::CheckpointOptions::dir");
   }
   if (path.empty()) return {};
@@ -439,15 +438,15 @@ TrainPosition Checkpointer::resumeFrom(const std::string& path, torch::nn::Modul
       const auto& st = *state.scaler;
       scaler->loadStateDict(GradScalerState{st.scale, st.growthFactor, st.backoffFactor, st.growthInterval,
                                             st.growthTracker});
-    } else if (comm.rank() == 0) {
+    } else if (group.rank() == 0) {
       spdlog::warn("resume: {} holds no loss-scaler state (written without fp16); the scaler starts at scale {}",
                    path, scaler->getScale());
     }
   }
   checkpoint::setCpuRngState(state.cpuRng);
-  const auto rank = static_cast<size_t>(comm.rank());
+  const auto rank = static_cast<size_t>(group.rank());
   if (!options_.cudaGenerators.empty()) {
-    (void)ownCudaRngStates(comm, {});  // the one-process check
+    (void)ownCudaRngStates(group, {});  // the one-process check
     const auto& devices = options_.cudaGenerators;
     for (size_t i = 0; i < devices.size(); ++i) {
       if (!devices[i].is_cuda()) continue;
@@ -462,28 +461,28 @@ TrainPosition Checkpointer::resumeFrom(const std::string& path, torch::nn::Modul
     checkpoint::setCudaRngState(device, state.cudaRng[rank]);  // this rank's own generator
   } else if (device.is_cuda()) {
     spdlog::warn("resume: {} holds no CUDA generator state for rank {}; its GPU generator keeps the seed", path,
-                 comm.rank());
+                 group.rank());
   }
   TrainPosition position{state.epoch, state.stepInEpoch, state.globalStep, state.samples,
                          state.epochSamples.value_or(-1)};
-  if (state.worldSize != comm.size() && position.epochSamples >= 0) {
+  if (state.worldSize != group.size() && position.epochSamples >= 0) {
     // The position is global (positions of the epoch's permutation): the new world continues it.
-    if (comm.rank() == 0) {
+    if (group.rank() == 0) {
       spdlog::info("resume: {} was written by {} ranks, this job has {}; epoch {} continues after the {} samples of "
                    "its permutation already seen, dealt out over the {} ranks",
-                   path, state.worldSize, comm.size(), state.epoch, position.epochSamples, comm.size());
+                   path, state.worldSize, group.size(), state.epoch, position.epochSamples, group.size());
     }
-  } else if (state.worldSize != comm.size()) {
+  } else if (state.worldSize != group.size()) {
     // An older checkpoint: the shards depend on the world size, so the saved step means nothing now.
-    if (comm.rank() == 0) {
+    if (group.rank() == 0) {
       spdlog::warn("resume: {} was written by {} ranks, this job has {}, and predates global sample positions; "
                    "restarting epoch {} from its first batch",
-                   path, state.worldSize, comm.size(), state.epoch);
+                   path, state.worldSize, group.size(), state.epoch);
     }
     position.stepInEpoch = 0;
   }
   lastSavedStep_ = position.globalStep;
-  if (comm.rank() == 0) {
+  if (group.rank() == 0) {
     spdlog::info("resumed from {} at epoch {} step {} (global step {})", path, position.epoch, position.stepInEpoch,
                  position.globalStep);
   }

@@ -9,11 +9,11 @@
 #include <memory>
 #include <optional>
 
-#include "libddp/internal.h"
-#include "comm/gradient_sync.h"
-#include "comm/reducer.h"
 #include "common/error.h"
 #include "ddp/ddp.h"
+#include "libddp/engine/gradient_sync.h"
+#include "libddp/engine/reducer.h"
+#include "libddp/internal.h"
 #include "sampler/batching.h"
 #include "libddp/sampler_options.h"
 #include "sampler/distributed_sampler.h"
@@ -21,17 +21,17 @@
 namespace ddp {
 
 struct DdpEngine::State {
-  explicit State(ProcessGroup g) : group(std::move(g)) {}
+  explicit State(ProcessGroup g) : group(std::move(g)), bufferBroadcast(group.withLabel("DDP buffer broadcast")) {}
   ProcessGroup group;
+  ProcessGroup bufferBroadcast;  // the group, its collectives named for reports
   std::vector<at::Tensor> buffers;
   bool syncBuffers = false;
   // PyTorch DDP's require_forward_param_sync: the last forward was one whose backward communicates
   // (or there was none yet), so the next forward starts from rank 0's buffers. Inside no_sync that
   // is the first micro-batch's forward only.
   bool requireForwardParamSync = true;
-  std::unique_ptr<api::LabelledCommunicator> gradients;  // the reducer's collectives, named in reports
-  std::unique_ptr<comm::GradientSync> gradientSync;       // none for a group of one
-  comm::Reducer* reducer = nullptr;                       // gradientSync when bucketed
+  std::unique_ptr<engine::GradientSync> gradientSync;  // none for a group of one
+  engine::Reducer* reducer = nullptr;                  // gradientSync when bucketed
   bool flat = false;
   std::vector<at::Tensor> params;
   bool broadcastBuffers = true;
@@ -40,9 +40,9 @@ struct DdpEngine::State {
 
   // The highest rank whose `mine` is true (DDP's _find_common_rank: a MAX all-reduce of the rank,
   // or -1 where `mine` is false).
-  int commonRank(comm::Communicator& comm, bool mine) {
-    at::Tensor rank = at::full({1}, mine ? comm.rank() : -1, at::TensorOptions(at::kInt).device(comm.device()));
-    comm.allReduce(rank, ReduceOp::kMax)->wait();
+  static int commonRank(ProcessGroup& group, bool mine) {
+    at::Tensor rank = at::full({1}, mine ? group.rank() : -1, at::TensorOptions(at::kInt).device(group.collectiveDevice()));
+    group.allReduce(rank, ReduceOp::kMax);
     const int common = rank.item<int>();
     if (common < 0) {
       DDP_THROW(CommError, "ddp::Join: no rank qualified as the source of the model (ranks disagree about who joined)");
@@ -50,9 +50,9 @@ struct DdpEngine::State {
     return common;
   }
   // One element all-reduced: the sum over ranks of `value`.
-  static double sumOver(comm::Communicator& comm, double value) {
-    at::Tensor t = at::full({1}, value, at::TensorOptions(at::kFloat).device(comm.device()));
-    comm.allReduce(t)->wait();
+  static double sumOver(ProcessGroup& group, double value) {
+    at::Tensor t = at::full({1}, value, at::TensorOptions(at::kFloat).device(group.collectiveDevice()));
+    group.allReduce(t);
     return t.item<double>();
   }
 };
@@ -64,61 +64,31 @@ size_t megabytes(double mb, const char* name) {
   return static_cast<size_t>(mb * (1 << 20));
 }
 
-// A CommHook's Work as the reducer waits for it.
-class WorkAsPending final : public comm::PendingWork {
- public:
-  explicit WorkAsPending(Work work) : work_(std::move(work)) {}
-  void wait() override { work_.wait(); }
-
- private:
-  Work work_;
-};
-
-// The public CommHook behind the reducer's BucketHook; its collectives go through `group`, whose
-// collectives are labelled "DDP gradients" in reports.
-class HookAdapter final : public comm::BucketHook {
- public:
-  HookAdapter(std::shared_ptr<CommHook> hook, ProcessGroup group) : hook_(std::move(hook)), group_(std::move(group)) {}
-  std::unique_ptr<comm::PendingWork> run(size_t index, bool isLast, at::Tensor& buffer,
-                                         const std::vector<at::Tensor>& views,
-                                         const std::vector<at::Tensor>& params) override {
-    GradBucket bucket(index, isLast, buffer, views, params);
-    return std::make_unique<WorkAsPending>(hook_->run(bucket, group_));
-  }
-
- private:
-  std::shared_ptr<CommHook> hook_;
-  ProcessGroup group_;
-};
-
 }  // namespace
 
 void DdpEngine::registerCommHook(std::shared_ptr<CommHook> hook) {
   if (!hook) DDP_THROW(ConfigError, "ddp::DistributedDataParallel::registerCommHook: the hook is null");
-  api::communicatorOf(state_->group, "registerCommHook");
+  api::checkLive(state_->group, "registerCommHook");
   if (state_->flat) {
     DDP_THROW(ConfigError, "ddp::DistributedDataParallel::registerCommHook: hooks reduce the buckets of the bucketed "
               "reducer; ddp::DdpOptions::reducer is flat");
   }
   if (!state_->reducer) return;  // a group of one: nothing to reduce
-  const std::string name = hook->name();
-  ProcessGroup hookGroup = api::wrapCommunicator(*state_->gradients, state_->group.device(),
-                                                 state_->group.localRank(), state_->group.localSize());
-  state_->reducer->setHook(std::make_shared<HookAdapter>(std::move(hook), std::move(hookGroup)), name);
+  state_->reducer->setHook(std::move(hook));
 }
 
 DdpEngine::DdpEngine(torch::nn::Module& module, ProcessGroup group, DdpOptions options)
     : state_(std::make_unique<State>(std::move(group))) {
-  comm::Communicator& comm = api::communicatorOf(state_->group, "DistributedDataParallel's construction");
-  api::CollectiveLabel label(state_->group, "DistributedDataParallel construction");
-  comm::ReducerOptions reducer;
+  api::checkLive(state_->group, "DistributedDataParallel's construction");
+  ProcessGroup construction = state_->group.withLabel("DistributedDataParallel construction");
+  engine::ReducerOptions reducer;
   reducer.bucketCapBytes = megabytes(options.bucketCapMb, "bucketCapMb");
   reducer.firstBucketCapBytes = megabytes(options.firstBucketCapMb, "firstBucketCapMb");
   reducer.findUnusedParameters = options.findUnusedParameters;
   reducer.gradientAsBucketView = options.gradientAsBucketView;
-  reducer.compression = options.compression == GradientCompression::kFp16   ? comm::WireDtype::kFp16
-                        : options.compression == GradientCompression::kBf16 ? comm::WireDtype::kBf16
-                                                                           : comm::WireDtype::kNone;
+  reducer.compression = options.compression == GradientCompression::kFp16   ? engine::WireDtype::kFp16
+                        : options.compression == GradientCompression::kBf16 ? engine::WireDtype::kBf16
+                                                                           : engine::WireDtype::kNone;
   reducer.staticGraph = options.staticGraph;
   state_->flat = options.reducer == GradientReducer::kFlat;
 
@@ -138,12 +108,13 @@ DdpEngine::DdpEngine(torch::nn::Module& module, ProcessGroup group, DdpOptions o
   // Replicas start equal: rank 0's parameters and buffers everywhere (DDP's constructor).
   std::vector<at::Tensor> all = params;
   all.insert(all.end(), state_->buffers.begin(), state_->buffers.end());
-  comm::broadcastTensors(comm, all, /*root=*/0);
-  state_->syncBuffers = comm.size() > 1 && options.broadcastBuffers && !state_->buffers.empty();
-  if (comm.size() == 1 && !options.syncOnOneRank) return;
-  state_->gradients = std::make_unique<api::LabelledCommunicator>(state_->group, "DDP gradients");
+  construction.broadcast(all, /*root=*/0);
+  const int size = state_->group.size();
+  state_->syncBuffers = size > 1 && options.broadcastBuffers && !state_->buffers.empty();
+  if (size == 1 && !options.syncOnOneRank) return;
+  ProcessGroup gradients = state_->group.withLabel("DDP gradients");  // the reducer's collectives, named in reports
   if (options.reducer == GradientReducer::kBucketed) {
-    auto bucketed = std::make_unique<comm::Reducer>(*state_->gradients, params, names, reducer);
+    auto bucketed = std::make_unique<engine::Reducer>(gradients, params, names, reducer);
     state_->reducer = bucketed.get();
     state_->gradientSync = std::move(bucketed);
     if (options.commHook) registerCommHook(options.commHook);
@@ -152,7 +123,7 @@ DdpEngine::DdpEngine(torch::nn::Module& module, ProcessGroup group, DdpOptions o
       DDP_THROW(ConfigError, "ddp::DdpOptions::commHook reduces the buckets of the bucketed reducer; "
                 "ddp::DdpOptions::reducer is flat");
     }
-    state_->gradientSync = std::make_unique<comm::FlatGradientSync>(*state_->gradients, params);
+    state_->gradientSync = std::make_unique<engine::FlatGradientSync>(gradients, params);
   }
 }
 
@@ -173,27 +144,26 @@ void DdpEngine::zeroGrad() {
 }
 
 void DdpEngine::beforeForward() {
-  comm::Communicator& comm = api::communicatorOf(state_->group, "a forward through the DDP wrapper");
+  api::checkLive(state_->group, "a forward through the DDP wrapper");
   if (state_->join && state_->gradientSync) {
     // DDP._pre_forward under Join: this rank still trains (the joined ranks count zeros), the
     // buffers come from the highest rank still training, and whether the backward will sync.
-    api::CollectiveLabel label(state_->group, "Join: still training");
-    const double training = State::sumOver(comm, 1);
-    if (state_->join->throwOnEarlyTermination && State::sumOver(comm, 0) > 0) {
+    ProcessGroup group = state_->group.withLabel("Join: still training");
+    const double training = State::sumOver(group, 1);
+    if (state_->join->throwOnEarlyTermination && State::sumOver(group, 0) > 0) {
       DDP_THROW(Error, "ddp::Join: a rank ran out of inputs; every rank stops here "
                 "(ddp::JoinOptions::throwOnEarlyTermination)");
     }
     if (state_->requireForwardParamSync && state_->syncBuffers) {
-      const int root = state_->commonRank(comm, true);
-      comm::broadcastTensors(comm, state_->buffers, root);
+      const int root = State::commonRank(group, true);
+      group.broadcast(state_->buffers, root);
     }
-    State::sumOver(comm, sync_ ? 1 : 0);
+    State::sumOver(group, sync_ ? 1 : 0);
     if (!state_->join->divideByInitialWorldSize && state_->reducer) state_->reducer->setNextDivisor(training);
     return;
   }
   if (state_->requireForwardParamSync && state_->syncBuffers) {
-    api::CollectiveLabel label(state_->group, "DDP buffer broadcast");
-    comm::broadcastTensors(comm, state_->buffers, /*root=*/0);
+    state_->bufferBroadcast.broadcast(state_->buffers, /*root=*/0);
   }
 }
 
@@ -204,15 +174,14 @@ void DdpEngine::afterForward(const std::vector<at::Tensor>& outputs) {
 }
 
 void DdpEngine::backwardWithoutBatch() {
-  comm::Communicator& comm = api::communicatorOf(state_->group, "backwardWithoutBatch()");
+  api::checkLive(state_->group, "backwardWithoutBatch()");
   if (state_->join) {
     DDP_THROW(ConfigError, "ddp::DistributedDataParallel::backwardWithoutBatch inside a ddp::Join: there a rank that "
               "has no batch leaves its loop and the Join answers for it; call one or the other");
   }
   // The forward's side: rank 0's buffers, as beforeForward() broadcasts them.
   if (state_->requireForwardParamSync && state_->syncBuffers) {
-    api::CollectiveLabel label(state_->group, "DDP buffer broadcast");
-    comm::broadcastTensors(comm, state_->buffers, /*root=*/0);
+    state_->bufferBroadcast.broadcast(state_->buffers, /*root=*/0);
   }
   state_->requireForwardParamSync = sync_;
   if (!sync_ || !state_->gradientSync) return;  // under noSync a zero gradient accumulates nothing
@@ -264,7 +233,7 @@ namespace ddp {
 Join::Join(DdpEngine& engine, JoinOptions options)
     : engine_(engine), options_(options), uncaught_(std::uncaught_exceptions()) {
   DdpEngine::State& state = *engine_.state_;
-  api::communicatorOf(state.group, "ddp::Join");
+  api::checkLive(state.group, "ddp::Join");
   if (state.join) DDP_THROW(ConfigError, "ddp::Join: this model is in a Join already; one Join at a time");
   if (!options_.enable) return;
   if (state.flat) {
@@ -290,29 +259,29 @@ void Join::finish() {
   finished_ = true;
   state.join.reset();
   if (!options_.enable || !state.gradientSync) return;  // disabled, or a group of one
-  comm::Communicator& comm = api::communicatorOf(state.group, "ddp::Join");
-  api::CollectiveLabel label(state.group, "Join: joined rank");
+  api::checkLive(state.group, "ddp::Join");
+  ProcessGroup group = state.group.withLabel("Join: joined rank");
   bool lastJoiner = true;
-  while (DdpEngine::State::sumOver(comm, 0) > 0) {
+  while (DdpEngine::State::sumOver(group, 0) > 0) {
     if (options_.throwOnEarlyTermination) {
-      DdpEngine::State::sumOver(comm, 1);  // the others' check: someone ran out
-      DDP_THROW(Error, "ddp::Join: rank ", comm.rank(), " ran out of inputs first; every rank stops here "
+      DdpEngine::State::sumOver(group, 1);  // the others' check: someone ran out
+      DDP_THROW(Error, "ddp::Join: rank ", group.rank(), " ran out of inputs first; every rank stops here "
                 "(ddp::JoinOptions::throwOnEarlyTermination)");
     }
     if (state.requireForwardParamSync && state.syncBuffers) {
-      const int root = state.commonRank(comm, false);
-      comm::broadcastTensors(comm, state.buffers, root);
+      const int root = DdpEngine::State::commonRank(group, false);
+      group.broadcast(state.buffers, root);
     }
-    const bool sync = DdpEngine::State::sumOver(comm, 0) > 0;
+    const bool sync = DdpEngine::State::sumOver(group, 0) > 0;
     state.requireForwardParamSync = sync;
     if (sync) state.reducer->shadowBackward();
     lastJoiner = false;
   }
-  const int root = state.commonRank(comm, lastJoiner);
+  const int root = DdpEngine::State::commonRank(group, lastJoiner);
   std::vector<at::Tensor> model = state.params;
   if (state.broadcastBuffers) model.insert(model.end(), state.buffers.begin(), state.buffers.end());
   c10::NoGradGuard noGrad;
-  comm::broadcastTensors(comm, model, root);
+  group.broadcast(model, root);
 }
 
 }  // namespace ddp

@@ -36,48 +36,9 @@ namespace ddp::api {
 /// A ProcessGroup over `comm`, which must outlive it; destroy() only marks it closed.
 ProcessGroup wrapCommunicator(comm::Communicator& comm, c10::Device device, int localRank = 0, int localSize = 1);
 
-/// The group as a communicator: its collectives are numbered, and refused after destroy().
-/// `what` names the caller in the error a destroyed group gives ("a forward through the DDP wrapper").
-comm::Communicator& communicatorOf(const ProcessGroup& group, const char* what = "a collective");
-
-/// While it lives, the group's collectives are named after `label` (a static string) in mismatch
-/// reports: "all_reduce #812 (saveModel)".
-class CollectiveLabel {
- public:
-  CollectiveLabel(const ProcessGroup& group, const char* label);
-  ~CollectiveLabel();
-  CollectiveLabel(const CollectiveLabel&) = delete;
-  CollectiveLabel& operator=(const CollectiveLabel&) = delete;
-
- private:
-  ProcessGroup::Impl* impl_;
-  const char* previous_;
-};
-
-/// The group as a communicator whose collectives carry `label` (the DDP engine's reducer: "DDP
-/// gradients"). Holds a handle, so the group's state outlives the group's destroy().
-class LabelledCommunicator final : public comm::Communicator {
- public:
-  LabelledCommunicator(const ProcessGroup& group, const char* label);
-  int rank() const override;
-  int size() const override;
-  std::string backendName() const override;
-  c10::Device device() const override;
-  std::unique_ptr<comm::PendingWork> allReduce(at::Tensor& tensor, const AllReduceOptions& options) override;
-  std::unique_ptr<comm::PendingWork> broadcast(at::Tensor& tensor, const BroadcastOptions& options) override;
-  std::unique_ptr<comm::PendingWork> barrier(const CollectiveOptions& options) override;
-  void awaitCompletion() override;
-
- private:
-  template <typename Options>
-  Options labelled(const Options& options) const {
-    Options out = options;
-    if (out.label.empty()) out.label = label_;
-    return out;
-  }
-  ProcessGroup group_;
-  const char* label_;
-};
+/// Throws the one line a destroyed group gives for `what` ("a forward through the DDP wrapper"):
+/// the library's objects check their group when they are made.
+void checkLive(const ProcessGroup& group, const char* what);
 
 // The start-up steps of initProcessGroup(), which the worker runs with its data in between.
 

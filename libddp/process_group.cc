@@ -1,5 +1,7 @@
 // ddp::ProcessGroup and initProcessGroup(): the worker's start-up (env contract, device,
 // authenticated rendezvous, Gloo/NCCL/shm group) for programs of their own.
+#include <ATen/ops/cat.h>
+#include <c10/core/GradMode.h>
 #include <c10/util/Logging.h>
 #include <spdlog/spdlog.h>
 
@@ -15,7 +17,6 @@
 
 #include "libddp/internal.h"
 #include "comm/backend.h"
-#include "comm/gradient_sync.h"
 #include "comm/local_address.h"
 #include "comm/process_group.h"
 #include "comm/rendezvous.h"
@@ -29,11 +30,12 @@
 
 namespace ddp {
 
-// Every collective of a group passes through its Impl: after destroy() it refuses with one line
-// (a DDP wrapper or checkpointer that outlived the group's communicator would otherwise use freed
-// memory), and it numbers the collectives so that destroy() and a failed collective can tell ranks
-// whose collectives did not pair (one rank in an extra all-reduce, the other in destroy()).
-struct ProcessGroup::Impl final : comm::Communicator {
+// Every collective of a group passes through its Impl on the way to the backend (comm::Communicator):
+// after destroy() it refuses with one line (a DDP wrapper or checkpointer that outlived the group's
+// communicator would otherwise use freed memory), and it numbers the collectives so that destroy()
+// and a failed collective can tell ranks whose collectives did not pair (one rank in an extra
+// all-reduce, the other in destroy()).
+struct ProcessGroup::Impl final {
   std::unique_ptr<comm::Communicator> owned;  // null when wrapping the worker's communicator
   comm::Communicator* comm = nullptr;
   c10::intrusive_ptr<c10d::Store> store;      // keeps rank 0's store server alive
@@ -58,7 +60,6 @@ struct ProcessGroup::Impl final : comm::Communicator {
   static constexpr size_t kRecent = 8;
   uint64_t seq = 0;
   Entry recent[kRecent];
-  const char* label = "";  // set by api::CollectiveLabel for the library's own collectives
 
   void attach(comm::Communicator* c) {
     comm = c;
@@ -203,12 +204,10 @@ struct ProcessGroup::Impl final : comm::Communicator {
   }
 
   // Numbers the collective, records it (entered; done, timed out or failed) and starts it; the
-  // returned work's wait() (or destruction) ends the record. `by`: the call's label ("" = the
-  // current CollectiveLabel's).
+  // returned work's wait() (or destruction) ends the record. `who`: the call's label.
   template <typename Fn>
-  std::unique_ptr<comm::PendingWork> start(const char* op, const std::string& by, Shape shape, Fn&& fn, bool p2p = false) {
+  std::unique_ptr<comm::PendingWork> start(const char* op, const std::string& who, Shape shape, Fn&& fn, bool p2p = false) {
     comm::Communicator& c = live(op);
-    const std::string who = by.empty() ? std::string(label) : by;
     uint64_t n;
     if (p2p) {
       n = ++p2pSeq;
@@ -250,7 +249,7 @@ struct ProcessGroup::Impl final : comm::Communicator {
    public:
     RecordedWork(const Impl& owner, std::unique_ptr<comm::PendingWork> work, flight::Entry* entry, uint64_t seq)
         : owner_(owner), work_(std::move(work)), entry_(entry), seq_(seq) {}
-    void wait() override {
+    void wait() {
       if (waited_) return;
       waited_ = true;
       try {
@@ -261,7 +260,7 @@ struct ProcessGroup::Impl final : comm::Communicator {
       flight::Recorder::end(entry_, seq_, flight::State::kDone);
     }
 
-    ~RecordedWork() override {
+    ~RecordedWork() {
       if (!waited_) {
         work_.reset();  // waits for the collective, as every pending work's destructor does
         flight::Recorder::end(entry_, seq_, flight::State::kDone);
@@ -310,25 +309,24 @@ struct ProcessGroup::Impl final : comm::Communicator {
     return std::make_unique<comm::ThenWork>(std::move(work), [result, n = size_] { result().div_(n); });
   }
 
-  // comm::Communicator: what the DDP engine, checkpoints and the public methods call.
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  std::string backendName() const override { return backend; }
-  c10::Device device() const override { return collectiveDevice; }
-  std::unique_ptr<comm::PendingWork> allReduce(at::Tensor& tensor, const AllReduceOptions& options) override {
+  // The collectives as the public methods start them, with their options already labelled.
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  c10::Device device() const { return collectiveDevice; }
+  std::unique_ptr<comm::PendingWork> allReduce(at::Tensor& tensor, const AllReduceOptions& options) {
     const AllReduceOptions sum = asSum(options, tensor, "allReduce");
     auto work = start(allReduceName(options.op), options.label, shapeOf(tensor),
                       [&](comm::Communicator& c) { return c.allReduce(tensor, sum); });
     return thenAverage(std::move(work), options.op, [tensor] { return tensor; });
   }
-  std::unique_ptr<comm::PendingWork> broadcast(at::Tensor& tensor, const BroadcastOptions& options) override {
+  std::unique_ptr<comm::PendingWork> broadcast(at::Tensor& tensor, const BroadcastOptions& options) {
     return start("broadcast", options.label, shapeOf(tensor, options.root),
                  [&](comm::Communicator& c) { return c.broadcast(tensor, options); });
   }
-  std::unique_ptr<comm::PendingWork> barrier(const CollectiveOptions& options) override {
+  std::unique_ptr<comm::PendingWork> barrier(const CollectiveOptions& options) {
     return start("barrier", options.label, Shape{}, [&](comm::Communicator& c) { return c.barrier(options); });
   }
-  void awaitCompletion() override {
+  void awaitCompletion() {
     comm::Communicator& c = live("waitForCollectives()");
     try {
       c.awaitCompletion();
@@ -339,27 +337,27 @@ struct ProcessGroup::Impl final : comm::Communicator {
     }
   }
   std::unique_ptr<comm::PendingWork> allGather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
-                                               const CollectiveOptions& options) override {
+                                               const CollectiveOptions& options) {
     return start("all_gather", options.label, shapeOf(input),
                  [&](comm::Communicator& c) { return c.allGather(outputs, input, options); });
   }
   std::unique_ptr<comm::PendingWork> reduceScatter(at::Tensor& output, const std::vector<at::Tensor>& inputs,
-                                                   const ReduceScatterOptions& options) override {
+                                                   const ReduceScatterOptions& options) {
     const ReduceScatterOptions sum = asSum(options, inputs.front(), "reduceScatter");
     auto work = start(reduceScatterName(options.op), options.label, shapeOf(inputs),
                       [&](comm::Communicator& c) { return c.reduceScatter(output, inputs, sum); });
     return thenAverage(std::move(work), options.op, [&output] { return output; });
   }
   std::unique_ptr<comm::PendingWork> allToAll(std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
-                                              const CollectiveOptions& options) override {
+                                              const CollectiveOptions& options) {
     return start("all_to_all", options.label, shapeOf(inputs),
                  [&](comm::Communicator& c) { return c.allToAll(outputs, inputs, options); });
   }
-  std::unique_ptr<comm::PendingWork> send(const at::Tensor& tensor, int dst, const CollectiveOptions& options) override {
+  std::unique_ptr<comm::PendingWork> send(const at::Tensor& tensor, int dst, const CollectiveOptions& options) {
     return start("send", options.label, shapeOf(tensor, dst),
                  [&](comm::Communicator& c) { return c.send(tensor, dst, options); }, /*p2p=*/true);
   }
-  std::unique_ptr<comm::PendingWork> recv(at::Tensor& tensor, int src, const CollectiveOptions& options) override {
+  std::unique_ptr<comm::PendingWork> recv(at::Tensor& tensor, int src, const CollectiveOptions& options) {
     return start("recv", options.label, shapeOf(tensor, src),
                  [&](comm::Communicator& c) { return c.recv(tensor, src, options); }, /*p2p=*/true);
   }
@@ -548,19 +546,50 @@ Work workOf(std::unique_ptr<comm::PendingWork> pending, std::function<void()> ne
 
 // Starts `start` on `tensor` where the backend takes it; copies back by wait() when it had to move.
 template <typename Start>
-Work onCollectiveDevice(comm::Communicator& comm, at::Tensor& tensor, Start start) {
-  if (tensor.device() == comm.device() && tensor.is_contiguous()) return workOf(start(tensor));
-  auto moved = std::make_shared<at::Tensor>(tensor.to(comm.device()).contiguous());
+Work onCollectiveDevice(const ProcessGroup::Impl& group, at::Tensor& tensor, Start start) {
+  if (tensor.device() == group.device() && tensor.is_contiguous()) return workOf(start(tensor));
+  auto moved = std::make_shared<at::Tensor>(tensor.to(group.device()).contiguous());
   auto pending = start(*moved);
   return workOf(std::move(pending), [target = tensor, moved]() mutable { target.copy_(*moved); });
 }
 
+// Flattens into one contiguous buffer so that many tensors cost one collective.
+at::Tensor flatten(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> flat;
+  flat.reserve(tensors.size());
+  for (const auto& t : tensors) flat.push_back(t.reshape({-1}));
+  return at::cat(flat);
+}
+
+void unflatten(const at::Tensor& buffer, const std::vector<at::Tensor>& tensors) {
+  int64_t offset = 0;
+  for (const auto& t : tensors) {
+    const int64_t n = t.numel();
+    t.copy_(buffer.narrow(0, offset, n).view(t.sizes()));
+    offset += n;
+  }
+}
+
 }  // namespace
+
+// A call's own label, else the handle's (withLabel()).
+template <typename Options>
+Options ProcessGroup::labelled(const Options& options) const {
+  Options out = options;
+  if (out.label.empty()) out.label = label_;
+  return out;
+}
+
+ProcessGroup ProcessGroup::withLabel(std::string label) const {
+  ProcessGroup out(impl_);
+  out.label_ = std::move(label);
+  return out;
+}
 
 Work ProcessGroup::allReduceAsync(at::Tensor& tensor, const AllReduceOptions& options) {
   Impl& group = impl();
   group.live("all_reduce");
-  return onCollectiveDevice(group, tensor, [&](at::Tensor& t) { return group.allReduce(t, options); });
+  return onCollectiveDevice(group, tensor, [&, o = labelled(options)](at::Tensor& t) { return group.allReduce(t, o); });
 }
 
 void ProcessGroup::allReduce(at::Tensor& tensor, const AllReduceOptions& options) {
@@ -572,7 +601,7 @@ Work ProcessGroup::allGatherAsync(std::vector<at::Tensor>& outputs, const at::Te
   Impl& group = impl();
   group.live("all_gather");
   auto staged = std::make_shared<std::vector<at::Tensor>>();
-  auto pending = group.allGather(*staged, input.to(group.device()).contiguous(), options);
+  auto pending = group.allGather(*staged, input.to(group.device()).contiguous(), labelled(options));
   outputs.assign(static_cast<size_t>(size()), at::Tensor());
   return workOf(std::move(pending), [&outputs, staged, device = input.device()] {
     for (size_t r = 0; r < staged->size(); ++r) outputs[r] = (*staged)[r].to(device);
@@ -591,7 +620,7 @@ Work ProcessGroup::reduceScatterAsync(at::Tensor& output, const std::vector<at::
   group.live("reduce_scatter");
   checkParts(*this, inputs, "reduceScatter");
   auto staged = std::make_shared<at::Tensor>();
-  auto pending = group.reduceScatter(*staged, onDevice(inputs, group.device()), options);
+  auto pending = group.reduceScatter(*staged, onDevice(inputs, group.device()), labelled(options));
   return workOf(std::move(pending), [&output, staged, device = inputs.front().device()] { output = staged->to(device); });
 }
 
@@ -607,7 +636,7 @@ Work ProcessGroup::allToAllAsync(std::vector<at::Tensor>& outputs, const std::ve
   group.live("all_to_all");
   checkParts(*this, inputs, "allToAll");
   auto staged = std::make_shared<std::vector<at::Tensor>>();
-  auto pending = group.allToAll(*staged, onDevice(inputs, group.device()), options);
+  auto pending = group.allToAll(*staged, onDevice(inputs, group.device()), labelled(options));
   outputs.assign(static_cast<size_t>(size()), at::Tensor());
   return workOf(std::move(pending), [&outputs, staged, device = inputs.front().device()] {
     for (size_t r = 0; r < staged->size(); ++r) outputs[r] = (*staged)[r].to(device);
@@ -625,7 +654,7 @@ Work ProcessGroup::sendAsync(const at::Tensor& tensor, int dst, const Collective
   group.live("send");
   checkPeer(*this, dst, "send");
   auto moved = std::make_shared<at::Tensor>(tensor.to(group.device()).contiguous());
-  auto pending = group.send(*moved, dst, options);
+  auto pending = group.send(*moved, dst, labelled(options));
   return workOf(std::move(pending), [moved] {});  // `moved` lives until the send is done
 }
 
@@ -637,7 +666,7 @@ Work ProcessGroup::recvAsync(at::Tensor& tensor, int src, const CollectiveOption
   Impl& group = impl();
   group.live("recv");
   checkPeer(*this, src, "recv");
-  return onCollectiveDevice(group, tensor, [&](at::Tensor& t) { return group.recv(t, src, options); });
+  return onCollectiveDevice(group, tensor, [&, o = labelled(options)](at::Tensor& t) { return group.recv(t, src, o); });
 }
 
 void ProcessGroup::recv(at::Tensor& tensor, int src, const CollectiveOptions& options) {
@@ -648,7 +677,7 @@ Work ProcessGroup::broadcastAsync(at::Tensor& tensor, const BroadcastOptions& op
   Impl& group = impl();
   group.live("broadcast");
   checkRank(*this, options.root, "broadcast");
-  return onCollectiveDevice(group, tensor, [&](at::Tensor& t) { return group.broadcast(t, options); });
+  return onCollectiveDevice(group, tensor, [&, o = labelled(options)](at::Tensor& t) { return group.broadcast(t, o); });
 }
 
 void ProcessGroup::broadcast(at::Tensor& tensor, const BroadcastOptions& options) {
@@ -659,10 +688,14 @@ void ProcessGroup::broadcast(const std::vector<at::Tensor>& tensors, const Broad
   Impl& group = impl();
   group.live("broadcast");
   checkRank(*this, options.root, "broadcast");
-  comm::broadcastTensors(group, tensors, options);
+  if (size() == 1 || tensors.empty()) return;
+  c10::NoGradGuard noGrad;
+  at::Tensor buffer = flatten(tensors);
+  broadcast(buffer, options);
+  unflatten(buffer, tensors);
 }
 
-Work ProcessGroup::barrierAsync(const CollectiveOptions& options) { return workOf(impl().barrier(options)); }
+Work ProcessGroup::barrierAsync(const CollectiveOptions& options) { return workOf(impl().barrier(labelled(options))); }
 
 void ProcessGroup::barrier(const CollectiveOptions& options) { barrierAsync(options).wait(); }
 
@@ -874,35 +907,7 @@ ProcessGroup wrapCommunicator(comm::Communicator& comm, c10::Device device, int 
   return ProcessGroup(std::move(impl));
 }
 
-comm::Communicator& communicatorOf(const ProcessGroup& group, const char* what) {
-  ProcessGroup::Impl& impl = group.impl();
-  impl.live(what);
-  return impl;
-}
-
-CollectiveLabel::CollectiveLabel(const ProcessGroup& group, const char* label)
-    : impl_(&group.impl()), previous_(impl_->label) {
-  impl_->label = label;
-}
-CollectiveLabel::~CollectiveLabel() { impl_->label = previous_; }
-
-LabelledCommunicator::LabelledCommunicator(const ProcessGroup& group, const char* label)
-    : group_(group), label_(label) {}
-int LabelledCommunicator::rank() const { return group_.rank(); }
-int LabelledCommunicator::size() const { return group_.size(); }
-std::string LabelledCommunicator::backendName() const { return group_.impl().backend; }
-c10::Device LabelledCommunicator::device() const { return group_.impl().collectiveDevice; }
-std::unique_ptr<comm::PendingWork> LabelledCommunicator::allReduce(at::Tensor& tensor, const AllReduceOptions& options) {
-  return group_.impl().allReduce(tensor, labelled(options));
-}
-std::unique_ptr<comm::PendingWork> LabelledCommunicator::broadcast(at::Tensor& tensor, const BroadcastOptions& options) {
-  return group_.impl().broadcast(tensor, labelled(options));
-}
-std::unique_ptr<comm::PendingWork> LabelledCommunicator::barrier(const CollectiveOptions& options) {
-  return group_.impl().barrier(labelled(options));
-}
-
-void LabelledCommunicator::awaitCompletion() { group_.impl().awaitCompletion(); }
+void checkLive(const ProcessGroup& group, const char* what) { group.impl().live(what); }
 
 comm::RendezvousOptions rendezvousOptions(const runtime::DistEnv& env, std::chrono::milliseconds timeout,
                                           const std::string& timeoutName) {
@@ -922,7 +927,7 @@ comm::RendezvousOptions rendezvousOptions(const runtime::DistEnv& env, std::chro
   rdv.bindAddr = env.rdzvBind;
   if (env.rank == 0 && !env.agentStore && env.token.empty()) {
     spdlog::warn("the job's store at {}:{} admits any client that reaches it: no {} or {} is set (ddp-launch "
-                 "sets one; see README: Security)",
+                 "sets one; see docs/security.md)",
                  env.rdzvBind.empty() ? env.masterAddr : env.rdzvBind, env.masterPort, kTokenEnv, kTokenFileEnv);
   }
   return rdv;

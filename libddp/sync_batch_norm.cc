@@ -32,21 +32,26 @@ torch::Tensor perChannel(const torch::Tensor& t, const torch::Tensor& x) {
   return t.view(shape);
 }
 
-// What a group's all-gather would give, through all-reduce (our communicators' one reduction):
-// each rank fills its own row of a zero matrix and the sum is every rank's row, exactly.
-torch::Tensor allGatherRows(comm::Communicator& comm, const torch::Tensor& mine) {
-  torch::Tensor rows = torch::zeros({comm.size(), mine.numel()}, mine.options());
-  rows[comm.rank()].copy_(mine);
-  comm.allReduce(rows)->wait();
+// What a group's all-gather gives, through one all-reduce: each rank fills its own row of a zero
+// matrix and the sum is every rank's row, exactly (one collective of any dtype on every backend).
+torch::Tensor allGatherRows(ProcessGroup& group, const torch::Tensor& mine) {
+  torch::Tensor rows = torch::zeros({group.size(), mine.numel()}, mine.options());
+  rows[group.rank()].copy_(mine);
+  group.allReduce(rows);
   return rows;
 }
 
+// The group as the autograd context keeps it until backward (a handle: the group lives as long).
+struct GroupHolder final : torch::CustomClassHolder {
+  explicit GroupHolder(ProcessGroup g) : group(std::move(g)) {}
+  ProcessGroup group;
+};
+
 struct SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunction> {
-  // Returns the normalised input; saves what backward needs. `group` is carried by pointer: the
-  // module (or caller) that holds it outlives the graph's backward.
+  // Returns the normalised input; saves what backward needs, the group with it.
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor input, torch::Tensor weight, torch::Tensor bias,
                                torch::Tensor runningMean, torch::Tensor runningVar, double momentum, double eps,
-                               comm::Communicator* comm) {
+                               const ProcessGroup& group) {
     const torch::Tensor x = input.contiguous();
     const int64_t channels = x.size(1);
     const int64_t count = x.size(1) > 0 ? x.numel() / channels : 0;
@@ -63,7 +68,8 @@ struct SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFun
     }
     const torch::Tensor mine =
         torch::cat({mean, m2, torch::full({1}, static_cast<double>(count), mean.options())});
-    const torch::Tensor rows = allGatherRows(*comm, mine);  // (world, 2C + 1)
+    auto holder = c10::make_intrusive<GroupHolder>(group);
+    const torch::Tensor rows = allGatherRows(holder->group, mine);  // (world, 2C + 1)
     const torch::Tensor means = rows.narrow(1, 0, channels);
     const torch::Tensor m2s = rows.narrow(1, channels, channels);
     const torch::Tensor counts = rows.narrow(1, 2 * channels, 1);  // (world, 1)
@@ -85,7 +91,7 @@ struct SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFun
     }
     ctx->save_for_backward({x, weight, globalMean, invstd});
     ctx->saved_data["total"] = n;
-    ctx->saved_data["comm"] = reinterpret_cast<int64_t>(comm);
+    ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(holder));
     torch::Tensor out = (x.to(statType) - perChannel(globalMean, x)) * perChannel(invstd, x);
     if (weight.defined()) out = out * perChannel(weight.to(statType), x) + perChannel(bias.to(statType), x);
     return out.to(x.scalar_type());
@@ -98,7 +104,7 @@ struct SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFun
     const torch::Tensor& mean = saved[2];
     const torch::Tensor& invstd = saved[3];
     const double n = ctx->saved_data["total"].toDouble();
-    auto* comm = reinterpret_cast<comm::Communicator*>(ctx->saved_data["comm"].toInt());
+    const auto holder = c10::static_intrusive_pointer_cast<GroupHolder>(ctx->saved_data["group"].toCapsule());
     const auto statType = mean.scalar_type();
     const torch::Tensor dy = gradOutputs[0].contiguous().to(statType);
     const torch::Tensor xmu = x.to(statType) - perChannel(mean, x);
@@ -113,7 +119,7 @@ struct SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFun
     }
     // The input gradient needs the sums over the whole batch: one all-reduce of both (2C).
     torch::Tensor sums = torch::cat({sumDy, sumDyXmu});
-    comm->allReduce(sums)->wait();
+    holder->group.allReduce(sums);
     const int64_t channels = mean.size(0);
     const torch::Tensor meanDy = sums.narrow(0, 0, channels) / n;
     const torch::Tensor meanDyXmu = sums.narrow(0, channels, channels) / n;
@@ -136,8 +142,8 @@ torch::Tensor syncBatchNorm(const torch::Tensor& input, const torch::Tensor& wei
     DDP_THROW(ConfigError, "ddp::SyncBatchNorm: expected an input of at least 2 dimensions (N, C, ...), got ",
               input.sizes());
   }
-  comm::Communicator& comm = api::communicatorOf(group, "a forward through ddp::SyncBatchNorm");
-  return SyncBatchNormFunction::apply(input, weight, bias, runningMean, runningVar, momentum, eps, &comm);
+  api::checkLive(group, "a forward through ddp::SyncBatchNorm");
+  return SyncBatchNormFunction::apply(input, weight, bias, runningMean, runningVar, momentum, eps, group);
 }
 
 SyncBatchNormImpl::SyncBatchNormImpl(const torch::nn::BatchNormOptions& options_, ProcessGroup group)

@@ -15,8 +15,9 @@
 namespace ddp {
 
 struct ZeroRedundancyOptimizer::Impl {
-  explicit Impl(ProcessGroup g) : group(std::move(g)) {}
+  explicit Impl(ProcessGroup g) : group(std::move(g)), shardBroadcast(group.withLabel("ZeroRedundancyOptimizer shards")) {}
   ProcessGroup group;
+  ProcessGroup shardBroadcast;  // the group, its collectives named for reports
   std::vector<int> owners;                     // per parameter, flattened over the groups
   std::vector<std::vector<at::Tensor>> shards;  // per rank, its parameters (broadcast order)
   std::unique_ptr<torch::optim::Optimizer> local;
@@ -36,7 +37,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(const std::vector<at::Tensor>& 
                                                  std::unique_ptr<torch::optim::OptimizerOptions> defaults, Factory make)
     : torch::optim::Optimizer(asGroups(params), std::move(defaults)),
       impl_(std::make_unique<Impl>(std::move(group))) {
-  api::communicatorOf(impl_->group, "ddp::ZeroRedundancyOptimizer");
+  api::checkLive(impl_->group, "ddp::ZeroRedundancyOptimizer");
   if (params.empty()) DDP_THROW(ConfigError, "ddp::ZeroRedundancyOptimizer: no parameters to optimize");
   if (!make) DDP_THROW(ConfigError, "ddp::ZeroRedundancyOptimizer: no optimizer factory");
   const int size = impl_->group.size();
@@ -89,10 +90,10 @@ at::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
   impl_->local->step();
   // _sync_params: every rank's shard from its owner, one coalesced broadcast per rank.
   c10::NoGradGuard noGrad;
-  api::CollectiveLabel label(impl_->group, "ZeroRedundancyOptimizer shards");
-  for (int r = 0; r < impl_->group.size(); ++r) {
+  ProcessGroup& shards = impl_->shardBroadcast;
+  for (int r = 0; r < shards.size(); ++r) {
     const std::vector<at::Tensor>& shard = impl_->shards[static_cast<size_t>(r)];
-    if (!shard.empty()) impl_->group.broadcast(shard, r);
+    if (!shard.empty()) shards.broadcast(shard, r);
   }
   return loss;
 }

@@ -10,7 +10,7 @@
 //   group.destroy();                                      // last, on every rank: they leave together
 //
 // Models: a TORCH_MODULE holder or a std::shared_ptr<YourModule>. Errors: the ddp::Error family,
-// one line each; catch ddp::Error at the top of main (README: "Your own training loop").
+// one line each; catch ddp::Error at the top of main (docs/library.md: "Your own training loop").
 //
 // Start the program with `ddp-launch --nproc_per_node=N ./program` (or torchrun, srun, mpirun).
 // Every class here is safe to use with world size 1 (a program run on its own).

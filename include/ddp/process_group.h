@@ -163,13 +163,25 @@ class ProcessGroup {
   void destroy(const char* file = __builtin_FILE(), int line = __builtin_LINE());
   bool destroyed() const;
 
+  /// A handle on the same group whose collectives are named `label` in the hang report, the flight
+  /// recorder and comm.check_collectives' lines ("all_reduce #812 (validation loss)") unless a call
+  /// names its own (CollectiveOptions::label). The library names its own this way ("DDP
+  /// gradients", "saveModel", ...).
+  ProcessGroup withLabel(std::string label) const;
+  /// The label of this handle's collectives ("" for none).
+  const std::string& label() const { return label_; }
+
   struct Impl;
   /// Internal: handles come from initProcessGroup() (a null `impl` throws ConfigError).
   explicit ProcessGroup(std::shared_ptr<Impl> impl);
   Impl& impl() const;
 
  private:
+  template <typename Options>
+  Options labelled(const Options& options) const;
+
   std::shared_ptr<Impl> impl_;
+  std::string label_;
 };
 
 /// Reads the env contract (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,

@@ -15,7 +15,6 @@
 #include <functional>
 #include <thread>
 
-#include "comm/gradient_sync.h"
 #include "comm/process_group.h"
 #include "comm/rendezvous.h"
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -52,39 +51,6 @@ TEST_P(CommWorld, AllReduceSumsOverRanks) {
     // 1 + 2 + ... + world
     const float expected = world * (world + 1) / 2.0f;
     EXPECT_TRUE(t.eq(expected).all().item<bool>()) << t[0].item<float>();
-  }, GetParam().backend);
-}
-
-TEST_P(CommWorld, BroadcastCopiesRootEverywhere) {
-  const int world = GetParam().world;
-  runRanks(world, [world](Communicator& comm) {
-    at::Tensor a = at::full({3, 5}, static_cast<float>(comm.rank()));
-    at::Tensor b = at::full({7}, static_cast<float>(10 * comm.rank()));
-    broadcastTensors(comm, {a, b}, /*root=*/world - 1);
-    EXPECT_TRUE(a.eq(static_cast<float>(world - 1)).all().item<bool>());
-    EXPECT_TRUE(b.eq(static_cast<float>(10 * (world - 1))).all().item<bool>());
-  }, GetParam().backend);
-}
-
-TEST_P(CommWorld, GradientsAreAveragedAndMissingOnesCountAsZero) {
-  const int world = GetParam().world;
-  runRanks(world, [world](Communicator& comm) {
-    const int r = comm.rank();
-    at::Tensor w = at::zeros({4, 3}).requires_grad_(true);
-    at::Tensor bias = at::zeros({3}).requires_grad_(true);
-    at::Tensor unused = at::zeros({2}).requires_grad_(true);
-    w.mutable_grad() = at::full({4, 3}, static_cast<float>(r));
-    bias.mutable_grad() = at::full({3}, static_cast<float>(2 * r + 1));
-    at::Tensor loss = at::full({1}, static_cast<float>(r * r));
-    allReduceGradients(comm, {w, bias, unused}, loss);
-    const float meanR = (world - 1) / 2.0f;  // mean of 0..world-1
-    EXPECT_NEAR(w.grad().max().item<float>(), meanR, 1e-6);
-    EXPECT_NEAR(w.grad().min().item<float>(), meanR, 1e-6);
-    EXPECT_NEAR(bias.grad()[0].item<float>(), 2 * meanR + 1, 1e-6);
-    ASSERT_TRUE(unused.grad().defined());
-    EXPECT_EQ(unused.grad().abs().sum().item<float>(), 0.0f);
-    // mean of r^2 = (world-1)(2world-1)/6
-    EXPECT_NEAR(loss.item<float>(), (world - 1) * (2 * world - 1) / 6.0f, 1e-5);
   }, GetParam().backend);
 }
 

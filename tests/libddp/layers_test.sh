@@ -2,6 +2,8 @@
 # The layers of ARCHITECTURE.md, checked on the sources (and the launcher's binary):
 #   include/ddp/   public headers: LibTorch, the standard library and <ddp/...> only
 #   libddp/        the library: may include include/ddp, comm/, sampler/, common/; never worker/
+#   libddp/engine/ DDP's own logic (Reducer, buckets, gradient sync): on the public ProcessGroup only,
+#                  never comm/ nor libddp/internal.h
 #   comm/ sampler/ below the library: never libddp/ or worker/; of include/ddp only the shared types
 #                  (ddp/collectives.h, ddp/error.h)
 #   common/        below everything: never comm/, sampler/, libddp/, worker/
@@ -40,6 +42,7 @@ forbid '^libddp/' "comm/ and sampler/ are below the library" comm sampler
 forbid '^(libddp|comm|sampler)/' "common/ is below everything" common
 forbid '^(libddp|comm|sampler|worker|include)/' "the launcher builds on common/ only" launcher
 forbid '^libddp/internal\.h$' "the worker uses the public classes (include/ddp), not their insides" worker
+forbid '^(comm/|libddp/internal\.h$)' "DDP's logic is written against the public ddp::ProcessGroup, as a user's code is" libddp/engine
 # The backends share the front's types only (c10d's Types.hpp), not its classes.
 for file in $(sources_in comm sampler); do
   while IFS= read -r inc; do

@@ -213,7 +213,7 @@ std::size_t editDistance(const std::string& a, const std::string& b) {
       best = f.key;
     }
   }
-  std::string hint = best.empty() ? " (see README: configuration reference)"
+  std::string hint = best.empty() ? " (see docs/configuration.md)"
                                   : " (did you mean '" + best + "'?)";
   DDP_THROW(ConfigError, "config: unknown key '", key, "'", origin, hint);
 }

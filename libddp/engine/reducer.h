@@ -9,28 +9,19 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "comm/communicator.h"
-#include "comm/gradient_sync.h"
 #include "common/torch_compat.h"
+#include "ddp/comm_hook.h"
+#include "ddp/process_group.h"
+#include "libddp/engine/gradient_sync.h"
 
-namespace ddp::comm {
+namespace ddp::engine {
 
 /// The dtype gradients travel in. Buckets stay in the parameters' dtype.
 enum class WireDtype { kNone, kFp16, kBf16 };
-
-
-/// Reduces one bucket instead of the built-in all-reduce (the library's CommHook behind it).
-/// `buffer` holds this rank's sum, not yet divided; the work's wait() leaves the mean there.
-class BucketHook {
- public:
-  virtual ~BucketHook() = default;
-  virtual std::unique_ptr<PendingWork> run(size_t index, bool isLast, at::Tensor& buffer,
-                                           const std::vector<at::Tensor>& views,
-                                           const std::vector<at::Tensor>& params) = 0;
-};
 
 struct ReducerOptions {
   size_t bucketCapBytes = 25u << 20;      // like DDP's bucket_cap_mb=25
@@ -41,7 +32,7 @@ struct ReducerOptions {
   bool staticGraph = false;  // findUnusedParameters: the first backward's used set holds for all
 };
 
-/// Averages gradients over the communicator's ranks during backward.
+/// Averages gradients over the group's ranks during backward.
 ///
 /// Per step (DDP's contract): call prepareForBackward(outputs) right before the
 /// backward whose gradients must be averaged; when that backward returns, every
@@ -50,7 +41,9 @@ struct ReducerOptions {
 /// locally. Every rank must hold the same parameters in the same order.
 class Reducer final : public GradientSync {
  public:
-  Reducer(Communicator& comm, std::vector<at::Tensor> params, std::vector<std::string> names,
+  /// Its collectives go through `group` (the DDP engine's is labelled "DDP gradients"), and so do a
+  /// hook's.
+  Reducer(ProcessGroup group, std::vector<at::Tensor> params, std::vector<std::string> names,
           ReducerOptions options = {});
   ~Reducer();
   Reducer(const Reducer&) = delete;
@@ -64,7 +57,7 @@ class Reducer final : public GradientSync {
 
   /// Replaces the built-in all-reduce; before the first synchronising backward only (throws
   /// ConfigError after it, or for a second hook).
-  void setHook(std::shared_ptr<BucketHook> hook, const std::string& name);
+  void setHook(std::shared_ptr<CommHook> hook);
 
   /// Join (uneven inputs), on a rank out of batches: the collectives of one synchronising backward
   /// of the others, with zeros (every bucket through the hook or the built-in all-reduce, then the
@@ -98,7 +91,7 @@ class Reducer final : public GradientSync {
     at::Tensor wire;                // compressed copy for the wire (or undefined)
     std::vector<at::Tensor> views;  // per parameter: its slice of `buffer`, shaped like it
     size_t pending = 0;             // gradients still missing this backward
-    std::unique_ptr<PendingWork> work;
+    std::optional<Work> work;       // launched, not yet waited for
   };
   struct Slot {
     size_t bucket = 0;
@@ -115,7 +108,7 @@ class Reducer final : public GradientSync {
   void finalizeBackward();
   std::string describeMissingLocked() const;
 
-  Communicator& comm_;
+  ProcessGroup group_;
   std::vector<at::Tensor> params_;
   std::vector<std::string> names_;
   ReducerOptions options_;
@@ -124,8 +117,7 @@ class Reducer final : public GradientSync {
   std::vector<Slot> slots_;
   std::vector<size_t> unused_;  // this backward's parameters the graph does not reach
   at::Tensor usedMap_;          // findUnusedParameters: 1 where this rank produced a gradient
-  std::unique_ptr<PendingWork> usedMapWork_;
-  std::shared_ptr<BucketHook> hook_;
+  std::shared_ptr<CommHook> hook_;
   std::string hookName_;
   bool reducedOnce_ = false;   // a synchronising backward has completed (static graph, setHook)
   bool staticUsedKnown_ = false;  // staticGraph: usedMap_ holds the first backward's global map
@@ -138,4 +130,4 @@ class Reducer final : public GradientSync {
   double lastWaitSeconds_ = 0;
 };
 
-}  // namespace ddp::comm
+}  // namespace ddp::engine

@@ -1,5 +1,6 @@
 // How DDP's engine averages gradients over the ranks (GradientSync: the bucketed Reducer of
-// comm/reducer.h, or one flat all-reduce after backward), and the start-of-training broadcast.
+// libddp/engine/reducer.h, or one flat all-reduce after backward). DDP's own logic, written against
+// the public ddp::ProcessGroup like any user's code (tests/libddp/layers_test.sh: no comm/ here).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -7,9 +8,9 @@
 #include <memory>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "ddp/process_group.h"
 
-namespace ddp::comm {
+namespace ddp::engine {
 
 /// Averages gradients over the ranks during backward; DDP's engine drives one per model.
 class GradientSync {
@@ -30,27 +31,22 @@ class GradientSync {
 /// Backward must flow through one of the armed outputs.
 class FlatGradientSync final : public GradientSync {
  public:
-  FlatGradientSync(Communicator& comm, std::vector<at::Tensor> params);
+  FlatGradientSync(ProcessGroup group, std::vector<at::Tensor> params);
   void prepareForBackward(const std::vector<at::Tensor>& outputs) override;
   void reduceWithoutBackward() override;
 
  private:
   struct State {
-    Communicator& comm;
+    ProcessGroup group;
     std::vector<at::Tensor> params;
   };
   std::shared_ptr<State> state_;  // hooks on outputs that outlive the engine see it gone
 };
 
-/// Copies `root`'s values into every rank's tensors (parameters and buffers),
-/// so all replicas start equal. One collective for all tensors.
-void broadcastTensors(Communicator& comm, const std::vector<at::Tensor>& tensors, const BroadcastOptions& options = {});
+/// Averages the gradients of `params` over all ranks, in place: pre-divides by the world size and
+/// SUM-reduces, in one collective (the same bits on every backend). Parameters without a gradient
+/// contribute zeros (and get them). `extra` (e.g. the loss) rides in the same buffer and is
+/// averaged too; may be undefined.
+void allReduceGradients(ProcessGroup& group, const std::vector<at::Tensor>& params, at::Tensor extra = {});
 
-/// Averages the gradients of `params` over all ranks, in place: pre-divides by
-/// the world size and SUM-reduces (Gloo has no AVG). Parameters without a
-/// gradient contribute zeros. `extra` (e.g. the loss) rides in the same
-/// buffer and is averaged too; may be undefined.
-void allReduceGradients(Communicator& comm, const std::vector<at::Tensor>& params,
-                        at::Tensor extra = {});
-
-}  // namespace ddp::comm
+}  // namespace ddp::engine

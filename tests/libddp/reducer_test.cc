@@ -1,5 +1,6 @@
-// Tier 1 and 2: the Reducer against plain autograd. Expected gradients are the
-// mean over ranks of each rank's gradient, computed here without any reducer.
+// Tier 1 and 2: the Reducer (libddp/engine/) against plain autograd, on the public ProcessGroup over
+// ranks as threads. Expected gradients are the mean over ranks of each rank's gradient, computed here
+// without any reducer.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -14,16 +15,23 @@
 #include <thread>
 
 #include "comm/process_group.h"
-#include "comm/reducer.h"
-#include "common/torch_compat.h"
 #include "comm/rendezvous.h"
-#include "tests/comm/thread_ranks.h"
 #include "common/error.h"
+#include "common/torch_compat.h"
+#include "libddp/engine/reducer.h"
+#include "libddp/internal.h"
+#include "tests/comm/thread_ranks.h"
 
-namespace ddp::comm {
+namespace ddp::engine {
 namespace {
 
-using test::runRanks;
+using comm::CompletedWork;
+using comm::Communicator;
+using comm::PendingWork;
+using comm::test::runRanks;
+
+/// The rank's thread's communicator as the public group the Reducer takes.
+ProcessGroup groupOf(Communicator& comm) { return api::wrapCommunicator(comm, c10::Device(c10::kCPU)); }
 
 /// A two-layer net as plain leaf tensors; every rank builds the same values.
 struct Net {
@@ -65,6 +73,55 @@ std::vector<at::Tensor> expectedMean(int world, int step, int microBatches, bool
   return sum;
 }
 
+// The flat path and the multi-tensor broadcast, on both CPU backends.
+class EngineWorld : public ::testing::TestWithParam<std::tuple<int, comm::Backend>> {
+ protected:
+  int world() const { return std::get<0>(GetParam()); }
+  comm::Backend backend() const { return std::get<1>(GetParam()); }
+};
+
+TEST_P(EngineWorld, BroadcastCopiesRootEverywhere) {
+  const int world = this->world();
+  runRanks(world, [world](Communicator& comm) {
+    at::Tensor a = at::full({3, 5}, static_cast<float>(comm.rank()));
+    at::Tensor b = at::full({7}, static_cast<float>(10 * comm.rank()));
+    groupOf(comm).broadcast({a, b}, /*root=*/world - 1);  // one flat collective for both
+    EXPECT_TRUE(a.eq(static_cast<float>(world - 1)).all().item<bool>());
+    EXPECT_TRUE(b.eq(static_cast<float>(10 * (world - 1))).all().item<bool>());
+  }, backend());
+}
+
+TEST_P(EngineWorld, GradientsAreAveragedAndMissingOnesCountAsZero) {
+  const int world = this->world();
+  runRanks(world, [world](Communicator& comm) {
+    const int r = comm.rank();
+    at::Tensor w = at::zeros({4, 3}).requires_grad_(true);
+    at::Tensor bias = at::zeros({3}).requires_grad_(true);
+    at::Tensor unused = at::zeros({2}).requires_grad_(true);
+    w.mutable_grad() = at::full({4, 3}, static_cast<float>(r));
+    bias.mutable_grad() = at::full({3}, static_cast<float>(2 * r + 1));
+    at::Tensor loss = at::full({1}, static_cast<float>(r * r));
+    ProcessGroup group = groupOf(comm);
+    allReduceGradients(group, {w, bias, unused}, loss);
+    const float meanR = (world - 1) / 2.0f;  // mean of 0..world-1
+    EXPECT_NEAR(w.grad().max().item<float>(), meanR, 1e-6);
+    EXPECT_NEAR(w.grad().min().item<float>(), meanR, 1e-6);
+    EXPECT_NEAR(bias.grad()[0].item<float>(), 2 * meanR + 1, 1e-6);
+    ASSERT_TRUE(unused.grad().defined());
+    EXPECT_EQ(unused.grad().abs().sum().item<float>(), 0.0f);
+    // mean of r^2 = (world-1)(2world-1)/6
+    EXPECT_NEAR(loss.item<float>(), (world - 1) * (2 * world - 1) / 6.0f, 1e-5);
+  }, backend());
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, EngineWorld,
+                         ::testing::Combine(::testing::Values(2, 3, 4),
+                                            ::testing::Values(comm::Backend::kGloo, comm::Backend::kShm)),
+                         [](const auto& info) {
+                           return std::string(backendName(std::get<1>(info.param))) +
+                                  std::to_string(std::get<0>(info.param));
+                         });
+
 struct Variant {
   size_t firstCap;
   size_t cap;
@@ -82,7 +139,7 @@ TEST_P(ReducerGloo, GradientsAreTheMeanOverRanks) {
     opts.firstBucketCapBytes = v.firstCap;
     opts.bucketCapBytes = v.cap;
     opts.gradientAsBucketView = v.view;
-    Reducer reducer(comm, net.params, net.names, opts);
+    Reducer reducer(groupOf(comm), net.params, net.names, opts);
     for (int step = 0; step < 3; ++step) {
       for (auto& p : net.params) {
         if (p.grad().defined()) p.grad().zero_();
@@ -117,7 +174,7 @@ TEST(ReducerCompression, Fp16WireMatchesRoundedSumAtWorldTwo) {
     Net net;
     ReducerOptions opts;
     opts.compression = WireDtype::kFp16;
-    Reducer reducer(comm, net.params, net.names, opts);
+    Reducer reducer(groupOf(comm), net.params, net.names, opts);
     at::Tensor loss = net.loss(comm.rank(), 0);
     reducer.prepareForBackward({loss});
     loss.backward();
@@ -146,7 +203,7 @@ TEST(ReducerCompression, Bf16WireRoundsToBf16OnGlooThatSumsItAndIsRefusedOtherwi
     if (!compat::kGlooSumsBFloat16) {
       // Gloo in LibTorch 1.13 has no bfloat16 sum: refused up front, on every rank.
       try {
-        Reducer refused(comm, net.params, net.names, opts);
+        Reducer refused(groupOf(comm), net.params, net.names, opts);
         ADD_FAILURE() << "bf16 on a Gloo without bfloat16 sums was accepted";
       } catch (const ConfigError& e) {
         EXPECT_NE(std::string(e.what()).find("use fp16"), std::string::npos) << e.what();
@@ -155,7 +212,7 @@ TEST(ReducerCompression, Bf16WireRoundsToBf16OnGlooThatSumsItAndIsRefusedOtherwi
     }
     // LibTorch 2.x's Gloo sums bfloat16 (Python 2.15's gloo all_reduce of two bf16 tensors equals
     // bf16(float(a) + float(b)) exactly): this branch must run there, and match that formula bit for bit.
-    Reducer reducer(comm, net.params, net.names, opts);
+    Reducer reducer(groupOf(comm), net.params, net.names, opts);
     at::Tensor loss = net.loss(comm.rank(), 0);
     reducer.prepareForBackward({loss});
     loss.backward();
@@ -178,7 +235,7 @@ TEST(ReducerCompression, Bf16WireRoundsToBf16OnGlooThatSumsItAndIsRefusedOtherwi
 TEST(ReducerUnused, WithoutFindUnusedBackwardFailsNamingTheParameter) {
   runRanks(2, [](Communicator& comm) {
     Net net;
-    Reducer reducer(comm, net.params, net.names, ReducerOptions{});
+    Reducer reducer(groupOf(comm), net.params, net.names, ReducerOptions{});
     at::Tensor loss = net.loss(comm.rank(), 0, /*useExtra=*/false);
     reducer.prepareForBackward({loss});
     try {
@@ -199,7 +256,7 @@ TEST(ReducerUnused, WithFindUnusedTrainingProceedsAndUnusedGradStaysUndefined) {
     ReducerOptions opts;
     opts.findUnusedParameters = true;
     opts.firstBucketCapBytes = opts.bucketCapBytes = 1;  // 'extra' alone in bucket 0
-    Reducer reducer(comm, net.params, net.names, opts);
+    Reducer reducer(groupOf(comm), net.params, net.names, opts);
     for (int step = 0; step < 2; ++step) {
       for (auto& p : net.params) {
         if (p.grad().defined()) p.grad().zero_();
@@ -249,7 +306,7 @@ TEST(ReducerOrder, BucketsLaunchInOrderDuringBackwardAndNotUnderNoSync) {
   for (auto& p : net.params) p.register_hook([&hooks](const at::Tensor&) { ++hooks; });
   ReducerOptions opts;
   opts.firstBucketCapBytes = opts.bucketCapBytes = 1;
-  Reducer reducer(comm, net.params, net.names, opts);
+  Reducer reducer(groupOf(comm), net.params, net.names, opts);
   ASSERT_EQ(reducer.bucketIndices().size(), 5u);
 
   net.loss(0, 0).backward();  // not prepared: no_sync, local accumulation only
@@ -267,4 +324,4 @@ TEST(ReducerOrder, BucketsLaunchInOrderDuringBackwardAndNotUnderNoSync) {
 }
 
 }  // namespace
-}  // namespace ddp::comm
+}  // namespace ddp::engine

@@ -1,10 +1,10 @@
-#include "comm/bucket_assignment.h"
+#include "libddp/engine/bucket_assignment.h"
 
 #include <algorithm>
 #include <map>
 #include <tuple>
 
-namespace ddp::comm {
+namespace ddp::engine {
 
 std::vector<std::vector<size_t>> assignBuckets(const std::vector<at::Tensor>& params,
                                                size_t firstCapBytes, size_t capBytes) {
@@ -40,4 +40,4 @@ std::vector<std::vector<size_t>> assignBuckets(const std::vector<at::Tensor>& pa
   return buckets;
 }
 
-}  // namespace ddp::comm
+}  // namespace ddp::engine

@@ -4,9 +4,9 @@
 
 #include <ATen/ops/zeros.h>
 
-#include "comm/bucket_assignment.h"
+#include "libddp/engine/bucket_assignment.h"
 
-namespace ddp::comm {
+namespace ddp::engine {
 namespace {
 
 using Buckets = std::vector<std::vector<size_t>>;
@@ -51,4 +51,4 @@ TEST(BucketAssignment, DtypesNeverShareABucket) {
 }
 
 }  // namespace
-}  // namespace ddp::comm
+}  // namespace ddp::engine

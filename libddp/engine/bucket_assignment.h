@@ -1,4 +1,4 @@
-// How the Reducer groups parameters into all-reduce buckets: DDP's
+// How the Reducer (libddp/engine/reducer.h) groups parameters into all-reduce buckets: DDP's
 // compute_bucket_assignment_by_size, in gradient-ready (reverse registration) order.
 #pragma once
 
@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <vector>
 
-namespace ddp::comm {
+namespace ddp::engine {
 
 /// Buckets of parameter indices. Parameters are taken in reverse registration
 /// order (backward produces the last layer's gradients first) and grouped by
@@ -17,4 +17,4 @@ namespace ddp::comm {
 std::vector<std::vector<size_t>> assignBuckets(const std::vector<at::Tensor>& params,
                                                size_t firstCapBytes, size_t capBytes);
 
-}  // namespace ddp::comm
+}  // namespace ddp::engine

@@ -1,4 +1,4 @@
-#include "comm/reducer.h"
+#include "libddp/engine/reducer.h"
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -12,10 +12,10 @@
 #include <chrono>
 #include <unordered_set>
 
-#include "comm/bucket_assignment.h"
 #include "common/error.h"
+#include "libddp/engine/bucket_assignment.h"
 
-namespace ddp::comm {
+namespace ddp::engine {
 namespace {
 
 using torch::autograd::Node;
@@ -38,9 +38,9 @@ bool aliases(const at::Tensor& a, const at::Tensor& b) {
 
 }  // namespace
 
-Reducer::Reducer(Communicator& comm, std::vector<at::Tensor> params,
+Reducer::Reducer(ProcessGroup group, std::vector<at::Tensor> params,
                  std::vector<std::string> names, ReducerOptions options)
-    : comm_(comm), params_(std::move(params)), names_(std::move(names)), options_(options) {
+    : group_(std::move(group)), params_(std::move(params)), names_(std::move(names)), options_(options) {
   DDP_ENFORCE(names_.size() == params_.size(), "reducer: ", params_.size(), " parameters but ",
               names_.size(), " names");
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -51,7 +51,7 @@ Reducer::Reducer(Communicator& comm, std::vector<at::Tensor> params,
   }
   c10::NoGradGuard noGrad;
   // Gloo of LibTorch 1.13 has no bfloat16 sum: the all-reduce would fail and poison the group.
-  if (!compat::kGlooSumsBFloat16 && options_.compression == WireDtype::kBf16 && comm_.backendName() == "gloo") {
+  if (!compat::kGlooSumsBFloat16 && options_.compression == WireDtype::kBf16 && group_.backend() == Backend::kGloo) {
     DDP_THROW(ConfigError, "ddp::DdpOptions::compression is bf16 but the gloo backend cannot "
               "all-reduce bfloat16; use fp16 or none (bf16 needs nccl)");
   }
@@ -92,7 +92,7 @@ Reducer::Reducer(Communicator& comm, std::vector<at::Tensor> params,
             }));
   }
   if (options_.findUnusedParameters) {
-    // Written by the hooks on the host; all-reduced as a copy on comm_.device() (NCCL: the GPU).
+    // Written by the hooks on the host; all-reduced as a copy on the collective device (NCCL: the GPU).
     usedMap_ = at::zeros({static_cast<int64_t>(params_.size())}, at::kInt);
   }
 }
@@ -111,7 +111,7 @@ Reducer::~Reducer() {
   }
 }
 
-void Reducer::setHook(std::shared_ptr<BucketHook> hook, const std::string& name) {
+void Reducer::setHook(std::shared_ptr<CommHook> hook) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (hook_) {
     DDP_THROW(ConfigError, "ddp::DistributedDataParallel::registerCommHook: a hook (", hookName_,
@@ -125,8 +125,8 @@ void Reducer::setHook(std::shared_ptr<BucketHook> hook, const std::string& name)
     DDP_THROW(ConfigError, "ddp::DistributedDataParallel::registerCommHook: ddp::DdpOptions::compression is set; "
               "compression is a hook itself (fp16CompressHook, bf16CompressHook): use one or the other");
   }
+  hookName_ = hook->name();
   hook_ = std::move(hook);
-  hookName_ = name;
 }
 
 void Reducer::setNextDivisor(double divisor) {
@@ -137,7 +137,7 @@ void Reducer::setNextDivisor(double divisor) {
 void Reducer::shadowBackward() {
   std::lock_guard<std::mutex> lock(mutex_);
   c10::NoGradGuard noGrad;
-  std::vector<std::unique_ptr<PendingWork>> works;
+  std::vector<Work> works;
   std::vector<at::Tensor> keep;  // alive until the works are done
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const Bucket& bucket = buckets_[b];
@@ -151,19 +151,21 @@ void Reducer::shadowBackward() {
         params.push_back(params_[i]);
         offset += params_[i].numel();
       }
-      works.push_back(hook_->run(b, b + 1 == buckets_.size(), zeros, views, params));
+      GradBucket grads(b, b + 1 == buckets_.size(), zeros, views, params);
+      works.push_back(hook_->run(grads, group_));
     } else if (bucket.wire.defined()) {
       at::Tensor wire = at::zeros_like(bucket.wire);
       keep.push_back(wire);
-      works.push_back(comm_.allReduce(wire));
+      works.push_back(group_.allReduceAsync(wire));
     } else {
-      works.push_back(comm_.allReduce(zeros));
+      works.push_back(group_.allReduceAsync(zeros));
     }
   }
-  for (auto& work : works) work->wait();
+  for (auto& work : works) work.wait();
   if (options_.findUnusedParameters && !staticUsedKnown_) {
-    at::Tensor unused = at::zeros({static_cast<int64_t>(params_.size())}, at::TensorOptions(at::kInt).device(comm_.device()));
-    comm_.allReduce(unused)->wait();
+    at::Tensor unused = at::zeros({static_cast<int64_t>(params_.size())},
+                                  at::TensorOptions(at::kInt).device(group_.collectiveDevice()));
+    group_.allReduce(unused);
   }
 }
 
@@ -172,7 +174,7 @@ void Reducer::reduceWithoutBackward() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (armed_) {
-      DDP_THROW(CommError, "reducer on rank ", comm_.rank(), "/", comm_.size(),
+      DDP_THROW(CommError, "reducer on rank ", group_.rank(), "/", group_.size(),
                 ": the previous backward did not finish its gradient reduction: ", describeMissingLocked());
     }
     armed_ = true;
@@ -205,7 +207,7 @@ void Reducer::reduceWithoutBackward() {
 void Reducer::prepareForBackward(const std::vector<at::Tensor>& outputs) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (armed_) {
-    DDP_THROW(CommError, "reducer on rank ", comm_.rank(), "/", comm_.size(),
+    DDP_THROW(CommError, "reducer on rank ", group_.rank(), "/", group_.size(),
               ": the previous backward did not finish its gradient reduction: ",
               describeMissingLocked());
   }
@@ -287,7 +289,7 @@ void Reducer::markReadyLocked(size_t index) {
 void Reducer::zeroGrad() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (armed_ && hookSeen_) {
-    DDP_THROW(CommError, "reducer on rank ", comm_.rank(), "/", comm_.size(),
+    DDP_THROW(CommError, "reducer on rank ", group_.rank(), "/", group_.size(),
               ": zero_grad during a backward that is reducing the gradients; zero them before the forward");
   }
   c10::NoGradGuard noGrad;
@@ -312,22 +314,23 @@ void Reducer::zeroGrad() {
 
 void Reducer::launchReadyBucketsLocked() {
   // Launched in bucket order on every rank, or collectives mismatch and hang.
-  const double divisor = nextDivisor_ > 0 ? nextDivisor_ : static_cast<double>(comm_.size());
+  const double divisor = nextDivisor_ > 0 ? nextDivisor_ : static_cast<double>(group_.size());
   while (nextBucket_ < buckets_.size() && buckets_[nextBucket_].pending == 0) {
     const size_t index = nextBucket_++;
     Bucket& bucket = buckets_[index];
     if (hook_) {
       std::vector<at::Tensor> params;
       for (size_t i : bucket.params) params.push_back(params_[i]);
-      bucket.work = hook_->run(index, index + 1 == buckets_.size(), bucket.buffer, bucket.views, params);
+      GradBucket grads(index, index + 1 == buckets_.size(), bucket.buffer, bucket.views, params);
+      bucket.work = hook_->run(grads, group_);
     } else if (bucket.wire.defined()) {
       // Cast, then divide in the wire dtype: fp16_compress_hook's arithmetic, bit for bit.
       bucket.wire.copy_(bucket.buffer);
       if (divisor != 1.0) bucket.wire.div_(divisor);  // x / 1 is x: no kernel for it
-      bucket.work = comm_.allReduce(bucket.wire);
+      bucket.work = group_.allReduceAsync(bucket.wire);
     } else {
       if (divisor != 1.0) bucket.buffer.div_(divisor);  // pre-divide, then SUM: Gloo has no AVG
-      bucket.work = comm_.allReduce(bucket.buffer);
+      bucket.work = group_.allReduceAsync(bucket.buffer);
     }
   }
 }
@@ -340,12 +343,13 @@ void Reducer::finalizeBackward() {
   // Launched works must finish on every path: the peers are running them too.
   for (auto& bucket : buckets_) {
     if (!bucket.work) continue;
-    auto work = std::move(bucket.work);
-    work->wait();
+    Work work = std::move(*bucket.work);
+    bucket.work.reset();
+    work.wait();
     if (bucket.wire.defined()) bucket.buffer.copy_(bucket.wire);
   }
   if (nextBucket_ < buckets_.size()) {
-    DDP_THROW(CommError, "reducer on rank ", comm_.rank(), "/", comm_.size(), ": ",
+    DDP_THROW(CommError, "reducer on rank ", group_.rank(), "/", group_.size(), ": ",
               describeMissingLocked());
   }
   const int* used = nullptr;
@@ -353,9 +357,8 @@ void Reducer::finalizeBackward() {
     // A parameter no rank used keeps its .grad as it was, as in DDP. With a static graph the first
     // backward's global map holds for every later one: no search and no all-reduce any more.
     if (!staticUsedKnown_) {
-      at::Tensor usedEverywhere = usedMap_.to(comm_.device());
-      usedMapWork_ = comm_.allReduce(usedEverywhere);
-      std::move(usedMapWork_)->wait();
+      at::Tensor usedEverywhere = usedMap_.to(group_.collectiveDevice());
+      group_.allReduce(usedEverywhere);
       usedMap_.copy_(usedEverywhere);  // back on the host: blocks until the GPU is done
       staticUsedKnown_ = options_.staticGraph;
     }
@@ -394,4 +397,4 @@ std::string Reducer::describeMissingLocked() const {
       "or set ddp::DdpOptions::findUnusedParameters = true (DDP's find_unused_parameters)");
 }
 
-}  // namespace ddp::comm
+}  // namespace ddp::engine
