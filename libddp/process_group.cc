@@ -544,10 +544,20 @@ Work workOf(std::unique_ptr<comm::PendingWork> pending, std::function<void()> ne
   return Work(std::move(work));
 }
 
+// Whether the backend takes `tensor` as it is: dense on its collective device; anywhere for a group of
+// one (nothing moves); a CUDA tensor for Gloo's all_reduce and broadcast (`glooTakesCuda`), which
+// ProcessGroupGloo runs from the GPU itself, so the DDP reducer's buckets of ranks that share a GPU
+// over Gloo stay there and overlap backward as before (no host copy inside an autograd hook).
+bool takesAsIs(const ProcessGroup::Impl& group, const at::Tensor& tensor, bool glooTakesCuda) {
+  if (!tensor.is_contiguous()) return false;
+  if (tensor.device() == group.device() || group.backendKind == Backend::kLocal) return true;
+  return glooTakesCuda && tensor.is_cuda() && group.backendKind == Backend::kGloo;
+}
+
 // Starts `start` on `tensor` where the backend takes it; copies back by wait() when it had to move.
 template <typename Start>
-Work onCollectiveDevice(const ProcessGroup::Impl& group, at::Tensor& tensor, Start start) {
-  if (tensor.device() == group.device() && tensor.is_contiguous()) return workOf(start(tensor));
+Work onCollectiveDevice(const ProcessGroup::Impl& group, at::Tensor& tensor, bool glooTakesCuda, Start start) {
+  if (takesAsIs(group, tensor, glooTakesCuda)) return workOf(start(tensor));
   auto moved = std::make_shared<at::Tensor>(tensor.to(group.device()).contiguous());
   auto pending = start(*moved);
   return workOf(std::move(pending), [target = tensor, moved]() mutable { target.copy_(*moved); });
@@ -581,6 +591,7 @@ Options ProcessGroup::labelled(const Options& options) const {
 }
 
 ProcessGroup ProcessGroup::withLabel(std::string label) const {
+  impl();  // a moved-from handle says so
   ProcessGroup out(impl_);
   out.label_ = std::move(label);
   return out;
@@ -589,7 +600,8 @@ ProcessGroup ProcessGroup::withLabel(std::string label) const {
 Work ProcessGroup::allReduceAsync(at::Tensor& tensor, const AllReduceOptions& options) {
   Impl& group = impl();
   group.live("all_reduce");
-  return onCollectiveDevice(group, tensor, [&, o = labelled(options)](at::Tensor& t) { return group.allReduce(t, o); });
+  return onCollectiveDevice(group, tensor, /*glooTakesCuda=*/true,
+                            [&, o = labelled(options)](at::Tensor& t) { return group.allReduce(t, o); });
 }
 
 void ProcessGroup::allReduce(at::Tensor& tensor, const AllReduceOptions& options) {
@@ -666,7 +678,8 @@ Work ProcessGroup::recvAsync(at::Tensor& tensor, int src, const CollectiveOption
   Impl& group = impl();
   group.live("recv");
   checkPeer(*this, src, "recv");
-  return onCollectiveDevice(group, tensor, [&, o = labelled(options)](at::Tensor& t) { return group.recv(t, src, o); });
+  return onCollectiveDevice(group, tensor, /*glooTakesCuda=*/false,
+                            [&, o = labelled(options)](at::Tensor& t) { return group.recv(t, src, o); });
 }
 
 void ProcessGroup::recv(at::Tensor& tensor, int src, const CollectiveOptions& options) {
@@ -677,7 +690,8 @@ Work ProcessGroup::broadcastAsync(at::Tensor& tensor, const BroadcastOptions& op
   Impl& group = impl();
   group.live("broadcast");
   checkRank(*this, options.root, "broadcast");
-  return onCollectiveDevice(group, tensor, [&, o = labelled(options)](at::Tensor& t) { return group.broadcast(t, o); });
+  return onCollectiveDevice(group, tensor, /*glooTakesCuda=*/true,
+                            [&, o = labelled(options)](at::Tensor& t) { return group.broadcast(t, o); });
 }
 
 void ProcessGroup::broadcast(at::Tensor& tensor, const BroadcastOptions& options) {
@@ -820,6 +834,33 @@ void runBeforeGroup(const std::function<void(const GroupStart&)>& beforeGroup, c
 
 }  // namespace
 
+namespace {
+
+// The group initProcessGroup() made, for ddp::rank() and ddp::worldSize(); -1 until then.
+std::atomic<int> worldRank{-1};
+std::atomic<int> worldRanks{-1};
+
+ProcessGroup madeByInit(std::shared_ptr<ProcessGroup::Impl> impl) {
+  worldRanks = impl->size_;
+  worldRank = impl->rank_;
+  return ProcessGroup(std::move(impl));
+}
+
+int worldValue(const std::atomic<int>& value, const char* what) {
+  const int v = value.load();
+  if (v < 0) {
+    DDP_THROW(ConfigError, "ddp::", what, "() before ddp::initProcessGroup(): call initProcessGroup() first (as "
+              "torch.distributed's get_rank needs init_process_group)");
+  }
+  return v;
+}
+
+}  // namespace
+
+int rank() { return worldValue(worldRank, "rank"); }
+int worldSize() { return worldValue(worldRanks, "worldSize"); }
+bool isInitialized() { return worldRank.load() >= 0; }
+
 ProcessGroup initProcessGroup(const InitOptions& options) {
   using namespace ddp::runtime;
   // The env contract describes one group: a second rendezvous at the same MASTER_PORT would meet
@@ -880,7 +921,7 @@ ProcessGroup initProcessGroup(const InitOptions& options) {
     impl->owned = std::make_unique<comm::LocalCommunicator>();
     impl->attach(impl->owned.get());
     describe(*impl);
-    return ProcessGroup(std::move(impl));
+    return madeByInit(std::move(impl));
   }
 
   const comm::RendezvousOptions rdv = api::rendezvousOptions(env, options.timeout, options.timeoutName);
@@ -893,7 +934,7 @@ ProcessGroup initProcessGroup(const InitOptions& options) {
   impl->attach(impl->owned.get());
   impl->groupOptions = pg;
   describe(*impl);
-  return ProcessGroup(std::move(impl));
+  return madeByInit(std::move(impl));
 }
 
 namespace api {

@@ -163,6 +163,26 @@ class DistributedDataParallel {
   /// DdpEngine::zeroGrad: the gradients zeroed, one kernel per bucket with gradientAsBucketView.
   void zeroGrad() { engine_.zeroGrad(); }
 
+  // The module's own calls (torch::nn::Module's names), so that code written for the model runs on
+  // the wrapper unchanged: a function that took `Net&` takes the wrapper and keeps its body
+  // (`model.train()`, `model.forward(x)`, `model.parameters()`, or `model->...` as on a holder).
+  DistributedDataParallel* operator->() { return this; }
+  const DistributedDataParallel* operator->() const { return this; }
+  void train(bool on = true) { module_->train(on); }
+  void eval() { module_->eval(); }
+  bool is_training() const { return module_->is_training(); }
+  std::vector<at::Tensor> parameters(bool recurse = true) const { return module_->parameters(recurse); }
+  torch::OrderedDict<std::string, at::Tensor> named_parameters(bool recurse = true) const {
+    return module_->named_parameters(recurse);
+  }
+  std::vector<at::Tensor> buffers(bool recurse = true) const { return module_->buffers(recurse); }
+  torch::OrderedDict<std::string, at::Tensor> named_buffers(bool recurse = true) const {
+    return module_->named_buffers(recurse);
+  }
+  /// The module's zero_grad, with LibTorch 2.x's default on every LibTorch (set_to_none = true; 1.13
+  /// defaulted to false). zeroGrad() keeps the gradients' tensors (and their bucket views).
+  void zero_grad(bool setToNone = true) { module_->zero_grad(setToNone); }
+
  private:
   Model module_;
   DdpEngine engine_;

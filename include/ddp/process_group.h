@@ -192,4 +192,14 @@ class ProcessGroup {
 /// other ranks cannot be reached.
 ProcessGroup initProcessGroup(const InitOptions& options = {});
 
+/// This process's rank in the group initProcessGroup() made (torch.distributed.get_rank()), for
+/// print guards in code that has no group at hand: `if (ddp::rank() == 0) std::printf(...)`. Keeps
+/// answering after destroy(). Before initProcessGroup(): ConfigError (a guard that would let every
+/// rank print is a bug to see, not to hide).
+int rank();
+/// The number of ranks of that group (get_world_size()); ConfigError before initProcessGroup().
+int worldSize();
+/// Whether initProcessGroup() has made the group (torch.distributed.is_initialized()).
+bool isInitialized();
+
 }  // namespace ddp

@@ -40,7 +40,7 @@ bool aliases(const at::Tensor& a, const at::Tensor& b) {
 
 Reducer::Reducer(ProcessGroup group, std::vector<at::Tensor> params,
                  std::vector<std::string> names, ReducerOptions options)
-    : group_(std::move(group)), params_(std::move(params)), names_(std::move(names)), options_(options) {
+    : group_(std::move(group)), hookGroup_(group_), params_(std::move(params)), names_(std::move(names)), options_(options) {
   DDP_ENFORCE(names_.size() == params_.size(), "reducer: ", params_.size(), " parameters but ",
               names_.size(), " names");
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -152,7 +152,7 @@ void Reducer::shadowBackward() {
         offset += params_[i].numel();
       }
       GradBucket grads(b, b + 1 == buckets_.size(), zeros, views, params);
-      works.push_back(hook_->run(grads, group_));
+      works.push_back(hook_->run(grads, hookGroup_));
     } else if (bucket.wire.defined()) {
       at::Tensor wire = at::zeros_like(bucket.wire);
       keep.push_back(wire);
@@ -322,7 +322,7 @@ void Reducer::launchReadyBucketsLocked() {
       std::vector<at::Tensor> params;
       for (size_t i : bucket.params) params.push_back(params_[i]);
       GradBucket grads(index, index + 1 == buckets_.size(), bucket.buffer, bucket.views, params);
-      bucket.work = hook_->run(grads, group_);
+      bucket.work = hook_->run(grads, hookGroup_);
     } else if (bucket.wire.defined()) {
       // Cast, then divide in the wire dtype: fp16_compress_hook's arithmetic, bit for bit.
       bucket.wire.copy_(bucket.buffer);

@@ -109,6 +109,7 @@ class Reducer final : public GradientSync {
   std::string describeMissingLocked() const;
 
   ProcessGroup group_;
+  ProcessGroup hookGroup_;  // what a hook gets: a handle of its own, so a hook cannot disturb group_
   std::vector<at::Tensor> params_;
   std::vector<std::string> names_;
   ReducerOptions options_;

@@ -101,6 +101,18 @@ torch::Tensor shard(const torch::Tensor& x) {
   return x.index_select(0, torch::tensor(sampler.indices(), torch::kLong));
 }
 
+// First in this file, so before any test makes the group (gtest runs them in order).
+TEST(ProcessGroup, RankBeforeInitProcessGroupIsAConfigError) {
+  ASSERT_FALSE(ddp::isInitialized()) << "a test before this one made the group";
+  try {
+    (void)ddp::rank();
+    ADD_FAILURE() << "ddp::rank() answered before initProcessGroup()";
+  } catch (const ddp::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("call initProcessGroup() first"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW((void)ddp::worldSize(), ddp::ConfigError);
+}
+
 TEST(ProcessGroup, ReadsTheEnvContract) {
   const char* world = std::getenv("WORLD_SIZE");
   EXPECT_EQ(group().size(), world ? std::atoi(world) : 1);
@@ -190,6 +202,60 @@ TEST(DistributedDataParallel, TakesAModelHeldInASharedPtr) {
   torch::mse_loss(model(shard(x)), shard(y)).backward();
   torch::mse_loss(reference(x), y).backward();
   EXPECT_TRUE(torch::allclose(flatGrads(*plain), flatGrads(*reference), 1e-5, 1e-6));
+}
+
+// Code written for the single-process model, as in PyTorch's cpp/mnist: a function that took the
+// model keeps its body and takes the wrapper (docs/library.md, "Porting a single-process program").
+using DdpNet = ddp::DistributedDataParallel<std::shared_ptr<NetImpl>>;
+
+double trainStep(DdpNet& model, torch::optim::Optimizer& optimizer, const torch::Tensor& x, const torch::Tensor& y) {
+  model.train();
+  optimizer.zero_grad();
+  auto loss = torch::mse_loss(model.forward(x), y);
+  loss.backward();
+  optimizer.step();
+  return loss.item<double>();
+}
+
+TEST(DistributedDataParallel, RunsCodeWrittenForTheModule) {
+  torch::manual_seed(4);
+  const int64_t w = group().size();
+  const auto x = torch::randn({4 * w, 5});
+  const auto y = torch::randn({4 * w, 3});
+  auto net = std::make_shared<NetImpl>();
+  DdpNet model(net, group());
+  Net reference = copyOf(Net(net));
+  // The module's calls reach the module.
+  model.eval();
+  EXPECT_FALSE(net->is_training());
+  EXPECT_FALSE(model.is_training());
+  model->train();
+  EXPECT_TRUE(net->is_training());
+  const auto mine = net->named_parameters();
+  const auto seen = model.named_parameters();
+  ASSERT_EQ(seen.size(), 4u);  // fc1.weight, fc1.bias, fc2.weight, fc2.bias
+  ASSERT_EQ(model.parameters().size(), 4u);
+  for (size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_EQ(seen[i].key(), mine[i].key());
+    EXPECT_TRUE(seen[i].value().is_same(mine[i].value()));
+    EXPECT_TRUE(model.parameters()[i].is_same(mine[i].value()));
+  }
+  EXPECT_TRUE(model.buffers().empty());
+  EXPECT_EQ(model.named_buffers().size(), 0u);
+  // A step through the function: the gradient of the whole batch, the same parameters everywhere.
+  torch::optim::SGD optimizer(model.parameters(), 0.1);
+  trainStep(model, optimizer, shard(x), shard(y));
+  torch::optim::SGD referenceOptimizer(reference->parameters(), 0.1);
+  torch::mse_loss(reference(x), y).backward();
+  referenceOptimizer.step();
+  EXPECT_TRUE(torch::allclose(flatParams(*net), flatParams(*reference), 1e-5, 1e-6));
+  EXPECT_TRUE(equalOnAllRanks(flatParams(*net)));
+  model.zero_grad();  // set_to_none, as LibTorch 2.x's Module::zero_grad
+  for (const auto& p : net->parameters()) EXPECT_FALSE(p.grad().defined());
+  // Print guards without a group at hand.
+  EXPECT_TRUE(ddp::isInitialized());
+  EXPECT_EQ(ddp::rank(), group().rank());
+  EXPECT_EQ(ddp::worldSize(), group().size());
 }
 
 TEST(DistributedDataParallel, AnEmptyModelIsAConfigErrorNotACrash) {
