@@ -47,6 +47,13 @@ struct Waiter {
   Clock::time_point deadline;
 };
 
+// What one request did: malformed (the connection closes), or served, changing the data (waiters
+// may wake) or not.
+enum class Served { kMalformed, kUnchanged, kChanged };
+
+// More keys than this in one request is a malformed frame, not a plan.
+constexpr std::uint32_t kMaxKeysPerRequest = 1u << 20;
+
 std::string reply(wire::Status status, const std::string& body = "") {
   wire::Writer w;
   w.u32(static_cast<std::uint32_t>(1 + body.size())).u8(static_cast<std::uint8_t>(status));
@@ -206,113 +213,129 @@ struct StoreServer::Impl {
     try {
       wire::Reader r(body.data(), body.size());
       const auto op = static_cast<wire::Op>(r.u8());
-      bool changed = false;
-      switch (op) {
-        case wire::Op::kSet: {
-          std::string key = r.str();
-          data[key] = r.vec();
-          c.out += reply(wire::Status::kOk);
-          changed = true;
-          break;
-        }
-        case wire::Op::kGet:
-        case wire::Op::kWait:
-        case wire::Op::kMultiGet: {
-          Waiter w{id, op, {}, now};
-          const std::uint32_t n = op == wire::Op::kGet ? 1 : r.u32();
-          if (n > 1u << 20) return false;
-          for (std::uint32_t i = 0; i < n; ++i) w.keys.push_back(r.str());
-          w.deadline = now + std::chrono::milliseconds(r.u64());
-          if (allPresent(w.keys)) {
-            c.out += answerWaiter(w);
-          } else {
-            c.blocked = true;
-            waiters.push_back(std::move(w));
-          }
-          break;
-        }
-        case wire::Op::kAdd: {
-          const std::string key = r.str();
-          const auto delta = static_cast<std::int64_t>(r.u64());
-          std::int64_t value = delta;
-          if (auto it = data.find(key); it != data.end()) {
-            value += std::stoll(std::string(it->second.begin(), it->second.end()));
-          }
-          const std::string text = std::to_string(value);
-          data[key] = Value(text.begin(), text.end());
-          c.out += reply(wire::Status::kOk, i64Field(value));
-          changed = true;
-          break;
-        }
-        case wire::Op::kCheck: {
-          const std::uint32_t n = r.u32();
-          if (n > 1u << 20) return false;
-          std::vector<std::string> keys;
-          for (std::uint32_t i = 0; i < n; ++i) keys.push_back(r.str());
-          c.out += reply(wire::Status::kOk, std::string(1, allPresent(keys) ? 1 : 0));
-          break;
-        }
-        case wire::Op::kDelete: {
-          const bool erased = data.erase(r.str()) != 0;
-          c.out += reply(wire::Status::kOk, std::string(1, erased ? 1 : 0));
-          break;
-        }
-        case wire::Op::kNumKeys:
-          c.out += reply(wire::Status::kOk, i64Field(static_cast<std::int64_t>(data.size())));
-          break;
-        case wire::Op::kCompareSet: {
-          // c10d's semantics: a missing key with an empty expected value is set; the reply is the
-          // value now stored (or the expected one, for a missing key that was not set).
-          const std::string key = r.str();
-          const Value expected = r.vec();
-          Value desired = r.vec();
-          auto it = data.find(key);
-          if (it == data.end()) {
-            if (expected.empty()) {
-              data[key] = desired;
-              changed = true;
-              c.out += reply(wire::Status::kOk, valueField(desired));
-            } else {
-              c.out += reply(wire::Status::kOk, valueField(expected));
-            }
-          } else if (it->second == expected) {
-            it->second = std::move(desired);
-            changed = true;
-            c.out += reply(wire::Status::kOk, valueField(it->second));
-          } else {
-            c.out += reply(wire::Status::kOk, valueField(it->second));
-          }
-          break;
-        }
-        case wire::Op::kAppend: {
-          const std::string key = r.str();
-          const Value more = r.vec();
-          Value& v = data[key];
-          v.insert(v.end(), more.begin(), more.end());
-          c.out += reply(wire::Status::kOk);
-          changed = true;
-          break;
-        }
-        case wire::Op::kMultiSet: {
-          const std::uint32_t n = r.u32();
-          if (n > 1u << 20) return false;
-          for (std::uint32_t i = 0; i < n; ++i) {
-            std::string key = r.str();
-            data[key] = r.vec();
-          }
-          c.out += reply(wire::Status::kOk);
-          changed = true;
-          break;
-        }
-        default:
-          return false;
-      }
-      if (!r.done()) return false;
-      if (changed) wakeWaiters();
+      const Served served = dispatch(op, r, id, c, now);
+      if (served == Served::kMalformed || !r.done()) return false;  // trailing bytes are malformed too
+      if (served == Served::kChanged) wakeWaiters();
       return true;
     } catch (const std::exception&) {  // short frame, a counter that is not a number
       return false;
     }
+  }
+
+  Served dispatch(wire::Op op, wire::Reader& r, std::uint64_t id, Connection& c, Clock::time_point now) {
+    switch (op) {
+      case wire::Op::kSet: return serveSet(r, c);
+      case wire::Op::kGet:
+      case wire::Op::kWait:
+      case wire::Op::kMultiGet: return serveGet(op, r, id, c, now);
+      case wire::Op::kAdd: return serveAdd(r, c);
+      case wire::Op::kCheck: return serveCheck(r, c);
+      case wire::Op::kDelete: return serveDelete(r, c);
+      case wire::Op::kNumKeys:
+        c.out += reply(wire::Status::kOk, i64Field(static_cast<std::int64_t>(data.size())));
+        return Served::kUnchanged;
+      case wire::Op::kCompareSet: return serveCompareSet(r, c);
+      case wire::Op::kAppend: return serveAppend(r, c);
+      case wire::Op::kMultiSet: return serveMultiSet(r, c);
+      default: return Served::kMalformed;
+    }
+  }
+
+  Served serveSet(wire::Reader& r, Connection& c) {
+    std::string key = r.str();
+    data[key] = r.vec();
+    c.out += reply(wire::Status::kOk);
+    return Served::kChanged;
+  }
+
+  // GET, WAIT and MULTI_GET answer now when every key exists, else block the connection until
+  // they do or the request's timeout passes.
+  Served serveGet(wire::Op op, wire::Reader& r, std::uint64_t id, Connection& c, Clock::time_point now) {
+    Waiter w{id, op, {}, now};
+    const std::uint32_t n = op == wire::Op::kGet ? 1 : r.u32();
+    if (n > kMaxKeysPerRequest) return Served::kMalformed;
+    for (std::uint32_t i = 0; i < n; ++i) w.keys.push_back(r.str());
+    w.deadline = now + std::chrono::milliseconds(r.u64());
+    if (allPresent(w.keys)) {
+      c.out += answerWaiter(w);
+    } else {
+      c.blocked = true;
+      waiters.push_back(std::move(w));
+    }
+    return Served::kUnchanged;
+  }
+
+  Served serveAdd(wire::Reader& r, Connection& c) {
+    const std::string key = r.str();
+    const auto delta = static_cast<std::int64_t>(r.u64());
+    std::int64_t value = delta;
+    if (auto it = data.find(key); it != data.end()) {
+      value += std::stoll(std::string(it->second.begin(), it->second.end()));
+    }
+    const std::string text = std::to_string(value);
+    data[key] = Value(text.begin(), text.end());
+    c.out += reply(wire::Status::kOk, i64Field(value));
+    return Served::kChanged;
+  }
+
+  Served serveCheck(wire::Reader& r, Connection& c) {
+    const std::uint32_t n = r.u32();
+    if (n > kMaxKeysPerRequest) return Served::kMalformed;
+    std::vector<std::string> keys;
+    for (std::uint32_t i = 0; i < n; ++i) keys.push_back(r.str());
+    c.out += reply(wire::Status::kOk, std::string(1, allPresent(keys) ? 1 : 0));
+    return Served::kUnchanged;
+  }
+
+  Served serveDelete(wire::Reader& r, Connection& c) {
+    const bool erased = data.erase(r.str()) != 0;
+    c.out += reply(wire::Status::kOk, std::string(1, erased ? 1 : 0));
+    return Served::kUnchanged;
+  }
+
+  // c10d's semantics: a missing key with an empty expected value is set; the reply is the value
+  // now stored (or the expected one, for a missing key that was not set).
+  Served serveCompareSet(wire::Reader& r, Connection& c) {
+    const std::string key = r.str();
+    const Value expected = r.vec();
+    Value desired = r.vec();
+    auto it = data.find(key);
+    if (it == data.end()) {
+      if (expected.empty()) {
+        data[key] = desired;
+        c.out += reply(wire::Status::kOk, valueField(desired));
+        return Served::kChanged;
+      }
+      c.out += reply(wire::Status::kOk, valueField(expected));
+      return Served::kUnchanged;
+    }
+    if (it->second == expected) {
+      it->second = std::move(desired);
+      c.out += reply(wire::Status::kOk, valueField(it->second));
+      return Served::kChanged;
+    }
+    c.out += reply(wire::Status::kOk, valueField(it->second));
+    return Served::kUnchanged;
+  }
+
+  Served serveAppend(wire::Reader& r, Connection& c) {
+    const std::string key = r.str();
+    const Value more = r.vec();
+    Value& v = data[key];
+    v.insert(v.end(), more.begin(), more.end());
+    c.out += reply(wire::Status::kOk);
+    return Served::kChanged;
+  }
+
+  Served serveMultiSet(wire::Reader& r, Connection& c) {
+    const std::uint32_t n = r.u32();
+    if (n > kMaxKeysPerRequest) return Served::kMalformed;
+    for (std::uint32_t i = 0; i < n; ++i) {
+      std::string key = r.str();
+      data[key] = r.vec();
+    }
+    c.out += reply(wire::Status::kOk);
+    return Served::kChanged;
   }
 
   // Reads what arrived; false when the connection is done (closed by the peer, or misbehaving).

@@ -335,7 +335,20 @@ class Agent {
 
  private:
   void connect();
+  // Joins the current rendezvous round (or, when it runs without this node, the next one) and
+  // returns it once it closed with this node in it.
   Round join();
+  // The nodes of round k-1, whose places in round k are kept for them.
+  std::vector<int> lastRoundNodes(std::int64_t k);
+  // The members of round k that have not left again.
+  std::vector<int> presentMembers(std::int64_t k);
+  // Waits until round k closes (closing it when shouldClose() says so) and returns its nodes.
+  std::vector<int> awaitClosed(std::int64_t k, const std::vector<int>& previous, Clock::time_point deadline);
+  // Round k did not close in time: ends the job for every launcher, with why.
+  [[noreturn]] void endOnRendezvousTimeout(std::int64_t k, const std::vector<int>& members,
+                                           const std::vector<int>& previous);
+  // Round k runs without this node: waits until it ends (ending it when all its nodes are gone).
+  void waitForAdmission(std::int64_t k, const std::vector<int>& closed);
   bool shouldClose(const std::vector<int>& members, const std::vector<int>& previous, Liveness& live,
                    Clock::time_point lastArrival) const;
   void logRound(const Round& round);
@@ -475,92 +488,104 @@ Round Agent::join() {
     checkFinal();
     const std::int64_t k = store_->add(keys_.round(), 0);
     round_ = k;
-    const std::string membersKey = keys_.inRound(k, "members");
-    const std::string closedKey = keys_.inRound(k, "closed");
-    store_->append(membersKey, bytes(std::to_string(nodeId_) + ","));
-    std::vector<int> previous;
-    if (k > 0 && store_->check({keys_.inRound(k - 1, "closed")})) {
-      previous = parseIds(text(store_->get(keys_.inRound(k - 1, "closed"), store_->timeout())));
+    store_->append(keys_.inRound(k, "members"), bytes(std::to_string(nodeId_) + ","));
+    const std::vector<int> closed = awaitClosed(k, lastRoundNodes(k), deadline);
+    if (const auto at = std::find(closed.begin(), closed.end(), nodeId_); at != closed.end()) {
+      return Round{k, closed, static_cast<int>(at - closed.begin())};
     }
-    Liveness live(*store_, keys_, elastic_.heartbeatTimeoutS);
-    std::optional<std::vector<int>> closed;
-    size_t arrivals = 0;
-    auto lastArrival = Clock::now();
-    while (!closed) {
-      if (store_->check({closedKey})) {
-        closed = parseIds(text(store_->get(closedKey, store_->timeout())));
-        break;
-      }
-      // Members that left again (a signal while waiting) do not count.
-      std::vector<int> members;
-      for (int node : parseIds(text(store_->get(membersKey, store_->timeout())))) {
-        if (!contains(members, node) && !store_->check({keys_.left(node)})) members.push_back(node);
-      }
-      if (members.size() != arrivals) {
-        arrivals = members.size();
-        lastArrival = Clock::now();
-      }
-      if (shouldClose(members, previous, live, lastArrival)) {
-        // The last round's nodes first, then the others by arrival, up to MAX.
-        std::stable_partition(members.begin(), members.end(), [&](int node) { return contains(previous, node); });
-        std::vector<int> chosen(members.begin(),
-                                members.begin() + std::min<std::ptrdiff_t>(static_cast<std::ptrdiff_t>(members.size()),
-                                                                           elastic_.maxNodes));
-        std::sort(chosen.begin(), chosen.end());
-        closed = parseIds(text(store_->compareSet(closedKey, {}, bytes(joinIds(chosen)))));
-        break;
-      }
-      if (Clock::now() >= deadline) {
-        std::string why;
-        if (static_cast<int>(members.size()) < elastic_.minNodes) {
-          why = "rendezvous round " + std::to_string(k) + " has " + std::to_string(members.size()) +
-                " of the at least " + std::to_string(elastic_.minNodes) + " nodes it needs (" +
-                (members.empty() ? "none" : "nodes " + joinIds(members)) + ")";
-        } else {
-          std::vector<int> missing;
-          for (int node : previous) {
-            if (!contains(members, node)) missing.push_back(node);
-          }
-          why = "rendezvous round " + std::to_string(k) + " did not close (nodes " + joinIds(members) +
-                " are in; node(s) " + joinIds(missing) + " of the last round still send heartbeats but did not come back)";
-        }
-        why += " after --rdzv_timeout_s=" + seconds(elastic_.rdzvTimeoutS) +
-               " s; the job ends (resume: auto continues it from its last checkpoint when started again)";
-        store_->compareSet(keys_.final(), {}, bytes(why));  // every launcher still waiting ends alike
-        throw JobEnded{why, kFailureExitCode};
-      }
-      pause(kTick);
-      checkFinal();
-    }
-    if (const auto at = std::find(closed->begin(), closed->end(), nodeId_); at != closed->end()) {
-      return Round{k, *closed, static_cast<int>(at - closed->begin())};
-    }
-    spdlog::info("round {} runs with nodes {} already; waiting to be admitted when it ends", k, joinIds(*closed));
-    store_->add(keys_.inRound(k, "waiting"), 1);
-    waiting_ = true;
-    // The running nodes end the round for us; if they are all gone, nobody would: then we do.
-    Liveness running(*store_, keys_, elastic_.heartbeatTimeoutS);
-    while (store_->add(keys_.round(), 0) == k) {
-      checkFinal();
-      bool allGone = true;
-      std::string why;
-      for (int node : *closed) {
-        const auto gone = running.gone(node);
-        if (!gone || *gone == kDone) {
-          allGone = false;
-          break;
-        }
-        why += (why.empty() ? "" : ", ") + std::string("node ") + std::to_string(node) + " left (" + *gone + ")";
-      }
-      if (allGone) {
-        endRound(*store_, keys_, k, 'L', why);
-        store_->compareSet(keys_.round(), bytes(std::to_string(k)), bytes(std::to_string(k + 1)));
-      }
-      pause(kTick * 2);
-    }
-    waiting_ = false;
+    waitForAdmission(k, closed);
     deadline = Clock::now() + millis(elastic_.rdzvTimeoutS);
   }
+}
+
+std::vector<int> Agent::lastRoundNodes(std::int64_t k) {
+  if (k > 0 && store_->check({keys_.inRound(k - 1, "closed")})) {
+    return parseIds(text(store_->get(keys_.inRound(k - 1, "closed"), store_->timeout())));
+  }
+  return {};
+}
+
+std::vector<int> Agent::presentMembers(std::int64_t k) {
+  // Members that left again (a signal while waiting) do not count.
+  std::vector<int> members;
+  for (int node : parseIds(text(store_->get(keys_.inRound(k, "members"), store_->timeout())))) {
+    if (!contains(members, node) && !store_->check({keys_.left(node)})) members.push_back(node);
+  }
+  return members;
+}
+
+std::vector<int> Agent::awaitClosed(std::int64_t k, const std::vector<int>& previous, Clock::time_point deadline) {
+  const std::string closedKey = keys_.inRound(k, "closed");
+  Liveness live(*store_, keys_, elastic_.heartbeatTimeoutS);
+  size_t arrivals = 0;
+  auto lastArrival = Clock::now();
+  while (true) {
+    if (store_->check({closedKey})) return parseIds(text(store_->get(closedKey, store_->timeout())));
+    std::vector<int> members = presentMembers(k);
+    if (members.size() != arrivals) {
+      arrivals = members.size();
+      lastArrival = Clock::now();
+    }
+    if (shouldClose(members, previous, live, lastArrival)) {
+      // The last round's nodes first, then the others by arrival, up to MAX.
+      std::stable_partition(members.begin(), members.end(), [&](int node) { return contains(previous, node); });
+      std::vector<int> chosen(members.begin(),
+                              members.begin() + std::min<std::ptrdiff_t>(static_cast<std::ptrdiff_t>(members.size()),
+                                                                         elastic_.maxNodes));
+      std::sort(chosen.begin(), chosen.end());
+      return parseIds(text(store_->compareSet(closedKey, {}, bytes(joinIds(chosen)))));
+    }
+    if (Clock::now() >= deadline) endOnRendezvousTimeout(k, members, previous);
+    pause(kTick);
+    checkFinal();
+  }
+}
+
+void Agent::endOnRendezvousTimeout(std::int64_t k, const std::vector<int>& members, const std::vector<int>& previous) {
+  std::string why;
+  if (static_cast<int>(members.size()) < elastic_.minNodes) {
+    why = "rendezvous round " + std::to_string(k) + " has " + std::to_string(members.size()) +
+          " of the at least " + std::to_string(elastic_.minNodes) + " nodes it needs (" +
+          (members.empty() ? "none" : "nodes " + joinIds(members)) + ")";
+  } else {
+    std::vector<int> missing;
+    for (int node : previous) {
+      if (!contains(members, node)) missing.push_back(node);
+    }
+    why = "rendezvous round " + std::to_string(k) + " did not close (nodes " + joinIds(members) +
+          " are in; node(s) " + joinIds(missing) + " of the last round still send heartbeats but did not come back)";
+  }
+  why += " after --rdzv_timeout_s=" + seconds(elastic_.rdzvTimeoutS) +
+         " s; the job ends (resume: auto continues it from its last checkpoint when started again)";
+  store_->compareSet(keys_.final(), {}, bytes(why));  // every launcher still waiting ends alike
+  throw JobEnded{why, kFailureExitCode};
+}
+
+void Agent::waitForAdmission(std::int64_t k, const std::vector<int>& closed) {
+  spdlog::info("round {} runs with nodes {} already; waiting to be admitted when it ends", k, joinIds(closed));
+  store_->add(keys_.inRound(k, "waiting"), 1);
+  waiting_ = true;
+  // The running nodes end the round for us; if they are all gone, nobody would: then we do.
+  Liveness running(*store_, keys_, elastic_.heartbeatTimeoutS);
+  while (store_->add(keys_.round(), 0) == k) {
+    checkFinal();
+    bool allGone = true;
+    std::string why;
+    for (int node : closed) {
+      const auto gone = running.gone(node);
+      if (!gone || *gone == kDone) {
+        allGone = false;
+        break;
+      }
+      why += (why.empty() ? "" : ", ") + std::string("node ") + std::to_string(node) + " left (" + *gone + ")";
+    }
+    if (allGone) {
+      endRound(*store_, keys_, k, 'L', why);
+      store_->compareSet(keys_.round(), bytes(std::to_string(k)), bytes(std::to_string(k + 1)));
+    }
+    pause(kTick * 2);
+  }
+  waiting_ = false;
 }
 
 void Agent::logRound(const Round& round) {

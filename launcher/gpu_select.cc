@@ -44,6 +44,182 @@ std::string busyReason(const GpuInfo& g, const GpuRequest& r) {
   return "";
 }
 
+std::vector<GpuInfo> sortedByIndex(const std::vector<GpuInfo>& unsorted) {
+  std::vector<GpuInfo> table = unsorted;
+  std::sort(table.begin(), table.end(), [](const GpuInfo& a, const GpuInfo& b) { return a.index < b.index; });
+  return table;
+}
+
+bool contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+// One chooseGpus() decision: the candidates CUDA_VISIBLE_DEVICES leaves, then MIG instances as
+// given, a --gpus list as asked, or auto's pick; each table row gets its verdict on the way.
+class GpuChooser {
+ public:
+  GpuChooser(const std::vector<GpuInfo>& unsorted, const GpuRequest& request,
+             const std::optional<std::string>& userVisible)
+      : table_(sortedByIndex(unsorted)), request_(request), userVisible_(userVisible) {
+    for (const auto& g : table_) byIndex_[g.index] = &g;
+    choice_.verdict.assign(table_.size(), "");
+  }
+  GpuChooser(const GpuChooser&) = delete;  // byIndex_ points into table_
+  GpuChooser& operator=(const GpuChooser&) = delete;
+
+  GpuChoice choose() {
+    const std::vector<int> candidates = findCandidates();
+    if (!choice_.mig.empty()) return chooseMig();
+    if (request_.kind == GpuRequest::Kind::kList) {
+      chooseListed(candidates);
+    } else {
+      chooseAuto(candidates);
+    }
+    labelChosen();
+    choice_.cudaVisibleDevices = joinInts(choice_.chosen);
+    return choice_;
+  }
+
+ private:
+  std::string& verdictOf(int index) {
+    for (size_t i = 0; i < table_.size(); ++i) {
+      if (table_[i].index == index) return choice_.verdict[i];
+    }
+    return choice_.verdict.front();  // unreachable: callers pass indices from the table
+  }
+
+  // The candidates: every GPU, or those CUDA_VISIBLE_DEVICES names (in its order); its MIG
+  // instances go to choice_.mig.
+  std::vector<int> findCandidates() {
+    std::vector<int> candidates;
+    if (!userVisible_.has_value() || userVisible_->empty()) {
+      for (const auto& g : table_) candidates.push_back(g.index);
+      return candidates;
+    }
+    for (const auto& entry : split(*userVisible_, ',')) {
+      if (entry.rfind("MIG-", 0) == 0) {
+        choice_.mig.push_back(entry);
+        continue;
+      }
+      const int found = visibleGpu(entry);
+      if (!contains(candidates, found)) candidates.push_back(found);
+    }
+    if (!choice_.mig.empty() && !candidates.empty()) {
+      DDP_THROW(ConfigError, "CUDA_VISIBLE_DEVICES=", *userVisible_, " mixes MIG instances and whole GPUs; CUDA "
+                "uses only one kind: list either");
+    }
+    for (const auto& g : table_) {
+      if (!contains(candidates, g.index)) verdictOf(g.index) = "not in CUDA_VISIBLE_DEVICES";
+    }
+    return candidates;
+  }
+
+  // The GPU one CUDA_VISIBLE_DEVICES entry names: an index, or a GPU UUID or unique prefix of one.
+  int visibleGpu(const std::string& entry) const {
+    int found = -1;
+    if (allDigits(entry)) {
+      if (byIndex_.count(std::stoi(entry)) != 0) found = std::stoi(entry);
+    } else if (entry.rfind("GPU-", 0) == 0) {
+      for (const auto& g : table_) {
+        if (g.uuid.rfind(entry, 0) == 0) {
+          if (found >= 0) {
+            DDP_THROW(ConfigError, "CUDA_VISIBLE_DEVICES entry ", entry,
+                      " matches more than one GPU; give more of the UUID");
+          }
+          found = g.index;
+        }
+      }
+    }
+    if (found < 0) {
+      DDP_THROW(ConfigError, "CUDA_VISIBLE_DEVICES=", *userVisible_, " names '", entry,
+                "', which is not a GPU of this host (", table_.size(),
+                " GPUs: numbers 0..", static_cast<int>(table_.size()) - 1,
+                " in nvidia-smi order, or GPU-<uuid>); fix or unset it");
+    }
+    return found;
+  }
+
+  // MIG instances are opaque to NVML's GPU table: take them as given, in their order.
+  GpuChoice chooseMig() {
+    if (request_.kind == GpuRequest::Kind::kList) {
+      DDP_THROW(ConfigError, "--gpus ", joinInts(request_.indices),
+                " names whole GPUs but CUDA_VISIBLE_DEVICES lists MIG instances; use --gpus auto[:N] to take the first "
+                "N of them");
+    }
+    if (request_.count > 0) {
+      if (request_.count > static_cast<int>(choice_.mig.size())) {
+        DDP_THROW(ConfigError, "--gpus auto:", request_.count, " but CUDA_VISIBLE_DEVICES lists ", choice_.mig.size(),
+                  " MIG instance(s); lower N or list more");
+      }
+      choice_.mig.resize(static_cast<size_t>(request_.count));
+    }
+    for (const auto& m : choice_.mig) choice_.cudaVisibleDevices += (choice_.cudaVisibleDevices.empty() ? "" : ",") + m;
+    return choice_;
+  }
+
+  // --gpus 2,3: exactly those, busy or not.
+  void chooseListed(const std::vector<int>& candidates) {
+    for (int index : request_.indices) {
+      if (byIndex_.count(index) == 0) {
+        DDP_THROW(ConfigError, "--gpus ", joinInts(request_.indices), ": GPU ", index,
+                  " does not exist (this host has ", table_.size(), " GPU(s), numbered 0..",
+                  static_cast<int>(table_.size()) - 1, " as nvidia-smi shows)");
+      }
+      if (!contains(candidates, index)) {
+        DDP_THROW(ConfigError, "--gpus ", joinInts(request_.indices), " takes GPU ", index,
+                  " but CUDA_VISIBLE_DEVICES=", *userVisible_, " hides it; give one of the two");
+      }
+      choice_.chosen.push_back(index);
+    }
+  }
+
+  // --gpus auto[:N]: the suitable candidates with most free memory first, ties by index.
+  void chooseAuto(const std::vector<int>& candidates) {
+    std::vector<const GpuInfo*> suitable;
+    std::string passedOver;
+    for (int index : candidates) {
+      const GpuInfo& g = *byIndex_.at(index);
+      const std::string why = busyReason(g, request_);
+      if (why.empty()) {
+        suitable.push_back(&g);
+      } else {
+        verdictOf(index) = "skipped: " + why;
+        passedOver += (passedOver.empty() ? "" : ", ") + ("GPU " + std::to_string(index) + " (" + why + ")");
+      }
+    }
+    std::stable_sort(suitable.begin(), suitable.end(), [](const GpuInfo* a, const GpuInfo* b) {
+      return a->freeMiB != b->freeMiB ? a->freeMiB > b->freeMiB : a->index < b->index;
+    });
+    const size_t wanted =
+        request_.count > 0 ? static_cast<size_t>(request_.count) : std::max<size_t>(suitable.size(), 1);
+    if (suitable.size() < wanted) {
+      DDP_THROW(ConfigError, "--gpus auto", request_.count > 0 ? ":" + std::to_string(request_.count) : std::string(),
+                " found ", suitable.size(), " suitable GPU(s) of ", candidates.size(),
+                candidates.size() == 0 ? std::string(" (no GPU)") : std::string(),
+                passedOver.empty() ? std::string() : ": " + passedOver,
+                "; ask for fewer, free the GPUs, or raise --gpu_max_used_mb / --gpu_max_util");
+    }
+    for (size_t i = 0; i < wanted; ++i) choice_.chosen.push_back(suitable[i]->index);
+    for (size_t i = wanted; i < suitable.size(); ++i) {
+      verdictOf(suitable[i]->index) = "not needed (auto:" + std::to_string(request_.count) + ")";
+    }
+  }
+
+  // The chosen rows' verdicts: their local rank, and for a list, whether the GPU is busy.
+  void labelChosen() {
+    for (size_t r = 0; r < choice_.chosen.size(); ++r) {
+      std::string& v = verdictOf(choice_.chosen[r]);
+      const std::string busy =
+          request_.kind == GpuRequest::Kind::kList ? busyReason(*byIndex_.at(choice_.chosen[r]), request_) : "";
+      v = "local rank " + std::to_string(r) + (busy.empty() ? "" : " (busy: " + busy + ")");
+    }
+  }
+
+  const std::vector<GpuInfo> table_;          // by index, as the printed table shows it
+  std::map<int, const GpuInfo*> byIndex_;      // into table_
+  const GpuRequest& request_;
+  const std::optional<std::string>& userVisible_;
+  GpuChoice choice_;
+};
+
 }  // namespace
 
 GpuRequest parseGpuSpec(const std::string& spec) {
@@ -72,128 +248,11 @@ GpuRequest parseGpuSpec(const std::string& spec) {
 
 GpuChoice chooseGpus(const std::vector<GpuInfo>& unsorted, const GpuRequest& request,
                      const std::optional<std::string>& userVisible) {
-  std::vector<GpuInfo> table = unsorted;
-  std::sort(table.begin(), table.end(), [](const GpuInfo& a, const GpuInfo& b) { return a.index < b.index; });
-  std::map<int, const GpuInfo*> byIndex;
-  for (const auto& g : table) byIndex[g.index] = &g;
-  GpuChoice choice;
-  choice.verdict.assign(table.size(), "");
-  auto verdictOf = [&](int index) -> std::string& {
-    for (size_t i = 0; i < table.size(); ++i) {
-      if (table[i].index == index) return choice.verdict[i];
-    }
-    return choice.verdict.front();  // unreachable: callers pass indices from the table
-  };
-
-  // The candidates: every GPU, or those CUDA_VISIBLE_DEVICES names (in its order).
-  std::vector<int> candidates;
-  const bool restricted = userVisible.has_value() && !userVisible->empty();
-  if (restricted) {
-    for (const auto& entry : split(*userVisible, ',')) {
-      if (entry.rfind("MIG-", 0) == 0) {
-        choice.mig.push_back(entry);
-        continue;
-      }
-      int found = -1;
-      if (allDigits(entry)) {
-        if (byIndex.count(std::stoi(entry)) != 0) found = std::stoi(entry);
-      } else if (entry.rfind("GPU-", 0) == 0) {
-        for (const auto& g : table) {
-          if (g.uuid.rfind(entry, 0) == 0) {
-            if (found >= 0) DDP_THROW(ConfigError, "CUDA_VISIBLE_DEVICES entry ", entry, " matches more than one GPU; give more of the UUID");
-            found = g.index;
-          }
-        }
-      }
-      if (found < 0) {
-        DDP_THROW(ConfigError, "CUDA_VISIBLE_DEVICES=", *userVisible, " names '", entry,
-                  "', which is not a GPU of this host (", table.size(),
-                  " GPUs: numbers 0..", static_cast<int>(table.size()) - 1,
-                  " in nvidia-smi order, or GPU-<uuid>); fix or unset it");
-      }
-      if (std::find(candidates.begin(), candidates.end(), found) == candidates.end()) candidates.push_back(found);
-    }
-    if (!choice.mig.empty() && !candidates.empty()) {
-      DDP_THROW(ConfigError, "CUDA_VISIBLE_DEVICES=", *userVisible, " mixes MIG instances and whole GPUs; CUDA "
-                "uses only one kind: list either");
-    }
-    for (const auto& g : table) {
-      if (std::find(candidates.begin(), candidates.end(), g.index) == candidates.end()) {
-        verdictOf(g.index) = "not in CUDA_VISIBLE_DEVICES";
-      }
-    }
-  } else {
-    for (const auto& g : table) candidates.push_back(g.index);
-  }
-
-  if (!choice.mig.empty()) {
-    // MIG instances are opaque to NVML's GPU table: take them as given, in their order.
-    if (request.kind == GpuRequest::Kind::kList) {
-      DDP_THROW(ConfigError, "--gpus ", joinInts(request.indices), " names whole GPUs but CUDA_VISIBLE_DEVICES lists MIG "
-                "instances; use --gpus auto[:N] to take the first N of them");
-    }
-    if (request.count > 0) {
-      if (request.count > static_cast<int>(choice.mig.size())) {
-        DDP_THROW(ConfigError, "--gpus auto:", request.count, " but CUDA_VISIBLE_DEVICES lists ", choice.mig.size(),
-                  " MIG instance(s); lower N or list more");
-      }
-      choice.mig.resize(static_cast<size_t>(request.count));
-    }
-    for (const auto& m : choice.mig) choice.cudaVisibleDevices += (choice.cudaVisibleDevices.empty() ? "" : ",") + m;
-    return choice;
-  }
-
-  if (request.kind == GpuRequest::Kind::kList) {
-    for (int index : request.indices) {
-      if (byIndex.count(index) == 0) {
-        DDP_THROW(ConfigError, "--gpus ", joinInts(request.indices), ": GPU ", index, " does not exist (this host has ",
-                  table.size(), " GPU(s), numbered 0..", static_cast<int>(table.size()) - 1, " as nvidia-smi shows)");
-      }
-      if (std::find(candidates.begin(), candidates.end(), index) == candidates.end()) {
-        DDP_THROW(ConfigError, "--gpus ", joinInts(request.indices), " takes GPU ", index, " but CUDA_VISIBLE_DEVICES=",
-                  *userVisible, " hides it; give one of the two");
-      }
-      choice.chosen.push_back(index);
-    }
-  } else {
-    std::vector<const GpuInfo*> suitable;
-    std::string passedOver;
-    for (int index : candidates) {
-      const GpuInfo& g = *byIndex.at(index);
-      const std::string why = busyReason(g, request);
-      if (why.empty()) {
-        suitable.push_back(&g);
-      } else {
-        verdictOf(index) = "skipped: " + why;
-        passedOver += (passedOver.empty() ? "" : ", ") + ("GPU " + std::to_string(index) + " (" + why + ")");
-      }
-    }
-    std::stable_sort(suitable.begin(), suitable.end(), [](const GpuInfo* a, const GpuInfo* b) {
-      return a->freeMiB != b->freeMiB ? a->freeMiB > b->freeMiB : a->index < b->index;
-    });
-    const size_t wanted = request.count > 0 ? static_cast<size_t>(request.count) : std::max<size_t>(suitable.size(), 1);
-    if (suitable.size() < wanted) {
-      DDP_THROW(ConfigError, "--gpus auto", request.count > 0 ? ":" + std::to_string(request.count) : std::string(),
-                " found ", suitable.size(), " suitable GPU(s) of ", candidates.size(),
-                candidates.size() == 0 ? std::string(" (no GPU)") : std::string(),
-                passedOver.empty() ? std::string() : ": " + passedOver,
-                "; ask for fewer, free the GPUs, or raise --gpu_max_used_mb / --gpu_max_util");
-    }
-    for (size_t i = 0; i < wanted; ++i) choice.chosen.push_back(suitable[i]->index);
-    for (size_t i = wanted; i < suitable.size(); ++i) verdictOf(suitable[i]->index) = "not needed (auto:" + std::to_string(request.count) + ")";
-  }
-  for (size_t r = 0; r < choice.chosen.size(); ++r) {
-    std::string& v = verdictOf(choice.chosen[r]);
-    const std::string busy = request.kind == GpuRequest::Kind::kList ? busyReason(*byIndex.at(choice.chosen[r]), request) : "";
-    v = "local rank " + std::to_string(r) + (busy.empty() ? "" : " (busy: " + busy + ")");
-  }
-  choice.cudaVisibleDevices = joinInts(choice.chosen);
-  return choice;
+  return GpuChooser(unsorted, request, userVisible).choose();
 }
 
 std::string formatGpuTable(const std::vector<GpuInfo>& unsorted, const GpuChoice& choice) {
-  std::vector<GpuInfo> table = unsorted;
-  std::sort(table.begin(), table.end(), [](const GpuInfo& a, const GpuInfo& b) { return a.index < b.index; });
+  const std::vector<GpuInfo> table = sortedByIndex(unsorted);
   std::string out = "GPU  name                      PCI bus id         free / total MiB  util  choice\n";
   char line[512];
   for (size_t i = 0; i < table.size(); ++i) {

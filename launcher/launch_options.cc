@@ -6,6 +6,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <cxxopts.hpp>
 
@@ -222,6 +225,253 @@ SplitArgs splitAtWorker(const std::vector<std::string>& args, const OptionTable&
   return split;
 }
 
+// cxxopts parses the launcher's own tokens only (splitAtWorker took the worker's away).
+cxxopts::ParseResult parseLauncherArgs(cxxopts::Options& options, const std::vector<std::string>& launcherArgs) {
+  std::vector<const char*> argv{kProgram};
+  for (const std::string& arg : launcherArgs) argv.push_back(arg.c_str());
+  try {
+    return options.parse(static_cast<int>(argv.size()), argv.data());
+  } catch (const cxxopts::exceptions::exception& error) {
+    DDP_THROW(ConfigError, "bad command line: ", error.what(), "; run ddp-launch --help");
+  }
+}
+
+// The value of an optional flag that must not be empty when given; `into` keeps its default otherwise.
+void readNonEmpty(const cxxopts::ParseResult& parsed, const char* flag, std::string& into,
+                  const std::string& emptyMessage) {
+  if (parsed.count(flag) == 0) return;
+  into = parsed[flag].as<std::string>();
+  if (into.empty()) DDP_THROW(ConfigError, emptyMessage);
+}
+
+// --nproc_per_node and the --gpus choice with its limits.
+void parseDevices(const cxxopts::ParseResult& parsed, LaunchOptions& launch) {
+  const std::string nproc = parsed["nproc_per_node"].as<std::string>();
+  launch.nprocAuto = nproc == "auto";
+  launch.nprocPerNode = launch.nprocAuto ? 1 : parseInt("nproc_per_node", nproc, 1, 4096,
+                                 "the number of workers to start on this node, e.g. --nproc_per_node=4 (or auto)");
+  readNonEmpty(parsed, "gpus", launch.gpus, "--gpus is empty: give auto, auto:N or a list such as 0,2");
+  launch.gpuMaxUsedMb = parseInt("gpu_max_used_mb", parsed["gpu_max_used_mb"].as<std::string>(), 0, 1 << 30,
+                                 "memory in use (MiB) above which --gpus auto skips a GPU, e.g. --gpu_max_used_mb=2048");
+  launch.gpuMaxUtil = parseInt("gpu_max_util", parsed["gpu_max_util"].as<std::string>(), 0, 100,
+                               "utilisation (percent) above which --gpus auto skips a GPU, e.g. --gpu_max_util=50");
+}
+
+// --nnodes=MIN:MAX: an elastic job, whose node ranks the rendezvous assigns.
+void parseElasticRange(const cxxopts::ParseResult& parsed, const std::string& nnodesText, size_t colon,
+                       LaunchOptions& launch) {
+  ElasticOptions& elastic = launch.elastic;
+  elastic.enabled = true;
+  elastic.minNodes = parseInt("nnodes", nnodesText.substr(0, colon), 0, 65536,
+                              "MIN:MAX, the fewest and most nodes of an elastic job, e.g. --nnodes=1:4");
+  elastic.maxNodes = parseInt("nnodes", nnodesText.substr(colon + 1), 0, 65536,
+                              "MIN:MAX, the fewest and most nodes of an elastic job, e.g. --nnodes=1:4");
+  if (elastic.minNodes < 1) {
+    DDP_THROW(ConfigError, "--nnodes=", nnodesText, ": an elastic job needs at least one node; give MIN >= 1, "
+              "e.g. --nnodes=1:", std::max(elastic.maxNodes, 2));
+  }
+  if (elastic.minNodes > elastic.maxNodes) {
+    DDP_THROW(ConfigError, "--nnodes=", nnodesText, ": MIN ", elastic.minNodes, " is more than MAX ",
+              elastic.maxNodes, "; give MIN:MAX with MIN <= MAX, e.g. --nnodes=", elastic.maxNodes, ":",
+              elastic.minNodes);
+  }
+  if (parsed.count("node_rank") != 0) {
+    DDP_THROW(ConfigError, "--node_rank with --nnodes=", nnodesText, ": in an elastic job the rendezvous "
+              "assigns the node ranks (anew in each round); drop --node_rank");
+  }
+  launch.nnodes = elastic.maxNodes;
+}
+
+// --nnodes: N nodes, or MIN:MAX for an elastic job.
+void parseNodeCount(const cxxopts::ParseResult& parsed, const std::string& nnodesText, LaunchOptions& launch) {
+  if (const size_t colon = nnodesText.find(':'); colon != std::string::npos) {
+    parseElasticRange(parsed, nnodesText, colon, launch);
+  } else {
+    launch.nnodes = parseInt("nnodes", nnodesText, 1, 65536, "the number of nodes in the job, e.g. --nnodes=2");
+  }
+}
+
+// The id is part of the store's keys ("elastic/<id>/..."): plain characters only.
+void checkRdzvId(const std::string& id) {
+  const bool plain = !id.empty() && id.size() <= 128 &&
+                     id.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") ==
+                         std::string::npos;
+  if (!plain) {
+    DDP_THROW(ConfigError, "--rdzv_id '", id,
+              "': give 1 to 128 letters, digits, '_', '.' or '-', e.g. --rdzv_id=$SLURM_JOB_ID");
+  }
+}
+
+// The --rdzv_* and heartbeat flags, which only an elastic job takes.
+void parseElasticTuning(const cxxopts::ParseResult& parsed, const std::string& nnodesText, ElasticOptions& elastic) {
+  for (const char* flag : {"rdzv_id", "rdzv_last_call_s", "heartbeat_timeout_s", "rdzv_timeout_s"}) {
+    if (parsed.count(flag) != 0 && !elastic.enabled) {
+      DDP_THROW(ConfigError, "--", flag, " is for elastic jobs, but --nnodes=", nnodesText,
+                " is a fixed number of nodes; give --nnodes=MIN:MAX or drop --", flag);
+    }
+  }
+  if (parsed.count("rdzv_id") != 0) {
+    elastic.rdzvId = parsed["rdzv_id"].as<std::string>();
+    checkRdzvId(elastic.rdzvId);
+  }
+  if (parsed.count("rdzv_last_call_s") != 0) {
+    elastic.lastCallS = parseSeconds("rdzv_last_call_s", parsed["rdzv_last_call_s"].as<std::string>(), "30");
+  }
+  if (parsed.count("heartbeat_timeout_s") != 0) {
+    elastic.heartbeatTimeoutS =
+        parseSeconds("heartbeat_timeout_s", parsed["heartbeat_timeout_s"].as<std::string>(), "30");
+    if (elastic.heartbeatTimeoutS < 0.5) {
+      DDP_THROW(ConfigError, "--heartbeat_timeout_s=", elastic.heartbeatTimeoutS,
+                " is too short to tell a busy node from a lost one; give at least 0.5, e.g. 30");
+    }
+  }
+  if (parsed.count("rdzv_timeout_s") != 0) {
+    elastic.rdzvTimeoutS = parseSeconds("rdzv_timeout_s", parsed["rdzv_timeout_s"].as<std::string>(), "600");
+  }
+  if (elastic.enabled && elastic.lastCallS >= elastic.rdzvTimeoutS) {
+    DDP_THROW(ConfigError, "--rdzv_last_call_s=", elastic.lastCallS, " is not shorter than --rdzv_timeout_s=",
+              elastic.rdzvTimeoutS, ", so no round could close before it times out; shorten the first or "
+              "lengthen the second");
+  }
+}
+
+// --node_rank, within --nnodes.
+void parseNodeRank(const cxxopts::ParseResult& parsed, LaunchOptions& launch) {
+  launch.nodeRank = parseInt("node_rank", parsed["node_rank"].as<std::string>(), 0, 65535,
+                             "this node's rank, from 0 to nnodes-1");
+  if (launch.nodeRank >= launch.nnodes) {
+    DDP_THROW(ConfigError, "--node_rank ", launch.nodeRank, " is out of range for --nnodes ", launch.nnodes,
+              ": give each node a distinct rank from 0 to ", launch.nnodes - 1);
+  }
+}
+
+// The job's size as a whole, and --standalone against --nnodes.
+void checkJobShape(const cxxopts::ParseResult& parsed, const std::string& nnodesText, const LaunchOptions& launch) {
+  if (static_cast<long long>(launch.nnodes) * launch.nprocPerNode > INT_MAX) {
+    DDP_THROW(ConfigError, "--nnodes ", launch.nnodes, " x --nproc_per_node ", launch.nprocPerNode,
+              " workers is more than ddp-launch supports");
+  }
+  if (parsed["standalone"].as<bool>() && launch.elastic.enabled) {
+    DDP_THROW(ConfigError, "--standalone runs a single-node job but --nnodes=", nnodesText,
+              " is an elastic one; drop one of them");
+  }
+  if (parsed["standalone"].as<bool>() && launch.nnodes != 1) {
+    DDP_THROW(ConfigError, "--standalone runs a single-node job but --nnodes is ", launch.nnodes,
+              "; drop one of them");
+  }
+}
+
+// "node1:29500" -> {"node1", "29500"}, "[v6]:port" -> {"v6", "port"}; the port may be empty, the
+// host is empty when there is none.
+std::pair<std::string, std::string> splitEndpoint(const std::string& endpoint) {
+  std::string host = endpoint, port;
+  if (!host.empty() && host.front() == '[') {  // [v6]:port
+    const size_t close = host.find(']');
+    if (close != std::string::npos && close + 1 < host.size() && host[close + 1] == ':') port = host.substr(close + 2);
+    host = close == std::string::npos ? "" : host.substr(1, close - 1);
+  } else if (const size_t colon = host.rfind(':'); colon != std::string::npos && host.find(':') == colon) {
+    port = host.substr(colon + 1);
+    host = host.substr(0, colon);
+  }
+  return {host, port};
+}
+
+// torchrun's --rdzv_endpoint: the rendezvous host and port, ours being node 0's store.
+void parseRdzvEndpoint(const cxxopts::ParseResult& parsed, LaunchOptions& launch) {
+  const std::string endpoint = parsed["rdzv_endpoint"].as<std::string>();
+  if (launch.masterAddrGiven || parsed.count("master_port") != 0) {
+    DDP_THROW(ConfigError, "--rdzv_endpoint=", endpoint, " and --master_addr/--master_port both say where the "
+              "rendezvous is; keep one");
+  }
+  const auto [host, port] = splitEndpoint(endpoint);
+  if (host.empty()) {
+    DDP_THROW(ConfigError, "--rdzv_endpoint='", endpoint, "': give HOST[:PORT], e.g. --rdzv_endpoint=node1:29500");
+  }
+  launch.masterAddr = host;
+  launch.masterAddrGiven = true;
+  if (!port.empty()) {
+    launch.masterPort = parseInt("rdzv_endpoint", port, 1, 65535,
+                                 "HOST[:PORT] with a TCP port, e.g. --rdzv_endpoint=node1:29500");
+  }
+}
+
+// Where rank 0 listens: --master_addr and --master_port, or --rdzv_endpoint.
+void parseMasterAddress(const cxxopts::ParseResult& parsed, LaunchOptions& launch) {
+  launch.masterAddrGiven = parsed.count("master_addr") != 0;
+  launch.masterAddr = parsed["master_addr"].as<std::string>();
+  if (launch.masterAddr.empty()) {
+    DDP_THROW(ConfigError, "--master_addr is empty: give the host of rank 0, e.g. --master_addr=10.0.0.1");
+  }
+  if (parsed.count("rdzv_endpoint") != 0) parseRdzvEndpoint(parsed, launch);
+  if (parsed.count("master_port") != 0) {
+    const int port = parseInt("master_port", parsed["master_port"].as<std::string>(), 0, 65535,
+                              "the TCP port rank 0 listens on, e.g. --master_port=29500");
+    if (port == 0 && launch.nnodes > 1) {
+      DDP_THROW(ConfigError, "--master_port=0 (pick a free port) only works with --nnodes=1: every node "
+                "must agree on the port, so give one, e.g. --master_port=", kDefaultMultiNodePort);
+    }
+    if (port != 0) launch.masterPort = port;
+  }
+}
+
+// --use_env[=BOOL] and its negation --no_use_env.
+bool parseUseEnv(const cxxopts::ParseResult& parsed) {
+  const bool useEnvGiven = parsed.count("use_env") != 0;
+  const bool useEnv = parseBool("use_env", parsed["use_env"].as<std::string>());
+  const bool noUseEnv = parsed["no_use_env"].as<bool>();
+  if (useEnvGiven && noUseEnv && useEnv) {
+    DDP_THROW(ConfigError, "--use_env and --no_use_env contradict each other; keep one");
+  }
+  return useEnv && !noUseEnv;
+}
+
+// How workers are stopped and restarted: the grace periods and --max_restarts.
+void parseSupervision(const cxxopts::ParseResult& parsed, LaunchOptions& launch) {
+  launch.shutdownGraceS = parseSeconds("shutdown_grace_s", parsed["shutdown_grace_s"].as<std::string>(), "5");
+  const std::string earlyExitText = parsed["early_exit_grace_s"].as<std::string>();
+  if (earlyExitText == "off") {
+    launch.earlyExitGraceS.reset();
+  } else {
+    launch.earlyExitGraceS = parseSeconds("early_exit_grace_s", earlyExitText, "30 (or off)");
+  }
+  launch.maxRestarts = parseInt("max_restarts", parsed["max_restarts"].as<std::string>(), 0, kMaxRestartsLimit,
+                                "how often to restart the group after a failure, e.g. --max_restarts=3");
+}
+
+// Where the workers' output goes: --log_dir and --tee.
+void parseOutput(const cxxopts::ParseResult& parsed, LaunchOptions& launch) {
+  readNonEmpty(parsed, "log_dir", launch.logDir,
+               "--log_dir is empty: give a directory for the per-rank logs, e.g. --log_dir=logs");
+  launch.tee = parsed["tee"].as<bool>();
+  if (launch.tee && launch.logDir.empty()) {
+    DDP_THROW(ConfigError, "--tee copies the output that --log_dir writes to files back to the console, "
+              "but no --log_dir was given; add --log_dir=DIR or drop --tee");
+  }
+}
+
+// Every flag's value into LaunchOptions; of two mistakes, the first in this order is reported.
+LaunchOptions parseLaunchOptions(const cxxopts::ParseResult& parsed) {
+  LaunchOptions launch;
+  parseDevices(parsed, launch);
+  const std::string nnodesText = parsed["nnodes"].as<std::string>();
+  parseNodeCount(parsed, nnodesText, launch);
+  parseElasticTuning(parsed, nnodesText, launch.elastic);
+  parseNodeRank(parsed, launch);
+  checkJobShape(parsed, nnodesText, launch);
+  launch.nprocPerNodeGiven = parsed.count("nproc_per_node") != 0 && !launch.nprocAuto;
+  launch.nnodesGiven = parsed.count("nnodes") != 0 || parsed["standalone"].as<bool>();
+  launch.nodeRankGiven = parsed.count("node_rank") != 0;
+  parseMasterAddress(parsed, launch);
+  launch.useEnv = parseUseEnv(parsed);
+  parseSupervision(parsed, launch);
+  parseOutput(parsed, launch);
+  readNonEmpty(parsed, "rdzv_token_file", launch.rdzvTokenFile,
+               "--rdzv_token_file is empty: give the path of the job's token file");
+  readNonEmpty(parsed, "rdzv_bind", launch.rdzvBind,
+               "--rdzv_bind is empty: give an address of this machine, or drop it to bind --master_addr");
+  return launch;
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -241,18 +491,9 @@ std::string usageText() {
 }
 
 CommandLine parseCommandLine(const std::vector<std::string>& args) {
-  using detail::parseInt;
   cxxopts::Options options = detail::makeOptions();
   const detail::SplitArgs split = detail::splitAtWorker(args, detail::describe(options));
-
-  std::vector<const char*> argv{detail::kProgram};
-  for (const std::string& arg : split.launcherArgs) argv.push_back(arg.c_str());
-  cxxopts::ParseResult parsed;
-  try {
-    parsed = options.parse(static_cast<int>(argv.size()), argv.data());
-  } catch (const cxxopts::exceptions::exception& error) {
-    DDP_THROW(ConfigError, "bad command line: ", error.what(), "; run ddp-launch --help");
-  }
+  const cxxopts::ParseResult parsed = detail::parseLauncherArgs(options, split.launcherArgs);
 
   CommandLine result;
   if (parsed.count("help") != 0) {
@@ -265,192 +506,13 @@ CommandLine parseCommandLine(const std::vector<std::string>& args) {
     result.text = std::string(detail::kProgram) + " " + DDP_LAUNCH_VERSION + "\n";
     return result;
   }
-
-  LaunchOptions& launch = result.options;
-  const std::string nproc = parsed["nproc_per_node"].as<std::string>();
-  launch.nprocAuto = nproc == "auto";
-  launch.nprocPerNode = launch.nprocAuto ? 1 : parseInt("nproc_per_node", nproc, 1, 4096,
-                                 "the number of workers to start on this node, e.g. --nproc_per_node=4 (or auto)");
-  if (parsed.count("gpus") != 0) {
-    launch.gpus = parsed["gpus"].as<std::string>();
-    if (launch.gpus.empty()) DDP_THROW(ConfigError, "--gpus is empty: give auto, auto:N or a list such as 0,2");
-  }
-  launch.gpuMaxUsedMb = parseInt("gpu_max_used_mb", parsed["gpu_max_used_mb"].as<std::string>(), 0, 1 << 30,
-                                 "memory in use (MiB) above which --gpus auto skips a GPU, e.g. --gpu_max_used_mb=2048");
-  launch.gpuMaxUtil = parseInt("gpu_max_util", parsed["gpu_max_util"].as<std::string>(), 0, 100,
-                               "utilisation (percent) above which --gpus auto skips a GPU, e.g. --gpu_max_util=50");
-  const std::string nnodesText = parsed["nnodes"].as<std::string>();
-  if (const size_t colon = nnodesText.find(':'); colon != std::string::npos) {
-    ElasticOptions& elastic = launch.elastic;
-    elastic.enabled = true;
-    elastic.minNodes = parseInt("nnodes", nnodesText.substr(0, colon), 0, 65536,
-                                "MIN:MAX, the fewest and most nodes of an elastic job, e.g. --nnodes=1:4");
-    elastic.maxNodes = parseInt("nnodes", nnodesText.substr(colon + 1), 0, 65536,
-                                "MIN:MAX, the fewest and most nodes of an elastic job, e.g. --nnodes=1:4");
-    if (elastic.minNodes < 1) {
-      DDP_THROW(ConfigError, "--nnodes=", nnodesText, ": an elastic job needs at least one node; give MIN >= 1, "
-                "e.g. --nnodes=1:", std::max(elastic.maxNodes, 2));
-    }
-    if (elastic.minNodes > elastic.maxNodes) {
-      DDP_THROW(ConfigError, "--nnodes=", nnodesText, ": MIN ", elastic.minNodes, " is more than MAX ",
-                elastic.maxNodes, "; give MIN:MAX with MIN <= MAX, e.g. --nnodes=", elastic.maxNodes, ":",
-                elastic.minNodes);
-    }
-    if (parsed.count("node_rank") != 0) {
-      DDP_THROW(ConfigError, "--node_rank with --nnodes=", nnodesText, ": in an elastic job the rendezvous "
-                "assigns the node ranks (anew in each round); drop --node_rank");
-    }
-    launch.nnodes = elastic.maxNodes;
-  } else {
-    launch.nnodes = parseInt("nnodes", nnodesText, 1, 65536, "the number of nodes in the job, e.g. --nnodes=2");
-  }
-  for (const char* flag : {"rdzv_id", "rdzv_last_call_s", "heartbeat_timeout_s", "rdzv_timeout_s"}) {
-    if (parsed.count(flag) != 0 && !launch.elastic.enabled) {
-      DDP_THROW(ConfigError, "--", flag, " is for elastic jobs, but --nnodes=", nnodesText,
-                " is a fixed number of nodes; give --nnodes=MIN:MAX or drop --", flag);
-    }
-  }
-  if (parsed.count("rdzv_id") != 0) {
-    launch.elastic.rdzvId = parsed["rdzv_id"].as<std::string>();
-    const bool plain = !launch.elastic.rdzvId.empty() && launch.elastic.rdzvId.size() <= 128 &&
-                       launch.elastic.rdzvId.find_first_not_of(
-                           "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") == std::string::npos;
-    if (!plain) {
-      DDP_THROW(ConfigError, "--rdzv_id '", launch.elastic.rdzvId,
-                "': give 1 to 128 letters, digits, '_', '.' or '-', e.g. --rdzv_id=$SLURM_JOB_ID");
-    }
-  }
-  if (parsed.count("rdzv_last_call_s") != 0) {
-    launch.elastic.lastCallS = detail::parseSeconds("rdzv_last_call_s", parsed["rdzv_last_call_s"].as<std::string>(), "30");
-  }
-  if (parsed.count("heartbeat_timeout_s") != 0) {
-    launch.elastic.heartbeatTimeoutS =
-        detail::parseSeconds("heartbeat_timeout_s", parsed["heartbeat_timeout_s"].as<std::string>(), "30");
-    if (launch.elastic.heartbeatTimeoutS < 0.5) {
-      DDP_THROW(ConfigError, "--heartbeat_timeout_s=", launch.elastic.heartbeatTimeoutS,
-                " is too short to tell a busy node from a lost one; give at least 0.5, e.g. 30");
-    }
-  }
-  if (parsed.count("rdzv_timeout_s") != 0) {
-    launch.elastic.rdzvTimeoutS = detail::parseSeconds("rdzv_timeout_s", parsed["rdzv_timeout_s"].as<std::string>(), "600");
-  }
-  if (launch.elastic.enabled && launch.elastic.lastCallS >= launch.elastic.rdzvTimeoutS) {
-    DDP_THROW(ConfigError, "--rdzv_last_call_s=", launch.elastic.lastCallS, " is not shorter than --rdzv_timeout_s=",
-              launch.elastic.rdzvTimeoutS, ", so no round could close before it times out; shorten the first or "
-              "lengthen the second");
-  }
-  launch.nodeRank = parseInt("node_rank", parsed["node_rank"].as<std::string>(), 0, 65535,
-                             "this node's rank, from 0 to nnodes-1");
-  if (launch.nodeRank >= launch.nnodes) {
-    DDP_THROW(ConfigError, "--node_rank ", launch.nodeRank, " is out of range for --nnodes ", launch.nnodes,
-              ": give each node a distinct rank from 0 to ", launch.nnodes - 1);
-  }
-  if (static_cast<long long>(launch.nnodes) * launch.nprocPerNode > INT_MAX) {
-    DDP_THROW(ConfigError, "--nnodes ", launch.nnodes, " x --nproc_per_node ", launch.nprocPerNode,
-              " workers is more than ddp-launch supports");
-  }
-  if (parsed["standalone"].as<bool>() && launch.elastic.enabled) {
-    DDP_THROW(ConfigError, "--standalone runs a single-node job but --nnodes=", nnodesText,
-              " is an elastic one; drop one of them");
-  }
-  if (parsed["standalone"].as<bool>() && launch.nnodes != 1) {
-    DDP_THROW(ConfigError, "--standalone runs a single-node job but --nnodes is ", launch.nnodes,
-              "; drop one of them");
-  }
-
-  launch.nprocPerNodeGiven = parsed.count("nproc_per_node") != 0 && !launch.nprocAuto;
-  launch.nnodesGiven = parsed.count("nnodes") != 0 || parsed["standalone"].as<bool>();
-  launch.nodeRankGiven = parsed.count("node_rank") != 0;
-  launch.masterAddrGiven = parsed.count("master_addr") != 0;
-  launch.masterAddr = parsed["master_addr"].as<std::string>();
-  if (launch.masterAddr.empty()) {
-    DDP_THROW(ConfigError, "--master_addr is empty: give the host of rank 0, e.g. --master_addr=10.0.0.1");
-  }
-  if (parsed.count("rdzv_endpoint") != 0) {
-    // torchrun's --rdzv_endpoint: the rendezvous host and port, ours being node 0's store.
-    const std::string endpoint = parsed["rdzv_endpoint"].as<std::string>();
-    if (launch.masterAddrGiven || parsed.count("master_port") != 0) {
-      DDP_THROW(ConfigError, "--rdzv_endpoint=", endpoint, " and --master_addr/--master_port both say where the "
-                "rendezvous is; keep one");
-    }
-    std::string host = endpoint, port;
-    if (!host.empty() && host.front() == '[') {  // [v6]:port
-      const size_t close = host.find(']');
-      if (close != std::string::npos && close + 1 < host.size() && host[close + 1] == ':') port = host.substr(close + 2);
-      host = close == std::string::npos ? "" : host.substr(1, close - 1);
-    } else if (const size_t colon = host.rfind(':'); colon != std::string::npos && host.find(':') == colon) {
-      port = host.substr(colon + 1);
-      host = host.substr(0, colon);
-    }
-    if (host.empty()) {
-      DDP_THROW(ConfigError, "--rdzv_endpoint='", endpoint, "': give HOST[:PORT], e.g. --rdzv_endpoint=node1:29500");
-    }
-    launch.masterAddr = host;
-    launch.masterAddrGiven = true;
-    if (!port.empty()) {
-      launch.masterPort = parseInt("rdzv_endpoint", port, 1, 65535,
-                                   "HOST[:PORT] with a TCP port, e.g. --rdzv_endpoint=node1:29500");
-    }
-  }
-  if (parsed.count("master_port") != 0) {
-    const int port = parseInt("master_port", parsed["master_port"].as<std::string>(), 0, 65535,
-                              "the TCP port rank 0 listens on, e.g. --master_port=29500");
-    if (port == 0 && launch.nnodes > 1) {
-      DDP_THROW(ConfigError, "--master_port=0 (pick a free port) only works with --nnodes=1: every node "
-                "must agree on the port, so give one, e.g. --master_port=", kDefaultMultiNodePort);
-    }
-    if (port != 0) launch.masterPort = port;
-  }
-
-  const bool useEnvGiven = parsed.count("use_env") != 0;
-  const bool useEnv = detail::parseBool("use_env", parsed["use_env"].as<std::string>());
-  const bool noUseEnv = parsed["no_use_env"].as<bool>();
-  if (useEnvGiven && noUseEnv && useEnv) {
-    DDP_THROW(ConfigError, "--use_env and --no_use_env contradict each other; keep one");
-  }
-  launch.useEnv = useEnv && !noUseEnv;
-
-  launch.shutdownGraceS = detail::parseSeconds("shutdown_grace_s", parsed["shutdown_grace_s"].as<std::string>(), "5");
-  const std::string earlyExitText = parsed["early_exit_grace_s"].as<std::string>();
-  if (earlyExitText == "off") {
-    launch.earlyExitGraceS.reset();
-  } else {
-    launch.earlyExitGraceS = detail::parseSeconds("early_exit_grace_s", earlyExitText, "30 (or off)");
-  }
-
-  launch.maxRestarts = parseInt("max_restarts", parsed["max_restarts"].as<std::string>(), 0, detail::kMaxRestartsLimit,
-                                "how often to restart the group after a failure, e.g. --max_restarts=3");
-  if (parsed.count("log_dir") != 0) {
-    launch.logDir = parsed["log_dir"].as<std::string>();
-    if (launch.logDir.empty()) {
-      DDP_THROW(ConfigError, "--log_dir is empty: give a directory for the per-rank logs, e.g. --log_dir=logs");
-    }
-  }
-  launch.tee = parsed["tee"].as<bool>();
-  if (launch.tee && launch.logDir.empty()) {
-    DDP_THROW(ConfigError, "--tee copies the output that --log_dir writes to files back to the console, "
-              "but no --log_dir was given; add --log_dir=DIR or drop --tee");
-  }
-
-  if (parsed.count("rdzv_token_file") != 0) {
-    launch.rdzvTokenFile = parsed["rdzv_token_file"].as<std::string>();
-    if (launch.rdzvTokenFile.empty()) {
-      DDP_THROW(ConfigError, "--rdzv_token_file is empty: give the path of the job's token file");
-    }
-  }
-  if (parsed.count("rdzv_bind") != 0) {
-    launch.rdzvBind = parsed["rdzv_bind"].as<std::string>();
-    if (launch.rdzvBind.empty()) {
-      DDP_THROW(ConfigError, "--rdzv_bind is empty: give an address of this machine, or drop it to bind --master_addr");
-    }
-  }
-
+  result.options = detail::parseLaunchOptions(parsed);
   if (!split.worker || split.worker->empty()) {
     DDP_THROW(ConfigError, "missing WORKER: give the program to run after the options, e.g. "
               "ddp-launch --nproc_per_node=2 ./worker config.yaml (see --help)");
   }
-  launch.worker = *split.worker;
-  launch.workerArgs = split.workerArgs;
+  result.options.worker = *split.worker;
+  result.options.workerArgs = split.workerArgs;
   return result;
 }
 
