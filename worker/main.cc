@@ -43,7 +43,9 @@ constexpr const char* kUsage =
     "usage: worker CONFIG.yaml [dotted.key=value ...]\n"
     "  Trains one rank of a data-parallel job; start it with\n"
     "  ddp-launch --nproc_per_node=N worker CONFIG.yaml [overrides]\n"
-    "  e.g. worker configs/fmnist_cnn_ddp.yaml train.max_steps=50 output.dir=out/try\n";
+    "  e.g. worker configs/fmnist_cnn_ddp.yaml train.max_steps=50 output.dir=out/try\n"
+    "       worker --config-keys   every key and its default (KEY<TAB>DEFAULT, YAML), for\n"
+    "                              scripts/config_reference.py\n";
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
@@ -240,6 +242,10 @@ int runWorker(std::vector<std::string> args) {
   if (args.empty() || args[0] == "-h" || args[0] == "--help") {
     std::cout << kUsage;
     return args.empty() ? 2 : 0;
+  }
+  if (args[0] == "--config-keys") {  // the defaults live in WorkerConfig; docs/configuration.md shows them
+    for (const auto& [key, value] : configValues(WorkerConfig{})) std::cout << key << '\t' << value << '\n';
+    return 0;
   }
   // Read here for the log's rank and the mode checks; initProcessGroup reads it again (and takes
   // the job's token out of the environment).

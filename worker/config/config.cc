@@ -54,6 +54,28 @@ Field bindField<double>(const std::string& key, const std::string& type, double&
                }};
 }
 
+// The same for lists of numbers: [0.9, 0.999], not [0.90000000000000002, 0.999]; 17 digits where 15
+// would not read back as the same double.
+template <>
+Field bindField<std::vector<double>>(const std::string& key, const std::string& type, std::vector<double>& ref) {
+  return Field{key, type, [&ref](const YAML::Node& n) { ref = n.as<std::vector<double>>(); },
+               [&ref] {
+                 YAML::Node list(YAML::NodeType::Sequence);
+                 for (const double v : ref) {
+                   std::ostringstream text;
+                   text.precision(15);
+                   text << v;
+                   if (std::stod(text.str()) != v) {
+                     text.str("");
+                     text.precision(17);
+                     text << v;
+                   }
+                   list.push_back(text.str());
+                 }
+                 return list;
+               }};
+}
+
 Field bindMode(const std::string& key, Mode& ref) {
   return Field{key, "one of ddp | dp | single | eval",
                [&ref, key](const YAML::Node& n) {
