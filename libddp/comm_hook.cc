@@ -141,6 +141,184 @@ struct PowerSgdHook::State {
   }
 };
 
+namespace {
+
+using PowerSgdState = PowerSgdHook::State;
+
+// One (batch, n, m) group of gradient matrices and its slices of the P and Q memory.
+struct MatrixBatch {
+  at::Tensor tensor;  // (batch, n, m): the matrix itself (unsqueezed) or a stack of several
+  std::vector<at::Tensor> originals;  // filled back from a stack
+  at::Tensor p;
+  at::Tensor q;
+};
+
+// The bucket's gradients as powerSGD_hook sorts them: the matrices worth compressing, and the rest.
+struct CompressionSplit {
+  std::vector<at::Tensor> toCompress;  // (n, m) views into the bucket
+  std::vector<at::Tensor> uncompressed;
+  int64_t totalP = 0;  // elements of this bucket's P memory
+  int64_t totalQ = 0;
+};
+
+// With error feedback: adds the error left by the last step (zeros the first time) and returns a
+// copy of the input to compute the next error from.
+at::Tensor addErrorFeedback(PowerSgdState& state, size_t index, at::Tensor& input) {
+  auto found = state.error.find(index);
+  if (found != state.error.end()) {
+    input.add_(found->second);
+  } else {
+    state.error[index] = at::zeros({input.size(0)}, input.options());
+  }
+  return input.detach().clone();
+}
+
+// Step I: a matrix is compressed where (n + m) r elements times minCompressionRate are fewer than
+// its n m; the elements before and after count into the compression stats.
+CompressionSplit splitForCompression(PowerSgdState& state, const std::vector<at::Tensor>& gradients) {
+  const PowerSgdOptions& o = state.options;
+  CompressionSplit split;
+  for (const at::Tensor& tensor : gradients) {
+    const int64_t n = tensor.dim() > 0 ? tensor.size(0) : 1;
+    at::Tensor matrix = matrixOf(tensor, n);
+    const int64_t m = matrix.size(1);
+    const int64_t r = std::min({n, m, o.matrixApproximationRank});
+    const int64_t compressed = (n + m) * r;
+    state.before += n * m;
+    if (static_cast<double>(compressed) * o.minCompressionRate < static_cast<double>(n * m)) {
+      split.toCompress.push_back(matrix);
+      split.totalP += n * r;
+      split.totalQ += m * r;
+      state.after += compressed;
+    } else {
+      split.uncompressed.push_back(tensor);
+      state.after += n * m;
+    }
+  }
+  return split;
+}
+
+// Step II: the uncompressed tensors as one contiguous buffer for a single all-reduce.
+at::Tensor flattenUncompressed(const std::vector<at::Tensor>& uncompressed, const at::TensorOptions& options) {
+  std::vector<at::Tensor> flat;
+  for (const at::Tensor& t : uncompressed) flat.push_back(t.reshape({-1}));
+  return flat.empty() ? at::empty({0}, options) : at::cat(flat);
+}
+
+// The matrices grouped by shape in order of first appearance (PyTorch's defaultdict); a group of
+// several becomes one stacked batch with batchTensorsWithSameShape, else each is a batch of one.
+std::vector<MatrixBatch> batchByShape(const std::vector<at::Tensor>& toCompress, bool batchSameShape) {
+  std::vector<std::pair<std::vector<int64_t>, std::vector<at::Tensor>>> byShape;
+  for (const at::Tensor& matrix : toCompress) {
+    const std::vector<int64_t> shape = matrix.sizes().vec();
+    auto it = std::find_if(byShape.begin(), byShape.end(), [&](const auto& e) { return e.first == shape; });
+    if (it == byShape.end()) {
+      byShape.emplace_back(shape, std::vector<at::Tensor>{matrix});
+    } else {
+      it->second.push_back(matrix);
+    }
+  }
+  std::vector<MatrixBatch> batches;
+  for (const auto& [shape, matrices] : byShape) {
+    if (batchSameShape && matrices.size() > 1) {
+      batches.push_back(MatrixBatch{at::stack(matrices), matrices, {}, {}});
+    } else {
+      for (const at::Tensor& matrix : matrices) batches.push_back(MatrixBatch{matrix.unsqueeze(0), {}, {}, {}});
+    }
+  }
+  return batches;
+}
+
+// Each batch's P (batch, n, r) and Q (batch, m, r) as consecutive views into the bucket's memory.
+void viewFactors(std::vector<MatrixBatch>& batches, const at::Tensor& pMemory, const at::Tensor& qMemory,
+                 int64_t rank) {
+  int64_t pIndex = 0;
+  int64_t qIndex = 0;
+  for (MatrixBatch& b : batches) {
+    const int64_t batch = b.tensor.size(0), n = b.tensor.size(1), m = b.tensor.size(2);
+    const int64_t r = std::min({n, m, rank});
+    b.p = pMemory.narrow(0, pIndex, batch * n * r).view({batch, n, r});
+    b.q = qMemory.narrow(0, qIndex, batch * m * r).view({batch, m, r});
+    pIndex += batch * n * r;
+    qIndex += batch * m * r;
+  }
+}
+
+// Orthogonal Qs: the warm-started ones as they are, else fresh from the state's seeded draws.
+void initializeQs(PowerSgdState& state, std::vector<MatrixBatch>& batches, bool randomizeQs) {
+  const double epsilon = state.options.orthogonalizationEpsilon;
+  if (!randomizeQs) {
+    for (MatrixBatch& b : batches) orthogonalize(b.q, epsilon);
+    return;
+  }
+  // torch.manual_seed(rng.randint(1e9)) in a forked CPU generator, then randn per Q on the CPU.
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(state.randint()));
+  for (MatrixBatch& b : batches) {
+    b.q.copy_(at::randn(b.q.sizes(), generator, b.q.options().device(c10::kCPU)));
+    orthogonalize(b.q, epsilon);
+  }
+}
+
+// Step III: P and Q memory (kept across steps with warm start), viewed per batch, the Qs
+// initialised and P = M Q computed locally.
+std::vector<MatrixBatch> computeLocalPs(PowerSgdState& state, size_t index, const CompressionSplit& split,
+                                        const at::TensorOptions& options) {
+  const PowerSgdOptions& o = state.options;
+  bool randomizeQs = false;
+  if (!o.warmStart || !state.pMemory.count(index)) {
+    randomizeQs = true;
+    state.pMemory[index] = at::empty({split.totalP}, options);
+    state.qMemory[index] = at::empty({split.totalQ}, options);
+  }
+  std::vector<MatrixBatch> batches = batchByShape(split.toCompress, o.batchTensorsWithSameShape);
+  viewFactors(batches, state.pMemory[index], state.qMemory[index], o.matrixApproximationRank);
+  initializeQs(state, batches, randomizeQs);
+  for (MatrixBatch& b : batches) at::bmm_out(b.p, b.tensor, b.q);
+  return batches;
+}
+
+// The all-reduced uncompressed buffer, averaged and copied back into its gradients.
+void unpackUncompressed(at::Tensor& uncompressedMemory, std::vector<at::Tensor>& uncompressed, int64_t worldSize) {
+  uncompressedMemory.div_(worldSize);
+  int64_t offset = 0;
+  for (at::Tensor& t : uncompressed) {
+    t.copy_(uncompressedMemory.narrow(0, offset, t.numel()).view_as(t));
+    offset += t.numel();
+  }
+}
+
+// All-reduce the Ps, orthogonalise them, Q = Mᵀ P, all-reduce the Qs, M = P Qᵀ, and copy stacked
+// batches back into their gradients.
+void reduceAndDecompress(PowerSgdState& state, ProcessGroup& group, size_t index, std::vector<MatrixBatch>& batches,
+                         int64_t worldSize) {
+  at::Tensor& pMemory = state.pMemory[index];
+  at::Tensor& qMemory = state.qMemory[index];
+  group.allReduce(pMemory);
+  for (MatrixBatch& b : batches) orthogonalize(b.p, state.options.orthogonalizationEpsilon);
+  for (MatrixBatch& b : batches) at::bmm_out(b.q, b.tensor.transpose(1, 2), b.p);
+  group.allReduce(qMemory);
+  qMemory.div_(worldSize);
+  for (MatrixBatch& b : batches) at::bmm_out(b.tensor, b.p, b.q.transpose(1, 2));
+  for (MatrixBatch& b : batches) {
+    for (size_t i = 0; i < b.originals.size(); ++i) b.originals[i].copy_(b.tensor[static_cast<int64_t>(i)]);
+  }
+}
+
+// Remember the error (with error feedback), drop the P and Q memory (without warm start), count
+// the iteration.
+void endBucket(PowerSgdState& state, size_t index, const at::Tensor& input, const at::Tensor& inputCopy,
+               bool isLast) {
+  const PowerSgdOptions& o = state.options;
+  if (o.useErrorFeedback) state.error[index] = inputCopy - input;
+  if (!o.warmStart) {
+    state.pMemory.clear();
+    state.qMemory.clear();
+  }
+  state.maybeIncreaseIter(isLast);
+}
+
+}  // namespace
+
 PowerSgdHook::PowerSgdHook(PowerSgdOptions options) : state_(std::make_shared<State>()) {
   if (options.matrixApproximationRank < 1) {
     DDP_THROW(ConfigError, "ddp::PowerSgdOptions::matrixApproximationRank must be >= 1 (got ",
@@ -188,133 +366,22 @@ Work PowerSgdHook::run(GradBucket& bucket, ProcessGroup& group) {
   }
   const size_t index = bucket.index();
   at::Tensor inputCopy;
-  if (o.useErrorFeedback) {
-    auto found = state->error.find(index);
-    if (found != state->error.end()) {
-      input.add_(found->second);
-    } else {
-      state->error[index] = at::zeros({input.size(0)}, input.options());
-    }
-    inputCopy = input.detach().clone();
-  }
-
-  // Step I: the matrices worth compressing, and the rest.
-  std::vector<at::Tensor> toCompress;
-  std::vector<at::Tensor> uncompressed;
-  int64_t totalP = 0;
-  int64_t totalQ = 0;
-  for (const at::Tensor& tensor : bucket.gradients()) {
-    const int64_t n = tensor.dim() > 0 ? tensor.size(0) : 1;
-    at::Tensor matrix = matrixOf(tensor, n);
-    const int64_t m = matrix.size(1);
-    const int64_t r = std::min({n, m, o.matrixApproximationRank});
-    const int64_t compressed = (n + m) * r;
-    state->before += n * m;
-    if (static_cast<double>(compressed) * o.minCompressionRate < static_cast<double>(n * m)) {
-      toCompress.push_back(matrix);
-      totalP += n * r;
-      totalQ += m * r;
-      state->after += compressed;
-    } else {
-      uncompressed.push_back(tensor);
-      state->after += n * m;
-    }
-  }
-
-  // Step II: the uncompressed tensors as one contiguous all-reduce.
-  std::vector<at::Tensor> flat;
-  for (const at::Tensor& t : uncompressed) flat.push_back(t.reshape({-1}));
-  at::Tensor uncompressedMemory = flat.empty() ? at::empty({0}, input.options()) : at::cat(flat);
-
-  // Step III: P and Q memory (kept across steps with warm start), viewed per matrix, grouped by
-  // shape in order of first appearance (PyTorch's defaultdict).
-  bool randomizeQs = false;
-  if (!o.warmStart || !state->pMemory.count(index)) {
-    randomizeQs = true;
-    state->pMemory[index] = at::empty({totalP}, input.options());
-    state->qMemory[index] = at::empty({totalQ}, input.options());
-  }
-  std::vector<std::pair<std::vector<int64_t>, std::vector<at::Tensor>>> byShape;
-  for (const at::Tensor& matrix : toCompress) {
-    const std::vector<int64_t> shape = matrix.sizes().vec();
-    auto it = std::find_if(byShape.begin(), byShape.end(), [&](const auto& e) { return e.first == shape; });
-    if (it == byShape.end()) {
-      byShape.emplace_back(shape, std::vector<at::Tensor>{matrix});
-    } else {
-      it->second.push_back(matrix);
-    }
-  }
-  struct Batch {
-    at::Tensor tensor;  // (batch, n, m): the matrix itself (unsqueezed) or a stack of several
-    std::vector<at::Tensor> originals;  // filled back from a stack
-    at::Tensor p;
-    at::Tensor q;
-  };
-  auto batches = std::make_shared<std::vector<Batch>>();
-  for (const auto& [shape, matrices] : byShape) {
-    if (o.batchTensorsWithSameShape && matrices.size() > 1) {
-      batches->push_back(Batch{at::stack(matrices), matrices, {}, {}});
-    } else {
-      for (const at::Tensor& matrix : matrices) batches->push_back(Batch{matrix.unsqueeze(0), {}, {}, {}});
-    }
-  }
-  int64_t pIndex = 0;
-  int64_t qIndex = 0;
-  const at::Tensor& pMemory = state->pMemory[index];
-  const at::Tensor& qMemory = state->qMemory[index];
-  for (Batch& b : *batches) {
-    const int64_t batch = b.tensor.size(0), n = b.tensor.size(1), m = b.tensor.size(2);
-    const int64_t r = std::min({n, m, o.matrixApproximationRank});
-    b.p = pMemory.narrow(0, pIndex, batch * n * r).view({batch, n, r});
-    b.q = qMemory.narrow(0, qIndex, batch * m * r).view({batch, m, r});
-    pIndex += batch * n * r;
-    qIndex += batch * m * r;
-  }
-  const double epsilon = o.orthogonalizationEpsilon;
-  if (!randomizeQs) {
-    for (Batch& b : *batches) orthogonalize(b.q, epsilon);
-  } else {
-    // torch.manual_seed(rng.randint(1e9)) in a forked CPU generator, then randn per Q on the CPU.
-    at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(state->randint()));
-    for (Batch& b : *batches) {
-      b.q.copy_(at::randn(b.q.sizes(), generator, b.q.options().device(c10::kCPU)));
-      orthogonalize(b.q, epsilon);
-    }
-  }
-  for (Batch& b : *batches) at::bmm_out(b.p, b.tensor, b.q);
+  if (o.useErrorFeedback) inputCopy = addErrorFeedback(*state, index, input);
+  CompressionSplit split = splitForCompression(*state, bucket.gradients());
+  at::Tensor uncompressedMemory = flattenUncompressed(split.uncompressed, input.options());
+  auto batches = std::make_shared<std::vector<MatrixBatch>>(computeLocalPs(*state, index, split, input.options()));
 
   Work first = group.allReduceAsync(uncompressedMemory);
   // What follows the uncompressed all-reduce, in order: unpack it, all-reduce the Ps, orthogonalise
   // them, Q = Mᵀ P, all-reduce the Qs, M = P Qᵀ, remember the error. Runs where the reducer waits
   // (in bucket order on every rank, so the collectives pair).
   auto rest = [state, group, index, worldSize, batches, input, inputCopy, uncompressedMemory,
-               uncompressed = std::move(uncompressed), isLast = bucket.isLast()]() mutable {
+               uncompressed = std::move(split.uncompressed), isLast = bucket.isLast()]() mutable {
     std::lock_guard<std::mutex> lock(state->mutex);
     c10::NoGradGuard noGrad;
-    const PowerSgdOptions& o = state->options;
-    uncompressedMemory.div_(worldSize);
-    int64_t offset = 0;
-    for (at::Tensor& t : uncompressed) {
-      t.copy_(uncompressedMemory.narrow(0, offset, t.numel()).view_as(t));
-      offset += t.numel();
-    }
-    at::Tensor& pMemory = state->pMemory[index];
-    at::Tensor& qMemory = state->qMemory[index];
-    group.allReduce(pMemory);
-    for (Batch& b : *batches) orthogonalize(b.p, o.orthogonalizationEpsilon);
-    for (Batch& b : *batches) at::bmm_out(b.q, b.tensor.transpose(1, 2), b.p);
-    group.allReduce(qMemory);
-    qMemory.div_(worldSize);
-    for (Batch& b : *batches) at::bmm_out(b.tensor, b.p, b.q.transpose(1, 2));
-    for (Batch& b : *batches) {
-      for (size_t i = 0; i < b.originals.size(); ++i) b.originals[i].copy_(b.tensor[static_cast<int64_t>(i)]);
-    }
-    if (o.useErrorFeedback) state->error[index] = inputCopy - input;
-    if (!o.warmStart) {
-      state->pMemory.clear();
-      state->qMemory.clear();
-    }
-    state->maybeIncreaseIter(isLast);
+    unpackUncompressed(uncompressedMemory, uncompressed, worldSize);
+    reduceAndDecompress(*state, group, index, *batches, worldSize);
+    endBucket(*state, index, input, inputCopy, isLast);
   };
   return Work::then(std::move(first), std::move(rest));
 }

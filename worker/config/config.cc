@@ -332,7 +332,8 @@ void validateRecipe(const TrainConfig& t) {
           "must be >= 1 (GradScaler's growth_interval, default 2000)");
 }
 
-void validate(const WorkerConfig& c) {
+// model.*, and the modes sync_batch_norm applies to.
+void validateModel(const WorkerConfig& c) {
   require(c.model.name != "torchscript" || !c.model.path.empty(), "model.path",
           "is needed with model.name torchscript: a file saved by torch.jit.script(model).save(path)");
   require(c.model.name == "mlp" || c.model.name == "cnn" || c.model.name == "torchscript", "model.name",
@@ -343,6 +344,10 @@ void validate(const WorkerConfig& c) {
   require(!c.model.syncBatchNorm || c.mode == Mode::kDdp || c.mode == Mode::kEval, "model.sync_batch_norm",
           "is for mode ddp; dp and single train in one process, where BatchNorm already sees the whole batch");
   for (auto h : c.model.hidden) require(h > 0, "model.hidden", "widths must be positive");
+}
+
+// Which data set and how its images and labels are read (data.*).
+void validateDataSource(const WorkerConfig& c) {
   require(c.data.name == "fashion-mnist" || c.data.name == "synthetic" || c.data.name == "tensors" ||
               c.data.name == "image_folder",
           "data.name", "is '" + c.data.name + "'; use fashion-mnist, synthetic, tensors or image_folder");
@@ -354,9 +359,17 @@ void validate(const WorkerConfig& c) {
           "and data.test_file are needed with data.name tensors: files written by torch.save({\"x\": x, \"y\": y}, path)");
   require(c.data.classes >= 0, "data.classes", "must be >= 0 (0 = the largest label + 1)");
   require(c.data.trainLimit >= 0, "data.train_limit", "must be >= 0 (0 = all)");
+}
+
+// output.profile_*: which steps the profiler traces.
+void validateProfiling(const WorkerConfig& c) {
   require(c.output.profileStart >= 0, "output.profile_start", "must be >= 0 (0 = no profile; N = from step N)");
   require(c.output.profileSteps >= 1 && c.output.profileSteps <= 10000, "output.profile_steps",
           "must be from 1 to 10000 steps (the trace grows with every op)");
+}
+
+// The synthetic set's sizes, the loader threads and the augmentation (data.*).
+void validateDataLoading(const WorkerConfig& c) {
   require(c.data.syntheticTrain > 0, "data.synthetic_train", "must be > 0");
   require(c.data.syntheticTest > 0, "data.synthetic_test", "must be > 0");
   require(c.data.syntheticClasses >= 2, "data.synthetic_classes", "must be >= 2");
@@ -367,6 +380,10 @@ void validate(const WorkerConfig& c) {
   require(c.data.cropPadding >= 0 && c.data.cropPadding <= 64, "data.crop_padding", "must be from 0 to 64");
   require(c.data.name != "synthetic" || (c.data.rotateDegrees == 0 && c.data.cropPadding == 0 && !c.data.horizontalFlip),
           "data.rotate_degrees", "(and crop_padding, horizontal_flip) augment images; data.name synthetic has none");
+}
+
+// device, eval.show, and what modes eval and dp need.
+void validateDeviceAndMode(const WorkerConfig& c) {
   const bool cudaIndexed = c.device.rfind("cuda:", 0) == 0 && c.device.size() > 5 &&
                            c.device.find_first_not_of("0123456789", 5) == std::string::npos;
   require(c.device == "auto" || c.device == "cpu" || c.device == "cuda" || cudaIndexed, "device",
@@ -377,15 +394,26 @@ void validate(const WorkerConfig& c) {
   // Autocast is per thread and DataParallel's replicas run on threads of their own.
   require(c.mode != Mode::kDp || c.train.precision == "fp32", "train.precision",
           "is " + c.train.precision + " but mode dp (DataParallel) trains in fp32 only; use mode ddp for mixed precision");
+}
+
+void validateCheckpoint(const WorkerConfig& c) {
   require(c.checkpoint.everySteps >= 0, "checkpoint.every_steps", "must be >= 0 (0 = off)");
   require(c.checkpoint.everyEpochs >= 0, "checkpoint.every_epochs", "must be >= 0 (0 = off)");
   require(c.checkpoint.keepLast >= 0, "checkpoint.keep_last", "must be >= 0 (0 = keep all)");
+}
+
+// threads: 0 or at most kThreadsPerCore per core of this machine.
+void validateThreads(const WorkerConfig& c) {
   require(c.threads >= 0, "threads", "must be >= 0 (0 = default)");
   const int64_t maxThreads = kThreadsPerCore * std::max<int64_t>(1, std::thread::hardware_concurrency());
   require(c.threads <= maxThreads, "threads",
           "is " + std::to_string(c.threads) + " but this machine has " +
               std::to_string(std::max<unsigned>(1, std::thread::hardware_concurrency())) +
               " cores; use at most " + std::to_string(maxThreads) + " (0 = default)");
+}
+
+// The loop's numbers: train.epochs to train.log_every, and eval.batch_size.
+void validateTrainingLoop(const WorkerConfig& c) {
   require(c.train.epochs >= 1, "train.epochs", "must be >= 1");
   require(c.train.batchSize >= 1, "train.batch_size", "must be >= 1");
   require(c.train.lr > 0, "train.lr", "must be > 0");
@@ -396,11 +424,21 @@ void validate(const WorkerConfig& c) {
   require(c.train.maxSteps >= 0, "train.max_steps", "must be >= 0 (0 = no limit)");
   require(c.train.logEvery >= 1, "train.log_every", "must be >= 1");
   require(c.eval.batchSize >= 1, "eval.batch_size", "must be >= 1");
+}
+
+void validateOutput(const WorkerConfig& c) {
   require(!c.output.dir.empty(), "output.dir", "must not be empty");
   require(!c.output.exportName.empty() && c.output.exportName.find('/') == std::string::npos,
           "output.export", "must be a file name inside output.dir");
+}
+
+void validateCuda(const WorkerConfig& c) {
   require(c.cuda.syncDebug == "off" || c.cuda.syncDebug == "warn" || c.cuda.syncDebug == "error", "cuda.sync_debug",
           "is '" + c.cuda.syncDebug + "'; use off, warn or error");
+}
+
+// comm.*: timeouts, bucket sizes and the communication hook.
+void validateComm(const WorkerConfig& c) {
   require(c.comm.timeoutS > 0, "comm.timeout_s", "must be > 0");
   require(c.comm.timeoutS <= kMaxTimeoutS, "comm.timeout_s",
           "must be at most " + std::to_string(static_cast<int64_t>(kMaxTimeoutS)) + " (7 days)");
@@ -408,7 +446,7 @@ void validate(const WorkerConfig& c) {
   require(c.comm.bucketCapMb > 0 && c.comm.bucketCapMb <= kMaxBucketMb, "comm.bucket_cap_mb",
           "must be > 0 and at most " + std::to_string(static_cast<int64_t>(kMaxBucketMb)) + " (MB), e.g. 25");
   require(c.comm.firstBucketMb > 0 && c.comm.firstBucketMb <= kMaxBucketMb, "comm.first_bucket_mb",
-          "must be > 0 and at most " + std::to_string(static_cast<int64_t>(kMaxBucketMb)) + " (MB), e.g. 1"); 
+          "must be > 0 and at most " + std::to_string(static_cast<int64_t>(kMaxBucketMb)) + " (MB), e.g. 1");
   require(c.comm.hook == "none" || c.comm.hook == "fp16" || c.comm.hook == "bf16" || c.comm.hook == "powersgd",
           "comm.hook", "is '" + c.comm.hook + "'; use none, fp16, bf16 or powersgd");
   require(c.comm.hook == "none" || c.comm.compression == ddp::GradientCompression::kNone, "comm.hook",
@@ -421,17 +459,26 @@ void validate(const WorkerConfig& c) {
   require(c.comm.powersgdRank >= 1 && c.comm.powersgdRank <= 1024, "comm.powersgd_rank", "must be from 1 to 1024 (1-4 typical)");
   require(c.comm.powersgdStartIter >= 2, "comm.powersgd_start_iter",
           "must be >= 2: PowerSGD's error feedback and warm start begin after plain all-reduce iterations");
-  require(c.train.accumulateSteps >= 1, "train.accumulate_steps", "must be >= 1");
+}
+
+// dp.*: DataParallel's devices and replicas.
+void validateDp(const WorkerConfig& c) {
   for (auto id : c.dp.deviceIds) require(id >= 0, "dp.device_ids", "ids must be >= 0");
   require(c.dp.outputDevice >= -1, "dp.output_device", "must be a device id or -1 (= device_ids[0])");
   require(c.dp.replicas >= 1, "dp.replicas", "must be >= 1");
-  validateRecipe(c.train);
+}
+
+// train.zero: ZeroRedundancyOptimizer's mode and optimizer.
+void validateZero(const WorkerConfig& c) {
   require(!c.train.zero || c.mode == Mode::kDdp, "train.zero",
           "shards the optimizer state over the ranks of mode ddp; dp and single train in one process");
   require(!c.train.zero || c.train.fused != "true", "train.zero",
           "steps each shard with LibTorch's SGD, Adam or AdamW; set train.fused: auto or false");
-  // train.cuda_graph: what a captured step cannot hold (it reads nothing on the host, and its
-  // shapes and collectives never change).
+}
+
+// train.cuda_graph: what a captured step cannot hold (it reads nothing on the host, and its
+// shapes and collectives never change).
+void validateCudaGraph(const WorkerConfig& c) {
   const bool graph = c.train.cudaGraph;
   require(!graph || c.mode == Mode::kDdp || c.mode == Mode::kSingle, "train.cuda_graph",
           "is for mode ddp and single; mode dp drives its replicas from host threads each step");
@@ -450,8 +497,10 @@ void validate(const WorkerConfig& c) {
           "cannot capture comm.check_collectives (it asks the store before every collective)");
   require(!graph || c.train.optimizer == "sgd" || c.train.fused != "false", "train.cuda_graph",
           "steps Adam and AdamW with the fused kernel only; set train.fused: auto or true");
-  require(!c.train.channelsLast || c.mode == Mode::kDdp || c.mode == Mode::kSingle, "train.channels_last",
-          "is for mode ddp and single (one replica per process); mode dp copies its replicas contiguous");
+}
+
+// train.uneven_inputs: pad, or join (mode ddp only, and what join cannot run with).
+void validateUnevenInputs(const WorkerConfig& c) {
   require(c.train.unevenInputs == "pad" || c.train.unevenInputs == "join", "train.uneven_inputs",
           "is '" + c.train.unevenInputs + "'; use pad (every rank the same number of batches, the sampler "
           "repeats samples) or join (every sample once, ranks without a batch join the step with zeros)");
@@ -466,6 +515,29 @@ void validate(const WorkerConfig& c) {
             "join cannot run with model.sync_batch_norm: a rank without a batch has no forward to join "
             "SyncBatchNorm's collectives with; use train.uneven_inputs: pad");
   }
+}
+
+// Section by section in a fixed order: of two mistakes, the same one is reported first.
+void validate(const WorkerConfig& c) {
+  validateModel(c);
+  validateDataSource(c);
+  validateProfiling(c);
+  validateDataLoading(c);
+  validateDeviceAndMode(c);
+  validateCheckpoint(c);
+  validateThreads(c);
+  validateTrainingLoop(c);
+  validateOutput(c);
+  validateCuda(c);
+  validateComm(c);
+  require(c.train.accumulateSteps >= 1, "train.accumulate_steps", "must be >= 1");
+  validateDp(c);
+  validateRecipe(c.train);
+  validateZero(c);
+  validateCudaGraph(c);
+  require(!c.train.channelsLast || c.mode == Mode::kDdp || c.mode == Mode::kSingle, "train.channels_last",
+          "is for mode ddp and single (one replica per process); mode dp copies its replicas contiguous");
+  validateUnevenInputs(c);
 }
 
 WorkerConfig build(const YAML::Node& root, const std::vector<std::string>& overrides,
