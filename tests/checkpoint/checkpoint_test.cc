@@ -22,28 +22,21 @@
 #include "libddp/checkpoint/state_dict_loader.h"
 #include "libddp/checkpoint/training_checkpoint.h"
 #include "worker/models/models.h"
+#include "tests/support/run_command.h"
 
 namespace ddp::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string run(const std::string& cmd) {
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (pipe && std::fgets(buf, sizeof buf, pipe)) out += buf;
-  if (pipe) ::pclose(pipe);
-  return out;
-}
-
 class Checkpoint : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     std::string tmpl = (fs::temp_directory_path() / "ddp_ckpt_XXXXXX").string();
     dir_ = ::mkdtemp(tmpl.data());
-    manifest_ = nlohmann::json::parse(run(std::string(DDP_PYTHON) + " " + DDP_SOURCE_DIR +
-                                          "/tests/python/make_torch_files.py " + dir_));
+    manifest_ = nlohmann::json::parse(
+        test::runCommand({DDP_PYTHON, DDP_SOURCE_DIR "/tests/python/make_torch_files.py", dir_}, test::stdoutOnly())
+            .output);
   }
   static void TearDownTestSuite() { fs::remove_all(dir_); }
   static inline std::string dir_;
@@ -164,8 +157,9 @@ TEST_F(Checkpoint, PythonsPlainTorchLoadReadsEverySection) {
   const std::string path = dir_ + "/python.pt";
   saveTrainingCheckpoint(s, path);
   // read_torch_file.py: torch.load(path) without weights_only on PyTorch >= 2.6 (it asserts the version).
-  const std::string out = run(std::string(DDP_PYTHON) + " " + DDP_SOURCE_DIR + "/tests/python/read_torch_file.py " +
-                              path + " 2>&1");
+  const std::string out =
+      test::runCommand({DDP_PYTHON, DDP_SOURCE_DIR "/tests/python/read_torch_file.py", path}, test::CommandOptions())
+          .output;
   nlohmann::json py;
   ASSERT_NO_THROW(py = nlohmann::json::parse(out)) << out;
   const nlohmann::json c = pyDictOf(py);
@@ -206,7 +200,7 @@ TEST_F(Checkpoint, PythonsGradScalerLoadsTheScalerSection) {
       "g.load_state_dict(c['scaler']); o = c['optimizer']; "
       "print(g.get_scale(), g._growth_interval, g._init_growth_tracker, o['step.fc1.weight'].item(), "
       "o['exp_avg.fc1.weight'].shape == (4, 3), sorted(c))";
-  const std::string out = run(std::string(DDP_PYTHON) + " -c \"" + script + "\" " + path + " 2>&1");
+  const std::string out = test::runCommand({DDP_PYTHON, "-c", script, path}, test::CommandOptions()).output;
   EXPECT_EQ(out, "8192.0 100 37 17 True ['checksum', 'config', 'format', 'model', 'optimizer', 'progress', 'rng', "
                  "'scaler']\n");
   const TrainingState r = loadTrainingCheckpoint(path);
@@ -235,7 +229,7 @@ TEST_F(Checkpoint, AtomicWritesRemoveTemporariesOfDeadWriters) {
   EXPECT_FALSE(fs::exists(dead));
   EXPECT_TRUE(fs::exists(live));   // another job may be writing it
   EXPECT_TRUE(fs::exists(other));  // another name: its own next write cleans it
-  EXPECT_EQ(run("cat " + dir_ + "/model.pt"), "bytes");
+  EXPECT_EQ(test::readFile(dir_ + "/model.pt"), "bytes");
 }
 
 TEST_F(Checkpoint, ChecksumChangesWithAnyField) {

@@ -13,26 +13,13 @@
 
 #include "libddp/checkpoint/model_export.h"
 #include "worker/models/models.h"
+#include "tests/support/run_command.h"
 
 namespace ddp::worker {
 using namespace ddp::checkpoint;
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string run(const std::string& cmd) {
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (pipe && std::fgets(buf, sizeof buf, pipe)) out += buf;
-  if (pipe) ::pclose(pipe);
-  return out;
-}
-
-std::string tempDir() {
-  std::string tmpl = (fs::temp_directory_path() / "ddp_export_XXXXXX").string();
-  return ::mkdtemp(tmpl.data());
-}
 
 const char* pythonDtype(c10::ScalarType t) {
   switch (t) {
@@ -63,8 +50,10 @@ void expectPythonHolds(const nlohmann::json& py, const std::map<std::string, at:
 }
 
 nlohmann::json checkInPython(const std::string& path, const std::string& model, const std::string& hidden) {
-  const std::string out = run(std::string(DDP_PYTHON) + " " + DDP_SOURCE_DIR + "/tests/python/check_export.py " +
-                              path + " " + model + " " + hidden + " --values 2>&1");
+  const std::string out = ddp::test::runCommand({DDP_PYTHON, DDP_SOURCE_DIR "/tests/python/check_export.py", path,
+                                                 model, hidden, "--values"},
+                                                ddp::test::CommandOptions())
+                              .output;
   try {
     return nlohmann::json::parse(out);
   } catch (const std::exception&) {
@@ -74,7 +63,7 @@ nlohmann::json checkInPython(const std::string& path, const std::string& model, 
 }
 
 TEST(ModelExport, MlpLoadsStrictlyInPythonToTheValuesWritten) {
-  const std::string dir = tempDir();
+  const std::string dir = ddp::test::makeTempDir("export");
   Mlp mlp(InputSpec{1, 28, 28, 10}, std::vector<int64_t>{16, 8});
   const auto state = stateDict(*mlp);
   exportStateDict(state, dir + "/model.pt");
@@ -84,7 +73,7 @@ TEST(ModelExport, MlpLoadsStrictlyInPythonToTheValuesWritten) {
 }
 
 TEST(ModelExport, BatchNormCnnLoadsStrictlyInPythonWithItsBuffers) {
-  const std::string dir = tempDir();
+  const std::string dir = ddp::test::makeTempDir("export");
   Cnn cnn(InputSpec{1, 28, 28, 10}, /*batchNorm=*/true);
   cnn->train();
   cnn->forward(at::randn({4, 1, 28, 28}));  // running stats off their start, num_batches_tracked = 1
@@ -97,7 +86,7 @@ TEST(ModelExport, BatchNormCnnLoadsStrictlyInPythonWithItsBuffers) {
 }
 
 TEST(ModelExport, ReadStateDictReadsOurExportAndPythonsStateDicts) {
-  const std::string dir = tempDir();
+  const std::string dir = ddp::test::makeTempDir("export");
   Mlp mlp(InputSpec{1, 28, 28, 10}, std::vector<int64_t>{16});
   const auto state = stateDict(*mlp);
   exportStateDict(state, dir + "/model.pt");
@@ -106,7 +95,9 @@ TEST(ModelExport, ReadStateDictReadsOurExportAndPythonsStateDicts) {
   for (const auto& [name, t] : state) EXPECT_TRUE(at::equal(back.at(name), t)) << name;
 
   const auto manifest = nlohmann::json::parse(
-      run(std::string(DDP_PYTHON) + " " + DDP_SOURCE_DIR + "/tests/python/make_torch_files.py " + dir));
+      ddp::test::runCommand({DDP_PYTHON, DDP_SOURCE_DIR "/tests/python/make_torch_files.py", dir},
+                            ddp::test::stdoutOnly())
+          .output);
   for (const std::string file : {"plain_state_dict.pt", "dp_state_dict.pt", "ddp_state_dict.pt"}) {
     const auto read = readStateDict(dir + "/" + file);
     const auto& expected = manifest.at(file);

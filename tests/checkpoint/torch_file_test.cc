@@ -13,6 +13,7 @@
 
 #include "common/error.h"
 #include "libddp/checkpoint/torch_file.h"
+#include "tests/support/run_command.h"
 
 namespace ddp::checkpoint {
 namespace {
@@ -24,14 +25,9 @@ class TorchFile : public ::testing::Test {
   static void SetUpTestSuite() {
     std::string tmpl = (fs::temp_directory_path() / "ddp_torchfile_XXXXXX").string();
     dir_ = ::mkdtemp(tmpl.data());
-    const std::string cmd = std::string(DDP_PYTHON) + " " + DDP_SOURCE_DIR +
-                            "/tests/python/make_torch_files.py " + dir_;
-    FILE* pipe = ::popen(cmd.c_str(), "r");
-    std::string out;
-    char buf[4096];
-    while (pipe && std::fgets(buf, sizeof buf, pipe)) out += buf;
-    if (pipe) ::pclose(pipe);
-    manifest_ = nlohmann::ordered_json::parse(out);
+    manifest_ = nlohmann::ordered_json::parse(
+        test::runCommand({DDP_PYTHON, DDP_SOURCE_DIR "/tests/python/make_torch_files.py", dir_}, test::stdoutOnly())
+            .output);
   }
   static void TearDownTestSuite() { fs::remove_all(dir_); }
 

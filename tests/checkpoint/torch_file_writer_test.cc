@@ -16,6 +16,7 @@
 #include "libddp/checkpoint/torch_file.h"
 #include "libddp/checkpoint/torch_file_writer.h"
 #include "common/error.h"
+#include "tests/support/run_command.h"
 
 namespace ddp::checkpoint {
 namespace {
@@ -38,19 +39,11 @@ at::Tensor sample(c10::ScalarType dtype) {
   return t.to(dtype);
 }
 
-std::string tempDir() {
-  std::string tmpl = (fs::temp_directory_path() / "ddp_writer_XXXXXX").string();
-  return ::mkdtemp(tmpl.data());
-}
-
 nlohmann::json readInPython(const std::string& path) {
-  const std::string cmd = std::string(DDP_PYTHON) + " " + DDP_SOURCE_DIR + "/tests/python/read_torch_file.py " +
-                          path + " 2>&1";
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (pipe && std::fgets(buf, sizeof buf, pipe)) out += buf;
-  if (pipe) ::pclose(pipe);
+  const std::string out =
+      ddp::test::runCommand({DDP_PYTHON, DDP_SOURCE_DIR "/tests/python/read_torch_file.py", path},
+                            ddp::test::CommandOptions())
+          .output;
   try {
     return nlohmann::json::parse(out);
   } catch (const std::exception&) {
@@ -70,7 +63,7 @@ const nlohmann::json& entry(const nlohmann::json& dict, const std::string& key) 
 }
 
 TEST(TorchFileWriter, PythonTorchLoadReadsEveryDtypeToTheValuesWritten) {
-  const std::string dir = tempDir();
+  const std::string dir = ddp::test::makeTempDir("writer");
   auto root = pyDict();
   for (const auto& c : kDtypes) {
     pySet(*root, c.pythonName, pyTensor(sample(c.dtype)));
@@ -112,7 +105,7 @@ TEST(TorchFileWriter, PythonTorchLoadReadsEveryDtypeToTheValuesWritten) {
 }
 
 TEST(TorchFileWriter, PythonReadsScalarsStringsAndNestedContainers) {
-  const std::string dir = tempDir();
+  const std::string dir = ddp::test::makeTempDir("writer");
   auto root = pyDict();
   const int64_t big = std::numeric_limits<int64_t>::max();
   for (int64_t v : {int64_t{0}, int64_t{255}, int64_t{256}, int64_t{-1}, int64_t{2147483647}, int64_t{-2147483648LL},
@@ -149,7 +142,7 @@ TEST(TorchFileWriter, PythonReadsScalarsStringsAndNestedContainers) {
 }
 
 TEST(TorchFileWriter, OurReaderRoundTripsWhatWeWrite) {
-  const std::string dir = tempDir();
+  const std::string dir = ddp::test::makeTempDir("writer");
   auto root = pyOrderedDict();
   for (const auto& c : kDtypes) {
     const std::string name = c.pythonName;
@@ -214,7 +207,7 @@ TEST(TorchFileWriter, RefusesWhatTorchSaveWouldNotWrite) {
 }
 
 TEST(TorchFileWriter, AFailedWriteLeavesTheOldFile) {
-  const std::string dir = tempDir();
+  const std::string dir = ddp::test::makeTempDir("writer");
   auto good = pyDict();
   pySet(*good, "w", pyTensor(at::arange(4, at::kFloat)));
   writeTorchFile(*good, dir + "/model.pt");

@@ -22,13 +22,14 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include "common/rank_list.h"
 #include "tests/comm/thread_ranks.h"
+#include "tests/support/loopback.h"
 #include "common/error.h"
 
 namespace ddp::comm {
 namespace {
 
 using test::hostStore;
-using test::SilentPort;
+using ddp::test::SilentPort;
 using test::runRanks;
 
 struct WorldCase {

@@ -29,6 +29,7 @@
 #include "common/job_token.h"
 #include "common/listen_socket.h"
 #include "common/sha256.h"
+#include "tests/support/loopback.h"
 
 namespace ddp::comm {
 namespace {
@@ -252,19 +253,6 @@ TEST(DdpStore, ARankRefusesAStoreThatCannotProveTheToken) {
   impostor.join();
 }
 
-int connectRaw(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 // True when the server closed `fd` (EOF after the greeting) within `limit`.
 bool closedByServer(int fd, std::chrono::milliseconds limit) {
   char buffer[256];
@@ -282,11 +270,11 @@ TEST(DdpStore, GarbageAndSilentClientsAreDropped) {
   StoreServerOptions options;
   options.handshakeTimeout = std::chrono::milliseconds(300);
   Served s = serve(kToken, options);
-  const int garbage = connectRaw(s.port);
+  const int garbage = ddp::test::connectLoopback(static_cast<uint16_t>(s.port));
   const std::string junk(200, '\x7f');
   ASSERT_EQ(::write(garbage, junk.data(), junk.size()), static_cast<ssize_t>(junk.size()));
   EXPECT_TRUE(closedByServer(garbage, std::chrono::seconds(5)));
-  const int silent = connectRaw(s.port);
+  const int silent = ddp::test::connectLoopback(static_cast<uint16_t>(s.port));
   EXPECT_TRUE(closedByServer(silent, std::chrono::seconds(5)));
   ::close(garbage);
   ::close(silent);
@@ -309,7 +297,7 @@ TEST(DdpStore, AFloodOfConnectionsDoesNotLockTheJobOut) {
   Served s = serve();
   std::vector<int> flood;
   for (int i = 0; i < 1000; ++i) {
-    const int fd = connectRaw(s.port);
+    const int fd = ddp::test::connectLoopback(static_cast<uint16_t>(s.port));
     ASSERT_GE(fd, 0) << "connection " << i;
     flood.push_back(fd);
   }

@@ -2,10 +2,7 @@
 // process group over a real TCPStore on a kernel-chosen loopback port.
 #pragma once
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <functional>
@@ -18,34 +15,6 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 namespace ddp::comm::test {
-
-/// A loopback port held bound but not listening for the object's lifetime: connecting to it is
-/// refused, and no other process can take it meanwhile (a released "free" port could be).
-class SilentPort {
- public:
-  SilentPort() : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-      ADD_FAILURE() << "could not bind a loopback port";
-      return;
-    }
-    socklen_t len = sizeof(addr);
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-    port_ = ntohs(addr.sin_port);
-  }
-  ~SilentPort() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  SilentPort(const SilentPort&) = delete;
-  SilentPort& operator=(const SilentPort&) = delete;
-  uint16_t port() const { return port_; }
-
- private:
-  int fd_;
-  uint16_t port_ = 0;
-};
 
 /// A TCPStore server on a port the kernel picks (0), kept bound for the test: it stands in for
 /// torchrun's agent store, and the ranks join as clients (RendezvousOptions::storeServedElsewhere).

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "tests/support/run_command.h"
 
 namespace ddp::data {
 namespace {
@@ -30,29 +31,15 @@ std::string realRoot() {
   return env != nullptr ? env : kFashionMnistDefaultRoot;
 }
 
-std::string runCommand(const std::string& command) {
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"), pclose);
-  if (!pipe) {
-    ADD_FAILURE() << "cannot start: " << command;
-    return {};
-  }
-  std::string out;
-  char buf[1 << 16];
-  size_t got = 0;
-  while ((got = fread(buf, 1, sizeof buf, pipe.get())) > 0) {
-    out.append(buf, got);
-  }
-  EXPECT_EQ(pclose(pipe.release()), 0) << command << " failed";
-  return out;
-}
-
 // ---- the real data set, against Python ----
 
 class FashionMnistReal : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const std::string out = runCommand(std::string(DDP_PYTHON) + " " DDP_SOURCE_DIR
-                                       "/tests/data/fashion_mnist_reference.py " + realRoot());
+    const auto reference = test::runCommand(
+        {DDP_PYTHON, DDP_SOURCE_DIR "/tests/data/fashion_mnist_reference.py", realRoot()}, test::stdoutOnly());
+    EXPECT_EQ(reference.exitCode, 0) << "fashion_mnist_reference.py " << realRoot() << " failed";
+    const std::string& out = reference.output;
     reference_ = new nlohmann::json(nlohmann::json::parse(out));
     train_ = new TensorDataset(loadFashionMnist(realRoot(), Split::kTrain));
     test_ = new TensorDataset(loadFashionMnist(realRoot(), Split::kTest));

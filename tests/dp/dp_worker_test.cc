@@ -15,7 +15,7 @@
 
 #include "sampler/batching.h"
 #include "sampler/distributed_sampler.h"
-#include "tests/e2e/run_command.h"
+#include "tests/support/run_command.h"
 #include "worker/config/config.h"
 #include "worker/data/gather_batch.h"
 #include "libddp/checkpoint/model_export.h"
@@ -26,11 +26,6 @@ namespace ddp {
 namespace {
 
 const std::string kConfig = std::string(DDP_SOURCE_DIR) + "/configs/synthetic_mlp.yaml";
-
-std::string makeTempDir(const std::string& tag) {
-  std::string tmpl = (std::filesystem::temp_directory_path() / ("ddp_" + tag + "_XXXXXX")).string();
-  return ::mkdtemp(tmpl.data());
-}
 
 test::CommandResult launch(int nproc, const std::vector<std::string>& overrides) {
   std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nproc_per_node=" + std::to_string(nproc),
@@ -69,7 +64,7 @@ std::map<std::string, at::Tensor> referenceRun(const worker::WorkerConfig& confi
 }
 
 TEST(DpWorker, TwoProcessesAreRefusedWithAClearLine) {
-  const std::string dir = makeTempDir("dp_refused");
+  const std::string dir = test::makeTempDir("dp_refused");
   const auto run = launch(2, {"mode=dp", "output.dir=" + dir});
   EXPECT_EQ(run.exitCode, 2) << run.output;
   EXPECT_NE(run.output.find("mode 'dp'"), std::string::npos) << run.output;
@@ -96,7 +91,7 @@ class DpWorkerRun : public ::testing::TestWithParam<RunCase> {};
 
 TEST_P(DpWorkerRun, OneProcessMatchesPlainSingleProcessTraining) {
   const RunCase c = GetParam();
-  const std::string dir = makeTempDir("dp_run");
+  const std::string dir = test::makeTempDir("dp_run");
   const std::vector<std::string> overrides = {
       "mode=dp", "seed=5", "model.name=" + c.model, "model.hidden=[32]", "data.name=synthetic",
       "data.synthetic_train=" + std::to_string(c.trainSize), "data.synthetic_test=200",
@@ -137,22 +132,12 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(info.param.trainSize);
     });
 
-std::string pythonOutput(const std::string& command) {
-  std::string out;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return out;
-  char buffer[4096];
-  while (std::fgets(buffer, sizeof buffer, pipe)) out += buffer;
-  ::pclose(pipe);
-  return out;
-}
-
 // The export of a dp run on Fashion-MNIST: the plain model's keys, strict load
 // in Python, and Python's test accuracy equals the worker's.
 TEST(DpWorker, ExportLoadsIntoThePlainModelAndPythonWithStrictKeys) {
   const char* root = std::getenv("DDP_FASHION_MNIST_ROOT");
   const std::string dataRoot = root ? root : "/usr/share/datasets/fashion-mnist";
-  const std::string dir = makeTempDir("dp_export");
+  const std::string dir = test::makeTempDir("dp_export");
   const auto run = test::runCommand(
       {DDP_LAUNCH_BIN, "--nproc_per_node=1", DDP_WORKER_BIN,
        std::string(DDP_SOURCE_DIR) + "/configs/fmnist_mlp_ddp.yaml", "mode=dp", "dp.replicas=3",
@@ -177,9 +162,10 @@ TEST(DpWorker, ExportLoadsIntoThePlainModelAndPythonWithStrictKeys) {
     EXPECT_EQ(exported.at(key).sizes(), value.sizes()) << key;
   }
 
-  const std::string out = pythonOutput(std::string(DDP_PYTHON) + " " + DDP_SOURCE_DIR +
-                                       "/tests/python/check_export.py " + dir + "/model.pt mlp 64 " +
-                                       dataRoot + " 2>&1");
+  const std::string out = test::runCommand({DDP_PYTHON, DDP_SOURCE_DIR "/tests/python/check_export.py",
+                                            dir + "/model.pt", "mlp", "64", dataRoot},
+                                           test::CommandOptions())
+                              .output;
   nlohmann::json py;
   ASSERT_NO_THROW(py = nlohmann::json::parse(out)) << out;
   EXPECT_EQ(py["total"], 10000);

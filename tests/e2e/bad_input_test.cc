@@ -4,10 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <poll.h>
-#include <sys/socket.h>
 
 #include <atomic>
 #include <thread>
@@ -15,7 +12,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "tests/e2e/run_command.h"
+#include "tests/support/loopback.h"
+#include "tests/support/run_command.h"
 
 namespace ddp {
 namespace {
@@ -58,24 +56,6 @@ std::vector<std::string> worker(std::vector<std::string> extra, const Fixture& f
   return a;
 }
 
-int listenOn(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  ::listen(fd, 4);
-  return fd;
-}
-
-int portOf(int fd) {
-  sockaddr_in addr{};
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  return ntohs(addr.sin_port);
-}
-
 /// Processes whose command line mentions `marker` (our unique scratch dir).
 int processesMentioning(const std::string& marker) {
   int count = 0;
@@ -96,10 +76,10 @@ TEST_P(BadInputTable, OneClearLineNonZeroExitNothingWrittenNothingLeft) {
   Fixture f;
   std::string tmpl = (fs::temp_directory_path() / "ddp_bad_XXXXXX").string();
   f.dir = ::mkdtemp(tmpl.data());
-  const int held = listenOn(0);
-  f.heldPort = portOf(held);
-  const int dead = listenOn(0);
-  f.deadPort = portOf(dead);
+  const int held = test::listenLoopback();
+  f.heldPort = test::boundPort(held);
+  const int dead = test::listenLoopback();
+  f.deadPort = test::boundPort(dead);
   ::close(dead);
 
   std::vector<std::string> argv = {DDP_LAUNCH_BIN};
@@ -148,13 +128,13 @@ TEST(OutputDir, ASecondJobOnTheSameOutputDirIsRefused) {
 // The rank must end within comm.timeout_s (plus the start-up grace) with one line naming the store.
 TEST(StartUp, AStoreThatNeverAnswersEndsTheRankWithinTheTimeout) {
   const std::string dir = test::makeTempDir("ddp_silent_store");
-  const int silent = listenOn(0);
-  const std::string where = "127.0.0.1:" + std::to_string(portOf(silent));
+  const int silent = test::listenLoopback();
+  const std::string where = "127.0.0.1:" + std::to_string(test::boundPort(silent));
   // This node is rank 1 of 2: its worker is a client of "rank 0's" store at the silent port.
   Fixture f;
   f.dir = dir;
   const auto r = test::runCommand({DDP_LAUNCH_BIN, "--nnodes=2", "--node_rank=1", "--nproc_per_node=1",
-                                   "--master_port=" + std::to_string(portOf(silent)), "--rdzv_token_file=" + tokenFile(f),
+                                   "--master_port=" + std::to_string(test::boundPort(silent)), "--rdzv_token_file=" + tokenFile(f),
                                    DDP_WORKER_BIN, kConfig,
                                    "output.dir=" + dir + "/out", "comm.timeout_s=3"},
                                   60);
@@ -175,8 +155,8 @@ TEST(StartUp, AStoreThatNeverAnswersEndsTheRankWithinTheTimeout) {
 // whose owner accepts and at once closes every connection. One "worker:" line and exit 1: no
 // std::terminate from a background thread, no c10d warning with a C++ stack trace.
 TEST(StartUp, ARankWithoutALauncherReportsADroppedStoreInOneLine) {
-  const int closer = listenOn(0);
-  const int port = portOf(closer);
+  const int closer = test::listenLoopback();
+  const int port = test::boundPort(closer);
   std::atomic<bool> done{false};
   std::thread acceptor([&] {
     while (!done) {

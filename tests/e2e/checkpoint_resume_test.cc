@@ -2,6 +2,7 @@
 // 1 and 2, a save interrupted by SIGKILL leaves the previous checkpoint usable,
 // damaged files give the documented errors, and a GPU DataParallel state_dict
 // from Python evaluates to Python's accuracy.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -25,7 +26,7 @@
 
 #include "ddp/amp.h"
 #include "ddp/fused_optim.h"
-#include "tests/e2e/run_command.h"
+#include "tests/support/run_command.h"
 #include "libddp/checkpoint/checkpoint_dir.h"
 #include "libddp/checkpoint/training_checkpoint.h"
 #include "libddp/checkpoint/model_export.h"
@@ -341,17 +342,10 @@ TEST(CheckpointCrash, KilledDuringASaveLeavesTheLastCompleteCheckpoint) {
   } watch;
   ASSERT_GE(watch.fd, 0);
   ASSERT_GE(::inotify_add_watch(watch.fd, ckpt.c_str(), IN_CREATE), 0);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    ::freopen("/dev/null", "w", stdout);
-    ::freopen("/dev/null", "w", stderr);
-    std::vector<char*> a;
-    for (auto& s : argv) a.push_back(s.data());
-    a.push_back(nullptr);
-    ::execv(a[0], a.data());
-    ::_exit(127);
-  }
+  const int devNull = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+  ASSERT_GE(devNull, 0);
+  const pid_t pid = test::startInGroup(argv, devNull);
+  ::close(devNull);
   // Each file created in the checkpoint dir arrives as an inotify event (a blocking read, no
   // polling). On a save's temporary file the worker is frozen (SIGSTOP) and the file looked at:
   // still there, the save is in progress and SIGKILL ends it mid-write; already renamed (the test
@@ -415,20 +409,8 @@ TEST(Preemption, SigtermFinishesTheStepSavesAndResumesExactly) {
   std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nproc_per_node=2", DDP_WORKER_BIN};
   for (auto& a : args("stopped", {"train.epochs=100000", "train.log_every=1"})) argv.push_back(a);
   int out[2];
-  ASSERT_EQ(::pipe(out), 0);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    ::dup2(out[1], 1);
-    ::dup2(out[1], 2);
-    ::close(out[0]);
-    ::close(out[1]);
-    std::vector<char*> a;
-    for (auto& s : argv) a.push_back(s.data());
-    a.push_back(nullptr);
-    ::execv(a[0], a.data());
-    ::_exit(127);
-  }
+  ASSERT_EQ(::pipe2(out, O_CLOEXEC), 0);
+  const pid_t pid = test::startInGroup(argv, out[1]);
   ::close(out[1]);
   // Blocking reads of the job's output: preempt once step 25 is logged, then read to the end
   // (every writer gone) so no process blocks on a full pipe.

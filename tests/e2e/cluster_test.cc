@@ -17,7 +17,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/cluster_env.h"
-#include "tests/e2e/run_command.h"
+#include "tests/support/loopback.h"
+#include "tests/support/run_command.h"
 
 namespace ddp {
 namespace {

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "tests/e2e/run_command.h"
+#include "tests/support/run_command.h"
 
 namespace ddp {
 namespace {

@@ -22,7 +22,7 @@
 #include "ddp/lr_schedule.h"
 #include "sampler/batching.h"
 #include "sampler/distributed_sampler.h"
-#include "tests/e2e/run_command.h"
+#include "tests/support/run_command.h"
 #include "worker/config/config.h"
 #include "worker/data/gather_batch.h"
 #include "libddp/checkpoint/model_export.h"

@@ -20,7 +20,8 @@
 #include <thread>
 #include <vector>
 
-#include "tests/e2e/run_command.h"
+#include "tests/support/loopback.h"
+#include "tests/support/run_command.h"
 
 namespace ddp {
 namespace {

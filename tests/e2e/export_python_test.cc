@@ -10,20 +10,10 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "tests/e2e/run_command.h"
+#include "tests/support/run_command.h"
 
 namespace ddp {
 namespace {
-
-std::string pythonOutput(const std::string& command) {
-  std::string out;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return out;
-  char buffer[4096];
-  while (std::fgets(buffer, sizeof buffer, pipe)) out += buffer;
-  ::pclose(pipe);
-  return out;
-}
 
 struct ExportCase {
   std::string model;
@@ -56,9 +46,10 @@ TEST_P(ExportLoadsInPython, StrictKeysAndSameAccuracy) {
   EXPECT_GT(summary["eval_seconds"].get<double>(), 0.0);
   EXPECT_LT(summary["eval_seconds"].get<double>(), 600.0);
 
-  const std::string out = pythonOutput(std::string(DDP_PYTHON) + " " + DDP_SOURCE_DIR +
-                                       "/tests/python/check_export.py " + dir + "/model.pt " +
-                                       c.model + " " + c.hidden + " " + dataRoot + " 2>&1");
+  const std::string out = test::runCommand({DDP_PYTHON, DDP_SOURCE_DIR "/tests/python/check_export.py",
+                                            dir + "/model.pt", c.model, c.hidden, dataRoot},
+                                           test::CommandOptions())
+                              .output;
   nlohmann::json py;
   ASSERT_NO_THROW(py = nlohmann::json::parse(out)) << out;
   EXPECT_EQ(py["total"], 10000);

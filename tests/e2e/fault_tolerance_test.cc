@@ -15,7 +15,7 @@
 #include <random>
 #include <thread>
 
-#include "tests/e2e/run_command.h"
+#include "tests/support/run_command.h"
 #include "libddp/checkpoint/model_export.h"
 
 namespace ddp {

@@ -15,7 +15,7 @@
 #include <vector>
 #include <iostream>
 
-#include "tests/e2e/run_command.h"
+#include "tests/support/run_command.h"
 #include "libddp/runtime/device.h"
 
 namespace ddp {
@@ -30,16 +30,6 @@ std::string config() { return std::string(DDP_SOURCE_DIR) + "/configs/fmnist_cnn
 
 nlohmann::json summaryOf(const std::string& dir) {
   return nlohmann::json::parse(test::readFile(dir + "/summary.json"));
-}
-
-std::string shell(const std::string& command) {
-  std::string out;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return out;
-  char buffer[4096];
-  while (std::fgets(buffer, sizeof buffer, pipe)) out += buffer;
-  ::pclose(pipe);
-  return out;
 }
 
 class Gpu : public ::testing::Test {
@@ -78,8 +68,10 @@ TEST_F(Gpu, OneRankOnNcclTrainsExportsAndEvaluates) {
   EXPECT_GT(summary["cuda_peak_allocated_mb_per_device"][0].get<double>(), 0.0);
 
   // The export loads in Python PyTorch (plain torch.load, strict keys) to the same accuracy.
-  const std::string out = shell(std::string(DDP_PYTHON) + " " + DDP_SOURCE_DIR + "/tests/python/check_export.py " +
-                                dir + "/model.pt cnn 0 " + dataRoot() + " 2>&1");
+  const std::string out = test::runCommand({DDP_PYTHON, DDP_SOURCE_DIR "/tests/python/check_export.py",
+                                            dir + "/model.pt", "cnn", "0", dataRoot()},
+                                           test::CommandOptions())
+                              .output;
   nlohmann::json py;
   ASSERT_NO_THROW(py = nlohmann::json::parse(out)) << out;
   EXPECT_NEAR(py["accuracy"].get<double>(), summary["test_accuracy"].get<double>(), 0.002);
@@ -148,7 +140,9 @@ TEST_F(Gpu, GpusAutoPicksFromNvmlAndTheWorkerReportsItsGpu) {
   EXPECT_GT(g["peak_allocated_mb"].get<double>(), 0.0);
   EXPECT_GE(g["peak_reserved_mb"].get<double>(), g["peak_allocated_mb"].get<double>());
   // The bus id the worker saw is one nvidia-smi lists (nvidia-smi writes 00000000:18:00.0, CUDA 0000:18:00.0).
-  const std::string smi = shell("nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader");
+  const std::string smi =
+      test::runCommand(test::shellCommand("nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader"), test::stdoutOnly())
+          .output;
   std::string bus = g["pci_bus_id"].get<std::string>();
   ASSERT_FALSE(bus.empty());
   bus = bus.substr(bus.find(':') + 1);  // drop the domain, whose width differs

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "libddp/checkpoint/model_export.h"
-#include "tests/e2e/run_command.h"
+#include "tests/support/run_command.h"
 
 namespace ddp {
 namespace {

@@ -7,10 +7,8 @@
 // shows on a command line.
 #include <gtest/gtest.h>
 
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 
 #include <filesystem>
@@ -20,7 +18,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tests/e2e/run_command.h"
+#include "tests/support/loopback.h"
+#include "tests/support/run_command.h"
 
 namespace ddp {
 namespace {
@@ -64,20 +63,6 @@ std::set<std::string> listenersOn(uint16_t port) {
   return out;
 }
 
-// Connects to 127.0.0.1:port; -1 if refused.
-int connectTo(uint16_t port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(port);
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 // The undisturbed run the attacked one must match.
 nlohmann::json undisturbed(const std::string& base) {
   const std::string token = writeTokenFile(base + "/quiet.token", "quiet-run-token-0123456789");
@@ -107,7 +92,7 @@ TEST(Security, AnAttackedJobFinishesAsAnUndisturbedOne) {
   // other node (up to comm.timeout_s): everything below happens while the job runs.
   std::vector<int> flood;
   for (int tries = 0; flood.empty() && tries < 500; ++tries) {
-    const int fd = connectTo(port);
+    const int fd = test::connectLoopback(port);
     if (fd >= 0) flood.push_back(fd);
     else std::this_thread::sleep_for(std::chrono::milliseconds(20));  // until the launcher listens
   }
@@ -116,7 +101,7 @@ TEST(Security, AnAttackedJobFinishesAsAnUndisturbedOne) {
 
   // 1000 connections that never authenticate, held open until the job is done.
   while (flood.size() < 1000) {
-    const int fd = connectTo(port);
+    const int fd = test::connectLoopback(port);
     ASSERT_GE(fd, 0) << "connection " << flood.size() << " refused";
     flood.push_back(fd);
   }
@@ -165,7 +150,7 @@ TEST(Security, TheStoreOfARunningShmJobClosesAnUnauthenticatedClient) {
                         "train.log_every=1"},
                        base + "/job.log");
   ASSERT_TRUE(job.waitFor("step 2/", 120)) << test::readFile(job.log);  // start-up is over
-  const int fd = connectTo(port);
+  const int fd = test::connectLoopback(port);
   ASSERT_GE(fd, 0) << "the store's port refuses connections while the job runs";
   // Read until the server closes (read() returns 0), at most 20 s.
   std::string received;

@@ -2,12 +2,10 @@
 // torchrun starts our worker (static, standalone and c10d rendezvous) and it trains
 // exactly as under ddp-launch; ddp-launch starts a Python DDP script (env:// and the
 // legacy --local_rank argument) and it trains as a single process would.
-#include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,7 +16,8 @@
 
 #include <filesystem>
 
-#include "tests/e2e/run_command.h"
+#include "tests/support/loopback.h"
+#include "tests/support/run_command.h"
 
 namespace ddp {
 namespace {
@@ -27,20 +26,6 @@ namespace fs = std::filesystem;
 
 std::string torchrun() { return (fs::path(DDP_PYTHON).parent_path() / "torchrun").string(); }
 std::string config() { return std::string(DDP_SOURCE_DIR) + "/configs/synthetic_mlp.yaml"; }
-
-// torchrun's static rendezvous needs a port number up front and binds it itself. A port just
-// released by the kernel's choice (port 0) is free unless another process races for it.
-uint16_t unusedPort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 nlohmann::json summaryOf(const std::string& dir) { return nlohmann::json::parse(test::readFile(dir + "/summary.json")); }
 
@@ -64,7 +49,8 @@ bool libtorch1() { return test::readFile(std::string(DDP_BINARY_DIR) + "/libtorc
 
 std::vector<std::string> torchrunArgv(const std::string& form) {
   std::vector<std::string> argv{torchrun(), "--nproc_per_node=2"};
-  const std::string port = std::to_string(unusedPort());
+  // torchrun's static rendezvous needs a port number up front and binds it itself.
+  const std::string port = std::to_string(test::freePort());
   if (form == "static") argv.push_back("--master_port=" + port);
   if (form == "standalone") argv.push_back("--standalone");
   if (form == "c10d") argv.insert(argv.end(), {"--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:" + port});
@@ -139,25 +125,13 @@ TEST_P(TorchrunRestarts, AKilledRankRestartsTheGroupOnTheAgentsStoreAndResumes) 
   // The static agent keeps one store across restarts: attempt 1 must not meet attempt 0's keys.
   const std::string dir = test::makeTempDir("torchrun_restart");
   std::vector<std::string> argv{torchrun(), "--nproc_per_node=2", "--max_restarts=1",
-                                "--master_port=" + std::to_string(unusedPort()), "--no_python", DDP_WORKER_BIN,
+                                "--master_port=" + std::to_string(test::freePort()), "--no_python", DDP_WORKER_BIN,
                                 config(), "output.dir=" + dir, "train.max_steps=30", "train.log_every=1",
                                 "train.epochs=1000", "checkpoint.dir=" + dir + "/ckpt", "checkpoint.every_steps=5",
                                 "resume=auto", "comm.timeout_s=60"};
   int out[2];
-  ASSERT_EQ(::pipe(out), 0);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    ::dup2(out[1], 1);
-    ::dup2(out[1], 2);
-    ::close(out[0]);
-    ::close(out[1]);
-    std::vector<char*> a;
-    for (auto& x : argv) a.push_back(x.data());
-    a.push_back(nullptr);
-    ::execv(a[0], a.data());
-    ::_exit(127);
-  }
+  ASSERT_EQ(::pipe2(out, O_CLOEXEC), 0);
+  const pid_t pid = test::startInGroup(argv, out[1]);
   ::close(out[1]);
   // Blocking reads of the job's output: kill rank 1 once step 12 is logged (two checkpoints
   // behind it), then read to the end so nothing blocks on a full pipe.

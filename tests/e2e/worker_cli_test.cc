@@ -10,7 +10,8 @@
 #include <filesystem>
 #include <future>
 
-#include "tests/e2e/run_command.h"
+#include "tests/support/loopback.h"
+#include "tests/support/run_command.h"
 
 namespace ddp {
 namespace {

@@ -12,6 +12,7 @@
 #include "launcher/free_port.h"
 #include "launcher/worker_path.h"
 #include "tests/launcher/scratch_dir.h"
+#include "tests/support/loopback.h"
 
 namespace ddp::launcher {
 namespace {
@@ -45,14 +46,9 @@ TEST(WorkerPath, PathsAreCheckedAndBareNamesSearchedOnPath) {
 
 // Whether a listener without SO_REUSEADDR can take `port` on 127.0.0.1 right now.
 bool canListenOn(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 && ::listen(fd, 1) == 0;
-  ::close(fd);
-  return ok;
+  const int fd = ddp::test::listenLoopback(static_cast<uint16_t>(port), 1);
+  if (fd >= 0) ::close(fd);
+  return fd >= 0;
 }
 
 TEST(FreePort, ReturnsAPortAListenerCanTake) {

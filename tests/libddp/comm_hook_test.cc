@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/run_command.h"
+
 namespace {
 
 std::optional<ddp::ProcessGroup> theGroup;
@@ -75,16 +77,14 @@ nlohmann::json runReference() {
   if (fd < 0) throw std::runtime_error("mkstemp failed");
   ::close(fd);
   std::ofstream(path) << request.dump();
-  const std::string cmd = std::string(DDP_PYTHON) + " " + DDP_SOURCE_DIR + "/tests/python/comm_hook_reference.py < " + path;
-  std::FILE* pipe = ::popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[65536];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
-  const int status = ::pclose(pipe);
+  ddp::test::CommandOptions options = ddp::test::stdoutOnly();
+  options.stdinPath = path;
+  const auto run = ddp::test::runCommand({DDP_PYTHON, DDP_SOURCE_DIR "/tests/python/comm_hook_reference.py"}, options);
   std::remove(path);
-  if (status != 0 || out.empty()) throw std::runtime_error("the Python reference failed: " + cmd);
-  return nlohmann::json::parse(out);
+  if (run.exitCode != 0 || run.output.empty()) {
+    throw std::runtime_error(std::string("the Python reference failed: comm_hook_reference.py < ") + path);
+  }
+  return nlohmann::json::parse(run.output);
 }
 
 const nlohmann::json& reference() {

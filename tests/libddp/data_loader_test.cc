@@ -12,18 +12,9 @@
 #include <string>
 #include <vector>
 
-namespace {
+#include "tests/support/run_command.h"
 
-std::string runCommand(const std::string& command) {
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"), pclose);
-  if (!pipe) return {};
-  std::string out;
-  char buf[1 << 16];
-  size_t got = 0;
-  while ((got = fread(buf, 1, sizeof buf, pipe.get())) > 0) out.append(buf, got);
-  EXPECT_EQ(pclose(pipe.release()), 0) << command;
-  return out;
-}
+namespace {
 
 // Item i is i: a batch is the list of indices the sampler chose.
 struct Indices : torch::data::datasets::Dataset<Indices, int64_t> {
@@ -34,7 +25,10 @@ struct Indices : torch::data::datasets::Dataset<Indices, int64_t> {
 };
 
 TEST(DataLoaderSampler, MakeDataLoaderYieldsPyTorchsBatchesEpochByEpoch) {
-  const std::string out = runCommand(DDP_PYTHON " " DDP_SOURCE_DIR "/tests/python/data_loader_reference.py");
+  const auto reference =
+      ddp::test::runCommand({DDP_PYTHON, DDP_SOURCE_DIR "/tests/python/data_loader_reference.py"}, ddp::test::stdoutOnly());
+  EXPECT_EQ(reference.exitCode, 0) << "data_loader_reference.py";
+  const std::string& out = reference.output;
   ASSERT_FALSE(out.empty());
   const auto ref = nlohmann::json::parse(out);
   RecordProperty("python_torch_version", ref.at("torch_version").get<std::string>());

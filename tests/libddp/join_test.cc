@@ -16,6 +16,8 @@
 #include <optional>
 #include <string>
 
+#include "tests/support/run_command.h"
+
 namespace {
 
 std::optional<ddp::ProcessGroup> theGroup;
@@ -23,22 +25,14 @@ ddp::ProcessGroup& group() { return *theGroup; }
 
 const int kBatches[] = {7, 10, 13};
 
-std::string runCommand(const std::string& cmd) {
-  std::FILE* pipe = ::popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[65536];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
-  if (::pclose(pipe) != 0) return {};
-  return out;
-}
-
 // Rank 0 runs PyTorch's reference and hands the JSON to the others.
 const nlohmann::json& reference() {
   static const nlohmann::json ref = [] {
     std::string text;
     if (group().rank() == 0) {
-      text = runCommand(std::string(DDP_PYTHON) + " " + DDP_SOURCE_DIR + "/tests/python/join_reference.py");
+      const auto run = ddp::test::runCommand({DDP_PYTHON, DDP_SOURCE_DIR "/tests/python/join_reference.py"},
+                                             ddp::test::stdoutOnly());
+      if (run.exitCode == 0) text = run.output;
     }
     at::Tensor size = torch::tensor({static_cast<int64_t>(text.size())});
     group().broadcast(size, 0);

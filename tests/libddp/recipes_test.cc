@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/run_command.h"
+
 namespace {
 
 nlohmann::json askPython(const nlohmann::json& request) {
@@ -32,15 +34,12 @@ nlohmann::json askPython(const nlohmann::json& request) {
   const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
   ::close(fd);
   if (!written) ADD_FAILURE() << "could not write the request to " << in;
-  const std::string cmd = std::string(DDP_PYTHON) + " " + DDP_SOURCE_DIR + "/tests/python/recipes_reference.py < " + in;
-  std::FILE* pipe = ::popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (pipe != nullptr && std::fgets(buf, sizeof buf, pipe) != nullptr) out += buf;
-  const int status = pipe != nullptr ? ::pclose(pipe) : -1;
+  ddp::test::CommandOptions options = ddp::test::stdoutOnly();
+  options.stdinPath = in;
+  const auto run = ddp::test::runCommand({DDP_PYTHON, DDP_SOURCE_DIR "/tests/python/recipes_reference.py"}, options);
   std::remove(in.c_str());
-  if (status != 0) ADD_FAILURE() << "the reference failed (" << status << "): " << out;
-  return nlohmann::json::parse(out.empty() ? "{}" : out);
+  if (run.exitCode != 0) ADD_FAILURE() << "the reference failed (exit " << run.exitCode << "): " << run.output;
+  return nlohmann::json::parse(run.output.empty() ? "{}" : run.output);
 }
 
 ddp::LrScheduleOptions schedule(const std::string& kind, double base, int64_t warmup, int64_t total, double minLr = 0,

@@ -12,6 +12,8 @@
 #include <string>
 #include <optional>
 
+#include "tests/support/run_command.h"
+
 namespace {
 
 std::optional<ddp::ProcessGroup> theGroup;
@@ -111,20 +113,16 @@ TEST(Zero, PartitionIsPyTorchs) {
   for (auto shape : std::vector<std::vector<int64_t>>{{64, 20}, {64}, {32, 64}, {32}, {5, 32}, {5}, {7, 7}, {49}, {3}, {3}}) {
     params.push_back(torch::zeros(shape, torch::requires_grad()));
   }
-  std::string cmd = std::string(DDP_PYTHON) + " " + DDP_SOURCE_DIR + "/tests/python/zero_partition_reference.py " +
-                    std::to_string(group().size());
+  std::vector<std::string> cmd = {DDP_PYTHON, DDP_SOURCE_DIR "/tests/python/zero_partition_reference.py",
+                                  std::to_string(group().size())};
   for (const auto& p : params) {
     std::string shape;
     for (auto d : p.sizes()) shape += (shape.empty() ? "" : "x") + std::to_string(d);
-    cmd += " " + shape;
+    cmd.push_back(shape);
   }
-  std::FILE* pipe = ::popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
-  ASSERT_EQ(::pclose(pipe), 0) << cmd;
-  const auto owners = nlohmann::json::parse(out).get<std::vector<int>>();
+  const auto run = ddp::test::runCommand(cmd, ddp::test::stdoutOnly());
+  ASSERT_EQ(run.exitCode, 0) << "zero_partition_reference.py";
+  const auto owners = nlohmann::json::parse(run.output).get<std::vector<int>>();
   ddp::ZeroRedundancyOptimizer zero(params, group(), torch::optim::SGDOptions(0.1));
   ASSERT_EQ(owners.size(), params.size());
   for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(zero.owner(i), owners[i]) << "parameter " << i;

@@ -10,14 +10,13 @@ Rank r's gradients for iteration t and bucket b are torch.randn(numel, generator
 1000 t + 10 r + b)): the C++ test draws the same numbers with LibTorch's CPU generator.
 """
 import json
-import os
 import sys
-import tempfile
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook as psgd
+
+from reference_common import run_ranks
 
 
 class Bucket:
@@ -80,31 +79,14 @@ def run_case(case, rank):
     return out
 
 
-def worker(rank, world, init_file, request, results):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
-    mine = {case["name"]: run_case(case, rank) for case in request["cases"]}
-    with open(os.path.join(results, f"rank{rank}.json"), "w") as f:
-        json.dump(mine, f)
-    dist.barrier()
-    dist.destroy_process_group()
-    # Every result is written. Skip the interpreter's teardown: the pinned wheel's Gloo group aborts
-    # there now and then ("terminate called without an active exception", no Python frame), which
-    # would fail the test for nothing of ours (seen in CI on ddp_script.py, stop 36).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+def rank_results(rank, request):
+    return {case["name"]: run_case(case, rank) for case in request["cases"]}
 
 
 def main():
     request = json.load(sys.stdin)
     world = request["world"]
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(worker, args=(world, os.path.join(tmp, "init"), request, tmp), nprocs=world, join=True)
-        per_rank = []
-        for r in range(world):
-            with open(os.path.join(tmp, f"rank{r}.json")) as f:
-                per_rank.append(json.load(f))
+    per_rank = run_ranks(world, rank_results, request)
     print(json.dumps({case["name"]: [per_rank[r][case["name"]] for r in range(world)] for case in request["cases"]}))
 
 

@@ -11,34 +11,22 @@ parameters after STEPS steps); prints one JSON line with the settings it used.
 """
 import json
 import os
-import socket
 import sys
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+from reference_common import Mlp, end_rank, free_port, write_recipe_inputs
+
 # The recipe; the C++ test passes the same values to the worker as train.* keys.
 SETTINGS = {"world": 2, "seed": 7, "batch_size": 8, "lr": 0.01, "betas": [0.9, 0.99], "eps": 1e-8,
             "weight_decay": 0.05, "warmup_steps": 5, "min_lr": 0.0005, "clip_grad_norm": 0.5,
             "hidden": 32, "train_size": 96, "test_size": 32, "classes": 3}
-
-
-class Mlp(nn.Module):
-    """The worker's model.name mlp with model.hidden [32]: flatten, fc1, relu, fc2."""
-
-    def __init__(self, inputs, hidden, classes):
-        super().__init__()
-        self.fc1 = nn.Linear(inputs, hidden)
-        self.fc2 = nn.Linear(hidden, classes)
-
-    def forward(self, x):
-        return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
 def rank_main(rank, out, steps, port):
@@ -71,29 +59,14 @@ def rank_main(rank, out, steps, port):
         epoch += 1
     if rank == 0:
         torch.save(model.state_dict(), os.path.join(out, "python_params.pt"))
-    dist.barrier()
-    dist.destroy_process_group()
-    # Every result is written. Skip the interpreter's teardown: the pinned wheel's Gloo group aborts
-    # there now and then ("terminate called without an active exception", no Python frame), which
-    # would fail the test for nothing of ours (seen in CI on ddp_script.py, stop 36).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    end_rank()
 
 
 def main():
     out, steps = sys.argv[1], int(sys.argv[2])
     s = SETTINGS
-    g = torch.Generator().manual_seed(123)
-    for name, n in (("train.pt", s["train_size"]), ("test.pt", s["test_size"])):
-        x = torch.randn(n, 1, 4, 4, generator=g)
-        y = torch.randint(0, s["classes"], (n,), generator=g)
-        torch.save({"x": x, "y": y}, os.path.join(out, name))
-    torch.manual_seed(0)
-    torch.save(Mlp(16, s["hidden"], s["classes"]).state_dict(), os.path.join(out, "init.pt"))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    write_recipe_inputs(out, s, data_seed=123)
+    port = free_port()
     mp.spawn(rank_main, args=(out, steps, port), nprocs=s["world"], join=True)
     print(json.dumps(dict(s, steps=steps)))
 

@@ -15,16 +15,14 @@ as 1 + that squared); rank r's batch b is randn(5, 6, generator=Generator().manu
 loss is the output's squared mean; SGD lr 0.1, momentum 0.9.
 """
 import json
-import os
-import sys
-import tempfile
 import warnings
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.algorithms import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+from reference_common import run_ranks
 
 BATCHES = [7, 10, 13]
 
@@ -62,27 +60,12 @@ def run_case(rank, divide, broadcast_buffers):
     return {"state": state, "steps": steps}
 
 
-def worker(rank, world, init_file, results):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
-    mine = {name: run_case(rank, *flags) for name, flags in CASES.items()}
-    with open(os.path.join(results, f"rank{rank}.json"), "w") as f:
-        json.dump(mine, f)
-    dist.barrier()
-    dist.destroy_process_group()
-    # Every result is written. Skip the interpreter's teardown: after Join over Gloo the pinned
-    # wheel aborts there now and then ("terminate called without an active exception", no Python
-    # frame; ~1 run in 10 of this script), which would fail the test for nothing of ours.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+def rank_results(rank):
+    return {name: run_case(rank, *flags) for name, flags in CASES.items()}
 
 
 def main():
-    world = len(BATCHES)
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(worker, args=(world, os.path.join(tmp, "init"), tmp), nprocs=world, join=True)
-        out = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(world)]
+    out = run_ranks(len(BATCHES), rank_results)
     print(json.dumps({name: {"ranks": [o[name]["state"] for o in out], "steps": [o[name]["steps"] for o in out]}
                       for name in CASES}))
 

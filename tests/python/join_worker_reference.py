@@ -19,34 +19,22 @@ prints one JSON line with the settings.
 """
 import json
 import os
-import socket
 import sys
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
+from reference_common import Mlp, end_rank, free_port, write_recipe_inputs
+
 SETTINGS = {"world": 3, "seed": 11, "batch_size": 8, "hidden": 32, "train_size": 97, "test_size": 30,
             "classes": 3,
             "runs": {"sgd": {"optimizer": "sgd", "lr": 0.1, "epochs": 3},
                      "adamw": {"optimizer": "adamw", "lr": 0.01, "weight_decay": 0.05, "epochs": 1}}}
-
-
-class Mlp(nn.Module):
-    """The worker's model.name mlp with model.hidden [32]: flatten, fc1, relu, fc2."""
-
-    def __init__(self, inputs, hidden, classes):
-        super().__init__()
-        self.fc1 = nn.Linear(inputs, hidden)
-        self.fc2 = nn.Linear(hidden, classes)
-
-    def forward(self, x):
-        return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
 def train(rank, out, name, run):
@@ -86,29 +74,14 @@ def rank_main(rank, out, port):
         if rank == 0:
             with open(os.path.join(out, f"steps_{name}.json"), "w") as f:
                 json.dump(steps, f)
-    dist.barrier()
-    dist.destroy_process_group()
-    # Every result is written. Skip the interpreter's teardown: after Join over Gloo the pinned
-    # wheel aborts there now and then ("terminate called without an active exception", no Python
-    # frame; ~1 run in 10 of this script), which would fail the test for nothing of ours.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    end_rank()
 
 
 def main():
     out = sys.argv[1]
     s = SETTINGS
-    g = torch.Generator().manual_seed(321)
-    for name, n in (("train.pt", s["train_size"]), ("test.pt", s["test_size"])):
-        x = torch.randn(n, 1, 4, 4, generator=g)
-        y = torch.randint(0, s["classes"], (n,), generator=g)
-        torch.save({"x": x, "y": y}, os.path.join(out, name))
-    torch.manual_seed(0)
-    torch.save(Mlp(16, s["hidden"], s["classes"]).state_dict(), os.path.join(out, "init.pt"))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    write_recipe_inputs(out, s, data_seed=321)
+    port = free_port()
     mp.spawn(rank_main, args=(out, port), nprocs=s["world"], join=True)
     steps = {name: json.load(open(os.path.join(out, f"steps_{name}.json"))) for name in s["runs"]}
     print(json.dumps(dict(s, steps=steps)))

@@ -9,32 +9,17 @@
 #include <string>
 
 #include "sampler/distributed_sampler.h"
+#include "tests/support/run_command.h"
 
 namespace ddp::sampler {
 namespace {
 
-// stdout of `command`; fails the test when it exits non-zero.
-std::string runCommand(const std::string& command) {
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"), pclose);
-  if (!pipe) {
-    ADD_FAILURE() << "cannot start: " << command;
-    return {};
-  }
-  std::string out;
-  char buf[1 << 16];
-  size_t got = 0;
-  while ((got = fread(buf, 1, sizeof buf, pipe.get())) > 0) {
-    out.append(buf, got);
-  }
-  const int status = pclose(pipe.release());
-  EXPECT_EQ(status, 0) << command << " failed; is Debian's python3-torch installed for "
-                       << DDP_PYTHON << "?";
-  return out;
-}
-
 TEST(SamplerReference, MatchesPyTorchDistributedSampler) {
-  const std::string out =
-      runCommand(std::string(DDP_PYTHON) + " " DDP_SOURCE_DIR "/tests/python/sampler_reference.py");
+  const auto reference =
+      test::runCommand({DDP_PYTHON, DDP_SOURCE_DIR "/tests/python/sampler_reference.py"}, test::stdoutOnly());
+  EXPECT_EQ(reference.exitCode, 0) << "sampler_reference.py failed; is Debian's python3-torch installed for "
+                                   << DDP_PYTHON << "?";
+  const std::string& out = reference.output;
   ASSERT_FALSE(out.empty());
   const auto ref = nlohmann::json::parse(out);
   const auto& cases = ref.at("cases");
