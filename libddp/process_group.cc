@@ -1,6 +1,5 @@
 // ddp::ProcessGroup and initProcessGroup(): the worker's start-up (env contract, device,
 // authenticated rendezvous, Gloo/NCCL/shm group) for programs of their own.
-#include <ATen/ops/cat.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Logging.h>
 #include <spdlog/spdlog.h>
@@ -15,6 +14,7 @@
 #include <cstring>
 #include <memory>
 
+#include "libddp/flat_tensors.h"
 #include "libddp/internal.h"
 #include "comm/backend.h"
 #include "comm/local_address.h"
@@ -563,23 +563,6 @@ Work onCollectiveDevice(const ProcessGroup::Impl& group, at::Tensor& tensor, boo
   return workOf(std::move(pending), [target = tensor, moved]() mutable { target.copy_(*moved); });
 }
 
-// Flattens into one contiguous buffer so that many tensors cost one collective.
-at::Tensor flatten(const std::vector<at::Tensor>& tensors) {
-  std::vector<at::Tensor> flat;
-  flat.reserve(tensors.size());
-  for (const auto& t : tensors) flat.push_back(t.reshape({-1}));
-  return at::cat(flat);
-}
-
-void unflatten(const at::Tensor& buffer, const std::vector<at::Tensor>& tensors) {
-  int64_t offset = 0;
-  for (const auto& t : tensors) {
-    const int64_t n = t.numel();
-    t.copy_(buffer.narrow(0, offset, n).view(t.sizes()));
-    offset += n;
-  }
-}
-
 }  // namespace
 
 // A call's own label, else the handle's (withLabel()).
@@ -704,9 +687,9 @@ void ProcessGroup::broadcast(const std::vector<at::Tensor>& tensors, const Broad
   checkRank(*this, options.root, "broadcast");
   if (size() == 1 || tensors.empty()) return;
   c10::NoGradGuard noGrad;
-  at::Tensor buffer = flatten(tensors);
+  at::Tensor buffer = flat::flatten(tensors);
   broadcast(buffer, options);
-  unflatten(buffer, tensors);
+  flat::unflatten(buffer, tensors);
 }
 
 Work ProcessGroup::barrierAsync(const CollectiveOptions& options) { return workOf(impl().barrier(labelled(options))); }

@@ -1,17 +1,16 @@
 #include "libddp/engine/gradient_sync.h"
 
-#include <ATen/ops/cat.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/engine.h>
+
+#include "libddp/flat_tensors.h"
 
 namespace ddp::engine {
 
 void allReduceGradients(ProcessGroup& group, const std::vector<at::Tensor>& params, at::Tensor extra) {
   if (group.size() == 1) return;
   c10::NoGradGuard noGrad;
-  std::vector<at::Tensor> flat;
-  flat.reserve(params.size() + 1);
   std::vector<at::Tensor> grads;
   grads.reserve(params.size() + 1);
   for (const auto& p : params) {
@@ -23,16 +22,10 @@ void allReduceGradients(ProcessGroup& group, const std::vector<at::Tensor>& para
   }
   if (extra.defined()) grads.push_back(extra);
   if (grads.empty()) return;
-  for (const auto& g : grads) flat.push_back(g.reshape({-1}));
-  at::Tensor buffer = at::cat(flat);
+  at::Tensor buffer = flat::flatten(grads);
   buffer.div_(group.size());
   group.allReduce(buffer);
-  int64_t offset = 0;
-  for (const auto& g : grads) {
-    const int64_t n = g.numel();
-    g.copy_(buffer.narrow(0, offset, n).view(g.sizes()));
-    offset += n;
-  }
+  flat::unflatten(buffer, grads);
 }
 
 FlatGradientSync::FlatGradientSync(ProcessGroup group, std::vector<at::Tensor> params)

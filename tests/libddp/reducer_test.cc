@@ -169,24 +169,38 @@ INSTANTIATE_TEST_SUITE_P(
                                          Variant{1, 1, true, 3},      // accumulation, view
                                          Variant{1u << 20, 25u << 20, false, 2})));
 
+// One synchronising step of `net` on this rank through a reducer with `opts`.
+void reducedStep(Communicator& comm, Net& net, const ReducerOptions& opts) {
+  Reducer reducer(groupOf(comm), net.params, net.names, opts);
+  at::Tensor loss = net.loss(comm.rank(), 0);
+  reducer.prepareForBackward({loss});
+  loss.backward();
+}
+
+// What two ranks' compressed all-reduce gives, by formula: each rank sends wire(g_r) / 2 (cast,
+// then divide: the compress hooks' arithmetic) and the sum is rounded to the wire dtype.
+std::vector<at::Tensor> wireSumOfTwoRanks(at::ScalarType wire) {
+  std::vector<std::vector<at::Tensor>> perRank(2);
+  for (int r = 0; r < 2; ++r) {
+    Net plain;
+    plain.loss(r, 0).backward();
+    for (auto& p : plain.params) perRank[r].push_back((p.grad().to(wire) / 2).to(at::kFloat));
+  }
+  std::vector<at::Tensor> sum;
+  for (size_t i = 0; i < perRank[0].size(); ++i) sum.push_back((perRank[0][i] + perRank[1][i]).to(wire).to(at::kFloat));
+  return sum;
+}
+
 TEST(ReducerCompression, Fp16WireMatchesRoundedSumAtWorldTwo) {
   runRanks(2, [](Communicator& comm) {
     Net net;
     ReducerOptions opts;
     opts.compression = WireDtype::kFp16;
-    Reducer reducer(groupOf(comm), net.params, net.names, opts);
-    at::Tensor loss = net.loss(comm.rank(), 0);
-    reducer.prepareForBackward({loss});
-    loss.backward();
-    // Each rank sends half(g_r) / 2 (cast, then divide: fp16_compress_hook); Gloo adds two halves and rounds to half.
-    std::vector<std::vector<at::Tensor>> perRank(2);
-    for (int r = 0; r < 2; ++r) {
-      Net plain;
-      plain.loss(r, 0).backward();
-      for (auto& p : plain.params) perRank[r].push_back((p.grad().to(at::kHalf) / 2).to(at::kFloat));
-    }
+    reducedStep(comm, net, opts);
+    // Gloo adds two halves and rounds to half.
+    const std::vector<at::Tensor> sums = wireSumOfTwoRanks(at::kHalf);
     for (size_t i = 0; i < net.params.size(); ++i) {
-      const at::Tensor expected = (perRank[0][i] + perRank[1][i]).to(at::kHalf).to(at::kFloat);
+      const at::Tensor& expected = sums[i];
       const at::Tensor got = net.params[i].grad();
       EXPECT_TRUE(at::equal(got, got.to(at::kHalf).to(at::kFloat))) << "not fp16 on the wire";
       EXPECT_LT((got - expected).abs().max().item<double>(), 1e-3 * expected.abs().max().item<double>() + 1e-7)
@@ -212,19 +226,11 @@ TEST(ReducerCompression, Bf16WireRoundsToBf16OnGlooThatSumsItAndIsRefusedOtherwi
     }
     // LibTorch 2.x's Gloo sums bfloat16 (Python 2.15's gloo all_reduce of two bf16 tensors equals
     // bf16(float(a) + float(b)) exactly): this branch must run there, and match that formula bit for bit.
-    Reducer reducer(groupOf(comm), net.params, net.names, opts);
-    at::Tensor loss = net.loss(comm.rank(), 0);
-    reducer.prepareForBackward({loss});
-    loss.backward();
-    // Each rank sends bf16(g_r / 2); Gloo adds the two in float and rounds the sum to bf16.
-    std::vector<std::vector<at::Tensor>> perRank(2);
-    for (int r = 0; r < 2; ++r) {
-      Net plain;
-      plain.loss(r, 0).backward();
-      for (auto& p : plain.params) perRank[r].push_back((p.grad().to(at::kBFloat16) / 2).to(at::kFloat));
-    }
+    reducedStep(comm, net, opts);
+    // Gloo adds the two in float and rounds the sum to bf16.
+    const std::vector<at::Tensor> sums = wireSumOfTwoRanks(at::kBFloat16);
     for (size_t i = 0; i < net.params.size(); ++i) {
-      const at::Tensor expected = (perRank[0][i] + perRank[1][i]).to(at::kBFloat16).to(at::kFloat);
+      const at::Tensor& expected = sums[i];
       const at::Tensor got = net.params[i].grad();
       EXPECT_TRUE(at::equal(got, expected)) << net.names[i] << " max diff "
                                             << (got - expected).abs().max().item<double>();
