@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "common/torch_compat_autocast.h"
+#include "libddp/torch_compat_autocast.h"
 #include "ddp/fused_optim.h"
 
 namespace ddp {

@@ -19,12 +19,12 @@
 #include "common/error.h"
 #include "ddp/ddp.h"
 #include "ddp/fused_optim.h"
-#include "libddp/checkpoint/atomic_file.h"
+#include "ddp/files.h"
 #include "libddp/checkpoint/checkpoint_dir.h"
 #include "libddp/checkpoint/optimizer_state.h"
 #include "libddp/checkpoint/state_dict_loader.h"
 #include "libddp/checkpoint/training_checkpoint.h"
-#include "libddp/checkpoint/model_export.h"
+#include "ddp/state_dict.h"
 
 namespace ddp {
 namespace {
@@ -297,7 +297,7 @@ std::vector<at::Tensor> gatherCudaRngStates(ProcessGroup& group, c10::Device dev
 }  // namespace
 
 void saveModel(const torch::nn::Module& module, const std::string& path) {
-  checkpoint::exportStateDict(checkpoint::stateDict(module), path);
+  saveStateDict(stateDict(module), path);
 }
 
 void saveModel(const torch::nn::Module& module, const std::string& path, ProcessGroup& group) {
@@ -317,6 +317,8 @@ void saveModel(const torch::nn::Module& module, const std::string& path, Process
 }
 
 void loadModel(torch::nn::Module& module, const std::string& path) { checkpoint::loadModelFile(module, path); }
+
+std::vector<std::string> listCheckpoints(const std::string& dir) { return checkpoint::listCheckpoints(dir); }
 
 Checkpointer::Checkpointer(ProcessGroup group, CheckpointOptions options)
     : group_(std::move(group)), options_(std::move(options)) {
@@ -345,9 +347,9 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
   std::string error;
   if (group.rank() == 0) {
     try {
-      checkpoint::makeDirectories(dir, "ddp::CheckpointOptions::dir");
+      makeDirectories(dir, "ddp::CheckpointOptions::dir");
       checkpoint::TrainingState state;
-      for (auto& [key, tensor] : checkpoint::stateDict(module)) state.model.emplace_back(key, tensor);
+      for (auto& [key, tensor] : stateDict(module)) state.model.emplace_back(key, tensor);
       state.optimizer = sharded ? std::move(*sharded) : optimizerState(optimizer, module);
       state.epoch = position.epoch;
       state.stepInEpoch = position.stepInEpoch;

@@ -22,7 +22,7 @@
 #include <unordered_map>
 
 #include "common/error.h"
-#include "common/torch_compat.h"
+#include "libddp/torch_compat.h"
 
 namespace ddp {
 namespace {

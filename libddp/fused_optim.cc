@@ -14,7 +14,7 @@
 #include <utility>
 
 #include "common/error.h"
-#include "common/torch_compat.h"
+#include "libddp/torch_compat.h"
 #if DDP_TORCH_2
 #include <ATen/ops/_fused_adamw.h>
 #include <ATen/ops/_fused_sgd.h>

@@ -8,7 +8,7 @@
 #include <system_error>
 
 #include "common/error.h"
-#include "common/torch_compat.h"
+#include "libddp/torch_compat.h"
 #if DDP_TORCH_2
 #include <torch/csrc/autograd/profiler_kineto.h>
 #endif

@@ -22,13 +22,10 @@
 
 #include "ddp/ddp.h"
 #include "common/error.h"
-#include "libddp/checkpoint/atomic_file.h"
 #include "worker/config/config.h"
 #include "worker/config/config_agreement.h"
-#include "libddp/runtime/device.h"
 #include "worker/dp/dp_trainer.h"
 #include "worker/report/memory_stats.h"
-#include "libddp/runtime/env.h"
 #include "worker/train/eval_mode.h"
 #include "worker/train/stop_signal.h"
 #include "worker/train/metrics.h"
@@ -74,8 +71,8 @@ int runDataParallel(const ddp::worker::WorkerConfig& config, std::optional<int> 
   spdlog::info("mode dp: {} replicas on [{}], outputs gathered on {}, model {} data {} ({} train / {} test)",
                placement.devices.size(), deviceList, placement.outputDevice.str(),
                config.model.name, config.data.name, data.train.size(), data.test.size());
-  ddp::checkpoint::makeDirectories(config.output.dir);
-  ddp::checkpoint::writeFileAtomic(config.output.dir + "/config.resolved.yaml", dumpConfig(config));
+  ddp::makeDirectories(config.output.dir, "output.dir");
+  ddp::writeFileAtomic(config.output.dir + "/config.resolved.yaml", dumpConfig(config));
 
   dp::DpTrainer trainer(config, placement, startGroupOfOne(placement.devices.front().str(), legacyLocalRank));
   const dp::DpResult dpResult = trainer.run(data);
@@ -105,7 +102,7 @@ int runDataParallel(const ddp::worker::WorkerConfig& config, std::optional<int> 
 // srun and mpirun leave OMP_NUM_THREADS unset (ddp-launch and torchrun set it), so every rank
 // would use every core: with several ranks on this host and no threads setting, each gets its
 // share of the cores this process may run on, said once per host.
-int threadsPerLocalRank(const ddp::runtime::DistEnv& env, int worldSize) {
+int threadsPerLocalRank(const ddp::LaunchEnv& env, int worldSize) {
   if (std::getenv("OMP_NUM_THREADS") != nullptr || worldSize <= 1 || env.localWorldSize <= 1) return 0;
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -196,7 +193,7 @@ void writeDdpSummary(const ddp::worker::WorkerConfig& config, const ddp::worker:
 }
 
 /// mode ddp / single: one replica per process, gradients averaged over the group.
-int runDistributed(const ddp::worker::WorkerConfig& config, const ddp::runtime::DistEnv& env,
+int runDistributed(const ddp::worker::WorkerConfig& config, const ddp::LaunchEnv& env,
                    std::optional<int> legacyLocalRank) {
   using namespace ddp::worker;
   if (config.threads > 0) {
@@ -214,8 +211,8 @@ int runDistributed(const ddp::worker::WorkerConfig& config, const ddp::runtime::
     spdlog::info("mode {} world {} backend {} device {} model {} data {} ({} train / {} test)",
                  modeName(config.mode), group.size(), ddp::backendName(group.backend()), group.device().str(),
                  config.model.name, config.data.name, data.train.size(), data.test.size());
-    ddp::checkpoint::makeDirectories(config.output.dir);
-    ddp::checkpoint::writeFileAtomic(config.output.dir + "/config.resolved.yaml", dumpConfig(config));
+    ddp::makeDirectories(config.output.dir, "output.dir");
+    ddp::writeFileAtomic(config.output.dir + "/config.resolved.yaml", dumpConfig(config));
   }
 
   // From here on a SIGTERM finishes the step, saves a checkpoint and exits (before, it just kills).
@@ -238,7 +235,7 @@ int runDistributed(const ddp::worker::WorkerConfig& config, const ddp::runtime::
 
 int runWorker(std::vector<std::string> args) {
   using namespace ddp::worker;
-  const auto legacyLocalRank = ddp::runtime::takeLegacyLocalRank(args);
+  const auto legacyLocalRank = ddp::takeLegacyLocalRank(args);
   if (args.empty() || args[0] == "-h" || args[0] == "--help") {
     std::cout << kUsage;
     return args.empty() ? 2 : 0;
@@ -249,7 +246,7 @@ int runWorker(std::vector<std::string> args) {
   }
   // Read here for the log's rank and the mode checks; initProcessGroup reads it again (and takes
   // the job's token out of the environment).
-  const ddp::runtime::DistEnv env = ddp::runtime::readDistEnv(ddp::runtime::processEnv(), legacyLocalRank);
+  const ddp::LaunchEnv env = ddp::launchEnv(legacyLocalRank);
   const bool prefixed = std::getenv("DDP_LAUNCH_PREFIXED") != nullptr;
   spdlog::set_pattern(prefixed ? "%H:%M:%S.%e %^%l%$ %v"
                                : "%H:%M:%S.%e [rank " + std::to_string(env.rank) + "] %^%l%$ %v");
@@ -257,7 +254,7 @@ int runWorker(std::vector<std::string> args) {
   const std::vector<std::string> overrides(args.begin() + 1, args.end());
   const WorkerConfig config = loadConfig(args[0], overrides);
   checkInputPaths(config);
-  ddp::runtime::applyNumerics(config.cudnn.benchmark, config.cudnn.deterministic, config.deterministicAlgorithms);
+  applyNumerics(config);
   checkOneProcessModes(config, env.worldSize);
   if (config.mode == Mode::kEval) {
     ddp::ProcessGroup group = startGroupOfOne(config.device, legacyLocalRank);

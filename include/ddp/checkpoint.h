@@ -50,6 +50,11 @@ struct CheckpointOptions {
   std::vector<c10::Device> cudaGenerators;
 };
 
+/// The checkpoint files a Checkpointer wrote into `dir` ("<dir>/ckpt-00000120.pt" for global step
+/// 120), oldest first; temporaries of interrupted writes are not listed. Empty when `dir` holds none
+/// or does not exist. The newest need not verify: Checkpointer::resume() skips damaged ones.
+std::vector<std::string> listCheckpoints(const std::string& dir);
+
 /// Training checkpoints for exact resume: model, optimizer state (SGD momentum and Adam/AdamW
 /// moments by parameter name, as Python names them; any other LibTorch optimizer through its own
 /// archive), the fp16 loss scaler's state (GradScaler.state_dict()), position, the CPU generator and

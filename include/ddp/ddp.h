@@ -22,13 +22,16 @@
 #include "ddp/clip_grad.h"                  // clipGradNorm
 #include "ddp/collectives.h"                // ReduceOp, AllReduceOptions, ... (per-call options)
 #include "ddp/comm_hook.h"                  // CommHook, fp16CompressHook, powerSgdHook
+#include "ddp/cuda.h"                       // cudaDeviceCount, gpuReport, setCudaSyncDebugMode
 #include "ddp/cuda_graph.h"                 // CudaGraph (capture and replay a step)
 #include "ddp/data.h"                       // loadOncePerHost
 #include "ddp/data_loader.h"                // DataLoaderSampler (torch::data)
 #include "ddp/ddp_options.h"                // DdpOptions, GradientCompression, GradientReducer
 #include "ddp/distributed_data_parallel.h"  // DistributedDataParallel, DdpEngine
+#include "ddp/files.h"                      // writeFileAtomic, makeDirectories
 #include "ddp/fused_optim.h"                // FusedAdamW, FusedSGD
 #include "ddp/join.h"                       // Join (uneven inputs)
+#include "ddp/launch_env.h"                 // launchEnv (rank, world size before the group)
 #include "ddp/error.h"                      // Error, ConfigError, CommError, ...
 #include "ddp/sync_batch_norm.h"            // SyncBatchNorm, convertSyncBatchNorm
 #include "ddp/zero_redundancy_optimizer.h"  // ZeroRedundancyOptimizer (ZeRO stage 1)
@@ -36,4 +39,5 @@
 #include "ddp/process_group.h"              // initProcessGroup, ProcessGroup
 #include "ddp/profiler.h"                   // Profiler (torch.profiler, Chrome traces)
 #include "ddp/sampler.h"                    // DistributedSampler
+#include "ddp/state_dict.h"                 // stateDict, saveStateDict, loadTensors
 #include "ddp/version.h"

@@ -1,4 +1,4 @@
-#include "libddp/checkpoint/atomic_file.h"
+#include "ddp/files.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -10,7 +10,7 @@
 
 #include "common/error.h"
 
-namespace ddp::checkpoint {
+namespace ddp {
 namespace {
 
 std::string errnoText() { return std::strerror(errno); }
@@ -32,13 +32,13 @@ void removeStaleTemporaries(const std::filesystem::path& dir, const std::string&
 
 }  // namespace
 
-void makeDirectories(const std::string& dir, const std::string& key) {
+void makeDirectories(const std::string& dir, const std::string& settingName) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (!ec && !std::filesystem::is_directory(dir, ec)) ec = std::make_error_code(std::errc::not_a_directory);
   if (ec) {
-    DDP_THROW(ConfigError, key == "output.dir" ? "output" : key, ": cannot create directory '", dir, "': ",
-              ec.message(), "; set ", key, " to a writable path");
+    DDP_THROW(ConfigError, settingName, ": cannot create directory '", dir, "': ", ec.message(), "; set ",
+              settingName, " to a writable path");
   }
 }
 
@@ -81,4 +81,4 @@ void writeFileAtomic(const std::string& path, std::string_view bytes) {
   }
 }
 
-}  // namespace ddp::checkpoint
+}  // namespace ddp

@@ -11,7 +11,7 @@
 #include <mutex>
 
 #include "common/error.h"
-#include "common/torch_compat.h"
+#include "libddp/torch_compat.h"
 
 namespace ddp::checkpoint {
 namespace {

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "libddp/checkpoint/atomic_file.h"
+#include "ddp/files.h"
 
 namespace ddp::checkpoint {
 namespace {

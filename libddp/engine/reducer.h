@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "common/torch_compat.h"
+#include "libddp/torch_compat.h"
 #include "ddp/comm_hook.h"
 #include "ddp/process_group.h"
 #include "libddp/engine/gradient_sync.h"

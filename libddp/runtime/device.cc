@@ -52,13 +52,6 @@ c10::Device selectDevice(DeviceRequest request) {
   return planDevice(request);
 }
 
-void applyNumerics(bool cudnnBenchmark, bool cudnnDeterministic, bool deterministicAlgorithms) {
-  if (deterministicAlgorithms) ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
-  at::globalContext().setBenchmarkCuDNN(cudnnBenchmark);
-  at::globalContext().setDeterministicCuDNN(cudnnDeterministic);
-  at::globalContext().setDeterministicAlgorithms(deterministicAlgorithms, /*warn_only=*/false);
-}
-
 void useDevice(c10::Device device) {
   if (!device.is_cuda()) return;
   c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(device);

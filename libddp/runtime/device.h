@@ -29,11 +29,6 @@ int visibleCudaDevices(const std::string& requested);
 /// planDevice() with the GPUs this process sees.
 c10::Device selectDevice(DeviceRequest request);
 
-/// torch.backends.cudnn.benchmark / .deterministic and torch.use_deterministic_algorithms for this
-/// process. With deterministic algorithms it also sets CUBLAS_WORKSPACE_CONFIG=:4096:8 when unset
-/// (cuBLAS needs it to be deterministic; PyTorch only tells users to set it). Call before any CUDA work.
-void applyNumerics(bool cudnnBenchmark, bool cudnnDeterministic, bool deterministicAlgorithms);
-
 /// Makes a CUDA device the calling thread's current one (before NCCL or any
 /// CUDA work, so that nothing opens a context on GPU 0); no-op for CPU.
 void useDevice(c10::Device device);

@@ -176,17 +176,34 @@ DistEnv readDistEnv(const EnvLookup& env, std::optional<int> legacyLocalRank) {
   return out;
 }
 
+}  // namespace ddp::runtime
+
+namespace ddp {
+
+LaunchEnv launchEnv(std::optional<int> legacyLocalRank) {
+  const runtime::DistEnv env = runtime::readDistEnv(runtime::processEnv(), legacyLocalRank);
+  LaunchEnv out;
+  out.rank = env.rank;
+  out.localRank = env.localRank;
+  out.worldSize = env.worldSize;
+  out.localWorldSize = env.localWorldSize;
+  out.nodeRank = env.groupRank;
+  out.restartCount = env.restartCount;
+  out.source = env.source;
+  return out;
+}
+
 std::optional<int> takeLegacyLocalRank(std::vector<std::string>& args) {
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     for (const std::string flag : {"--local_rank", "--local-rank"}) {
       if (a.rfind(flag + "=", 0) == 0) {
-        int v = parseInt(flag, a.substr(flag.size() + 1), 0);
+        int v = runtime::parseInt(flag, a.substr(flag.size() + 1), 0);
         args.erase(args.begin() + static_cast<long>(i));
         return v;
       }
       if (a == flag && i + 1 < args.size()) {
-        int v = parseInt(flag, args[i + 1], 0);
+        int v = runtime::parseInt(flag, args[i + 1], 0);
         args.erase(args.begin() + static_cast<long>(i), args.begin() + static_cast<long>(i) + 2);
         return v;
       }
@@ -195,4 +212,4 @@ std::optional<int> takeLegacyLocalRank(std::vector<std::string>& args) {
   return std::nullopt;
 }
 
-}  // namespace ddp::runtime
+}  // namespace ddp

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "ddp/launch_env.h"  // launchEnv, takeLegacyLocalRank: this, as users see it
+
 namespace ddp::runtime {
 
 struct DistEnv {
@@ -42,7 +44,5 @@ EnvLookup processEnv();
 /// Throws ConfigError for a malformed or inconsistent value, naming the variable.
 DistEnv readDistEnv(const EnvLookup& env, std::optional<int> legacyLocalRank = std::nullopt);
 
-/// Removes a leading `--local_rank=N` / `--local-rank N` from argv and returns N.
-std::optional<int> takeLegacyLocalRank(std::vector<std::string>& args);
 
 }  // namespace ddp::runtime

@@ -17,7 +17,7 @@
 #include <fstream>
 
 #include "common/error.h"
-#include "libddp/checkpoint/atomic_file.h"
+#include "ddp/files.h"
 #include "libddp/checkpoint/checkpoint_dir.h"
 #include "libddp/checkpoint/state_dict_loader.h"
 #include "libddp/checkpoint/training_checkpoint.h"

@@ -1,6 +1,6 @@
-// The model export against the reference: Python PyTorch's plain torch.load
-// (weights_only by default) loads it into the Python twin of our model with
-// load_state_dict(strict=True) to the values we wrote; readStateDict reads the
+// ddp::stateDict / saveStateDict against the reference: Python PyTorch's plain torch.load
+// (weights_only by default) loads the file into the Python twin of our model with
+// load_state_dict(strict=True) to the values we wrote; ddp::loadTensors reads the
 // state_dicts Python's torch.save writes (plain, DataParallel, DDP).
 #include <gtest/gtest.h>
 
@@ -11,12 +11,12 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "libddp/checkpoint/model_export.h"
+#include "ddp/error.h"
+#include "ddp/state_dict.h"
 #include "worker/models/models.h"
 #include "tests/support/run_command.h"
 
 namespace ddp::worker {
-using namespace ddp::checkpoint;
 namespace {
 
 namespace fs = std::filesystem;
@@ -66,7 +66,7 @@ TEST(ModelExport, MlpLoadsStrictlyInPythonToTheValuesWritten) {
   const std::string dir = ddp::test::makeTempDir("export");
   Mlp mlp(InputSpec{1, 28, 28, 10}, std::vector<int64_t>{16, 8});
   const auto state = stateDict(*mlp);
-  exportStateDict(state, dir + "/model.pt");
+  saveStateDict(state, dir + "/model.pt");
   const nlohmann::json py = checkInPython(dir + "/model.pt", "mlp", "16,8");
   if (!py.is_null()) expectPythonHolds(py, state);
   fs::remove_all(dir);
@@ -79,7 +79,7 @@ TEST(ModelExport, BatchNormCnnLoadsStrictlyInPythonWithItsBuffers) {
   cnn->forward(at::randn({4, 1, 28, 28}));  // running stats off their start, num_batches_tracked = 1
   const auto state = stateDict(*cnn);
   ASSERT_EQ(state.at("bn1.num_batches_tracked").item<int64_t>(), 1);
-  exportStateDict(state, dir + "/model.pt");
+  saveStateDict(state, dir + "/model.pt");
   const nlohmann::json py = checkInPython(dir + "/model.pt", "cnn", "0");
   if (!py.is_null()) expectPythonHolds(py, state);
   fs::remove_all(dir);
@@ -89,8 +89,8 @@ TEST(ModelExport, ReadStateDictReadsOurExportAndPythonsStateDicts) {
   const std::string dir = ddp::test::makeTempDir("export");
   Mlp mlp(InputSpec{1, 28, 28, 10}, std::vector<int64_t>{16});
   const auto state = stateDict(*mlp);
-  exportStateDict(state, dir + "/model.pt");
-  const auto back = readStateDict(dir + "/model.pt");
+  saveStateDict(state, dir + "/model.pt");
+  const auto back = loadTensors(dir + "/model.pt");
   ASSERT_EQ(back.size(), state.size());
   for (const auto& [name, t] : state) EXPECT_TRUE(at::equal(back.at(name), t)) << name;
 
@@ -99,7 +99,7 @@ TEST(ModelExport, ReadStateDictReadsOurExportAndPythonsStateDicts) {
                             ddp::test::stdoutOnly())
           .output);
   for (const std::string file : {"plain_state_dict.pt", "dp_state_dict.pt", "ddp_state_dict.pt"}) {
-    const auto read = readStateDict(dir + "/" + file);
+    const auto read = loadTensors(dir + "/" + file);
     const auto& expected = manifest.at(file);
     ASSERT_EQ(read.size(), expected.size()) << file;
     for (const auto& [name, e] : expected.items()) {
@@ -110,6 +110,17 @@ TEST(ModelExport, ReadStateDictReadsOurExportAndPythonsStateDicts) {
       ASSERT_EQ(flat.numel(), static_cast<int64_t>(values.size())) << name;
       for (size_t i = 0; i < values.size(); ++i) EXPECT_EQ(flat[i].item<double>(), values[i]) << file << ": " << name;
     }
+  }
+  // The top-level dict's tensors only: checkpoint.pt holds {"model": {...}, "epoch": 3, "lr": ..., "steps": [...]}.
+  EXPECT_TRUE(loadTensors(dir + "/checkpoint.pt").empty());
+  const auto mixed = loadTensors(dir + "/mixed.pt");
+  EXPECT_EQ(mixed.size(), manifest.at("mixed.pt").size());
+  for (const auto& [name, e] : manifest.at("mixed.pt").items()) EXPECT_EQ(mixed.count(name), 1u) << name;
+  try {
+    loadTensors(dir + "/legacy.pt");
+    ADD_FAILURE() << "a legacy-format file loaded";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("legacy (pre-1.6) format"), std::string::npos) << e.what();
   }
   fs::remove_all(dir);
 }

@@ -91,7 +91,7 @@ TEST_F(TensorFiles, BadFilesAreOneLineNamingTheKeyAndTheFix) {
   EXPECT_NE(errorOf("mismatch").find("x holds 10 samples but y holds 9 labels"), std::string::npos) << errorOf("mismatch");
   EXPECT_NE(errorOf("float_labels").find("give class ids as a 1-D integer tensor"), std::string::npos)
       << errorOf("float_labels");
-  EXPECT_NE(errorOf("list").find("is not a dict with tensors 'x' and 'y'; write it in Python with torch.save"),
+  EXPECT_NE(errorOf("list").find("holds a list, not a dict of tensors; save a dict (Python: torch.save("),
             std::string::npos) << errorOf("list");
   const std::string missing = errorOf("nope");
   EXPECT_EQ(missing.rfind("data: data.train_file: ", 0), 0u) << missing;

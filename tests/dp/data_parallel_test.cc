@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "worker/dp/data_parallel.h"
-#include "libddp/checkpoint/model_export.h"
+#include "ddp/state_dict.h"
 #include "worker/models/models.h"
 
 namespace ddp {
@@ -48,8 +48,8 @@ torch::optim::SGDOptions sgdOptions(double momentum) {
 }
 
 double maxDiff(const torch::nn::Module& a, const torch::nn::Module& b) {
-  const auto sa = checkpoint::stateDict(a);
-  const auto sb = checkpoint::stateDict(b);
+  const auto sa = ddp::stateDict(a);
+  const auto sb = ddp::stateDict(b);
   EXPECT_EQ(sa.size(), sb.size());
   double diff = 0;
   for (const auto& [key, value] : sa) diff = std::max(diff, (value - sb.at(key)).abs().max().item<double>());

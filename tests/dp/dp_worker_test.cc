@@ -18,7 +18,7 @@
 #include "tests/support/run_command.h"
 #include "worker/config/config.h"
 #include "worker/data/gather_batch.h"
-#include "libddp/checkpoint/model_export.h"
+#include "ddp/state_dict.h"
 #include "worker/models/models.h"
 #include "worker/train/trainer.h"
 
@@ -60,7 +60,7 @@ std::map<std::string, at::Tensor> referenceRun(const worker::WorkerConfig& confi
     }
   }
   EXPECT_EQ(steps, config.train.epochs * ((data.train.size() + config.train.batchSize - 1) / config.train.batchSize));
-  return checkpoint::stateDict(*model.ptr());
+  return ddp::stateDict(*model.ptr());
 }
 
 TEST(DpWorker, TwoProcessesAreRefusedWithAClearLine) {
@@ -112,7 +112,7 @@ TEST_P(DpWorkerRun, OneProcessMatchesPlainSingleProcessTraining) {
 
   const worker::WorkerConfig config = worker::loadConfig(kConfig, overrides);
   const auto expected = referenceRun(config);
-  const auto exported = checkpoint::readStateDict(dir + "/model.pt");
+  const auto exported = ddp::loadTensors(dir + "/model.pt");
   ASSERT_EQ(exported.size(), expected.size());
   for (const auto& [key, value] : expected) {
     ASSERT_TRUE(exported.count(key)) << "export lacks the plain model's key " << key;
@@ -154,8 +154,8 @@ TEST(DpWorker, ExportLoadsIntoThePlainModelAndPythonWithStrictKeys) {
   worker::ModelConfig plain;
   plain.name = "mlp";
   plain.hidden = {64};
-  const auto plainKeys = checkpoint::stateDict(*worker::makeModel(plain, worker::InputSpec{}).ptr());
-  const auto exported = checkpoint::readStateDict(dir + "/model.pt");
+  const auto plainKeys = ddp::stateDict(*worker::makeModel(plain, worker::InputSpec{}).ptr());
+  const auto exported = ddp::loadTensors(dir + "/model.pt");
   ASSERT_EQ(exported.size(), plainKeys.size());
   for (const auto& [key, value] : plainKeys) {
     ASSERT_TRUE(exported.count(key)) << key;

@@ -29,7 +29,7 @@
 #include "tests/support/run_command.h"
 #include "libddp/checkpoint/checkpoint_dir.h"
 #include "libddp/checkpoint/training_checkpoint.h"
-#include "libddp/checkpoint/model_export.h"
+#include "ddp/state_dict.h"
 
 namespace ddp {
 namespace {
@@ -77,8 +77,8 @@ void checkExactResume(int world, const std::vector<std::string>& modeArgs) {
 
   for (int r = 0; r < world; ++r) {
     const std::string file = "/rank" + std::to_string(r) + "_params.pt";
-    const auto a = checkpoint::readStateDict(base + "/full" + file);
-    const auto b = checkpoint::readStateDict(base + "/split" + file);
+    const auto a = ddp::loadTensors(base + "/full" + file);
+    const auto b = ddp::loadTensors(base + "/split" + file);
     ASSERT_EQ(a.size(), b.size());
     for (const auto& [key, value] : a) EXPECT_TRUE(at::equal(value, b.at(key))) << "rank " << r << " " << key;
   }
@@ -170,8 +170,8 @@ TEST(Zero, ShardedEqualsUnshardedModelAndCheckpoint) {
   run("zero", true);
   for (int r = 0; r < 3; ++r) {
     const std::string file = "/rank" + std::to_string(r) + "_params.pt";
-    const auto a = checkpoint::readStateDict(base + "/plain" + file);
-    const auto b = checkpoint::readStateDict(base + "/zero" + file);
+    const auto a = ddp::loadTensors(base + "/plain" + file);
+    const auto b = ddp::loadTensors(base + "/zero" + file);
     for (const auto& [key, value] : a) EXPECT_TRUE(at::equal(value, b.at(key))) << "rank " << r << " " << key;
   }
   // Each rank held about a third of AdamW's state (two moments per element): the shards add up to it.
@@ -449,8 +449,8 @@ TEST(Preemption, SigtermFinishesTheStepSavesAndResumesExactly) {
   ASSERT_EQ(straight.exitCode, 0) << straight.output;
   for (int r = 0; r < 2; ++r) {
     const std::string file = "/rank" + std::to_string(r) + "_params.pt";
-    const auto a = checkpoint::readStateDict(base + "/straight" + file);
-    const auto b = checkpoint::readStateDict(base + "/stopped" + file);
+    const auto a = ddp::loadTensors(base + "/straight" + file);
+    const auto b = ddp::loadTensors(base + "/stopped" + file);
     for (const auto& [key, value] : a) EXPECT_TRUE(at::equal(value, b.at(key))) << "rank " << r << " " << key;
   }
   fs::remove_all(base);
@@ -503,8 +503,8 @@ TEST(FullDisk, AnExportThatDoesNotFitIsKeptInTheCheckpointDirectoryAndNamed) {
   ASSERT_TRUE(fs::exists(rescued)) << run.output;
 
   ASSERT_EQ(launch(2, largerModel(base + "/roomy")).exitCode, 0);
-  const auto expected = checkpoint::readStateDict(base + "/roomy/model.pt");
-  const auto got = checkpoint::readStateDict(rescued);
+  const auto expected = ddp::loadTensors(base + "/roomy/model.pt");
+  const auto got = ddp::loadTensors(rescued);
   ASSERT_EQ(got.size(), expected.size());
   for (const auto& [key, value] : expected) EXPECT_TRUE(at::equal(value, got.at(key))) << key;
   removeAfter(base, {&disk});

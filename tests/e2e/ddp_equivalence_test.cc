@@ -25,7 +25,7 @@
 #include "tests/support/run_command.h"
 #include "worker/config/config.h"
 #include "worker/data/gather_batch.h"
-#include "libddp/checkpoint/model_export.h"
+#include "ddp/state_dict.h"
 #include "worker/models/models.h"
 #include "worker/train/trainer.h"
 
@@ -142,7 +142,7 @@ Reference referenceRun(const WorkerConfig& config, int world) {
   }
   if (perForward) loadBuffers(module, buffers[0]);
   if (!perForward) buffers.assign(world, buffersOf(module));  // every rank ends with the whole batch's
-  return {checkpoint::stateDict(module), buffers};
+  return {ddp::stateDict(module), buffers};
 }
 
 struct Case {
@@ -201,10 +201,10 @@ TEST_P(DdpEquivalence, RanksAgreeAndMatchSingleProcessOnConcatenatedBatches) {
   const WorkerConfig config =
       worker::loadConfig(std::string(DDP_SOURCE_DIR) + "/configs/synthetic_mlp.yaml", overrides);
   const Reference expected = referenceRun(config, c.world);
-  const auto rank0 = checkpoint::readStateDict(dir + "/rank0_params.pt");
+  const auto rank0 = ddp::loadTensors(dir + "/rank0_params.pt");
   ASSERT_EQ(rank0.size(), expected.state.size());
   for (int r = 0; r < c.world; ++r) {
-    const auto other = checkpoint::readStateDict(dir + "/rank" + std::to_string(r) + "_params.pt");
+    const auto other = ddp::loadTensors(dir + "/rank" + std::to_string(r) + "_params.pt");
     for (const auto& [key, value] : rank0) {
       if (isBuffer(key)) {
         // Rank r's buffers: rank 0's at the step's start (broadcast), then its own forwards.
@@ -222,7 +222,7 @@ TEST_P(DdpEquivalence, RanksAgreeAndMatchSingleProcessOnConcatenatedBatches) {
     EXPECT_LT(diff, c.tolerance) << key << " differs from the single-process reference by " << diff;
   }
   // The export is rank 0's parameters under plain keys.
-  const auto exported = checkpoint::readStateDict(dir + "/model.pt");
+  const auto exported = ddp::loadTensors(dir + "/model.pt");
   for (const auto& [key, value] : rank0) EXPECT_TRUE(at::equal(value, exported.at(key))) << key;
   std::filesystem::remove_all(dir);
 }

@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "tests/support/run_command.h"
-#include "libddp/checkpoint/model_export.h"
+#include "ddp/state_dict.h"
 
 namespace ddp {
 namespace {
@@ -76,8 +76,8 @@ TEST(FaultTolerance, CrashedRankRestartsTheGroupAndTrainingResumesExactly) {
   ASSERT_EQ(straight.exitCode, 0) << straight.output;
   for (int r = 0; r < 2; ++r) {
     const std::string file = "/rank" + std::to_string(r) + "_params.pt";
-    const auto a = checkpoint::readStateDict(base + "/straight" + file);
-    const auto b = checkpoint::readStateDict(base + "/crashed" + file);
+    const auto a = ddp::loadTensors(base + "/straight" + file);
+    const auto b = ddp::loadTensors(base + "/crashed" + file);
     for (const auto& [key, value] : a) EXPECT_TRUE(at::equal(value, b.at(key))) << "rank " << r << " " << key;
   }
   fs::remove_all(base);
@@ -219,9 +219,9 @@ TEST(FaultTolerance, TwoNodesInTwoNetworkNamespaces) {
   EXPECT_EQ(summary["world_size"], 4);
   EXPECT_EQ(summary["steps"], 12);
   // Ranks 0,1 on node 0 and 2,3 on node 1 end with the same parameters.
-  const auto r0 = checkpoint::readStateDict(base + "/out/rank0_params.pt");
+  const auto r0 = ddp::loadTensors(base + "/out/rank0_params.pt");
   for (int rank : {1, 2, 3}) {
-    const auto other = checkpoint::readStateDict(base + "/out/rank" + std::to_string(rank) + "_params.pt");
+    const auto other = ddp::loadTensors(base + "/out/rank" + std::to_string(rank) + "_params.pt");
     for (const auto& [key, value] : r0) EXPECT_TRUE(at::equal(value, other.at(key))) << "rank " << rank << " " << key;
   }
   fs::remove_all(base);

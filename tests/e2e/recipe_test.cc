@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "libddp/checkpoint/model_export.h"
+#include "ddp/state_dict.h"
 #include "tests/support/run_command.h"
 
 namespace ddp {
@@ -43,10 +43,10 @@ TEST(PythonDdpRecipe, AdamWWarmupCosineClippingEndsWherePythonDdpEnds) {
        "output.dump_rank_params=true"},
       300);
   ASSERT_EQ(ours.exitCode, 0) << ours.output;
-  const auto python = checkpoint::readStateDict(dir + "/python_params.pt");
-  const auto init = checkpoint::readStateDict(dir + "/init.pt");
+  const auto python = ddp::loadTensors(dir + "/python_params.pt");
+  const auto init = ddp::loadTensors(dir + "/init.pt");
   for (int r = 0; r < s["world"].get<int>(); ++r) {
-    const auto mine = checkpoint::readStateDict(dir + "/ours/rank" + std::to_string(r) + "_params.pt");
+    const auto mine = ddp::loadTensors(dir + "/ours/rank" + std::to_string(r) + "_params.pt");
     ASSERT_EQ(mine.size(), python.size());
     for (const auto& [key, want] : python) {
       ASSERT_TRUE(mine.count(key)) << key;
@@ -85,7 +85,7 @@ TEST(PythonJoin, UnevenInputsJoinEndsWherePyTorchsJoinEnds) {
     else args.push_back("train.momentum=0");
     return test::runCommand(args, 300);
   };
-  const auto init = checkpoint::readStateDict(dir + "/init.pt");
+  const auto init = ddp::loadTensors(dir + "/init.pt");
   const int64_t trainSize = s["train_size"].get<int64_t>();
   for (const std::string name : {"sgd", "adamw"}) {
     const nlohmann::json& run = s["runs"][name];
@@ -96,9 +96,9 @@ TEST(PythonJoin, UnevenInputsJoinEndsWherePyTorchsJoinEnds) {
     // Rank 0 (5 batches per epoch) never joined: its step count is every rank's here.
     EXPECT_EQ(summary["steps"].get<int64_t>(), s["steps"][name][0].get<int64_t>()) << name;
     EXPECT_EQ(summary["samples"].get<int64_t>(), epochs * trainSize) << name << ": every sample once per epoch";
-    const auto python = checkpoint::readStateDict(dir + "/python_" + name + ".pt");
+    const auto python = ddp::loadTensors(dir + "/python_" + name + ".pt");
     for (int r = 0; r < world; ++r) {
-      const auto mine = checkpoint::readStateDict(dir + "/" + name + "/rank" + std::to_string(r) + "_params.pt");
+      const auto mine = ddp::loadTensors(dir + "/" + name + "/rank" + std::to_string(r) + "_params.pt");
       ASSERT_EQ(mine.size(), python.size());
       for (const auto& [key, want] : python) {
         ASSERT_TRUE(mine.count(key)) << key;
@@ -111,9 +111,9 @@ TEST(PythonJoin, UnevenInputsJoinEndsWherePyTorchsJoinEnds) {
   // Two epochs of AdamW: every rank stepped every step, so the replicas stay bit-equal.
   const auto two = worker("adamw2", s["runs"]["adamw"], 2);
   ASSERT_EQ(two.exitCode, 0) << two.output;
-  const auto rank0 = checkpoint::readStateDict(dir + "/adamw2/rank0_params.pt");
+  const auto rank0 = ddp::loadTensors(dir + "/adamw2/rank0_params.pt");
   for (int r = 1; r < world; ++r) {
-    const auto mine = checkpoint::readStateDict(dir + "/adamw2/rank" + std::to_string(r) + "_params.pt");
+    const auto mine = ddp::loadTensors(dir + "/adamw2/rank" + std::to_string(r) + "_params.pt");
     for (const auto& [key, want] : rank0) EXPECT_TRUE(at::equal(mine.at(key), want)) << "rank " << r << " " << key;
   }
   std::filesystem::remove_all(dir);
@@ -142,8 +142,8 @@ TEST(ChannelsLast, CnnTrainsAsInTheDefaultLayout) {
   ASSERT_EQ(nhwc.exitCode, 0) << nhwc.output;
   for (int r = 0; r < 2; ++r) {
     const std::string file = "/rank" + std::to_string(r) + "_params.pt";
-    const auto a = checkpoint::readStateDict(dir + "/plain" + file);
-    const auto b = checkpoint::readStateDict(dir + "/nhwc" + file);
+    const auto a = ddp::loadTensors(dir + "/plain" + file);
+    const auto b = ddp::loadTensors(dir + "/nhwc" + file);
     ASSERT_EQ(a.size(), b.size());
     for (const auto& [key, value] : a) {
       ASSERT_TRUE(b.count(key)) << key;
@@ -168,7 +168,7 @@ TEST(DdpOnOneRank, TrainsTheSameModelBitForBit) {
     argv.insert(argv.end(), extra.begin(), extra.end());
     const auto r = test::runCommand(argv, 300);
     EXPECT_EQ(r.exitCode, 0) << r.output;
-    return checkpoint::readStateDict(dir + "/" + name + "/rank0_params.pt");
+    return ddp::loadTensors(dir + "/" + name + "/rank0_params.pt");
   };
   const auto plain = run("plain", {});
   for (const std::string view : {"true", "false"}) {
@@ -244,7 +244,7 @@ TEST(MixedPrecision, Bf16AutocastTrainsTheCnnTo88PercentInOneEpoch) {
   EXPECT_GE(summary["test_accuracy"].get<double>(), 0.88) << summary.dump();
   EXPECT_EQ(summary["skipped_steps"], 0);
   // The master weights stay float32: the export is what an fp32 run exports.
-  for (const auto& [key, value] : checkpoint::readStateDict(dir + "/model.pt")) {
+  for (const auto& [key, value] : ddp::loadTensors(dir + "/model.pt")) {
     EXPECT_EQ(value.scalar_type(), at::kFloat) << key;
   }
   std::filesystem::remove_all(dir);

@@ -6,14 +6,16 @@
 #                  never comm/ nor libddp/internal.h
 #   comm/ sampler/ below the library: never libddp/ or worker/; of include/ddp only the shared types
 #                  (ddp/collectives.h, ddp/error.h)
-#   common/        below everything: never comm/, sampler/, libddp/, worker/
+#   common/        below everything: never comm/, sampler/, libddp/, worker/, nor LibTorch; of include/ddp
+#                  only ddp/error.h, the error family every layer throws (itself the standard library only)
 #   launcher/      ddp-launch: common/ only, no LibTorch header (nor in the common/ files it includes),
 #                  and its binary does not link LibTorch
 #   worker/        one way down: config/report <- models <- data <- train <- dp <- main.cc; the
-#                  public classes through include/ddp, never libddp/internal.h
-# Usage: layers_test.sh SOURCE_DIR [DDP_LAUNCH_BINARY]
+#                  library as a user has it: include/ddp and common/, never libddp/ or comm/ (and its
+#                  program links libddp.so, not the static twin)
+# Usage: layers_test.sh SOURCE_DIR [DDP_LAUNCH_BINARY [WORKER_BINARY]]
 set -euo pipefail
-src=$1 launcher_bin=${2:-}
+src=$1 launcher_bin=${2:-} worker_bin=${3:-}
 cd "$src"
 violations=()
 
@@ -41,7 +43,7 @@ forbid '^(libddp|comm|sampler|common|api)/' "public headers use LibTorch, the st
 forbid '^libddp/' "comm/ and sampler/ are below the library" comm sampler
 forbid '^(libddp|comm|sampler)/' "common/ is below everything" common
 forbid '^(libddp|comm|sampler|worker|include)/' "the launcher builds on common/ only" launcher
-forbid '^libddp/internal\.h$' "the worker uses the public classes (include/ddp), not their insides" worker
+forbid '^(libddp|comm|sampler)/' "the worker uses the library as a user does: include/ddp (make what it needs public, with a test)" worker
 forbid '^(comm/|libddp/internal\.h$)' "DDP's logic is written against the public ddp::ProcessGroup, as a user's code is" libddp/engine
 # The backends share the front's types only (c10d's Types.hpp), not its classes.
 for file in $(sources_in comm sampler); do
@@ -52,8 +54,27 @@ for file in $(sources_in comm sampler); do
   done < <(includes_of "$file")
 done
 
-# No LibTorch in the launcher, nor in the common/ headers and sources it uses.
+# common/ is below the library: the standard library and the system only, and of include/ddp only the
+# error family, which must itself stay a leaf.
 torch_re='^(torch|ATen|c10|caffe2)/'
+for file in $(sources_in common); do
+  while IFS= read -r inc; do
+    [[ -n $inc && $inc =~ $torch_re ]] && violations+=("$file includes <$inc>: common/ is below LibTorch")
+  done < <(system_includes_of "$file")
+  while IFS= read -r inc; do
+    if [[ $inc == ddp/* && $inc != ddp/error.h ]]; then
+      violations+=("$file includes \"$inc\": common/ takes only ddp/error.h from include/ddp")
+    fi
+  done < <(includes_of "$file")
+done
+while IFS= read -r inc; do
+  [[ -n $inc ]] && violations+=("include/ddp/error.h includes \"$inc\": the error family is a leaf (common/ includes it)")
+done < <(includes_of include/ddp/error.h)
+while IFS= read -r inc; do
+  [[ -n $inc && $inc != stdexcept && $inc != string ]] && violations+=("include/ddp/error.h includes <$inc>: the error family is a leaf (the standard library's <stdexcept> and <string>)")
+done < <(system_includes_of include/ddp/error.h)
+
+# No LibTorch in the launcher, nor in the common/ headers and sources it uses.
 launcher_files=$(sources_in launcher)
 for inc in $(cat $launcher_files | grep -ohE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"common/[^"]+"' \
              | sed -E 's/.*"(.*)"/\1/' | sort -u); do
@@ -65,6 +86,15 @@ for file in $launcher_files; do
     [[ -n $inc && $inc =~ $torch_re ]] && violations+=("$file includes <$inc>: no LibTorch in the launcher")
   done < <(system_includes_of "$file")
 done
+# The worker program links libddp.so as a user's program does (its tests may take the static twin).
+if [[ -n $worker_bin ]]; then
+  [[ -x $worker_bin ]] || { echo "FAIL: $worker_bin is not an executable" >&2; exit 1; }
+  worker_libs=$(ldd "$worker_bin" 2>&1 || true)
+  [[ $worker_libs == *libddp.so* ]] || violations+=("$worker_bin does not link libddp.so (it must use the library as users do)")
+  if nm -C "$worker_bin" 2>/dev/null | grep -qE ' [Tt] ddp::(checkpoint|comm|runtime|engine)::'; then
+    violations+=("$worker_bin holds the library's code itself (the static twin): link it to libddp.so")
+  fi
+fi
 if [[ -n $launcher_bin ]]; then
   [[ -x $launcher_bin ]] || { echo "FAIL: $launcher_bin is not an executable" >&2; exit 1; }
   libs=$(ldd "$launcher_bin" 2>&1 || true)

@@ -17,7 +17,7 @@
 #include "comm/process_group.h"
 #include "comm/rendezvous.h"
 #include "common/error.h"
-#include "common/torch_compat.h"
+#include "libddp/torch_compat.h"
 #include "libddp/engine/reducer.h"
 #include "libddp/internal.h"
 #include "tests/comm/thread_ranks.h"

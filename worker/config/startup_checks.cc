@@ -5,12 +5,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <ATen/Context.h>
+
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "common/error.h"
-#include "libddp/checkpoint/atomic_file.h"
+#include "ddp/files.h"
 
 namespace ddp::worker {
 namespace {
@@ -102,7 +105,7 @@ static void lockOutputDir(const std::string& dir) {
 }
 
 void checkOutputPaths(const WorkerConfig& config) {
-  checkpoint::makeDirectories(config.output.dir, "output.dir");
+  makeDirectories(config.output.dir, "output.dir");
   lockOutputDir(config.output.dir);
   probeFile(config.output.dir, "summary.json", "output.dir", "set output.dir to a writable directory");
   if (config.mode != Mode::kEval) {
@@ -110,9 +113,16 @@ void checkOutputPaths(const WorkerConfig& config) {
   }
   if (config.checkpoint.everySteps > 0 || config.checkpoint.everyEpochs > 0) {
     const std::string dir = checkpointDir(config);
-    checkpoint::makeDirectories(dir, "checkpoint.dir");
+    makeDirectories(dir, "checkpoint.dir");
     probeFile(dir, "ckpt-00000000.pt", "checkpoint.dir", "set checkpoint.dir to a writable directory");
   }
+}
+
+void applyNumerics(const WorkerConfig& config) {
+  if (config.deterministicAlgorithms) ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  at::globalContext().setBenchmarkCuDNN(config.cudnn.benchmark);
+  at::globalContext().setDeterministicCuDNN(config.cudnn.deterministic);
+  at::globalContext().setDeterministicAlgorithms(config.deterministicAlgorithms, /*warn_only=*/false);
 }
 
 }  // namespace ddp::worker

@@ -1,5 +1,5 @@
-// Path checks at start-up, so a bad path fails in the first second with the key to fix,
-// not after the training (an export name too long) or with a misleading reading error.
+// Start-up: path checks, so a bad path fails in the first second with the key to fix, not after
+// the training (an export name too long) or with a misleading reading error; LibTorch's numerics.
 #pragma once
 
 #include "worker/config/config.h"
@@ -14,5 +14,11 @@ void checkInputPaths(const WorkerConfig& config);
 /// and proves a file named like each output can be created there, removing the probes.
 /// Throws ConfigError naming the key to change.
 void checkOutputPaths(const WorkerConfig& config);
+
+/// cudnn.benchmark, cudnn.deterministic and deterministic_algorithms, as torch.backends.cudnn and
+/// torch.use_deterministic_algorithms set them for the process. With deterministic algorithms it
+/// also sets CUBLAS_WORKSPACE_CONFIG=:4096:8 when unset (cuBLAS needs it to be deterministic;
+/// PyTorch only tells users to set it). Before any CUDA work.
+void applyNumerics(const WorkerConfig& config);
 
 }  // namespace ddp::worker

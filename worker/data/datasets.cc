@@ -11,7 +11,7 @@
 
 #include "common/error.h"
 #include "worker/data/fashion_mnist.h"
-#include "libddp/data/host_copy.h"
+#include "ddp/data.h"
 #include "worker/data/image_folder.h"
 #include "worker/data/synthetic.h"
 #include "worker/data/tensor_files.h"
@@ -147,8 +147,6 @@ data::LoaderOptions loaderOptions(const DataConfig& config, c10::Device device, 
   o.epoch = epoch;
   return o;
 }
-
-std::string hostIdentity() { return data::hostIdentity(); }
 
 Datasets loadDatasetsOncePerHost(const DataConfig& config, uint64_t seed, const GroupStart& start,
                                  DataOrigin* origin) {

@@ -35,7 +35,4 @@ using DataOrigin = HostCopyOrigin;
 Datasets loadDatasetsOncePerHost(const DataConfig& config, uint64_t seed, const GroupStart& start,
                                  DataOrigin* origin = nullptr);
 
-/// hostname + "/" + boot id: one name per running machine (the key the ranks of a host meet at).
-std::string hostIdentity();
-
 }  // namespace ddp::worker

@@ -3,7 +3,7 @@
 #include <ATen/ops/min.h>
 
 #include "common/error.h"
-#include "libddp/checkpoint/torch_file.h"
+#include "ddp/state_dict.h"
 
 namespace ddp::data {
 namespace {
@@ -19,20 +19,19 @@ std::string shapeOf(const at::Tensor& t) {
 TensorDataset loadTensorFile(const std::string& path, const std::string& key) {
   const std::string where = key + " '" + path + "'";
   const std::string expected = "; write it in Python with torch.save({\"x\": images, \"y\": labels}, path)";
-  checkpoint::PyValuePtr file;
+  StateDict file;
   try {
-    file = checkpoint::readTorchFile(path);
+    file = loadTensors(path);
   } catch (const CheckpointError& e) {
     DDP_THROW(DataError, "data: ", key, ": ", e.what());
   }
-  const checkpoint::PyValue* x = file->get("x");
-  const checkpoint::PyValue* y = file->get("y");
-  if (file->kind != checkpoint::PyValue::Kind::kDict || x == nullptr || y == nullptr ||
-      x->kind != checkpoint::PyValue::Kind::kTensor || y->kind != checkpoint::PyValue::Kind::kTensor) {
+  const auto x = file.find("x");
+  const auto y = file.find("y");
+  if (x == file.end() || y == file.end()) {
     DDP_THROW(DataError, "data: ", where, " is not a dict with tensors 'x' and 'y'", expected);
   }
-  at::Tensor images = x->tensor;
-  at::Tensor labels = y->tensor;
+  at::Tensor images = x->second;
+  at::Tensor labels = y->second;
   if (images.dim() < 2 || images.dim() > 4) {
     DDP_THROW(DataError, "data: ", where, ": x is ", shapeOf(images),
               "; give [N, C, H, W] images, [N, H, W] one-channel images or [N, F] feature vectors");

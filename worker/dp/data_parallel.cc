@@ -8,17 +8,31 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <memory>
 #include <mutex>
 #include <set>
+#include <type_traits>
 
 #include "common/error.h"
-#include "common/torch_compat.h"
 #include "worker/dp/replica_threads.h"
 
 namespace ddp::worker::dp {
 namespace {
+
+/// A new autograd Node, held the way this LibTorch holds nodes (as it holds a leaf's AccumulateGrad):
+/// shared_ptr up to 2.11 (1.13 included), intrusive_ptr in later 2.x.
+template <typename NodeT, typename... Args>
+auto makeNode(Args&&... args) {
+  using Held = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+  if constexpr (std::is_same_v<Held, std::shared_ptr<torch::autograd::Node>>) {
+    return std::shared_ptr<NodeT>(new NodeT(std::forward<Args>(args)...));
+  } else {
+    return c10::make_intrusive<NodeT>(std::forward<Args>(args)...);
+  }
+}
 
 /// One copy of the master on one device, run by one thread.
 struct Replica {
@@ -284,7 +298,7 @@ at::Tensor DataParallel::forward(const at::Tensor& input) {
     gathered = parts.size() == 1 ? parts.front().clone() : at::cat(parts, 0);
   }
   if (!connect) return gathered;
-  auto node = compat::makeNode<DataParallelBackward>(impl_, std::move(outputs), sizes);
+  auto node = makeNode<DataParallelBackward>(impl_, std::move(outputs), sizes);
   node->set_next_edges(torch::autograd::collect_next_edges(at::ArrayRef<at::Tensor>(s.masterParams)));
   torch::autograd::set_history(gathered, node);
   return gathered;

@@ -8,9 +8,9 @@
 #include <string>
 
 #include "common/error.h"
-#include "libddp/checkpoint/state_dict_loader.h"
+#include "ddp/checkpoint.h"
+#include "ddp/cuda.h"
 #include "worker/data/batch_loader.h"
-#include "libddp/runtime/device.h"
 #include "worker/dp/data_parallel.h"
 #include "worker/report/memory_stats.h"
 #include "worker/train/training_loop.h"
@@ -27,7 +27,7 @@ std::string visibleDevicesNote() {
 
 DpPlacement resolveDpPlacement(const WorkerConfig& config) {
   const auto& dp = config.dp;
-  const int visibleGpus = runtime::visibleCudaDevices(config.device);
+  const int visibleGpus = config.device == "cpu" ? 0 : cudaDeviceCount();
   const bool haveCuda = visibleGpus > 0;
   const bool useCuda = config.device == "cuda" || (config.device == "auto" && haveCuda);
   DpPlacement p;
@@ -135,7 +135,7 @@ DpResult DpTrainer::run(const Datasets& data) {
   auto model = makeModel(config_.model, data.input);
   auto& module = *model.ptr();
   if (!config_.init.modelPath.empty()) {
-    checkpoint::loadModelFile(module, config_.init.modelPath);
+    loadModel(module, config_.init.modelPath);
     spdlog::info("initial weights from {}", config_.init.modelPath);
   }
   module.to(placement_.devices.front());  // DataParallel wants the master on device_ids[0]
@@ -144,7 +144,7 @@ DpResult DpTrainer::run(const Datasets& data) {
   DpResult out;
   out.train = runTrainingLoop(config_, data, parallelism, placement_.devices.front());
   for (const auto& d : placement_.devices) {
-    if (d.is_cuda()) out.peakAllocatedBytes.push_back(cudaPeakAllocatedBytes(d));
+    if (d.is_cuda()) out.peakAllocatedBytes.push_back(cudaMaxMemoryAllocated(d));
   }
   return out;
 }

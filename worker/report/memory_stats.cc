@@ -4,8 +4,6 @@
 #include <sstream>
 #include <string>
 
-#include "comm/cuda_plugin.h"
-
 namespace ddp::worker::dp {
 
 int64_t peakRssBytes() {
@@ -20,11 +18,6 @@ int64_t peakRssBytes() {
     }
   }
   return 0;
-}
-
-int64_t cudaPeakAllocatedBytes(c10::Device device) {
-  if (!device.is_cuda() || !comm::cudaPluginBuilt()) return 0;
-  return comm::loadCudaPlugin().peakAllocatedBytes(device.index());
 }
 
 }  // namespace ddp::worker::dp

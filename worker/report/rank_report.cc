@@ -4,7 +4,7 @@
 
 #include <cstdio>
 
-#include "comm/cuda_plugin.h"
+#include "ddp/cuda.h"
 #include "worker/report/memory_stats.h"
 
 namespace ddp::worker {
@@ -37,11 +37,9 @@ RankReport measureRank(c10::Device device, bool ownDataCopy) {
   r.peakRssMb = static_cast<double>(dp::peakRssBytes()) / kMiB;
   r.ownDataCopy = ownDataCopy;
   r.device = device.str();
-  if (device.is_cuda() && comm::cudaPluginBuilt()) {
-    comm::GpuReport g;
-    comm::loadCudaPlugin().report(device.index(), &g);
-    r.gpu = GpuUse{g.name, g.pciBusId, static_cast<double>(g.totalBytes) / kMiB,
-                   static_cast<double>(g.peakAllocatedBytes) / kMiB, static_cast<double>(g.peakReservedBytes) / kMiB};
+  if (const std::optional<GpuReport> g = gpuReport(device)) {
+    r.gpu = GpuUse{g->name, g->pciBusId, static_cast<double>(g->totalBytes) / kMiB,
+                   static_cast<double>(g->peakAllocatedBytes) / kMiB, static_cast<double>(g->peakReservedBytes) / kMiB};
   }
   return r;
 }

@@ -7,8 +7,8 @@
 
 #include <filesystem>
 
-#include "libddp/checkpoint/atomic_file.h"
-#include "libddp/checkpoint/state_dict_loader.h"
+#include "ddp/checkpoint.h"
+#include "ddp/files.h"
 #include "worker/data/gather_batch.h"
 #include "worker/train/evaluate.h"
 #include "worker/train/metrics.h"
@@ -22,7 +22,7 @@ int runEvalMode(const WorkerConfig& config, ProcessGroup& group) {
   const Datasets data = loadDatasets(config.data, config.seed);
   auto model = makeModel(config.model, data.input);
   // Loaded on the CPU (every tensor is mapped there), then moved: map_location done right.
-  checkpoint::loadModelFile(*model.ptr(), config.eval.modelPath);
+  loadModel(*model.ptr(), config.eval.modelPath);
   model.ptr()->to(device);
 
   const EvalCounts counts = evaluate(model, data.test, device, config.eval.batchSize, group,
@@ -39,7 +39,7 @@ int runEvalMode(const WorkerConfig& config, ProcessGroup& group) {
                    logits[i].softmax(0)[predicted[i]].item<double>(), data.test.labels[i].item<int64_t>());
     }
   }
-  checkpoint::makeDirectories(config.output.dir);
+  makeDirectories(config.output.dir, "output.dir");
   writeSummary(config.output.dir + "/summary.json",
                {{"mode", "eval"},
                 {"model_path", std::filesystem::absolute(config.eval.modelPath).string()},

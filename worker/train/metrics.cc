@@ -7,7 +7,7 @@
 #include "common/error.h"
 #include "worker/config/config.h"
 #include "worker/train/trainer.h"
-#include "libddp/checkpoint/atomic_file.h"
+#include "ddp/files.h"
 
 namespace ddp::worker {
 
@@ -60,7 +60,7 @@ void logDone(const TrainResult& result) {
 }
 
 void writeSummary(const std::string& path, const nlohmann::json& summary) {
-  checkpoint::writeFileAtomic(path, summary.dump(2) + "\n");
+  writeFileAtomic(path, summary.dump(2) + "\n");
 }
 
 }  // namespace ddp::worker

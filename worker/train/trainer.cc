@@ -10,10 +10,9 @@
 
 #include "common/error.h"
 #include "ddp/distributed_data_parallel.h"
-#include "libddp/checkpoint/atomic_file.h"
-#include "libddp/checkpoint/checkpoint_dir.h"
-#include "libddp/checkpoint/state_dict_loader.h"
-#include "libddp/checkpoint/model_export.h"
+#include "ddp/checkpoint.h"
+#include "ddp/files.h"
+#include "ddp/state_dict.h"
 #include "worker/train/training_loop.h"
 
 namespace ddp::worker {
@@ -133,7 +132,7 @@ class DdpParallelism final : public Parallelism {
 void exportTrainedModel(const WorkerConfig& config, const std::map<std::string, at::Tensor>& state,
                         const std::string& path) {
   try {
-    checkpoint::exportStateDict(state, path);
+    saveStateDict(state, path);
     return;
   } catch (const CheckpointError& e) {
     namespace fs = std::filesystem;
@@ -145,15 +144,15 @@ void exportTrainedModel(const WorkerConfig& config, const std::map<std::string, 
       const std::string rescue = (fs::path(dir) / name).string();
       if (fs::weakly_canonical(rescue, ec) == fs::weakly_canonical(path, ec)) continue;
       try {
-        checkpoint::makeDirectories(dir, "checkpoint.dir");
-        checkpoint::exportStateDict(state, rescue);
+        makeDirectories(dir, "checkpoint.dir");
+        saveStateDict(state, rescue);
       } catch (const Error&) {
         continue;
       }
       DDP_THROW(CheckpointError, "export failed: ", e.what(), "; the trained model was saved to '", rescue,
                 "' instead (load it like model.pt); free space or fix output.dir and move it there");
     }
-    const auto saved = checkpoint::listCheckpoints(checkpointDir(config));
+    const auto saved = listCheckpoints(checkpointDir(config));
     DDP_THROW(CheckpointError, "export failed: ", e.what(), "; no other place took the model either (",
               checkpointDir(config), ", ", tmp, ")",
               saved.empty() ? std::string("; no training checkpoint was saved: set checkpoint.every_steps to keep one")
@@ -184,7 +183,7 @@ TrainResult Trainer::run(const Datasets& data) {
   // init.model_path: rank 0 reads the file (the others need not see it), the broadcast hands its
   // weights to every rank. A checkpoint that resume finds in the loop still takes precedence.
   if (group_.rank() == 0 && !config_.init.modelPath.empty()) {
-    checkpoint::loadModelFile(module, config_.init.modelPath);
+    loadModel(module, config_.init.modelPath);
     spdlog::info("initial weights from {}", config_.init.modelPath);
   }
   DdpParallelism parallelism(config_, group_, model);

@@ -23,13 +23,13 @@
 #include <optional>
 #include <utility>
 
-#include "comm/cuda_plugin.h"
 #include "common/error.h"
 #include "ddp/ddp.h"
-#include "libddp/checkpoint/atomic_file.h"
+#include "ddp/cuda.h"
+#include "ddp/files.h"
 #include "worker/train/finite_check.h"
 #include "worker/train/metrics.h"
-#include "libddp/checkpoint/model_export.h"
+#include "ddp/state_dict.h"
 #include "worker/report/progress.h"
 #include "worker/train/stop_signal.h"
 #include "worker/report/tensorboard/event_writer.h"
@@ -278,7 +278,7 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
       checkpointer_(config, group_, parallelism.cudaGenerators()), deviceChecks_(device.is_cuda()),
       syncDebug_(syncDebugLevel(config.cuda.syncDebug)),
       bar_(rank_ == 0 && progressBarWanted(), std::getenv("DDP_LAUNCH_PREFIXED") != nullptr) {
-  if (rank_ == 0) checkpoint::makeDirectories(config_.output.dir);
+  if (rank_ == 0) makeDirectories(config_.output.dir, "output.dir");
   if (autocastDtype_ != at::kFloat && !Autocast::supports(device_.type(), autocastDtype_)) {
     DDP_THROW(ConfigError, "config: 'train.precision' is ", train_.precision, " but this LibTorch cannot autocast ",
               device_.str(), " to it; use bf16 on a CPU (fp16 needs LibTorch 2.x there) or fp32");
@@ -340,7 +340,7 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
   schedule_.emplace(makeSchedule(train_, jobSteps_));
   lr_ = schedule_->at(result_.steps);
   if (config_.output.sampleLog) {
-    checkpoint::makeDirectories(config_.output.dir);
+    makeDirectories(config_.output.dir, "output.dir");
     const std::string path = config_.output.dir + "/samples_rank" + std::to_string(rank_) + ".txt";
     sampleLog_.open(path, std::ios::app);
     if (!sampleLog_) DDP_THROW(ConfigError, "config: 'output.sample_log': cannot write '", path, "'; fix output.dir");
@@ -733,7 +733,7 @@ void TrainingRun::checkDeviceNonfinite() {
 void TrainingRun::stopProfile() {
   const bool debugging = syncDebugOn_;
   pauseSyncDebug();
-  checkpoint::makeDirectories(config_.output.dir);
+  makeDirectories(config_.output.dir, "output.dir");
   const std::string path = config_.output.dir + "/profile_rank" + std::to_string(rank_) + ".json";
   const int64_t events = profiler_->stop(path);
   if (rank_ == 0) {
@@ -748,13 +748,13 @@ void TrainingRun::stopProfile() {
 // the host wait for the GPU; off where the loop reads results.
 void TrainingRun::pauseSyncDebug() {
   if (!syncDebugOn_) return;
-  comm::loadCudaPlugin().setSyncDebugMode(0);
+  setCudaSyncDebugMode(CudaSyncDebugMode::kDefault);
   syncDebugOn_ = false;
 }
 
 void TrainingRun::resumeSyncDebug() {
   if (syncDebug_ == 0 || syncDebugOn_) return;
-  comm::loadCudaPlugin().setSyncDebugMode(syncDebug_);
+  setCudaSyncDebugMode(static_cast<CudaSyncDebugMode>(syncDebug_));
   syncDebugOn_ = true;
 }
 
@@ -912,12 +912,12 @@ void TrainingRun::finish() {
   }
   const std::string& outDir = config_.output.dir;
   if (config_.output.dumpRankParams) {
-    checkpoint::makeDirectories(outDir);
-    checkpoint::exportStateDict(checkpoint::stateDict(module_), outDir + "/rank" + std::to_string(rank_) + "_params.pt");
+    makeDirectories(outDir, "output.dir");
+    saveStateDict(stateDict(module_), outDir + "/rank" + std::to_string(rank_) + "_params.pt");
   }
   if (rank_ == 0) {
     result_.exportPath = (std::filesystem::path(outDir) / config_.output.exportName).string();
-    exportTrainedModel(config_, checkpoint::stateDict(module_), result_.exportPath);
+    exportTrainedModel(config_, stateDict(module_), result_.exportPath);
   }
 }
 

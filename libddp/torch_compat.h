@@ -46,7 +46,7 @@ auto makeNode(Args&&... args) {
 /// Gloo sums bfloat16 in 2.x (checked on 2.15); 1.13's Gloo cannot.
 constexpr bool kGlooSumsBFloat16 = DDP_TORCH_2;
 
-// Autocast's API differs too: common/torch_compat_autocast.h (apart: its header is heavy).
+// Autocast's API differs too: libddp/torch_compat_autocast.h (apart: its header is heavy).
 
 /// CPU autocast to fp16 (2.x; 1.13's CPU autocast is bf16 only).
 constexpr bool kCpuAutocastHalf = DDP_TORCH_2;

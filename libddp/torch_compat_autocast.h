@@ -4,7 +4,7 @@
 
 #include <ATen/autocast_mode.h>
 
-#include "common/torch_compat.h"
+#include "libddp/torch_compat.h"
 
 namespace ddp::compat {
 /// Autocast's per-thread switch and dtype for one device type: one call per device type in 2.x,

@@ -1,0 +1,35 @@
+// State dicts as Python's torch.save writes them: a module's parameters and buffers by name, saved
+// and read in the zip format torch.load reads (ddp::saveModel / ddp::loadModel are these on a
+// module, with checks of every key).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <string>
+
+namespace torch::nn {
+class Module;
+}  // namespace torch::nn
+
+namespace ddp {
+
+/// Tensors by their dotted names, as Python's module.state_dict() holds them.
+using StateDict = std::map<std::string, at::Tensor>;
+
+/// The module's parameters and buffers by their dotted names: detached, contiguous CPU copies, any
+/// leading "module." (a DataParallel/DDP wrapper's) removed.
+StateDict stateDict(const torch::nn::Module& module);
+
+/// torch.save(state_dict, path): an OrderedDict of CPU tensors that Python's torch.load reads on
+/// any machine. Written atomically (ddp::writeFileAtomic); CheckpointError on failure.
+void saveStateDict(const StateDict& state, const std::string& path);
+
+/// The tensors of the dict a torch.save file holds at its top level (a state_dict, or e.g.
+/// torch.save({"x": images, "y": labels}, path)), by key, on the CPU; entries that are not tensors
+/// are left out. CheckpointError, naming the path, when the file is missing, is not a torch.save
+/// file of PyTorch >= 1.6 (the zip format), is damaged, or holds something other than a dict.
+/// Python: {k: v for k, v in torch.load(path).items() if isinstance(v, torch.Tensor)}.
+StateDict loadTensors(const std::string& path);
+
+}  // namespace ddp
