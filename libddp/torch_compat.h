@@ -1,6 +1,6 @@
-// Every difference between the two LibTorch builds we support lives here:
-// LibTorch 2.x (the pinned PyPI wheel, the default) and Debian's 1.13.
-// Worker-side only: the launcher never includes LibTorch.
+// The library's differences between the two LibTorch builds we support: LibTorch 2.x (the pinned
+// PyPI wheel, the default) and Debian's 1.13. Private to libddp/: the worker, which uses only the
+// public headers, keeps its two (an autograd node's holder, the CPU AMP kernels) where it uses them.
 #pragma once
 
 #include <ATen/core/Tensor.h>

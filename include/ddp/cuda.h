@@ -26,9 +26,11 @@ struct GpuReport {
 };
 
 /// `device`'s report; nullopt for a device that is not a GPU, or in a build without CUDA.
+/// ConfigError for `cuda` without an index, or when LibTorch's CUDA half cannot be loaded.
 std::optional<GpuReport> gpuReport(c10::Device device);
 
 /// torch.cuda.max_memory_allocated(device); 0 for a device that is not a GPU or a build without CUDA.
+/// ConfigError as gpuReport's.
 int64_t cudaMaxMemoryAllocated(c10::Device device);
 
 /// torch.cuda.set_sync_debug_mode: what an operation that makes the host wait for the GPU does.

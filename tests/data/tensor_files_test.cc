@@ -93,6 +93,7 @@ TEST_F(TensorFiles, BadFilesAreOneLineNamingTheKeyAndTheFix) {
       << errorOf("float_labels");
   EXPECT_NE(errorOf("list").find("holds a list, not a dict of tensors; save a dict (Python: torch.save("),
             std::string::npos) << errorOf("list");
+  EXPECT_NE(errorOf("list").find("torch.save({\"x\": images, \"y\": labels}, path)"), std::string::npos) << errorOf("list");
   const std::string missing = errorOf("nope");
   EXPECT_EQ(missing.rfind("data: data.train_file: ", 0), 0u) << missing;
   EXPECT_NE(missing.find("nope.pt"), std::string::npos) << missing;

@@ -93,15 +93,29 @@ TEST_F(Files, CheckpointsAreListedByStepOldestFirst) {
             (std::vector<std::string>{dir_ + "/ckpt-00000002.pt", dir_ + "/ckpt-00000010.pt"}));
 }
 
-// The environment of this process, set and restored around each case.
+// The environment of this process, set and restored around each case; what else launchEnv reads
+// (a developer's shell, a CI job under Slurm) is unset meanwhile.
 class Environment : public ::testing::Test {
  protected:
+  void SetUp() override {
+    for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                             "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE",
+                             "DDP_RDZV_TOKEN", "DDP_RDZV_TOKEN_FILE", "DDP_STORE_FD", "OMPI_COMM_WORLD_RANK",
+                             "SLURM_PROCID", "SLURM_NTASKS"}) {
+      remember(name);
+      ::unsetenv(name);
+    }
+  }
   void set(const std::map<std::string, std::string>& vars) {
     for (const auto& [name, value] : vars) {
-      if (const char* old = std::getenv(name.c_str())) saved_.emplace(name, std::string(old));
-      else saved_.emplace(name, std::nullopt);
+      remember(name);
       ::setenv(name.c_str(), value.c_str(), 1);
     }
+  }
+  void remember(const std::string& name) {
+    if (saved_.count(name) != 0) return;
+    if (const char* old = std::getenv(name.c_str())) saved_.emplace(name, std::string(old));
+    else saved_.emplace(name, std::nullopt);
   }
   void TearDown() override {
     for (const auto& [name, value] : saved_) {
@@ -143,9 +157,14 @@ TEST(Gpus, ACpuDeviceHasNoGpuReport) {
 }
 
 TEST(Gpus, NoVisibleGpuCountsZero) {
-  // CUDA_VISIBLE_DEVICES="" hides every GPU from the driver (before its first use in this process).
-  ::setenv("CUDA_VISIBLE_DEVICES", "", 1);
-  EXPECT_EQ(ddp::cudaDeviceCount(), 0);
+  // CUDA_VISIBLE_DEVICES="" hides every GPU from the driver; in a child of its own, whose first
+  // count this is (the count is kept for the process), and whose environment goes with it.
+  EXPECT_EXIT(
+      {
+        ::setenv("CUDA_VISIBLE_DEVICES", "", 1);
+        std::_Exit(ddp::cudaDeviceCount() == 0 ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace

@@ -91,7 +91,7 @@ if [[ -n $worker_bin ]]; then
   [[ -x $worker_bin ]] || { echo "FAIL: $worker_bin is not an executable" >&2; exit 1; }
   worker_libs=$(ldd "$worker_bin" 2>&1 || true)
   [[ $worker_libs == *libddp.so* ]] || violations+=("$worker_bin does not link libddp.so (it must use the library as users do)")
-  if nm -C "$worker_bin" 2>/dev/null | grep -qE ' [Tt] ddp::(checkpoint|comm|runtime|engine)::'; then
+  if nm -C "$worker_bin" 2>/dev/null | grep -qE ' [Tt] ddp::((checkpoint|comm|runtime|engine|api)::|initProcessGroup\()'; then
     violations+=("$worker_bin holds the library's code itself (the static twin): link it to libddp.so")
   fi
 fi

@@ -23,7 +23,9 @@ TensorDataset loadTensorFile(const std::string& path, const std::string& key) {
   try {
     file = loadTensors(path);
   } catch (const CheckpointError& e) {
-    DDP_THROW(DataError, "data: ", key, ": ", e.what());
+    // A file of something else than a dict: the library says so; the worker says which dict.
+    const bool notADict = std::string(e.what()).find("not a dict of tensors") != std::string::npos;
+    DDP_THROW(DataError, "data: ", key, ": ", e.what(), notADict ? expected : "");
   }
   const auto x = file.find("x");
   const auto y = file.find("y");

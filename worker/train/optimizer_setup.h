@@ -1,0 +1,32 @@
+// What train.* builds before the first step: the optimizer (plain, fused or ZeRO-sharded), the
+// learning-rate schedule over the job's steps, and the autocast dtype of train.precision.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <torch/optim/optimizer.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/lr_schedule.h"
+#include "ddp/process_group.h"
+#include "worker/config/config.h"
+
+namespace ddp::worker {
+
+/// train.optimizer over `params`, with PyTorch's semantics for each option: ZeRO-sharded over
+/// `group` with train.zero, LibTorch's fused kernels (ddp::FusedAdamW, ddp::FusedSGD) when
+/// train.fused says so (auto: on a GPU). ConfigError for a fused kernel this LibTorch lacks.
+std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const TrainConfig& t, const std::vector<at::Tensor>& params,
+                                                       c10::Device device, const ProcessGroup& group);
+
+/// train.lr_schedule over train.decay_steps, else the job's `jobSteps`; a warm-up that would take
+/// the whole run is a ConfigError.
+LrSchedule makeSchedule(const TrainConfig& t, int64_t jobSteps);
+
+/// train.precision → the autocast dtype (kFloat: fp32, no autocast).
+at::ScalarType autocastDtype(const std::string& precision);
+
+}  // namespace ddp::worker

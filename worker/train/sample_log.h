@@ -1,0 +1,24 @@
+// output.sample_log: every rank's sample indices per step (samples_rank<r>.txt), to check which
+// samples each rank saw, across restarts and world sizes.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace ddp::worker {
+
+class SampleLog {
+ public:
+  /// Appends to `dir`/samples_rank<rank>.txt, after a line naming this run (the restart count and
+  /// the world size: a restart redoes the steps after its checkpoint). ConfigError when it cannot.
+  SampleLog(const std::string& dir, int rank, int world);
+  /// "EPOCH STEP i0 i1 ...", flushed.
+  void write(int64_t epoch, int64_t step, const std::vector<int64_t>& indices);
+
+ private:
+  std::ofstream out_;
+};
+
+}  // namespace ddp::worker
