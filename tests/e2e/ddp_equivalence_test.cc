@@ -124,7 +124,7 @@ Reference referenceRun(const WorkerConfig& config, int world) {
         const auto b = data::gatherBatch(data.train, all);
         torch::nn::functional::cross_entropy(model.forward(b.images), b.labels).backward();
       } else {
-        if (config.comm.broadcastBuffers) buffers.assign(world, buffers[0]);
+        if (config.comm.ddp.broadcastBuffers) buffers.assign(world, buffers[0]);
         for (int r = 0; r < world; ++r) {
           loadBuffers(module, buffers[r]);
           for (int64_t m = 0; m < count; ++m) {

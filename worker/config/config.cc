@@ -171,8 +171,8 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("train.precision", "string", c.train.precision),
       bindField("train.channels_last", "boolean", c.train.channelsLast),
       bindField("train.cuda_graph", "boolean", c.train.cudaGraph),
-      bindField("train.loss_scale_init", "number", c.train.lossScaleInit),
-      bindField("train.loss_scale_growth_interval", "integer", c.train.lossScaleGrowthInterval),
+      bindField("train.loss_scale_init", "number", c.train.lossScale.initScale),
+      bindField("train.loss_scale_growth_interval", "integer", c.train.lossScale.growthInterval),
       bindField("eval.enabled", "boolean", c.eval.enabled),
       bindField("eval.batch_size", "integer", c.eval.batchSize),
       bindField("eval.model_path", "string", c.eval.modelPath),
@@ -189,20 +189,20 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("output.profile_start", "integer", c.output.profileStart),
       bindField("output.profile_steps", "integer", c.output.profileSteps),
       bindField("comm.timeout_s", "number", c.comm.timeoutS),
-      bindChoice("comm.reducer", c.comm.reducer, ddp::parseReducer, ddp::reducerName, "bucketed or flat"),
-      bindField("comm.bucket_cap_mb", "number", c.comm.bucketCapMb),
-      bindField("comm.first_bucket_mb", "number", c.comm.firstBucketMb),
-      bindField("comm.find_unused_parameters", "boolean", c.comm.findUnusedParameters),
-      bindField("comm.broadcast_buffers", "boolean", c.comm.broadcastBuffers),
-      bindField("comm.gradient_as_bucket_view", "boolean", c.comm.gradientAsBucketView),
-      bindChoice("comm.compression", c.comm.compression, ddp::parseCompression, ddp::compressionName,
+      bindChoice("comm.reducer", c.comm.ddp.reducer, ddp::parseReducer, ddp::reducerName, "bucketed or flat"),
+      bindField("comm.bucket_cap_mb", "number", c.comm.ddp.bucketCapMb),
+      bindField("comm.first_bucket_mb", "number", c.comm.ddp.firstBucketCapMb),
+      bindField("comm.find_unused_parameters", "boolean", c.comm.ddp.findUnusedParameters),
+      bindField("comm.broadcast_buffers", "boolean", c.comm.ddp.broadcastBuffers),
+      bindField("comm.gradient_as_bucket_view", "boolean", c.comm.ddp.gradientAsBucketView),
+      bindChoice("comm.compression", c.comm.ddp.compression, ddp::parseCompression, ddp::compressionName,
                  "none, fp16 or bf16"),
       bindField("comm.hook", "string", c.comm.hook),
-      bindField("comm.powersgd_rank", "integer", c.comm.powersgdRank),
-      bindField("comm.powersgd_start_iter", "integer", c.comm.powersgdStartIter),
-      bindField("comm.static_graph", "boolean", c.comm.staticGraph),
+      bindField("comm.powersgd_rank", "integer", c.comm.powersgd.matrixApproximationRank),
+      bindField("comm.powersgd_start_iter", "integer", c.comm.powersgd.startPowerSgdIter),
+      bindField("comm.static_graph", "boolean", c.comm.ddp.staticGraph),
       bindField("comm.check_collectives", "boolean", c.comm.checkCollectives),
-      bindField("comm.ddp_on_one_rank", "boolean", c.comm.ddpOnOneRank),
+      bindField("comm.ddp_on_one_rank", "boolean", c.comm.ddp.syncOnOneRank),
       bindField("dp.device_ids", "list of integers", c.dp.deviceIds),
       bindField("dp.output_device", "integer", c.dp.outputDevice),
       bindField("dp.replicas", "integer", c.dp.replicas),
@@ -326,9 +326,9 @@ void validateRecipe(const TrainConfig& t) {
           "must be a finite number >= 0 (0 = no clipping)");
   require(t.precision == "fp32" || t.precision == "bf16" || t.precision == "fp16", "train.precision",
           "is '" + t.precision + "'; use fp32, bf16 or fp16");
-  require(t.lossScaleInit > 0 && std::isfinite(t.lossScaleInit), "train.loss_scale_init",
+  require(t.lossScale.initScale > 0 && std::isfinite(t.lossScale.initScale), "train.loss_scale_init",
           "must be a positive finite number (GradScaler's init_scale, default 65536)");
-  require(t.lossScaleGrowthInterval >= 1, "train.loss_scale_growth_interval",
+  require(t.lossScale.growthInterval >= 1, "train.loss_scale_growth_interval",
           "must be >= 1 (GradScaler's growth_interval, default 2000)");
 }
 
@@ -443,21 +443,21 @@ void validateComm(const WorkerConfig& c) {
   require(c.comm.timeoutS <= kMaxTimeoutS, "comm.timeout_s",
           "must be at most " + std::to_string(static_cast<int64_t>(kMaxTimeoutS)) + " (7 days)");
   // Megabytes become byte counts (size_t): finite and far below any memory.
-  require(c.comm.bucketCapMb > 0 && c.comm.bucketCapMb <= kMaxBucketMb, "comm.bucket_cap_mb",
+  require(c.comm.ddp.bucketCapMb > 0 && c.comm.ddp.bucketCapMb <= kMaxBucketMb, "comm.bucket_cap_mb",
           "must be > 0 and at most " + std::to_string(static_cast<int64_t>(kMaxBucketMb)) + " (MB), e.g. 25");
-  require(c.comm.firstBucketMb > 0 && c.comm.firstBucketMb <= kMaxBucketMb, "comm.first_bucket_mb",
+  require(c.comm.ddp.firstBucketCapMb > 0 && c.comm.ddp.firstBucketCapMb <= kMaxBucketMb, "comm.first_bucket_mb",
           "must be > 0 and at most " + std::to_string(static_cast<int64_t>(kMaxBucketMb)) + " (MB), e.g. 1");
   require(c.comm.hook == "none" || c.comm.hook == "fp16" || c.comm.hook == "bf16" || c.comm.hook == "powersgd",
           "comm.hook", "is '" + c.comm.hook + "'; use none, fp16, bf16 or powersgd");
-  require(c.comm.hook == "none" || c.comm.compression == ddp::GradientCompression::kNone, "comm.hook",
-          "is " + c.comm.hook + " and comm.compression is " + ddp::compressionName(c.comm.compression) +
+  require(c.comm.hook == "none" || c.comm.ddp.compression == ddp::GradientCompression::kNone, "comm.hook",
+          "is " + c.comm.hook + " and comm.compression is " + ddp::compressionName(c.comm.ddp.compression) +
               ": compression is a hook itself; set one of them");
   require(c.comm.hook == "none" || c.mode == Mode::kDdp, "comm.hook",
           "is for mode ddp: dp and single train in one process and reduce no gradients over ranks");
-  require(c.comm.hook == "none" || c.comm.reducer == ddp::GradientReducer::kBucketed, "comm.hook",
+  require(c.comm.hook == "none" || c.comm.ddp.reducer == ddp::GradientReducer::kBucketed, "comm.hook",
           "reduces the buckets of the bucketed reducer; set comm.reducer: bucketed");
-  require(c.comm.powersgdRank >= 1 && c.comm.powersgdRank <= 1024, "comm.powersgd_rank", "must be from 1 to 1024 (1-4 typical)");
-  require(c.comm.powersgdStartIter >= 2, "comm.powersgd_start_iter",
+  require(c.comm.powersgd.matrixApproximationRank >= 1 && c.comm.powersgd.matrixApproximationRank <= 1024, "comm.powersgd_rank", "must be from 1 to 1024 (1-4 typical)");
+  require(c.comm.powersgd.startPowerSgdIter >= 2, "comm.powersgd_start_iter",
           "must be >= 2: PowerSGD's error feedback and warm start begin after plain all-reduce iterations");
 }
 
@@ -482,7 +482,7 @@ void validateCudaGraph(const WorkerConfig& c) {
   const bool graph = c.train.cudaGraph;
   require(!graph || c.mode == Mode::kDdp || c.mode == Mode::kSingle, "train.cuda_graph",
           "is for mode ddp and single; mode dp drives its replicas from host threads each step");
-  require(!graph || !c.comm.findUnusedParameters, "train.cuda_graph",
+  require(!graph || !c.comm.ddp.findUnusedParameters, "train.cuda_graph",
           "cannot capture comm.find_unused_parameters: its used-parameter map is read on the host every step");
   require(!graph || c.train.precision != "fp16", "train.cuda_graph",
           "does not capture fp16's loss scaler; use train.precision bf16 (no scaler) or fp32");

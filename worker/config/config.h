@@ -7,7 +7,9 @@
 #include <utility>
 #include <vector>
 
+#include "ddp/amp.h"
 #include "ddp/collectives.h"
+#include "ddp/comm_hook.h"
 #include "ddp/ddp_options.h"
 #include "ddp/lr_schedule.h"
 
@@ -86,8 +88,7 @@ struct TrainConfig {
   std::string precision = "fp32";  // fp32 | bf16 | fp16
   bool channelsLast = false;       // 4-D weights and input batches in channels_last (NHWC) memory
   bool cudaGraph = false;          // GPU: capture the whole step once (forward, backward, all-reduces, optimizer) and replay it
-  double lossScaleInit = 65536.0;    // fp16: GradScaler(init_scale=...)
-  int64_t lossScaleGrowthInterval = 2000;  // fp16: GradScaler(growth_interval=...)
+  ddp::GradScalerOptions lossScale;  // fp16: train.loss_scale_init (initScale), loss_scale_growth_interval
 };
 
 struct EvalConfig {
@@ -110,20 +111,22 @@ struct OutputConfig {
   int64_t profileSteps = 5;            // into dir/profile_rank<R>.json (Chrome trace)
 };
 
+/// The library's DDP options as the worker's comm.* keys set them: comm.reducer (bucketed | flat),
+/// bucket_cap_mb, first_bucket_mb, find_unused_parameters, broadcast_buffers, gradient_as_bucket_view,
+/// compression (none | fp16 | bf16), static_graph, ddp_on_one_rank (DdpOptions::syncOnOneRank). The
+/// library's defaults, but gradient_as_bucket_view: on (grads alias the buckets: no copy back, no
+/// second copy in memory). Its commHook comes from comm.hook.
+inline ddp::DdpOptions workerDdpDefaults() {
+  ddp::DdpOptions o;
+  o.gradientAsBucketView = true;
+  return o;
+}
+
 struct CommConfig {
   double timeoutS = 300;                 // rendezvous and every collective
-  ddp::GradientReducer reducer = ddp::GradientReducer::kBucketed;  // bucketed (DDP's Reducer: overlapped with backward) | flat
-  double bucketCapMb = 25;               // like DDP's bucket_cap_mb
-  double firstBucketMb = 1;              // DDP's smaller first bucket, so communication starts early
-  bool findUnusedParameters = false;     // like DDP's find_unused_parameters
-  bool broadcastBuffers = true;          // rank 0's buffers (e.g. BatchNorm stats) before each forward
-  bool gradientAsBucketView = true;      // grads alias the bucket buffers (no copy back, no second copy in memory)
-  bool ddpOnOneRank = false;             // a one-rank job runs the DDP engine too (reducer, all-reduces), as PyTorch's DDP does
-  ddp::GradientCompression compression = ddp::GradientCompression::kNone;  // none | fp16 | bf16: gradient dtype on the wire
+  ddp::DdpOptions ddp = workerDdpDefaults();  // what the DDP engine is built with
   std::string hook = "none";             // none | fp16 | bf16 | powersgd (DDP communication hooks)
-  int64_t powersgdRank = 1;              // PowerSGD's matrix_approximation_rank
-  int64_t powersgdStartIter = 1000;      // PowerSGD's start_powerSGD_iter (plain all-reduce before)
-  bool staticGraph = false;              // DDP's static_graph: the used set is searched once
+  ddp::PowerSgdOptions powersgd;         // comm.powersgd_rank (matrixApproximationRank), powersgd_start_iter
   bool checkCollectives = false;         // compare every collective with rank 0's before it runs
 };
 

@@ -15,6 +15,7 @@ class SyncDebug {
   SyncDebug& operator=(const SyncDebug&) = delete;
 
   bool enabled() const { return level_ != 0; }
+  bool on() const { return on_; }
   /// Off (the loop is about to read the device); no-op when already off.
   void pause();
   /// On again (between log steps); no-op when cuda.sync_debug is off or it is on.

@@ -24,29 +24,15 @@ namespace {
 std::shared_ptr<CommHook> makeHook(const CommConfig& config) {
   if (config.hook == "fp16") return fp16CompressHook();
   if (config.hook == "bf16") return bf16CompressHook();
-  if (config.hook == "powersgd") {
-    PowerSgdOptions o;
-    o.matrixApproximationRank = config.powersgdRank;
-    o.startPowerSgdIter = config.powersgdStartIter;
-    return powerSgdHook(o);
-  }
+  if (config.hook == "powersgd") return powerSgdHook(config.powersgd);
   return nullptr;
 }
 
 std::unique_ptr<DdpEngine> makeEngine(const CommConfig& config, const ProcessGroup& group, torch::nn::Module& module,
                                       const std::shared_ptr<CommHook>& hook) {
-  if (group.size() == 1 && !config.ddpOnOneRank) return nullptr;
-  DdpOptions options;
-  options.reducer = config.reducer;
-  options.bucketCapMb = config.bucketCapMb;
-  options.firstBucketCapMb = config.firstBucketMb;
-  options.findUnusedParameters = config.findUnusedParameters;
-  options.broadcastBuffers = config.broadcastBuffers;
-  options.gradientAsBucketView = config.gradientAsBucketView;
-  options.compression = config.compression;
+  if (group.size() == 1 && !config.ddp.syncOnOneRank) return nullptr;
+  DdpOptions options = config.ddp;
   options.commHook = hook;
-  options.staticGraph = config.staticGraph;
-  options.syncOnOneRank = config.ddpOnOneRank;
   return std::make_unique<DdpEngine>(module, group, options);
 }
 

@@ -66,7 +66,8 @@ class TrainingRun {
   TrainResult run();
 
  private:
-  void checkSettings() const;
+  void checkPrecision() const;
+  void checkCudaSettings() const;
   void planSteps();
   void runEpoch(int64_t epoch);
   TrainPosition positionAfter(const StepPlace& place) const;
@@ -143,18 +144,16 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
       bar_(rank_ == 0 && progressBarWanted(), std::getenv("DDP_LAUNCH_PREFIXED") != nullptr),
       syncDebug_(config.cuda.syncDebug), nonfinite_(config, rank_, bar_), deviceChecks_(device.is_cuda()) {
   if (rank_ == 0) makeDirectories(config_.output.dir, "output.dir");
-  checkSettings();
+  checkPrecision();
   // fp16 needs a loss scale; its found-inf flag is agreed on by every rank of the group.
   if (train_.precision == "fp16") {
-    GradScalerOptions options;
-    options.initScale = train_.lossScaleInit;
-    options.growthInterval = train_.lossScaleGrowthInterval;
-    scaler_.emplace(group_, options);
+    scaler_.emplace(group_, train_.lossScale);
   }
   if (train_.precision == "fp16" && device_.is_cpu() && rank_ == 0) {
     spdlog::warn("train.precision fp16 on a CPU: LibTorch's CPU float16 kernels are slow (tens of times slower "
                  "than fp32 for the CNN); bf16 is the CPU's mixed precision");
   }
+  checkCudaSettings();
   auto* fused = dynamic_cast<FusedOptimizer*>(optimizer_.get());
   auto* sgd = dynamic_cast<torch::optim::SGD*>(optimizer_.get());
   deviceSkips_ = fused != nullptr || train_.cudaGraph;
@@ -189,13 +188,17 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
   else step_ = std::make_unique<EagerStep>(*state_);
 }
 
-// What this LibTorch and device can do for the settings, before anything is built on them.
-void TrainingRun::checkSettings() const {
+// Whether this LibTorch can autocast the device to train.precision.
+void TrainingRun::checkPrecision() const {
   const at::ScalarType dtype = autocastDtype(train_.precision);
   if (dtype != at::kFloat && !Autocast::supports(device_.type(), dtype)) {
     DDP_THROW(ConfigError, "config: 'train.precision' is ", train_.precision, " but this LibTorch cannot autocast ",
               device_.str(), " to it; use bf16 on a CPU (fp16 needs LibTorch 2.x there) or fp32");
   }
+}
+
+// cuda.sync_debug and train.cuda_graph need a GPU (and the graph NCCL's collectives).
+void TrainingRun::checkCudaSettings() const {
   if (syncDebug_.enabled() && !device_.is_cuda()) {
     DDP_THROW(ConfigError, "config: 'cuda.sync_debug' is ", config_.cuda.syncDebug, " but this rank trains on ",
               device_.str(), "; it checks GPU runs (device cuda), use off here");
@@ -395,13 +398,14 @@ bool TrainingRun::stopRequested(const TrainPosition& position) {
     if (stopSignal() == 0) return false;  // on the host: a one-rank GPU job does not wait for its device here
   } else if (stopVotes_.defined()) {  // this step's log all-reduce carried the requests
     const at::Tensor votes = std::exchange(stopVotes_, at::Tensor());
-    {
-      const SyncDebug::Paused paused(syncDebug_);  // on again for the steps to the next log step
-      step_->await();
-      group_.waitForCollectives();
-      if (votes.item<double>() <= 0) return false;
-    }
+    const bool wasOn = syncDebug_.on();
     syncDebug_.pause();
+    step_->await();
+    group_.waitForCollectives();
+    if (votes.item<double>() <= 0) {
+      if (wasOn) syncDebug_.resume();  // on again for the steps to the next log step
+      return false;
+    }
   } else {
     syncDebug_.pause();
     {
@@ -435,7 +439,7 @@ void TrainingRun::finish() {
   step_->checkCounters();
   if (scaler_ && rank_ == 0 && result_.skippedSteps * 10 > result_.steps) {
     spdlog::warn("the fp16 loss scaler skipped {} of {} steps (gradients overflowed at scales up to {:g}); lower "
-                 "train.loss_scale_init", result_.skippedSteps, result_.steps, train_.lossScaleInit);
+                 "train.loss_scale_init", result_.skippedSteps, result_.steps, train_.lossScale.initScale);
   }
   // Finite gradients can still overflow the weights (a huge train.lr) on the last step.
   if (!allFinite(params_)) {
