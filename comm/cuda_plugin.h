@@ -16,7 +16,7 @@
 #include <string>
 
 #include "comm/communicator.h"
-#include "comm/process_group.h"
+#include "comm/group_options.h"
 
 namespace ddp::comm {
 

@@ -21,6 +21,17 @@ std::string trimmed(const std::string& text) {
   return text.substr(begin, text.find_last_not_of(space) - begin + 1);
 }
 
+constexpr std::size_t kMaxTokenFileBytes = 1 << 16;
+
+// Printable ASCII and whitespace only: a token typed or written as text (hex, base64, a passphrase),
+// whose surrounding whitespace (the trailing newline) is not part of it.
+bool isTextToken(const std::string& raw) {
+  for (const unsigned char c : raw) {
+    if ((c < 0x20 || c > 0x7e) && c != '\t' && c != '\n' && c != '\r') return false;
+  }
+  return true;
+}
+
 std::string howToMake(const std::string& path) {
   return "make one with: (umask 077; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n' > " + path + ")";
 }
@@ -30,7 +41,8 @@ std::string howToMake(const std::string& path) {
 std::string newJobToken() { return crypto::toHex(crypto::randomBytes(16)); }
 
 std::string readTokenFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below, as a device is).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
     DDP_THROW(ConfigError, "token file '", path, "': ", std::strerror(errno), "; ", howToMake(path));
   }
@@ -39,6 +51,13 @@ std::string readTokenFile(const std::string& path) {
     ::close(fd);
     DDP_THROW(ConfigError, "token file '", path, "' is not a regular file; ", howToMake(path));
   }
+  // Whoever owns the file can rewrite the secret (or chmod it): the caller, or root (a secret mount).
+  const uid_t me = ::geteuid();
+  if (info.st_uid != me && info.st_uid != 0) {
+    ::close(fd);
+    DDP_THROW(ConfigError, "token file '", path, "' belongs to user id ", info.st_uid, ", not to this user (",
+              me, ") or root: its owner could change the job's secret; use a token file of your own");
+  }
   if ((info.st_mode & 077) != 0) {
     ::close(fd);
     char mode[8];
@@ -46,17 +65,33 @@ std::string readTokenFile(const std::string& path) {
     DDP_THROW(ConfigError, "token file '", path, "' has mode ", mode,
               ": others on this machine could read the job's secret; run: chmod 600 ", path);
   }
-  std::string text;
+  const std::string source = "token file '" + path + "'";
+  if (info.st_size > static_cast<off_t>(kMaxTokenFileBytes)) {
+    ::close(fd);
+    DDP_THROW(ConfigError, source, " is over 64 KiB; a job token is a short secret");
+  }
+  std::string raw;
   char buffer[4096];
   ssize_t got = 0;
-  while ((got = ::read(fd, buffer, sizeof(buffer))) > 0 && text.size() < (1 << 16)) text.append(buffer, got);
+  while ((got = ::read(fd, buffer, sizeof(buffer))) > 0 && raw.size() < kMaxTokenFileBytes) raw.append(buffer, got);
   ::close(fd);
-  return checkedToken(trimmed(text), "token file '" + path + "'");
+  if (isTextToken(raw)) return checkedToken(trimmed(raw), source);
+  // Raw bytes (head -c 32 /dev/urandom): the whole file, hex-encoded, so that no NUL or newline in
+  // it cuts the secret short where it travels (the workers' environment, the store's handshake).
+  if (raw.size() < kMinTokenChars) {
+    DDP_THROW(ConfigError, source, " holds ", raw.size(), " bytes; a job token needs at least ", kMinTokenChars,
+              " random ones (e.g. head -c 32 /dev/urandom)");
+  }
+  return checkedToken(crypto::toHex(raw), source);
 }
 
 std::string checkedToken(const std::string& token, const std::string& source) {
   if (token.size() < kMinTokenChars) {
     DDP_THROW(ConfigError, source, " holds ", token.size(), " characters; a job token needs at least ",
+              kMinTokenChars, " random ones (e.g. 32 hex digits from /dev/urandom)");
+  }
+  if (token.find_first_not_of(token.front()) == std::string::npos) {
+    DDP_THROW(ConfigError, source, " holds one character repeated, which anyone could guess; a job token needs ",
               kMinTokenChars, " random ones (e.g. 32 hex digits from /dev/urandom)");
   }
   return token;

@@ -20,12 +20,16 @@ constexpr std::size_t kMinTokenChars = 16;
 /// A fresh token: 128 random bits as 32 hex characters.
 std::string newJobToken();
 
-/// The token in `path`, surrounding whitespace removed. Throws ddp::ConfigError (one line: what
-/// is wrong and the fix) when the file is missing, not a regular file, readable or writable by
-/// group or others, or holds fewer than kMinTokenChars characters.
+/// The token in `path`: a text file's content without its surrounding whitespace, or, when the file
+/// holds other bytes than printable ASCII (a NUL, raw random bytes), all its bytes as hex, so the
+/// secret is the whole file wherever it travels. Throws ddp::ConfigError (one line: what is wrong
+/// and the fix) when the file is missing, not a regular file (a FIFO, a device: refused without
+/// waiting), owned by another user than the caller or root, readable or writable by group or
+/// others, over 64 KiB, or holds fewer than kMinTokenChars characters (bytes) or one repeated.
 std::string readTokenFile(const std::string& path);
 
-/// Checks a token given directly (DDP_RDZV_TOKEN); throws ddp::ConfigError when too short.
+/// Checks a token given directly (DDP_RDZV_TOKEN); throws ddp::ConfigError when too short or one
+/// character repeated.
 std::string checkedToken(const std::string& token, const std::string& source);
 
 }  // namespace ddp

@@ -16,6 +16,8 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "common/no_follow.h"
+
 namespace ddp::launcher {
 namespace {
 
@@ -378,7 +380,9 @@ bool reportHang(const std::vector<RankRing>& ranks, bool stallOnly) {
     const std::string path = dir + "/hang_report.json";
     const std::string temp = path + ".tmp." + std::to_string(::getpid());
     ::mkdir(dir.c_str(), 0755);
-    std::ofstream out(temp, std::ios::trunc);
+    ::unlink(temp.c_str());  // never through a link planted under the temporary name (unlink drops the link)
+    std::ofstream out;
+    if (claimFile(temp, /*append=*/false).empty()) out.open(temp, std::ios::trunc);
     out << hangReportJson(ranks, finding, stacks, lines, now);
     out.close();
     if (out && std::rename(temp.c_str(), path.c_str()) == 0) {

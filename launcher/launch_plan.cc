@@ -8,6 +8,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/dir_lock.h"
 #include "common/error.h"
 #include "common/job_token.h"
 #include "launcher/free_port.h"
@@ -48,6 +49,19 @@ std::string jobToken(const LaunchOptions& options, const EnvMap& inherited) {
 // Workers that bind MASTER_PORT themselves (torch.distributed's rank 0 hosts its own TCPStore)
 // must find it free: for them the launcher only picks a port.
 bool workerServesItsOwnStore(const LaunchOptions& options) { return isPythonInterpreter(options.worker); }
+
+// One job per --log_dir: a second one would truncate the first's rank logs. Its own lock file, not
+// the worker's .ddp-launch.lock (a --log_dir may be the worker's output.dir).
+void lockLogDir(const std::string& dir) {
+  const DirLock lock = lockDirectory(dir, ".ddp-launch-logs.lock");
+  if (lock.error == ELOOP) {
+    DDP_THROW(ConfigError, "--log_dir '", dir, "': ", dir, "/.ddp-launch-logs.lock is a symbolic link; remove it");
+  }
+  if (!lock.held && lock.error == 0) {
+    DDP_THROW(ConfigError, "--log_dir '", dir, "' is in use by another job (pid ", lock.holder, " holds ", dir,
+              "/.ddp-launch-logs.lock); give each job its own --log_dir");
+  }
+}
 
 // mkdir -p, then a write check, so a bad --log_dir stops the launch before any worker starts.
 void createLogDir(const std::string& dir) {
@@ -101,6 +115,7 @@ LaunchPlan makeLaunchPlan(const LaunchOptions& options, const EnvMap& inherited)
   plan.tee = options.tee;
   if (!options.logDir.empty()) {
     createLogDir(options.logDir);
+    lockLogDir(options.logDir);
     plan.logDir = options.logDir;
   }
   if (shouldDefaultOmpThreads(options, inherited)) {

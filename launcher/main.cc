@@ -1,5 +1,8 @@
 // ddp-launch: starts one worker per device with the torchrun environment contract.
+#include <fcntl.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <csignal>
 #include <cstdio>
@@ -29,6 +32,20 @@ constexpr int kUsageExitCode = 2;
 // The launcher itself broke (not the user's input, not a worker).
 constexpr int kInternalErrorExitCode = 1;
 
+// fds 0-2 closed by the caller (`ddp-launch ... >&-`): the next file opened would take one, and the
+// store's listening socket became "stdout" (rank 0: DDP_STORE_FD=1 is not a listening TCP socket;
+// output written into it). /dev/null holds each closed one before anything else is opened.
+void holdStandardFds() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    const int null = ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);  // the lowest free fd: this one
+    if (null >= 0 && null != fd) {
+      ::dup2(null, fd);
+      ::close(null);
+    }
+  }
+}
+
 void setUpLogging() {
   auto logger = spdlog::stderr_logger_mt("ddp-launch");
   logger->set_pattern("ddp-launch: %v");
@@ -40,6 +57,7 @@ void setUpLogging() {
 
 int main(int argc, char** argv) {
   using namespace ddp::launcher;
+  holdStandardFds();
   setUpLogging();
   // A closed stdout must not kill the launcher and orphan the job; the relay sees EPIPE.
   std::signal(SIGPIPE, SIG_IGN);

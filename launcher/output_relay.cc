@@ -6,6 +6,8 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 
 #include "common/error.h"
 
@@ -56,12 +58,47 @@ void OutputRelay::addLogFile(int rank, int fd) {
   output.logFd = fd;
 }
 
-void OutputRelay::start() { thread_ = std::thread([this] { loop(); }); }
+namespace {
 
-void OutputRelay::finish() {
+// SIGURG interrupts the relay thread's blocked console write (EINTR: no SA_RESTART). Nothing else of
+// the launcher uses it, and its default action is to ignore it.
+constexpr int kInterruptSignal = SIGURG;
+void interrupted(int) {}
+
+}  // namespace
+
+void OutputRelay::start() {
+  static const bool installed = [] {
+    struct sigaction action {};
+    action.sa_handler = interrupted;
+    sigemptyset(&action.sa_mask);
+    return ::sigaction(kInterruptSignal, &action, nullptr) == 0;
+  }();
+  (void)installed;
+  thread_ = std::thread([this] {
+    sigset_t interrupt;
+    sigemptyset(&interrupt);
+    sigaddset(&interrupt, kInterruptSignal);
+    ::pthread_sigmask(SIG_UNBLOCK, &interrupt, nullptr);
+    loop();
+    loopDone_ = true;
+  });
+}
+
+void OutputRelay::finish(std::chrono::milliseconds consoleLimit) {
   if (thread_.joinable()) {
     const char byte = 0;
     while (::write(wakeWrite_, &byte, 1) < 0 && errno == EINTR) {
+    }
+    const auto start = std::chrono::steady_clock::now();
+    const bool limited = consoleLimit != std::chrono::milliseconds::max();
+    while (!loopDone_) {
+      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+      if (limited && waited >= consoleLimit) {
+        abandonConsole_ = true;  // then interrupt the write it is blocked in, until it notices
+        ::pthread_kill(thread_.native_handle(), kInterruptSignal);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     thread_.join();
   }
@@ -188,9 +225,11 @@ void OutputRelay::writeAll(int fd, bool& broken, const std::string& text) {
     const ssize_t count = ::write(fd, text.data() + written, text.size() - written);
     if (count >= 0) {
       written += static_cast<size_t>(count);
+    } else if (abandonConsole_ && (fd == options_.stdoutFd || fd == options_.stderrFd)) {
+      broken = true;  // finish()'s consoleLimit passed: the console's rest is dropped
     } else if (errno == EAGAIN) {
       pollfd writable{fd, POLLOUT, 0};  // the launcher's stdout may be non-blocking
-      ::poll(&writable, 1, -1);
+      ::poll(&writable, 1, 100);        // and look at abandonConsole_ now and then
     } else if (errno != EINTR) {
       // EPIPE, ENOSPC and the like: keep draining the workers so they never block, drop the text.
       broken = true;

@@ -1,6 +1,8 @@
 // Copying the workers' output to the launcher's, one prefixed line at a time.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <deque>
 #include <map>
 #include <memory>
@@ -51,7 +53,11 @@ class OutputRelay {
 
   /// Copies what is left in the pipes, then stops and closes them. Call after every worker
   /// has exited: a pipe a worker's orphaned child still holds open is not waited for.
-  void finish();
+  /// `consoleLimit`: how long a console that takes nothing (stdout a full pipe nobody reads, as
+  /// `ddp-launch ... | sleep 100` after a SIGTERM) may hold the end up; past it the console's rest
+  /// is dropped (the log files still get everything). Unlimited by default: a slow reader such as
+  /// `| less` gets all of it.
+  void finish(std::chrono::milliseconds consoleLimit = std::chrono::milliseconds::max());
 
   /// The last (up to tailLines) lines rank `rank` wrote, oldest first, stdout and stderr
   /// mixed in the order read. Call after finish().
@@ -72,11 +78,15 @@ class OutputRelay {
   };
 
   void loop();
+  // Whether the console writes were given up on (finish's consoleLimit): set by finish(), read by
+  // the relay thread, whose blocked write() a signal then interrupts.
+  std::atomic<bool> abandonConsole_{false};
+  std::atomic<bool> loopDone_{false};
   // Reads what is available now; false at EOF or error.
   bool readAvailable(Source& source);
   void emitLines(Source& source, bool flushPartial);
   // Writes all of `text` to `fd` unless `broken`; sets `broken` on EPIPE and the like.
-  static void writeAll(int fd, bool& broken, const std::string& text);
+  void writeAll(int fd, bool& broken, const std::string& text);
   void close(Source& source);
   RankOutput& rankOutput(int rank);
 

@@ -17,6 +17,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
+#include "common/no_follow.h"
 #include "common/flight_recorder.h"
 #include "launcher/exit_status.h"
 #include "launcher/failure_summary.h"
@@ -417,8 +418,8 @@ int openRankLog(const LaunchPlan& plan, int rank) {
   if (dir != plan.logDir && ::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
     DDP_THROW(ConfigError, "--log_dir: cannot create '", dir, "' (", std::strerror(errno), ")");
   }
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) DDP_THROW(ConfigError, "--log_dir: cannot write '", path, "' (", std::strerror(errno), ")");
+  const int fd = openForWriting(path, /*append=*/false);
+  if (fd < 0) DDP_THROW(ConfigError, "--log_dir: cannot write '", path, "': ", openFailure(errno));
   return fd;
 }
 
@@ -437,7 +438,9 @@ AttemptReport runAttempt(const LaunchPlan& plan, const SupervisionOptions& optio
   for (size_t i = 0; i < plan.commands.size(); ++i) supervisor.start(plan.ranks[i], plan.commands[i], relay);
   relay.start();
   AttemptReport report = supervisor.monitor();
-  relay.finish();
+  // Stopped by a signal: a console nobody reads (a full stdout pipe) may not keep the launcher from
+  // ending; the rank logs still get every line.
+  relay.finish(report.launcherSignal != 0 ? std::chrono::milliseconds(2000) : std::chrono::milliseconds::max());
   for (RankReport& rank : report.ranks) rank.lastLines = relay.lastLines(rank.rank);
   return report;
 }

@@ -39,7 +39,7 @@ DataLoaderSampler::DataLoaderSampler(int64_t datasetSize, const ProcessGroup& gr
     : DataLoaderSampler(datasetSize, group.size(), group.rank(), options) {}
 
 DataLoaderSampler::DataLoaderSampler(int64_t datasetSize, int numReplicas, int rank, SamplerOptions options)
-    : state_(std::make_shared<State>(datasetSize, api::samplerOptions(numReplicas, rank, options))) {}
+    : state_(std::make_shared<State>(datasetSize, internal::samplerOptions(numReplicas, rank, options))) {}
 
 DataLoaderSampler::~DataLoaderSampler() = default;
 

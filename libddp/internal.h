@@ -31,7 +31,7 @@ struct GroupStart::Impl {
 
 }  // namespace ddp
 
-namespace ddp::api {
+namespace ddp::internal {
 
 /// A ProcessGroup over `comm`, which must outlive it; destroy() only marks it closed.
 ProcessGroup wrapCommunicator(comm::Communicator& comm, c10::Device device, int localRank = 0, int localSize = 1);
@@ -60,4 +60,4 @@ std::unique_ptr<comm::Communicator> createGroup(const c10::intrusive_ptr<c10d::S
                                                 const comm::ProcessGroupOptions& pg,
                                                 const comm::RendezvousOptions& rdv);
 
-}  // namespace ddp::api
+}  // namespace ddp::internal

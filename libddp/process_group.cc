@@ -6,6 +6,8 @@
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <atomic>
 #include <optional>
@@ -863,6 +865,11 @@ ProcessGroup initProcessGroup(const InitOptions& options) {
   if (char* token = ::getenv(kTokenEnv)) std::memset(token, 'x', std::strlen(token));
   ::unsetenv(kTokenEnv);
   ::unsetenv(kStoreFdEnv);
+  // A peer that dies while this rank writes to it (Gloo's sockets, the store's) would end this rank
+  // by SIGPIPE, without a line and blamed for the failure; ignored, the write fails with EPIPE and
+  // the collective names the peer. Only where the program kept the default.
+  struct sigaction onPipe {};
+  if (::sigaction(SIGPIPE, nullptr, &onPipe) == 0 && onPipe.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
   if (options.timeout.count() <= 0) DDP_THROW(ConfigError, "ddp::InitOptions::timeout must be positive");
   auto impl = std::make_shared<ProcessGroup::Impl>();
   flight::Recorder& recorder = flight::Recorder::instance();  // takes the launcher's ring (and its env) now
@@ -907,20 +914,20 @@ ProcessGroup initProcessGroup(const InitOptions& options) {
     return madeByInit(std::move(impl));
   }
 
-  const comm::RendezvousOptions rdv = api::rendezvousOptions(env, options.timeout, options.timeoutName);
-  impl->store = api::meetAtStore(rdv);
+  const comm::RendezvousOptions rdv = internal::rendezvousOptions(env, options.timeout, options.timeoutName);
+  impl->store = internal::meetAtStore(rdv);
   start.store = impl->store;
   if (options.beforeGroup) runBeforeGroup(options.beforeGroup, GroupStart(start), *impl->store, options.timeout);
   const comm::ProcessGroupOptions pg =
-      api::groupOptions(env, backend, impl->rankDevice, options.timeout, groupForSingleRank);
-  impl->owned = api::createGroup(impl->store, pg, rdv);
+      internal::groupOptions(env, backend, impl->rankDevice, options.timeout, groupForSingleRank);
+  impl->owned = internal::createGroup(impl->store, pg, rdv);
   impl->attach(impl->owned.get());
   impl->groupOptions = pg;
   describe(*impl);
   return madeByInit(std::move(impl));
 }
 
-namespace api {
+namespace internal {
 
 ProcessGroup wrapCommunicator(comm::Communicator& comm, c10::Device device, int localRank, int localSize) {
   auto impl = std::make_shared<ProcessGroup::Impl>();
@@ -995,5 +1002,5 @@ std::unique_ptr<comm::Communicator> createGroup(const c10::intrusive_ptr<c10d::S
   return group;
 }
 
-}  // namespace api
+}  // namespace internal
 }  // namespace ddp

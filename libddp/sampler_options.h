@@ -5,7 +5,7 @@
 #include "ddp/sampler.h"
 #include "sampler/distributed_sampler.h"
 
-namespace ddp::api {
+namespace ddp::internal {
 
 inline sampler::DistributedSamplerOptions samplerOptions(int numReplicas, int rank, const SamplerOptions& o) {
   sampler::DistributedSamplerOptions out;
@@ -18,4 +18,4 @@ inline sampler::DistributedSamplerOptions samplerOptions(int numReplicas, int ra
   return out;
 }
 
-}  // namespace ddp::api
+}  // namespace ddp::internal

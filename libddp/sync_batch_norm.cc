@@ -142,7 +142,7 @@ torch::Tensor syncBatchNorm(const torch::Tensor& input, const torch::Tensor& wei
     DDP_THROW(ConfigError, "ddp::SyncBatchNorm: expected an input of at least 2 dimensions (N, C, ...), got ",
               input.sizes());
   }
-  api::checkLive(group, "a forward through ddp::SyncBatchNorm");
+  internal::checkLive(group, "a forward through ddp::SyncBatchNorm");
   return SyncBatchNormFunction::apply(input, weight, bias, runningMean, runningVar, momentum, eps, group);
 }
 

@@ -1,5 +1,5 @@
 // torch_compat.h's autocast part, apart because ATen/autocast_mode.h pulls in all of ATen's
-// operators: include it only where autocast is switched (libddp/amp.cc).
+// operators: include it only where autocast is switched (libddp/autocast.cc).
 #pragma once
 
 #include <ATen/autocast_mode.h>

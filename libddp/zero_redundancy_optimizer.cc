@@ -37,7 +37,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(const std::vector<at::Tensor>& 
                                                  std::unique_ptr<torch::optim::OptimizerOptions> defaults, Factory make)
     : torch::optim::Optimizer(asGroups(params), std::move(defaults)),
       impl_(std::make_unique<Impl>(std::move(group))) {
-  api::checkLive(impl_->group, "ddp::ZeroRedundancyOptimizer");
+  internal::checkLive(impl_->group, "ddp::ZeroRedundancyOptimizer");
   if (params.empty()) DDP_THROW(ConfigError, "ddp::ZeroRedundancyOptimizer: no parameters to optimize");
   if (!make) DDP_THROW(ConfigError, "ddp::ZeroRedundancyOptimizer: no optimizer factory");
   const int size = impl_->group.size();

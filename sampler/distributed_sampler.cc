@@ -4,7 +4,10 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/randperm.h>
 
+#include <algorithm>
+
 #include "common/error.h"
+#include "sampler/batching.h"
 
 namespace ddp::sampler {
 namespace {
@@ -57,6 +60,40 @@ void DistributedSampler::setEpoch(int64_t epoch, int64_t start) {
   epoch_ = epoch;
   start_ = start;
   numSamples_ = numSamplesOf(options_.rank);
+}
+
+namespace {
+
+void checkCounts(const char* what, int64_t batchSize, int64_t first, int64_t count) {
+  if (batchSize < 1) DDP_THROW(ConfigError, "DistributedSampler::", what, ": batchSize must be >= 1, got ", batchSize);
+  if (first < 0 || count < 0) {
+    DDP_THROW(ConfigError, "DistributedSampler::", what, ": batch counts must be >= 0, got ", first, " and ", count);
+  }
+}
+
+}  // namespace
+
+int64_t DistributedSampler::batchesPerRank(int64_t batchSize, bool dropLast) const {
+  checkCounts("batchesPerRank", batchSize, 0, 0);
+  return numBatches(numSamplesOf(0), batchSize, dropLast);
+}
+
+int64_t DistributedSampler::samplesInBatches(int64_t first, int64_t count, int64_t batchSize) const {
+  checkCounts("samplesInBatches", batchSize, first, count);
+  const int64_t from = first * batchSize;
+  const int64_t to = (first + count) * batchSize;
+  int64_t total = 0;
+  for (int64_t r = 0; r < options_.numReplicas; ++r) {
+    const int64_t n = numSamplesOf(r);
+    total += std::min(n, to) - std::min(n, from);
+  }
+  return total;
+}
+
+int64_t DistributedSampler::positionAfter(int64_t batches, int64_t batchSize) const {
+  checkCounts("positionAfter", batchSize, 0, batches);
+  const int64_t taken = options_.numReplicas * batches * batchSize;
+  return std::min(datasetSize_, start_ + taken);
 }
 
 std::vector<int64_t> DistributedSampler::indices() const {

@@ -48,6 +48,18 @@ class DistributedSampler {
   /// (pad = false: the dataset size).
   int64_t totalSize() const { return unpadded() ? datasetSize_ - start_ : numSamples_ * options_.numReplicas; }
   int64_t datasetSize() const { return datasetSize_; }
+
+  // Where a training loop stands in the epoch, in batches of `batchSize` (ConfigError when < 1).
+  /// Batches every rank steps through this epoch: rank 0's count, its shard being the largest (the
+  /// others' are as large, padded, or one short, unpadded, and join rank 0's last step).
+  int64_t batchesPerRank(int64_t batchSize, bool dropLast = false) const;
+  /// The samples of batch slots [first, first + count) summed over the ranks, a rank short of a
+  /// slot counting what it has: what the world trained on in those steps.
+  int64_t samplesInBatches(int64_t first, int64_t count, int64_t batchSize) const;
+  /// The epoch's position once every rank took its first `batches` batches: the `start` of
+  /// setEpoch() that continues after them, start + numReplicas × batches × batchSize, at most the
+  /// dataset size (rank r takes positions start + r, start + r + R, ..., so those taken are a prefix).
+  int64_t positionAfter(int64_t batches, int64_t batchSize) const;
   const DistributedSamplerOptions& options() const { return options_; }
 
  private:

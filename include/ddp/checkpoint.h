@@ -7,11 +7,12 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "ddp/amp.h"
+#include "ddp/grad_scaler.h"
 #include "ddp/process_group.h"
 
 namespace ddp {
@@ -42,7 +43,14 @@ struct TrainPosition {
 struct CheckpointOptions {
   std::string dir = "checkpoints";
   int64_t keepLast = 3;  // older checkpoints are deleted (0: keep all)
-  uint64_t seed = 0;     // recorded in the file
+  /// Recorded in the file. A resume from a file of another seed throws ConfigError naming both: the
+  /// interrupted epoch's order would change, repeating some of its samples and skipping others.
+  uint64_t seed = 0;
+  /// What else the epochs' order depends on, by the names the user knows them ("train.shuffle" ->
+  /// "true", "training samples" -> "60000"), recorded in the file and checked as `seed` is: a resume
+  /// from a file where one of them differs throws ConfigError naming it and both values (names
+  /// only one side has are not compared).
+  std::map<std::string, std::string> sampleOrder;
   std::string config;    // recorded in the file: the run's settings, as text (e.g. YAML)
   /// The GPUs whose generators a one-process job saves and restores, in this order (DataParallel's
   /// replicas, as torch.cuda.get_rng_state_all() lists them). Empty: each rank's own GPU (the group's
@@ -73,7 +81,8 @@ class Checkpointer {
   /// With a scaler, its saved state is restored (a file without one leaves it as it is, warning).
   std::optional<TrainPosition> resume(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                       GradScaler* scaler = nullptr);
-  /// resume() from one file.
+  /// resume() from one file. Both throw ConfigError, before anything is loaded, when the file's
+  /// seed or sampleOrder differs from the options'.
   TrainPosition resumeFrom(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                            GradScaler* scaler = nullptr);
 

@@ -188,6 +188,8 @@ class ProcessGroup {
 /// MASTER_PORT from ddp-launch or torchrun; else SLURM_* or OMPI_COMM_WORLD_*), picks and sets the
 /// device, meets the other ranks at the job's authenticated store and builds the process group.
 /// Without any of it (a program run on its own) it is a group of one. Call it once per process.
+/// SIGPIPE left at its default is ignored from here on, as Python ignores it: a peer that dies
+/// mid-send then fails the collective with a line naming it instead of killing this rank.
 /// Throws ConfigError for bad env or options (or a second call), CommError / TimeoutError when the
 /// other ranks cannot be reached.
 ProcessGroup initProcessGroup(const InitOptions& options = {});

@@ -48,6 +48,19 @@ class DistributedSampler {
   /// numSamples() of rank `rank`: every rank knows every rank's share (pad = false).
   int64_t numSamplesOf(int rank) const;
 
+  // Where a loop stands in the epoch (since setEpoch), in batches of `batchSize` (ConfigError < 1):
+  // the arithmetic of progress bars, sample counts and resumable checkpoints.
+  /// Batches every rank steps through: rank 0's count, the largest shard's (Python's
+  /// len(DataLoader) on rank 0). Unpadded, the ranks one short join rank 0's last step (ddp::Join).
+  int64_t batchesPerRank(int64_t batchSize, bool dropLast = false) const;
+  /// The samples of batch slots [first, first + count) over all ranks, a rank short of a slot
+  /// counting what it has: what the world trained on in those steps (unpadded ones too).
+  int64_t samplesInBatches(int64_t first, int64_t count, int64_t batchSize) const;
+  /// The epoch's position once every rank took its first `batches` batches: the `start` for
+  /// setEpoch(epoch, start) that resumes right after them, at this or another world size
+  /// (TrainPosition::epochSamples): start + world × batches × batchSize, at most the dataset size.
+  int64_t positionAfter(int64_t batches, int64_t batchSize) const;
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

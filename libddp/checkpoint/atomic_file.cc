@@ -48,7 +48,10 @@ void writeFileAtomic(const std::string& path, std::string_view bytes) {
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   const fs::path tmp = dir / ("." + target.filename().string() + ".tmp." + std::to_string(::getpid()));
 
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // A file of its own, never through a link planted under the (predictable) temporary name: what is
+  // there goes (unlink removes a link, not its target), then the name is created exclusively.
+  ::unlink(tmp.c_str());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) DDP_THROW(CheckpointError, "cannot write '", tmp.string(), "': ", errnoText());
   std::size_t done = 0;
   while (done < bytes.size()) {

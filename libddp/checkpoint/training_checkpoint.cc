@@ -88,6 +88,13 @@ uint32_t checksumOf(const TrainingState& s) {
     crc.add(std::string("epoch_samples"));
     crc.add(*s.epochSamples);
   }
+  if (!s.sampleOrder.empty()) {  // absent in files written before it existed
+    crc.add(std::string("sample_order"));
+    for (const auto& [name, value] : s.sampleOrder) {
+      crc.add(name);
+      crc.add(value);
+    }
+  }
   if (s.scaler) {  // absent in fp32/bf16 runs (and in files written before it existed)
     crc.add(std::string("scaler"));
     for (double v : {s.scaler->scale, s.scaler->growthFactor, s.scaler->backoffFactor}) crc.add(&v, sizeof v);
@@ -111,6 +118,11 @@ void saveTrainingCheckpoint(const TrainingState& s, const std::string& path) {
   pySet(*progress, "world_size", pyInt(s.worldSize));
   pySet(*progress, "seed", pyInt(s.seed));
   if (s.epochSamples) pySet(*progress, "epoch_samples", pyInt(*s.epochSamples));
+  if (!s.sampleOrder.empty()) {
+    auto order = pyDict();
+    for (const auto& [name, value] : s.sampleOrder) pySet(*order, name, pyString(value));
+    pySet(*progress, "sample_order", order);
+  }
   pySet(*root, "progress", progress);
   NamedTensors rng;
   if (s.cpuRng.defined()) rng.emplace_back("cpu", s.cpuRng);
@@ -154,6 +166,17 @@ TrainingState loadTrainingCheckpoint(const std::string& path) {
   s.worldSize = intField(progress, "world_size", path);
   s.seed = intField(progress, "seed", path);
   if (progress.get("epoch_samples") != nullptr) s.epochSamples = intField(progress, "epoch_samples", path);
+  if (const PyValue* order = progress.get("sample_order")) {
+    if (order->kind != PyValue::Kind::kDict) {
+      DDP_THROW(CheckpointError, "'", path, "' is corrupt: 'sample_order' is not a dict");
+    }
+    for (const auto& [name, value] : order->entries) {
+      if (name->kind != PyValue::Kind::kString || value->kind != PyValue::Kind::kString) {
+        DDP_THROW(CheckpointError, "'", path, "' is corrupt: 'sample_order' holds a value that is not a string");
+      }
+      s.sampleOrder[name->text] = value->text;
+    }
+  }
   for (const auto& [name, t] : tensorEntries(*root->get("rng"))) {
     if (name == "cpu") s.cpuRng = t;
     else s.cudaRng.push_back(t);

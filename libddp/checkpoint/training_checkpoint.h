@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -36,6 +37,7 @@ struct TrainingState {
   std::optional<int64_t> epochSamples;  // positions of the epoch's permutation consumed, all ranks
                                         // (absent in files written before it existed)
   int64_t seed = 0;
+  std::map<std::string, std::string> sampleOrder;  // "progress"/"sample_order" (absent before it existed)
   at::Tensor cpuRng;                // the default CPU generator's state
   std::vector<at::Tensor> cudaRng;  // rank r's own GPU generator at [r] (empty on CPU)
   std::string config;               // resolved YAML of the run that wrote it

@@ -1,12 +1,11 @@
-// The job's store (comm/store_server + comm/ddp_store) and its hashing: SHA-256 and HMAC against
-// the published test vectors, the store's operations against LibTorch's own TCPStore (the
-// reference: same calls, same answers), and the attacks it must shrug off.
+// The job's store as ranks use it (comm/ddp_store over common/store_server): its operations against
+// LibTorch's own TCPStore (the reference: same calls, same answers), the attacks it must shrug off,
+// and the shm backend's segment check. common/'s hashing and sockets: tests/common/security_test.cc.
 #include <gtest/gtest.h>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -28,7 +27,6 @@
 #include "common/store_wire.h"
 #include "common/job_token.h"
 #include "common/listen_socket.h"
-#include "common/sha256.h"
 #include "tests/support/loopback.h"
 
 namespace ddp::comm {
@@ -37,35 +35,6 @@ namespace {
 using Bytes = std::vector<uint8_t>;
 Bytes bytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
 std::string text(const Bytes& b) { return std::string(b.begin(), b.end()); }
-
-// --- hashing: FIPS 180-4 examples and RFC 4231 test cases --------------------------------------
-
-TEST(Sha256, MatchesTheFipsExamples) {
-  EXPECT_EQ(crypto::toHex(crypto::sha256("")), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-  EXPECT_EQ(crypto::toHex(crypto::sha256("abc")), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  EXPECT_EQ(crypto::toHex(crypto::sha256("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq")),
-            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
-  EXPECT_EQ(crypto::toHex(crypto::sha256(std::string(1000000, 'a'))),
-            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
-}
-
-TEST(HmacSha256, MatchesRfc4231) {
-  EXPECT_EQ(crypto::toHex(crypto::hmacSha256(std::string(20, '\x0b'), "Hi There")),
-            "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
-  EXPECT_EQ(crypto::toHex(crypto::hmacSha256("Jefe", "what do ya want for nothing?")),
-            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
-  // A key longer than the block is hashed first.
-  EXPECT_EQ(crypto::toHex(crypto::hmacSha256(std::string(131, '\xaa'),
-                                             "Test Using Larger Than Block-Size Key - Hash Key First")),
-            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
-}
-
-TEST(JobToken, FreshTokensAre128RandomBits) {
-  const std::string a = newJobToken(), b = newJobToken();
-  EXPECT_EQ(a.size(), 32u);
-  EXPECT_EQ(a.find_first_not_of("0123456789abcdef"), std::string::npos);
-  EXPECT_NE(a, b);
-}
 
 // --- the store --------------------------------------------------------------------------------
 
@@ -147,31 +116,6 @@ TEST(DdpStore, AnswersEveryCallAsLibTorchsTCPStoreDoes) {
   EXPECT_EQ(expected[19], "threw");  // the wait for a key nobody sets
   ASSERT_EQ(got.size(), expected.size());
   for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], expected[i]) << "call " << i;
-}
-
-TEST(StoreClient, AHostThatDropsTheConnectionEndsWithinTheTimeout) {
-  // A listener whose accept queue is full drops further SYNs, as a firewall or a dead host does: a
-  // blocking connect() would wait out the kernel's retries (about two minutes), not our timeout.
-  ddp::ListenSocket listener("127.0.0.1", 0);
-  ASSERT_EQ(::listen(listener.fd(), 0), 0);
-  std::vector<int> queued;
-  for (int i = 0; i < 4; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_port = htons(static_cast<std::uint16_t>(listener.port()));
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
-    queued.push_back(fd);
-  }
-  StoreClientOptions options;
-  options.port = static_cast<std::uint16_t>(listener.port());
-  options.timeout = std::chrono::milliseconds(1500);
-  const auto start = std::chrono::steady_clock::now();
-  EXPECT_THROW(StoreClient client(options), StoreUnreachableError);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  EXPECT_LT(seconds, 10.0) << "the connection attempt outlived its 1.5 s timeout";
-  for (int fd : queued) ::close(fd);
 }
 
 TEST(DdpStore, AGetWaitsForAKeyAnotherClientSets) {
@@ -318,27 +262,6 @@ TEST(DdpStore, ARequestAfterTheServerIsGoneFailsWithAClearError) {
     FAIL() << "no error from a store whose server is gone";
   } catch (const CommError& e) {
     EXPECT_NE(std::string(e.what()).find("connection closed"), std::string::npos) << e.what();
-  }
-}
-
-TEST(ListenSocket, BindsOnlyTheAddressItIsGiven) {
-  ListenSocket socket("127.0.0.1", 0);
-  sockaddr_in bound{};
-  socklen_t length = sizeof(bound);
-  ASSERT_EQ(::getsockname(socket.fd(), reinterpret_cast<sockaddr*>(&bound), &length), 0);
-  EXPECT_EQ(ntohl(bound.sin_addr.s_addr), INADDR_LOOPBACK);
-  // The port is taken for as long as the socket lives.
-  try {
-    ListenSocket again("127.0.0.1", socket.port());
-    FAIL() << "a second listener got the port";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("address already in use"), std::string::npos) << e.what();
-  }
-  try {
-    ListenSocket foreign("192.0.2.1", 0);  // TEST-NET-1: never this machine's
-    FAIL() << "bound an address this machine does not have";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("not an address of this machine"), std::string::npos) << e.what();
   }
 }
 

@@ -12,7 +12,7 @@
 #include "common/error.h"
 #include "worker/data/augment.h"
 
-namespace ddp::data {
+namespace ddp::worker::data {
 namespace {
 
 TensorDataset images(int64_t n) {
@@ -190,4 +190,4 @@ TEST(Augment, RotationByNinetyDegreesIsExactAndCounterClockwise) {
 }
 
 }  // namespace
-}  // namespace ddp::data
+}  // namespace ddp::worker::data

@@ -21,7 +21,7 @@
 #include "common/error.h"
 #include "tests/support/run_command.h"
 
-namespace ddp::data {
+namespace ddp::worker::data {
 namespace {
 
 namespace fs = std::filesystem;
@@ -298,4 +298,4 @@ TEST_F(FashionMnistFiles, WrongImageSizeIsReported) {
 }
 
 }  // namespace
-}  // namespace ddp::data
+}  // namespace ddp::worker::data

@@ -8,7 +8,7 @@
 
 #include "common/error.h"
 
-namespace ddp::data {
+namespace ddp::worker::data {
 namespace {
 
 TEST(GatherBatch, TakesRowsInIndexOrder) {
@@ -78,4 +78,4 @@ TEST(GatherBatch, OutOfRangeIndexIsNamed) {
 }
 
 }  // namespace
-}  // namespace ddp::data
+}  // namespace ddp::worker::data

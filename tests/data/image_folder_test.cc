@@ -12,7 +12,7 @@
 #include "common/error.h"
 #include "worker/data/tensor_files.h"
 
-namespace ddp::data {
+namespace ddp::worker::data {
 namespace {
 
 namespace fs = std::filesystem;
@@ -89,4 +89,4 @@ TEST_F(ImageFolder, BadTreesAreOneLineNamingTheFile) {
 }
 
 }  // namespace
-}  // namespace ddp::data
+}  // namespace ddp::worker::data

@@ -10,7 +10,7 @@
 
 #include "common/error.h"
 
-namespace ddp::data {
+namespace ddp::worker::data {
 namespace {
 
 TEST(Synthetic, ShapesAndTypes) {
@@ -87,4 +87,4 @@ TEST(Synthetic, EmptyAndInvalid) {
 }
 
 }  // namespace
-}  // namespace ddp::data
+}  // namespace ddp::worker::data

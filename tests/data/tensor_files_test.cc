@@ -14,7 +14,7 @@
 #include "common/error.h"
 #include "worker/data/gather_batch.h"
 
-namespace ddp::data {
+namespace ddp::worker::data {
 namespace {
 
 namespace fs = std::filesystem;
@@ -103,4 +103,4 @@ TEST_F(TensorFiles, BadFilesAreOneLineNamingTheKeyAndTheFix) {
 }
 
 }  // namespace
-}  // namespace ddp::data
+}  // namespace ddp::worker::data

@@ -52,7 +52,7 @@ std::map<std::string, at::Tensor> referenceRun(const worker::WorkerConfig& confi
   for (int64_t epoch = 0; epoch < config.train.epochs; ++epoch) {
     sampler.setEpoch(epoch);
     for (const auto& indices : sampler::makeBatches(sampler.indices(), config.train.batchSize, false)) {
-      const auto batch = data::gatherBatch(data.train, indices);
+      const auto batch = worker::data::gatherBatch(data.train, indices);
       sgd.zero_grad();
       torch::nn::functional::cross_entropy(model.forward(batch.images), batch.labels).backward();
       sgd.step();

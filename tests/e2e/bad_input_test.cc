@@ -3,6 +3,7 @@
 // nothing half-written in the output directory and no process left behind.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <poll.h>
 
@@ -101,6 +102,96 @@ TEST_P(BadInputTable, OneClearLineNonZeroExitNothingWrittenNothingLeft) {
   fs::remove_all(f.dir);
 }
 
+// Issue 46 (6, 8): two jobs, two output.dirs, one checkpoint.dir: a fresh job B with resume=auto used
+// to resume from job A's checkpoint and then die when A's save removed its temporary; and one
+// --log_dir. Both refused at start.
+TEST(OutputDir, ASecondJobOnTheSameCheckpointDirIsRefused) {
+  const std::string dir = test::makeTempDir("ddp_two_ckpt");
+  test::Background first({DDP_LAUNCH_BIN, "--nproc_per_node=1", "--log_dir=" + dir + "/logs", "--tee", DDP_WORKER_BIN,
+                          kConfig, "output.dir=" + dir + "/a", "checkpoint.dir=" + dir + "/ckpt", "checkpoint.every_steps=1000", "train.epochs=100000",
+                          "train.log_every=1"},
+                         dir + "/first.log");
+  ASSERT_TRUE(first.waitFor("step 1/", 120)) << test::readFile(first.log);
+  for (const std::string saving : {"checkpoint.every_steps=5", "checkpoint.every_steps=0"}) {
+    const auto second = test::runCommand({DDP_LAUNCH_BIN, "--nproc_per_node=2", DDP_WORKER_BIN, kConfig,
+                                          "output.dir=" + dir + "/b", "checkpoint.dir=" + dir + "/ckpt", saving,
+                                          "resume=auto", "train.max_steps=2"},
+                                         90);
+    EXPECT_EQ(second.exitCode, 2) << saving << ":\n" << second.output;
+    EXPECT_NE(second.output.find("config: 'checkpoint.dir' " + dir + "/ckpt is in use by another job (pid "),
+              std::string::npos)
+        << saving << ":\n" << second.output;
+  }
+  // Issue 46 (8): the same --log_dir for a second job would truncate the first's rank_0.log.
+  const std::string firstLog = test::readFile(dir + "/logs/rank_0.log");
+  const auto third = test::runCommand({DDP_LAUNCH_BIN, "--nproc_per_node=1", "--log_dir=" + dir + "/logs",
+                                       DDP_WORKER_BIN, kConfig, "output.dir=" + dir + "/c", "train.max_steps=2"},
+                                      90);
+  EXPECT_EQ(third.exitCode, 2) << third.output;
+  EXPECT_NE(third.output.find("--log_dir '" + dir + "/logs' is in use by another job (pid "), std::string::npos)
+      << third.output;
+  EXPECT_GE(test::readFile(dir + "/logs/rank_0.log").size(), firstLog.size()) << "the first job's log was truncated";
+  ::kill(-first.pid, SIGTERM);
+  EXPECT_GE(first.wait(60), 0) << test::readFile(first.log);
+  std::filesystem::remove_all(dir);
+}
+
+// Issue 46 (2): symbolic links planted where the job writes its metrics, sample log or per-rank log
+// are refused in one line; nothing is written through them (the target keeps its bytes).
+TEST(OutputDir, PlantedSymlinksAreNotWrittenThrough) {
+  const std::string dir = test::makeTempDir("ddp_planted");
+  const std::string victim = dir + "/victim";
+  const auto plant = [&](const std::string& where) {
+    std::ofstream(victim) << "precious\n";
+    fs::create_directories(fs::path(where).parent_path());
+    fs::remove(where);
+    fs::create_symlink(victim, where);
+  };
+  struct Case {
+    std::string link;
+    std::vector<std::string> extra;
+    std::string expected;
+  };
+  const Case cases[] = {
+      {dir + "/m/metrics.jsonl", {"output.dir=" + dir + "/m"}, "metrics.jsonl': it is a symbolic link"},
+      {dir + "/s/samples_rank0.txt", {"output.dir=" + dir + "/s", "output.sample_log=true"},
+       "samples_rank0.txt': it is a symbolic link"},
+      {dir + "/logs/rank_0.log", {"output.dir=" + dir + "/l"}, "rank_0.log': it is a symbolic link"}};
+  for (const Case& c : cases) {
+    plant(c.link);
+    std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nproc_per_node=1"};
+    if (c.link.find("/logs/") != std::string::npos) argv.push_back("--log_dir=" + dir + "/logs");
+    for (const std::string& a : {std::string(DDP_WORKER_BIN), kConfig, std::string("train.max_steps=2")}) argv.push_back(a);
+    argv.insert(argv.end(), c.extra.begin(), c.extra.end());
+    const auto r = test::runCommand(argv, 120);
+    EXPECT_NE(r.exitCode, 0) << c.link << ":\n" << r.output;
+    EXPECT_NE(r.output.find(c.expected), std::string::npos) << c.link << ":\n" << r.output;
+    EXPECT_EQ(test::readFile(victim), "precious\n") << c.link;
+  }
+  fs::remove_all(dir);
+}
+
+// Issue 46 (3): a token file another user owns is refused, directly or through a symlink: its owner
+// could change the job's secret. Giving a file away takes root (CI runs as root).
+TEST(TokenFile, AFileOfAnotherUserIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "only root can give a file to another user";
+  Fixture f;
+  std::string tmpl = (fs::temp_directory_path() / "ddp_bad_XXXXXX").string();
+  f.dir = ::mkdtemp(tmpl.data());
+  const std::string path = tokenFile(f);
+  ASSERT_EQ(::chown(path.c_str(), 65534, 65534), 0);  // nobody
+  const std::string link = f.dir + "/link.token";
+  ASSERT_EQ(::symlink(path.c_str(), link.c_str()), 0);
+  for (const std::string& given : {path, link}) {
+    const auto r = test::runCommand({DDP_LAUNCH_BIN, "--nnodes=2", "--node_rank=1", "--master_port=1",
+                                     "--rdzv_token_file=" + given, DDP_WORKER_BIN, kConfig, "output.dir=" + f.dir + "/out"},
+                                    60);
+    EXPECT_EQ(r.exitCode, 2) << r.output;
+    EXPECT_NE(r.output.find("belongs to user id 65534, not to this user"), std::string::npos) << r.output;
+  }
+  fs::remove_all(f.dir);
+}
+
 // Two jobs, one output.dir (issue 30): the second is refused with one line naming the first's pid,
 // instead of both overwriting (and deleting the temporaries of) each other's files.
 TEST(OutputDir, ASecondJobOnTheSameOutputDirIsRefused) {
@@ -187,6 +278,27 @@ TEST(StartUp, ARankWithoutALauncherReportsADroppedStoreInOneLine) {
 
 // A rank of `mpirun -np 4 -H a:2,b:2 worker` (Open MPI 4.1's variables for it) without MASTER_ADDR:
 // Open MPI does not say where rank 0 runs, so the rank stops with one line saying what to export.
+// Issue 46 (11): a job started with stdout or stderr closed (`>&-`) trains as any other; the
+// store's listening socket used to take fd 1, and rank 0 refused it as DDP_STORE_FD=1.
+TEST(StartUp, AClosedStdoutOrStderrDoesNotBreakTheJob) {
+  std::string tmpl = (fs::temp_directory_path() / "ddp_bad_XXXXXX").string();
+  const std::string dir = ::mkdtemp(tmpl.data());
+  for (const std::string closed : {">&-", "2>&-"}) {
+    const std::string out = dir + "/out" + std::to_string(closed.size());
+    const auto r = test::runCommand({"/bin/sh", "-c", "exec \"$0\" --nproc_per_node=2 \"$1\" \"$2\" output.dir=\"$3\" "
+                                     "train.max_steps=3 eval.enabled=false " + closed,
+                                     DDP_LAUNCH_BIN, DDP_WORKER_BIN, kConfig, out},
+                                    120);
+    EXPECT_EQ(r.exitCode, 0) << closed << ":\n" << r.output;
+    EXPECT_TRUE(fs::exists(out + "/summary.json")) << closed << ":\n" << r.output;
+    if (closed == "2>&-") {  // stdout open: the last line, without the accuracy of an evaluation not run
+      EXPECT_NE(r.output.find("done: 3 steps"), std::string::npos) << r.output;
+      EXPECT_EQ(r.output.find("test accuracy"), std::string::npos) << r.output;
+    }
+  }
+  fs::remove_all(dir);
+}
+
 TEST(StartUp, AMultiHostMpirunRankWithoutMasterAddrSaysWhatToExport) {
   const std::string dir = test::makeTempDir("ddp_mpirun_hosts");
   const auto r = test::runCommand({"/usr/bin/env", "-u", "MASTER_ADDR", "-u", "MASTER_PORT", "-u", "RANK",
@@ -226,12 +338,18 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"TopLevelNotAMap", [](const Fixture& f) {
                    return std::vector<std::string>{"--nproc_per_node=2", DDP_WORKER_BIN, writeFile(f.dir + "/list.yaml", "- 1\n- 2\n")};
                  }, "top level must be a map", 2},
+        BadInput{"ExportNamedLikeTheSummary", [](const Fixture& f) { return worker({"output.export=summary.json"}, f); },
+                 "'output.export' is 'summary.json', the name of the run's summary the job writes in output.dir", 2},
+        // Issue 46 (17): a job that would train zero steps is refused before training.
+        BadInput{"NoTrainingStepToTake", [](const Fixture& f) {
+                   return worker({"data.synthetic_train=3", "train.drop_last=true"}, f, 4);
+                 }, "config: no training step to take: 3 training samples over 4 ranks leave each none with train.drop_last=true", 2},
         BadInput{"UnknownKey", [](const Fixture& f) { return worker({"trian.lr=0.1"}, f); }, "did you mean 'train.lr'?", 2},
         // No host has GPU 99: without NVML "--gpus 99 needs NVML ...", with it "--gpus 99: GPU 99 does not exist".
         BadInput{"GpusThatDoNotExist", [](const Fixture& f) { return worker({}, f, 2, {"--gpus", "99"}); }, "--gpus 99", 2},
         BadInput{"WrongType", [](const Fixture& f) { return worker({"train.batch_size=many"}, f); },
                  "'train.batch_size' (command-line override) must be an integer, got 'many'", 2},
-        BadInput{"NegativeBatchSize", [](const Fixture& f) { return worker({"train.batch_size=-4"}, f); }, "'train.batch_size' must be >= 1", 2},
+        BadInput{"NegativeBatchSize", [](const Fixture& f) { return worker({"train.batch_size=-4"}, f); }, "'train.batch_size' must be from 1 to 2147483647", 2},
         BadInput{"NegativeLearningRate", [](const Fixture& f) { return worker({"train.lr=-0.1"}, f); }, "'train.lr' must be > 0", 2},
         BadInput{"NegativeMaxSteps", [](const Fixture& f) { return worker({"train.max_steps=-1"}, f); }, "'train.max_steps' must be >= 0", 2},
         BadInput{"BadMode", [](const Fixture& f) { return worker({"mode=fsdp"}, f); }, "use one of ddp | dp | single | eval", 2},
@@ -260,6 +378,20 @@ INSTANTIATE_TEST_SUITE_P(
                                                    "--rdzv_token_file=" + tokenFile(f, 0644), DDP_WORKER_BIN, kConfig,
                                                    "output.dir=" + f.dir + "/out"};
                  }, "has mode 0644: others on this machine could read the job's secret; run: chmod 600", 2},
+        // Issue 46 (4): a FIFO is refused at once, not waited on; one character repeated is no secret.
+        BadInput{"TokenFileIsAFifo", [](const Fixture& f) {
+                   const std::string fifo = f.dir + "/fifo.token";
+                   ::mkfifo(fifo.c_str(), 0600);
+                   return std::vector<std::string>{"--nnodes=2", "--node_rank=1", "--master_port=" + std::to_string(f.deadPort),
+                                                   "--rdzv_token_file=" + fifo, DDP_WORKER_BIN, kConfig, "output.dir=" + f.dir + "/out"};
+                 }, "fifo.token' is not a regular file", 2},
+        BadInput{"TokenOfOneRepeatedCharacter", [](const Fixture& f) {
+                   const std::string path = f.dir + "/weak.token";
+                   std::ofstream(path) << std::string(32, 'a') << "\n";
+                   ::chmod(path.c_str(), 0600);
+                   return std::vector<std::string>{"--nnodes=2", "--node_rank=1", "--master_port=" + std::to_string(f.deadPort),
+                                                   "--rdzv_token_file=" + path, DDP_WORKER_BIN, kConfig, "output.dir=" + f.dir + "/out"};
+                 }, "holds one character repeated", 2},
         BadInput{"TokenFileMissing", [](const Fixture& f) {
                    return std::vector<std::string>{"--nnodes=2", "--node_rank=1", "--master_port=" + std::to_string(f.deadPort),
                                                    "--rdzv_token_file=" + f.dir + "/none.token", DDP_WORKER_BIN, kConfig,
@@ -412,7 +544,19 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"SyncDebugOnCpu", [](const Fixture& f) { return worker({"device=cpu", "cuda.sync_debug=error"}, f); },
                  "config: 'cuda.sync_debug' is error but this rank trains on cpu", 2},
         BadInput{"ZeroLossScale", [](const Fixture& f) { return worker({"train.precision=fp16", "train.loss_scale_init=0"}, f); },
-                 "config: 'train.loss_scale_init' must be a positive finite number", 2},
+                 "config: 'train.loss_scale_init' must be a positive number a float32 holds", 2},
+        // Issue 46 (16): values that overflowed or underflowed name their key, before training.
+        BadInput{"HugeLossScale", [](const Fixture& f) { return worker({"train.precision=fp16", "train.loss_scale_init=1e300"}, f); },
+                 "config: 'train.loss_scale_init' must be a positive number a float32 holds", 2},
+        BadInput{"TinyLossScale", [](const Fixture& f) { return worker({"train.precision=fp16", "train.loss_scale_init=1e-300"}, f); },
+                 "config: 'train.loss_scale_init' must be a positive number a float32 holds", 2},
+        BadInput{"NanosecondTimeout", [](const Fixture& f) { return worker({"comm.timeout_s=1e-9"}, f); },
+                 "config: 'comm.timeout_s' must be at least 0.001 (1 ms)", 2},
+        BadInput{"EpochsThatOverflowTheStepCount", [](const Fixture& f) {
+                   return worker({"train.epochs=4611686018427387904", "train.max_steps=3", "train.lr_schedule=cosine"}, f);
+                 }, "config: 'train.epochs' must be from 1 to 1000000000", 2},
+        BadInput{"HugeEvalBatch", [](const Fixture& f) { return worker({"eval.batch_size=9223372036854775807"}, f); },
+                 "config: 'eval.batch_size' must be from 1 to 2147483647", 2},
         // Robustness, second round (issue 30).
         BadInput{"NamedPipeAsConfig", [](const Fixture& f) {
                    return std::vector<std::string>{"--nproc_per_node=1", DDP_WORKER_BIN, fifo(f.dir + "/f.yaml")};

@@ -24,7 +24,7 @@
 #include <map>
 #include <sstream>
 
-#include "ddp/amp.h"
+#include "ddp/autocast.h"
 #include "ddp/fused_optim.h"
 #include "tests/support/run_command.h"
 #include "libddp/checkpoint/checkpoint_dir.h"
@@ -586,6 +586,34 @@ TEST(CheckpointErrors, DamagedFilesGiveTheDocumentedErrorAndExitNonZero) {
   EXPECT_NE(wrongModel.exitCode, 0);
   EXPECT_NE(wrongModel.output.find("fc1.weight [64, 784] in the file vs [128, 784] in the model"), std::string::npos)
       << wrongModel.output;
+  fs::remove_all(base);
+}
+
+// Issue 46 (5): a resume whose order of samples differs from the checkpoint's (seed, train.shuffle,
+// the training set's size) would repeat and skip samples of the interrupted epoch: refused in one
+// line naming the setting and both values, before anything is loaded; the same settings resume.
+TEST(CheckpointErrors, AResumeWithAnotherSampleOrderIsRefused) {
+  const std::string base = tempDir();
+  auto args = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = {kConfig, "seed=5", "data.synthetic_train=400", "output.dir=" + base + "/out",
+                                  "checkpoint.dir=" + base + "/ckpt", "checkpoint.every_steps=5", "train.max_steps=5",
+                                  "eval.enabled=false"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  ASSERT_EQ(launch(2, args({})).exitCode, 0);
+  const std::pair<std::string, std::string> changes[] = {
+      {"seed=6", "was written with seed 5, this run has seed 6"},
+      {"train.shuffle=false", "was written with train.shuffle=true, this run has train.shuffle=false"},
+      {"data.synthetic_train=300", "was written with training samples=400, this run has training samples=300"}};
+  for (const auto& [change, expected] : changes) {
+    const auto run = launch(2, args({"resume=auto", "train.max_steps=8", change}));
+    EXPECT_EQ(run.exitCode, 2) << change << ":\n" << run.output;
+    EXPECT_NE(run.output.find(expected), std::string::npos) << change << ":\n" << run.output;
+  }
+  const auto same = launch(2, args({"resume=auto", "train.max_steps=8"}));
+  EXPECT_EQ(same.exitCode, 0) << same.output;
+  EXPECT_NE(same.output.find("resumed from"), std::string::npos) << same.output;
   fs::remove_all(base);
 }
 

@@ -121,14 +121,14 @@ Reference referenceRun(const WorkerConfig& config, int world) {
       if (!perForward) {
         std::vector<int64_t> all;
         for (int r = 0; r < world; ++r) all.insert(all.end(), perRank[r][first].begin(), perRank[r][first].end());
-        const auto b = data::gatherBatch(data.train, all);
+        const auto b = worker::data::gatherBatch(data.train, all);
         torch::nn::functional::cross_entropy(model.forward(b.images), b.labels).backward();
       } else {
         if (config.comm.ddp.broadcastBuffers) buffers.assign(world, buffers[0]);
         for (int r = 0; r < world; ++r) {
           loadBuffers(module, buffers[r]);
           for (int64_t m = 0; m < count; ++m) {
-            const auto b = data::gatherBatch(data.train, perRank[r][first + m]);
+            const auto b = worker::data::gatherBatch(data.train, perRank[r][first + m]);
             (torch::nn::functional::cross_entropy(model.forward(b.images), b.labels) /
              static_cast<double>(world * count)).backward();
           }

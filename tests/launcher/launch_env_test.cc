@@ -1,5 +1,6 @@
 // Runs the real ddp-launch: the environment and arguments each worker sees, its prefixed
 // output, and the refusal of bad input before anything starts.
+#include <cstdio>
 #include <regex>
 
 #include <sys/stat.h>
@@ -92,6 +93,34 @@ TEST_F(LaunchEnvTest, MultiNodeRanksAndAPresetOmpNumThreads) {
     EXPECT_EQ(env.at("OMP_NUM_THREADS"), "7");
   }
   EXPECT_EQ(result.err.find("OMP_NUM_THREADS"), std::string::npos) << result.err;
+}
+
+// Issue 46 (1): a token file of raw bytes with a NUL among them is the workers' secret whole, as
+// hex, not cut at the NUL (which left an empty token: authentication off).
+TEST_F(LaunchEnvTest, ARawTokenFileWithANulByteIsUsedWhole) {
+  std::string raw;
+  for (int i = 0; i < 32; ++i) raw += static_cast<char>(i == 5 ? 0 : 0x80 + 3 * i);
+  const std::string path = dir_.file("raw.token");
+  {
+    std::FILE* out = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(out, nullptr);
+    ASSERT_EQ(std::fwrite(raw.data(), 1, raw.size(), out), raw.size());
+    std::fclose(out);
+  }
+  ASSERT_EQ(::chmod(path.c_str(), 0600), 0);
+  std::string hex;
+  for (const char c : raw) {
+    char two[3];
+    std::snprintf(two, sizeof two, "%02x", static_cast<unsigned char>(c));
+    hex += two;
+  }
+  const LaunchResult result = run({"--nnodes=2", "--node_rank=1", "--nproc_per_node=1", "--master_addr=10.9.8.7",
+                                   "--rdzv_token_file=" + path, envDumpScript()},
+                                  {{"DDP_RDZV_TOKEN", std::nullopt}, {"DDP_RDZV_TOKEN_FILE", std::nullopt}});
+  ASSERT_EQ(result.code, 0) << result.err;
+  const auto env = parseEnvFile(dir_.file("env.1"));
+  ASSERT_TRUE(env.count("DDP_RDZV_TOKEN")) << "no token in the worker's environment";
+  EXPECT_EQ(env.at("DDP_RDZV_TOKEN"), hex);
 }
 
 TEST_F(LaunchEnvTest, SingleWorkerGetsNoOmpDefaultAndTheGivenPort) {

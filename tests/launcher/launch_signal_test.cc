@@ -1,5 +1,9 @@
 // Runs the real ddp-launch and signals it: every worker gets the same signal, the launcher
 // exits 128 + signal, and no process is left behind.
+#include <fcntl.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <csignal>
 #include <memory>
@@ -87,6 +91,39 @@ TEST_P(LaunchSignalTest, SecondSignalSkipsTheGracePeriod) {
   EXPECT_LT(std::chrono::steady_clock::now() - sent, seconds(5));
   EXPECT_NE(launcher->stderrText().find("again; sending SIGKILL"), std::string::npos) << launcher->stderrText();
   expectNothingLeft();
+}
+
+// Issue 46 (12): stdout a full pipe nobody reads (`ddp-launch ... | sleep 100`): SIGTERM still ends the
+// launcher (it used to wait forever for its console write) and leaves no worker behind.
+TEST(LaunchSignalPipe, SigtermEndsTheJobWhileStdoutIsAFullPipe) {
+  becomeSubreaper();
+  ScratchDir dir;
+  int fds[2];
+  ASSERT_EQ(::pipe2(fds, O_CLOEXEC), 0);
+  const std::string script = dir.writeScript(
+      "flood", dir.publish("pid", "$$") + "while :; do echo 'a line of output that fills the pipe'; done\n");
+  LaunchSpec spec;
+  spec.args = {"--nproc_per_node=2", "--shutdown_grace_s=1", script};
+  spec.outputDir = dir.path();
+  spec.stdoutFd = fds[1];
+  LaunchedProcess launcher(spec);
+  ::close(fds[1]);
+  ASSERT_TRUE(dir.waitForFiles({"pid.0", "pid.1"}, seconds(10))) << launcher.stderrText();
+  // Full: every page of the pipe is taken (the last one may be partly filled: a line that does not
+  // fit waits for a free page) and nobody reads it.
+  const int full = ::fcntl(fds[0], F_GETPIPE_SZ) - 4096;
+  int queued = 0;
+  const auto deadline = std::chrono::steady_clock::now() + seconds(30);
+  while (::ioctl(fds[0], FIONREAD, &queued) == 0 && queued < full && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GE(queued, full) << "the pipe never filled";
+  ::kill(launcher.pid(), SIGTERM);
+  const auto code = launcher.waitFor(seconds(20));
+  ::close(fds[0]);
+  ASSERT_TRUE(code.has_value()) << "ddp-launch still ran 20 s after SIGTERM:\n" << launcher.stderrText();
+  EXPECT_EQ(*code, 128 + SIGTERM) << launcher.stderrText();
+  for (const pid_t pid : dir.readPids("pid", 2)) EXPECT_TRUE(waitUntilGone(pid, seconds(5))) << "worker " << pid;
 }
 
 }  // namespace

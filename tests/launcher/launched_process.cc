@@ -48,7 +48,11 @@ LaunchedProcess::LaunchedProcess(const LaunchSpec& spec)
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, stdoutPath_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (spec.stdoutFd >= 0) {
+    posix_spawn_file_actions_adddup2(&actions, spec.stdoutFd, STDOUT_FILENO);
+  } else {
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, stdoutPath_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  }
   posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, stderrPath_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   // gtest or ctest may run us with signals blocked or ignored; the launcher must see a
   // shell's defaults, or it would (rightly) leave an ignored SIGINT ignored.

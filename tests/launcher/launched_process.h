@@ -18,6 +18,7 @@ struct LaunchSpec {
   std::map<std::string, std::optional<std::string>> env;
   std::string outputDir;        // stdout/stderr land in outputDir/<name>.out and .err
   std::string name = "launch";
+  int stdoutFd = -1;  // >= 0: the launcher's stdout is this fd (a pipe's write end), not a file
 };
 
 /// Starts DDP_LAUNCH_BIN with default signal dispositions and an empty mask (as from a

@@ -7,6 +7,9 @@
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 
+#include <signal.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -435,6 +438,35 @@ TEST(DistributedSampler, ShardsCoverTheDataSetEvenlyAndReshuffleEachEpoch) {
   EXPECT_NE(sampler.indices(), epoch0);
   EXPECT_EQ(sampler.batches(3).size(), static_cast<size_t>((sampler.numSamples() + 2) / 3));
   EXPECT_THROW(sampler.batches(0), ddp::ConfigError);
+}
+
+// Issue 46 (13): after initProcessGroup a peer's death cannot kill this rank with SIGPIPE (the
+// launcher starts workers with it at its default).
+TEST(InitProcessGroup, SigpipeIsIgnoredAsInPython) {
+  struct sigaction onPipe {};
+  ASSERT_EQ(::sigaction(SIGPIPE, nullptr, &onPipe), 0);
+  EXPECT_EQ(onPipe.sa_handler, SIG_IGN);
+}
+
+// A loop stopped after its first batch resumes at world size 1 from positionAfter() with exactly
+// the samples no rank took (unpadded: none twice, none skipped).
+TEST(DistributedSampler, PositionAfterResumesAtAnotherWorldSize) {
+  const int64_t n = 11, w = group().size(), batch = 2;
+  const ddp::SamplerOptions options{/*shuffle=*/true, /*seed=*/3, /*dropLast=*/false, /*pad=*/false};
+  ddp::DistributedSampler sampler(n, group(), options);
+  sampler.setEpoch(2);
+  auto counts = torch::zeros({n}, torch::kDouble);
+  const auto batches = sampler.batches(batch);
+  for (int64_t i : batches.front()) counts[i] += 1;
+  group().allReduce(counts);
+  EXPECT_EQ(sampler.samplesInBatches(0, 1, batch), static_cast<int64_t>(counts.sum().item<double>()));
+  const int64_t start = sampler.positionAfter(1, batch);
+  EXPECT_EQ(start, std::min<int64_t>(n, w * batch));
+  ddp::DistributedSampler alone(n, 1, 0, options);
+  alone.setEpoch(2, start);
+  for (int64_t i : alone.indices()) counts[i] += 1;
+  EXPECT_TRUE(counts.eq(1).all().item<bool>()) << counts;
+  EXPECT_EQ(alone.batchesPerRank(batch), (n - start + batch - 1) / batch);
 }
 
 std::string scratchDir(const std::string& name) {

@@ -5,6 +5,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include <ATen/ops/equal.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -54,6 +55,19 @@ TEST_F(Files, AtomicWriteReplacesTheFileAndLeavesNoTemporary) {
   EXPECT_EQ(entries, 1) << "only the file itself, no .summary.json.tmp.<pid>";
   const std::string missing = errorOf<ddp::CheckpointError>([&] { ddp::writeFileAtomic(dir_ + "/no/such/f", "x"); });
   EXPECT_NE(missing.find(dir_ + "/no/such/"), std::string::npos) << missing;
+}
+
+// Issue 46 (2): a symbolic link planted under the temporary's (predictable) name is not written
+// through: the victim keeps its bytes, the file gets the new ones.
+TEST_F(Files, AtomicWriteNeverWritesThroughAPlantedLink) {
+  const std::string victim = dir_ + "/victim";
+  { std::ofstream(victim) << "precious"; }
+  const std::string path = dir_ + "/model.pt";
+  fs::create_symlink(victim, dir_ + "/.model.pt.tmp." + std::to_string(::getpid()));
+  ddp::writeFileAtomic(path, "the model");
+  EXPECT_EQ(contents(victim), "precious");
+  EXPECT_EQ(contents(path), "the model");
+  EXPECT_FALSE(fs::is_symlink(path));
 }
 
 TEST_F(Files, MakeDirectoriesNamesTheSettingToChange) {

@@ -192,8 +192,14 @@ TEST(Collectives, MisuseIsOneLine) {
   EXPECT_THROW(group().send(torch::ones({1}), 3), ddp::ConfigError);
   EXPECT_THROW(group().send(torch::ones({1}), group().rank()), ddp::ConfigError);
   EXPECT_THROW(group().reduceScatter({torch::ones({1}), torch::ones({1})}), ddp::ConfigError);
+  // Issue 46 (14): a root outside the group is refused on every backend, the tensor untouched (shm
+  // used to zero it silently).
   torch::Tensor one = torch::ones({1});
-  EXPECT_THROW(group().broadcast(one, 3), ddp::ConfigError);
+  for (int root : {3, 7, -1}) {
+    EXPECT_THROW(group().broadcast(one, root), ddp::ConfigError) << "root " << root;
+    EXPECT_THROW(group().broadcastAsync(one, root), ddp::ConfigError) << "root " << root;
+  }
+  EXPECT_EQ(one.item<float>(), 1.0f);
   EXPECT_THROW(group().allToAll({torch::ones({1}), torch::ones({2}), torch::ones({1})}), ddp::ConfigError);
   EXPECT_THROW(group().newGroup({0, 0}), ddp::ConfigError);
   EXPECT_THROW(group().newGroup({0, 3}), ddp::ConfigError);

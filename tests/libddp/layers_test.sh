@@ -45,6 +45,15 @@ forbid '^(libddp|comm|sampler)/' "common/ is below everything" common
 forbid '^(libddp|comm|sampler|worker|include)/' "the launcher builds on common/ only" launcher
 forbid '^(libddp|comm|sampler)/' "the worker uses the library as a user does: include/ddp (make what it needs public, with a test)" worker
 forbid '^(comm/|libddp/internal\.h$)' "DDP's logic is written against the public ddp::ProcessGroup, as a user's code is" libddp/engine
+forbid '^comm/process_group\.h$' "the CUDA plugin's interface takes the group's options (comm/group_options.h), not the factory above it" \
+  comm/cuda_plugin.h
+# A namespace per layer: the application's code is ddp::worker (ddp::worker::data, ...), never one of the
+# library's (ddp, ddp::data, ...).
+for file in $(sources_in worker); do
+  while IFS= read -r line; do
+    violations+=("$file: \"$line\": the worker's namespaces are ddp::worker and those inside it")
+  done < <(grep -E '^namespace ddp\b' "$file" | grep -vE '^namespace ddp::worker(::[A-Za-z_:]+)?[[:space:]]*\{' || true)
+done
 # The backends share the front's types only (c10d's Types.hpp), not its classes.
 for file in $(sources_in comm sampler); do
   while IFS= read -r inc; do
@@ -91,7 +100,7 @@ if [[ -n $worker_bin ]]; then
   [[ -x $worker_bin ]] || { echo "FAIL: $worker_bin is not an executable" >&2; exit 1; }
   worker_libs=$(ldd "$worker_bin" 2>&1 || true)
   [[ $worker_libs == *libddp.so* ]] || violations+=("$worker_bin does not link libddp.so (it must use the library as users do)")
-  if nm -C "$worker_bin" 2>/dev/null | grep -qE ' [Tt] ddp::((checkpoint|comm|runtime|engine|api)::|initProcessGroup\()'; then
+  if nm -C "$worker_bin" 2>/dev/null | grep -qE ' [Tt] ddp::((checkpoint|comm|runtime|engine|internal)::|initProcessGroup\()'; then
     violations+=("$worker_bin holds the library's code itself (the static twin): link it to libddp.so")
   fi
 fi

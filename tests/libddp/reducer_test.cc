@@ -31,7 +31,7 @@ using comm::PendingWork;
 using comm::test::runRanks;
 
 /// The rank's thread's communicator as the public group the Reducer takes.
-ProcessGroup groupOf(Communicator& comm) { return api::wrapCommunicator(comm, c10::Device(c10::kCPU)); }
+ProcessGroup groupOf(Communicator& comm) { return internal::wrapCommunicator(comm, c10::Device(c10::kCPU)); }
 
 /// A two-layer net as plain leaf tensors; every rank builds the same values.
 struct Net {

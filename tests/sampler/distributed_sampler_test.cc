@@ -10,6 +10,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "sampler/batching.h"
 
 namespace ddp::sampler {
 namespace {
@@ -189,6 +190,88 @@ TEST(DistributedSampler, UnpaddedShardsCoverEveryIndexOnce) {
       EXPECT_EQ(static_cast<int64_t>(all.size()), n);
       std::sort(all.begin(), all.end());
       for (int64_t i = 0; i < static_cast<int64_t>(all.size()); ++i) EXPECT_EQ(all[static_cast<size_t>(i)], i);
+    }
+  }
+}
+
+// The batch arithmetic of a loop, by hand: N = 10 over 4 ranks, batches of 2.
+TEST(DistributedSampler, BatchArithmeticByHand) {
+  DistributedSamplerOptions options;
+  options.numReplicas = 4;
+  DistributedSampler padded(10, options);  // 3 samples per rank, 12 positions with the padding
+  EXPECT_EQ(padded.batchesPerRank(2), 2);
+  EXPECT_EQ(padded.batchesPerRank(2, /*dropLast=*/true), 1);
+  EXPECT_EQ(padded.samplesInBatches(0, 1, 2), 8);  // 2 per rank
+  EXPECT_EQ(padded.samplesInBatches(1, 1, 2), 4);  // the last one, 1 per rank
+  EXPECT_EQ(padded.samplesInBatches(0, 2, 2), 12);
+  EXPECT_EQ(padded.positionAfter(1, 2), 8);
+  EXPECT_EQ(padded.positionAfter(2, 2), 10);       // the padding goes past the end: capped
+  options.pad = false;
+  DistributedSampler unpadded(10, options);        // shards of 3, 3, 2, 2
+  EXPECT_EQ(unpadded.batchesPerRank(2), 2);
+  EXPECT_EQ(unpadded.samplesInBatches(1, 1, 2), 2);  // ranks 2 and 3 have nothing left
+  EXPECT_EQ(unpadded.samplesInBatches(0, 5, 2), 10);
+  unpadded.setEpoch(0, 5);                         // 5 positions left: shards of 2, 1, 1, 1
+  EXPECT_EQ(unpadded.batchesPerRank(1), 2);
+  EXPECT_EQ(unpadded.positionAfter(1, 1), 9);
+  EXPECT_EQ(unpadded.positionAfter(0, 1), 5);
+  EXPECT_THROW(unpadded.batchesPerRank(0), ConfigError);
+  EXPECT_THROW(unpadded.samplesInBatches(-1, 1, 2), ConfigError);
+  EXPECT_THROW(unpadded.positionAfter(-1, 2), ConfigError);
+}
+
+// The arithmetic against the batches themselves: batchesPerRank is the most any rank has,
+// samplesInBatches the sizes of the ranks' batch slots, and positionAfter the position from which
+// the rest of the epoch is exactly what the ranks have not taken (unshuffled, position p holds p).
+TEST(DistributedSampler, BatchArithmeticMatchesTheBatches) {
+  for (bool pad : {true, false}) {
+    for (int64_t n : {1, 7, 10, 17, 100}) {
+      for (int64_t world : {1, 2, 3, 4}) {
+        for (int64_t start : {int64_t{0}, n / 3}) {
+          for (int64_t batch : {1, 2, 5}) {
+            const std::string where = "pad=" + std::to_string(pad) + " n=" + std::to_string(n) +
+                                      " world=" + std::to_string(world) + " start=" + std::to_string(start) +
+                                      " batch=" + std::to_string(batch);
+            std::vector<std::vector<std::vector<int64_t>>> perRank;
+            DistributedSamplerOptions options;
+            options.numReplicas = world;
+            options.shuffle = false;
+            options.pad = pad;
+            for (int64_t r = 0; r < world; ++r) {
+              options.rank = r;
+              DistributedSampler s(n, options);
+              s.setEpoch(0, start);
+              perRank.push_back(makeBatches(s.indices(), batch, false));
+            }
+            options.rank = 0;
+            DistributedSampler sampler(n, options);
+            sampler.setEpoch(0, start);
+            size_t most = 0;
+            for (const auto& b : perRank) most = std::max(most, b.size());
+            EXPECT_EQ(sampler.batchesPerRank(batch), static_cast<int64_t>(most)) << where;
+            for (int64_t taken = 0; taken <= static_cast<int64_t>(most); ++taken) {
+              int64_t inSlot = 0;
+              std::set<int64_t> seen;
+              for (const auto& b : perRank) {
+                if (taken < static_cast<int64_t>(most) && taken < static_cast<int64_t>(b.size())) {
+                  inSlot += static_cast<int64_t>(b[static_cast<size_t>(taken)].size());
+                }
+                for (int64_t k = 0; k < std::min<int64_t>(taken, static_cast<int64_t>(b.size())); ++k) {
+                  seen.insert(b[static_cast<size_t>(k)].begin(), b[static_cast<size_t>(k)].end());
+                }
+              }
+              if (taken < static_cast<int64_t>(most)) EXPECT_EQ(sampler.samplesInBatches(taken, 1, batch), inSlot) << where;
+              // The taken positions are exactly [start, positionAfter), the padding's repeats aside
+              // (positions past the end hold the head: the values below start).
+              if (pad) seen.erase(seen.begin(), seen.lower_bound(start));
+              const int64_t after = sampler.positionAfter(taken, batch);
+              std::set<int64_t> prefix;
+              for (int64_t p = start; p < after; ++p) prefix.insert(p);
+              EXPECT_EQ(seen, prefix) << where << " taken=" << taken;
+            }
+          }
+        }
+      }
     }
   }
 }

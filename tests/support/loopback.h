@@ -12,15 +12,21 @@
 
 namespace ddp::test {
 
+/// 127.0.0.1:port as the socket calls take it.
+inline sockaddr_in loopbackAddress(uint16_t port) {
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(port);
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  return address;
+}
+
 /// A TCP socket bound to 127.0.0.1:port (0: the kernel picks), not listening; -1 when the port
 /// is taken. Inherited by the programs a test starts, as a plain socket() is.
 inline int bindLoopback(uint16_t port = 0) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return -1;
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(port);
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sockaddr_in address = loopbackAddress(port);
   if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
     ::close(fd);
     return -1;
@@ -28,13 +34,16 @@ inline int bindLoopback(uint16_t port = 0) {
   return fd;
 }
 
-/// The local port `fd` is bound to (0 when it is not a bound socket).
-inline uint16_t boundPort(int fd) {
+/// The local address `fd` is bound to (all zero when it is not a bound IPv4 socket).
+inline sockaddr_in boundAddress(int fd) {
   sockaddr_in address{};
   socklen_t length = sizeof address;
-  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) return 0;
-  return ntohs(address.sin_port);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) return sockaddr_in{};
+  return address;
 }
+
+/// The local port `fd` is bound to (0 when it is not a bound socket).
+inline uint16_t boundPort(int fd) { return ntohs(boundAddress(fd).sin_port); }
 
 /// A listener on 127.0.0.1:port (0: the kernel picks; boundPort() says which); -1 when the port
 /// cannot be taken.
@@ -59,10 +68,7 @@ inline uint16_t freePort() {
 /// A blocking connection to 127.0.0.1:port, closed on exec; -1 when refused.
 inline int connectLoopback(uint16_t port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(port);
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sockaddr_in address = loopbackAddress(port);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
     ::close(fd);
     return -1;

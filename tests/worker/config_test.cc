@@ -84,7 +84,7 @@ TEST(Config, WrongTypeNamesTheKeyAndTheValue) {
 }
 
 TEST(Config, OutOfRangeAndBadEnumsAreRejected) {
-  EXPECT_NE(errorOf("train: {batch_size: 0}").find("'train.batch_size' must be >= 1"), std::string::npos);
+  EXPECT_NE(errorOf("train: {batch_size: 0}").find("'train.batch_size' must be from 1 to 2147483647"), std::string::npos);
   EXPECT_NE(errorOf("mode: fsdp").find("ddp | dp | single"), std::string::npos);
   EXPECT_NE(errorOf("backend: mpi").find("'backend'"), std::string::npos);
   EXPECT_NE(errorOf("model: {name: resnet}").find("use mlp, cnn or torchscript"), std::string::npos);
@@ -103,6 +103,24 @@ TEST(Config, DumpRoundTripsEveryKey) {
     const auto dot = key.find('.');
     const std::string top = key.substr(0, dot);
     EXPECT_NE(dumpConfig(a).find(top + ":"), std::string::npos) << key;
+  }
+}
+
+// Issue 46 (7): an export named like one of the job's own files would be overwritten by it (or
+// overwrite it); refused at start-up, naming what the name belongs to.
+TEST(Config, AnExportNamedLikeTheJobsOwnFilesIsRefused) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"summary.json", "the run's summary"},      {"metrics.jsonl", "the metrics log"},
+      {"config.resolved.yaml", "the resolved config"}, {"samples_rank3.txt", "a rank's sample log"},
+      {"profile_rank0.json", "a rank's profiler trace"}, {"..", "the directory above"},
+      {"checkpoints", "the checkpoint directory"}};
+  for (const auto& [name, what] : cases) {
+    const std::string e = errorOf("", {std::string("output.export=") + name});
+    EXPECT_NE(e.find(std::string("config: 'output.export' is '") + name + "', the name of " + what), std::string::npos)
+        << e;
+  }
+  for (const char* fine : {"model.pt", "samples_rank.txt", "summary.json.pt", "metrics.pt"}) {
+    EXPECT_EQ(errorOf("", {std::string("output.export=") + fine}), "<no error>") << fine;
   }
 }
 

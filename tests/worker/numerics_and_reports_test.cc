@@ -45,7 +45,7 @@ TEST(Numerics, ConfigKeysSetLibTorchsGlobalFlags) {
 // Every rank's report survives the trip to rank 0: numbers and the GPU's strings.
 TEST(RankReports, StringsAndNumbersReachRankZero) {
   comm::LocalCommunicator one;
-  ProcessGroup local = api::wrapCommunicator(one, c10::Device(c10::kCPU));
+  ProcessGroup local = internal::wrapCommunicator(one, c10::Device(c10::kCPU));
   RankReport mine;
   mine.peakRssMb = 233.8;
   mine.ownDataCopy = false;

@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-namespace ddp::tensorboard {
+namespace ddp::worker::tensorboard {
 namespace {
 
 TEST(TensorBoardRecord, Crc32cMatchesTheCheckValue) {
@@ -31,4 +31,4 @@ TEST(TensorBoardRecord, FrameIsLengthCrcDataCrc) {
 }
 
 }  // namespace
-}  // namespace ddp::tensorboard
+}  // namespace ddp::worker::tensorboard

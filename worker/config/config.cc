@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -300,6 +301,8 @@ constexpr int64_t kThreadsPerCore = 4;
 constexpr double kMaxBucketMb = 1e6;
 // Timeouts become std::chrono::milliseconds; far beyond any real wait, far below overflow.
 constexpr double kMaxTimeoutS = 7 * 24 * 3600;
+constexpr int64_t kMaxEpochs = 1000000000;
+constexpr int64_t kMaxBatch = 2147483647;
 
 void require(bool ok, const std::string& key, const std::string& rule) {
   if (!ok) DDP_THROW(ConfigError, "config: '", key, "' ", rule);
@@ -326,8 +329,11 @@ void validateRecipe(const TrainConfig& t) {
           "must be a finite number >= 0 (0 = no clipping)");
   require(t.precision == "fp32" || t.precision == "bf16" || t.precision == "fp16", "train.precision",
           "is '" + t.precision + "'; use fp32, bf16 or fp16");
-  require(t.lossScale.initScale > 0 && std::isfinite(t.lossScale.initScale), "train.loss_scale_init",
-          "must be a positive finite number (GradScaler's init_scale, default 65536)");
+  // The scale is a float32 on the device: outside its normal range it becomes inf or 0.
+  require(t.lossScale.initScale >= std::numeric_limits<float>::min() &&
+              t.lossScale.initScale <= std::numeric_limits<float>::max(),
+          "train.loss_scale_init",
+          "must be a positive number a float32 holds, 1.2e-38 to 3.4e38 (GradScaler's init_scale, default 65536)");
   require(t.lossScale.growthInterval >= 1, "train.loss_scale_growth_interval",
           "must be >= 1 (GradScaler's growth_interval, default 2000)");
 }
@@ -414,8 +420,10 @@ void validateThreads(const WorkerConfig& c) {
 
 // The loop's numbers: train.epochs to train.log_every, and eval.batch_size.
 void validateTrainingLoop(const WorkerConfig& c) {
-  require(c.train.epochs >= 1, "train.epochs", "must be >= 1");
-  require(c.train.batchSize >= 1, "train.batch_size", "must be >= 1");
+  // Step and sample counts are products of these: bounded far below int64's overflow.
+  require(c.train.epochs >= 1 && c.train.epochs <= kMaxEpochs, "train.epochs", "must be from 1 to 1000000000");
+  require(c.train.batchSize >= 1 && c.train.batchSize <= kMaxBatch, "train.batch_size",
+          "must be from 1 to 2147483647");
   require(c.train.lr > 0, "train.lr", "must be > 0");
   require(std::isfinite(c.train.lr), "train.lr", "must be a finite number, e.g. 0.05");
   require(c.train.momentum >= 0 && c.train.momentum < 1, "train.momentum", "must be in [0, 1)");
@@ -423,13 +431,38 @@ void validateTrainingLoop(const WorkerConfig& c) {
   require(std::isfinite(c.train.weightDecay), "train.weight_decay", "must be a finite number, e.g. 1e-4");
   require(c.train.maxSteps >= 0, "train.max_steps", "must be >= 0 (0 = no limit)");
   require(c.train.logEvery >= 1, "train.log_every", "must be >= 1");
-  require(c.eval.batchSize >= 1, "eval.batch_size", "must be >= 1");
+  require(c.eval.batchSize >= 1 && c.eval.batchSize <= kMaxBatch, "eval.batch_size", "must be from 1 to 2147483647");
+}
+
+// What the job itself writes in output.dir (besides the export), for output.export to stay clear of;
+// "" when `name` is none of it.
+std::string ownOutputFile(const std::string& name) {
+  static const std::pair<const char*, const char*> kFiles[] = {
+      {"summary.json", "the run's summary"},         {"metrics.jsonl", "the metrics log"},
+      {"config.resolved.yaml", "the resolved config"}, {"tensorboard", "the TensorBoard directory"},
+      {"checkpoints", "the checkpoint directory"},   {"hang_report.json", "the launcher's hang report"},
+      {".ddp-launch.lock", "the directory's lock"},  {".", "the directory itself"},
+      {"..", "the directory above"}};
+  for (const auto& [file, what] : kFiles) {
+    if (name == file) return what;
+  }
+  const auto numbered = [&name](const std::string& prefix, const std::string& suffix) {
+    return name.size() > prefix.size() + suffix.size() && name.compare(0, prefix.size(), prefix) == 0 &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if (numbered("samples_rank", ".txt")) return "a rank's sample log";
+  if (numbered("profile_rank", ".json")) return "a rank's profiler trace";
+  return "";
 }
 
 void validateOutput(const WorkerConfig& c) {
   require(!c.output.dir.empty(), "output.dir", "must not be empty");
   require(!c.output.exportName.empty() && c.output.exportName.find('/') == std::string::npos,
           "output.export", "must be a file name inside output.dir");
+  const std::string own = ownOutputFile(c.output.exportName);
+  require(own.empty(), "output.export",
+          "is '" + c.output.exportName + "', the name of " + own + " the job writes in output.dir; name the model "
+          "otherwise (e.g. model.pt)");
 }
 
 void validateCuda(const WorkerConfig& c) {
@@ -439,7 +472,7 @@ void validateCuda(const WorkerConfig& c) {
 
 // comm.*: timeouts, bucket sizes and the communication hook.
 void validateComm(const WorkerConfig& c) {
-  require(c.comm.timeoutS > 0, "comm.timeout_s", "must be > 0");
+  require(c.comm.timeoutS >= 0.001, "comm.timeout_s", "must be at least 0.001 (1 ms), e.g. 300");
   require(c.comm.timeoutS <= kMaxTimeoutS, "comm.timeout_s",
           "must be at most " + std::to_string(static_cast<int64_t>(kMaxTimeoutS)) + " (7 days)");
   // Megabytes become byte counts (size_t): finite and far below any memory.

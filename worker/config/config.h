@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "ddp/amp.h"
+#include "ddp/grad_scaler.h"
 #include "ddp/collectives.h"
 #include "ddp/comm_hook.h"
 #include "ddp/ddp_options.h"

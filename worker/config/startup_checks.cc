@@ -10,8 +10,10 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 
+#include "common/dir_lock.h"
 #include "common/error.h"
 #include "ddp/files.h"
 
@@ -81,32 +83,26 @@ void checkInputPaths(const WorkerConfig& config) {
   }
 }
 
-// One job per output.dir: two jobs writing one directory would overwrite each other's outputs and
-// remove each other's temporaries. An flock held for the life of this process (released by the
-// kernel when it ends, however it ends); the file names the holder.
-static void lockOutputDir(const std::string& dir) {
-  static int held = -1;
-  if (held >= 0) return;
+// One job per output.dir and per checkpoint.dir: two jobs writing one directory would overwrite each
+// other's outputs and remove each other's temporaries (and a fresh job with resume=auto would take
+// the other's checkpoints).
+static void lockForThisJob(const std::string& dir, const char* setting) {
   const std::string path = dir + "/.ddp-launch.lock";
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return;  // a read-only place fails its own probe with the reason
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    char owner[32] = {};
-    const ssize_t n = ::pread(fd, owner, sizeof owner - 1, 0);
-    ::close(fd);
-    std::string pid = n > 0 ? std::string(owner, static_cast<size_t>(n)) : std::string("?");
-    pid = pid.substr(0, pid.find('\n'));
-    DDP_THROW(ConfigError, "config: 'output.dir' ", dir, " is in use by another job (pid ", pid, " holds ", path,
-              "); give each job its own output.dir");
+  const DirLock lock = ddp::lockDirectory(dir, ".ddp-launch.lock");
+  if (lock.error == ELOOP) {
+    DDP_THROW(ConfigError, "config: '", setting, "' ", dir, ": ", path, " is a symbolic link; remove it (the job "
+              "never writes through links it did not make)");
   }
-  const std::string mine = std::to_string(::getpid()) + "\n";
-  if (::ftruncate(fd, 0) == 0) (void)::pwrite(fd, mine.data(), mine.size(), 0);
-  held = fd;
+  if (!lock.held && lock.error == 0) {
+    DDP_THROW(ConfigError, "config: '", setting, "' ", dir, " is in use by another job (pid ", lock.holder, " holds ",
+              path, "); give each job its own ", setting);
+  }
+  // Not openable otherwise (a read-only place): its own probe fails with the reason.
 }
 
 void checkOutputPaths(const WorkerConfig& config) {
   makeDirectories(config.output.dir, "output.dir");
-  lockOutputDir(config.output.dir);
+  lockForThisJob(config.output.dir, "output.dir");
   probeFile(config.output.dir, "summary.json", "output.dir", "set output.dir to a writable directory");
   if (config.mode != Mode::kEval) {
     probeFile(config.output.dir, config.output.exportName, "output.export", "use a shorter file name");
@@ -114,7 +110,10 @@ void checkOutputPaths(const WorkerConfig& config) {
   if (config.checkpoint.everySteps > 0 || config.checkpoint.everyEpochs > 0) {
     const std::string dir = checkpointDir(config);
     makeDirectories(dir, "checkpoint.dir");
+    lockForThisJob(dir, "checkpoint.dir");
     probeFile(dir, "ckpt-00000000.pt", "checkpoint.dir", "set checkpoint.dir to a writable directory");
+  } else if (config.resume == "auto" && std::filesystem::is_directory(checkpointDir(config))) {
+    lockForThisJob(checkpointDir(config), "checkpoint.dir");  // not written, but another job's saves would race it
   }
 }
 

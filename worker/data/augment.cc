@@ -4,7 +4,7 @@
 #include <cstring>
 #include <vector>
 
-namespace ddp::data {
+namespace ddp::worker::data {
 namespace {
 
 // splitmix64: a counter-based generator, so each (seed, epoch, sample, draw) stands alone.
@@ -81,4 +81,4 @@ void augmentImage(const uint8_t* in, uint8_t* out, int64_t channels, int64_t hei
   }
 }
 
-}  // namespace ddp::data
+}  // namespace ddp::worker::data

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-namespace ddp::data {
+namespace ddp::worker::data {
 
 struct AugmentOptions {
   double rotateDegrees = 0;  // > 0: rotate by an angle uniform in [-d, d], bilinear, zero fill
@@ -24,4 +24,4 @@ void rotateImage(const uint8_t* in, uint8_t* out, int64_t height, int64_t width,
 void augmentImage(const uint8_t* in, uint8_t* out, int64_t channels, int64_t height, int64_t width,
                   const AugmentOptions& options, uint64_t seed, int64_t epoch, int64_t sample);
 
-}  // namespace ddp::data
+}  // namespace ddp::worker::data

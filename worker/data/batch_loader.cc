@@ -10,7 +10,7 @@
 
 #include "common/error.h"
 
-namespace ddp::data {
+namespace ddp::worker::data {
 
 std::vector<std::vector<int64_t>> contiguousBatches(int64_t begin, int64_t end, int64_t batchSize) {
   DDP_ENFORCE(batchSize > 0, "contiguousBatches: batch size must be > 0");
@@ -138,4 +138,4 @@ Batch BatchLoader::nextOnHost() {
   return host;
 }
 
-}  // namespace ddp::data
+}  // namespace ddp::worker::data

@@ -17,7 +17,7 @@
 #include "worker/data/gather_batch.h"
 #include "worker/data/tensor_dataset.h"
 
-namespace ddp::data {
+namespace ddp::worker::data {
 
 struct LoaderOptions {
   int numWorkers = 0;        // threads assembling batches; 0: the caller's thread, when asked
@@ -74,4 +74,4 @@ class BatchLoader {
   std::vector<std::thread> threads_;
 };
 
-}  // namespace ddp::data
+}  // namespace ddp::worker::data

@@ -10,7 +10,7 @@
 #include "common/error.h"
 #include "worker/data/idx_file.h"
 
-namespace ddp::data {
+namespace ddp::worker::data {
 namespace {
 
 constexpr const char* kWhat = "fashion-mnist";
@@ -77,4 +77,4 @@ TensorDataset loadFashionMnist(const std::string& root, Split split) {
   return ds;
 }
 
-}  // namespace ddp::data
+}  // namespace ddp::worker::data

@@ -5,7 +5,7 @@
 
 #include "worker/data/tensor_dataset.h"
 
-namespace ddp::data {
+namespace ddp::worker::data {
 
 /// Where Debian's dataset-fashion-mnist installs the four gzipped idx files.
 inline constexpr const char* kFashionMnistDefaultRoot = "/usr/share/datasets/fashion-mnist";
@@ -30,4 +30,4 @@ enum class Split { kTrain, kTest };
 /// corrupt, truncated, or the images and labels disagree.
 TensorDataset loadFashionMnist(const std::string& root, Split split);
 
-}  // namespace ddp::data
+}  // namespace ddp::worker::data

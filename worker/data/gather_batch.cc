@@ -6,7 +6,7 @@
 
 #include "common/error.h"
 
-namespace ddp::data {
+namespace ddp::worker::data {
 
 at::Tensor gatherBatch(const at::Tensor& t, const std::vector<int64_t>& indices) {
   DDP_ENFORCE(t.defined() && t.dim() >= 1, "gatherBatch needs a tensor with a batch dimension");
@@ -62,4 +62,4 @@ Batch sliceBatch(const TensorDataset& dataset, int64_t begin, int64_t count) {
                dataset.labels.narrow(0, begin, count)};
 }
 
-}  // namespace ddp::data
+}  // namespace ddp::worker::data

@@ -8,7 +8,7 @@
 
 #include "worker/data/tensor_dataset.h"
 
-namespace ddp::data {
+namespace ddp::worker::data {
 
 /// Rows `indices` of `t` along dim 0, in that order, as a new contiguous tensor.
 /// Throws ddp::DataError naming the first index outside [0, t.size(0)).
@@ -31,4 +31,4 @@ Batch sliceBatch(const TensorDataset& dataset, int64_t begin, int64_t count);
 /// order (torchvision's ToTensor + Normalize, bit for bit); float images as they are.
 at::Tensor modelInput(const TensorDataset& dataset, const at::Tensor& rows);
 
-}  // namespace ddp::data
+}  // namespace ddp::worker::data

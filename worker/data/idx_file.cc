@@ -8,7 +8,7 @@
 
 #include "common/error.h"
 
-namespace ddp::data {
+namespace ddp::worker::data {
 namespace {
 
 // The idx header stores the data type in byte 3 and the rank in byte 4.
@@ -114,4 +114,4 @@ IdxArray readIdxUbyte(const std::string& path, int numDims, const std::string& w
   return array;
 }
 
-}  // namespace ddp::data
+}  // namespace ddp::worker::data

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-namespace ddp::data {
+namespace ddp::worker::data {
 
 /// An unsigned-byte idx array: dims from the header, values row-major.
 struct IdxArray {
@@ -20,4 +20,4 @@ struct IdxArray {
 /// trailing bytes the header does not account for.
 IdxArray readIdxUbyte(const std::string& path, int numDims, const std::string& what);
 
-}  // namespace ddp::data
+}  // namespace ddp::worker::data

@@ -17,7 +17,7 @@
 
 #include "common/error.h"
 
-namespace ddp::data {
+namespace ddp::worker::data {
 namespace {
 
 namespace fs = std::filesystem;
@@ -186,4 +186,4 @@ TensorDataset loadImageFolderSplit(const std::string& splitDir, const std::vecto
   return ds;
 }
 
-}  // namespace ddp::data
+}  // namespace ddp::worker::data

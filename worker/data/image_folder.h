@@ -9,7 +9,7 @@
 
 #include "worker/data/tensor_dataset.h"
 
-namespace ddp::data {
+namespace ddp::worker::data {
 
 struct ImageFolderOptions {
   int64_t resize = 0;           // > 0: every image resized to resize x resize (bilinear, antialiased)
@@ -37,4 +37,4 @@ struct DecodedImage {
 };
 DecodedImage decodeImage(const std::string& path);
 
-}  // namespace ddp::data
+}  // namespace ddp::worker::data

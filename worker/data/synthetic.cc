@@ -7,7 +7,7 @@
 
 #include "common/error.h"
 
-namespace ddp::data {
+namespace ddp::worker::data {
 
 TensorDataset makeSynthetic(const SyntheticOptions& options) {
   if (options.size < 0) {
@@ -41,4 +41,4 @@ TensorDataset makeSynthetic(const SyntheticOptions& options) {
   return ds;
 }
 
-}  // namespace ddp::data
+}  // namespace ddp::worker::data

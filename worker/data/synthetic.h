@@ -6,7 +6,7 @@
 
 #include "worker/data/tensor_dataset.h"
 
-namespace ddp::data {
+namespace ddp::worker::data {
 
 struct SyntheticOptions {
   int64_t size = 1024;                     // number of samples
@@ -26,4 +26,4 @@ struct SyntheticOptions {
 /// numClasses < 1.
 TensorDataset makeSynthetic(const SyntheticOptions& options);
 
-}  // namespace ddp::data
+}  // namespace ddp::worker::data

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace ddp::data {
+namespace ddp::worker::data {
 
 /// A whole dataset held as two tensors whose first dimension is the sample index.
 ///
@@ -31,4 +31,4 @@ struct TensorDataset {
   }
 };
 
-}  // namespace ddp::data
+}  // namespace ddp::worker::data

@@ -5,7 +5,7 @@
 #include "common/error.h"
 #include "ddp/state_dict.h"
 
-namespace ddp::data {
+namespace ddp::worker::data {
 namespace {
 
 std::string shapeOf(const at::Tensor& t) {
@@ -68,4 +68,4 @@ TensorDataset loadTensorFile(const std::string& path, const std::string& key) {
   return ds;
 }
 
-}  // namespace ddp::data
+}  // namespace ddp::worker::data

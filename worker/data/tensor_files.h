@@ -5,7 +5,7 @@
 
 #include "worker/data/tensor_dataset.h"
 
-namespace ddp::data {
+namespace ddp::worker::data {
 
 /// Reads one split written by Python's torch.save({"x": x, "y": y}, path) (a plain or ordered
 /// dict; other keys are ignored). x: [N, C, H, W], [N, H, W] (one channel) or [N, F] (kept as
@@ -16,4 +16,4 @@ namespace ddp::data {
 /// and y disagree in length, y is not 1-D integers, or a label is negative.
 TensorDataset loadTensorFile(const std::string& path, const std::string& key);
 
-}  // namespace ddp::data
+}  // namespace ddp::worker::data

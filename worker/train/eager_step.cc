@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <string>
 
+#include "ddp/autocast.h"
 #include "ddp/clip_grad.h"
 #include "ddp/fused_optim.h"
 #include "worker/train/finite_check.h"

@@ -6,7 +6,7 @@
 #include <c10/core/GradMode.h>
 #include <torch/version.h>
 
-#include "ddp/amp.h"
+#include "ddp/non_finite.h"
 
 namespace ddp::worker {
 

@@ -14,8 +14,10 @@
 #include <utility>
 
 #include "common/error.h"
+#include "ddp/autocast.h"
 #include "ddp/clip_grad.h"
 #include "ddp/fused_optim.h"
+#include "ddp/non_finite.h"
 #include "worker/train/finite_check.h"
 
 namespace ddp::worker {

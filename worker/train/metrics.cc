@@ -5,15 +5,19 @@
 #include <filesystem>
 
 #include "common/error.h"
+#include "common/no_follow.h"
 #include "worker/config/config.h"
 #include "worker/train/trainer.h"
 #include "ddp/files.h"
 
 namespace ddp::worker {
 
-MetricsWriter::MetricsWriter(const std::string& path, bool append)
-    : out_(path, append ? std::ios::app : std::ios::trunc) {
-  if (!out_) DDP_THROW(ConfigError, "output: cannot write '", path, "'; set output.dir to a writable directory");
+MetricsWriter::MetricsWriter(const std::string& path, bool append) {
+  if (const std::string why = claimFile(path, append); !why.empty()) {
+    DDP_THROW(ConfigError, "output.dir: cannot write '", path, "': ", why);
+  }
+  out_.open(path, append ? std::ios::app : std::ios::trunc);
+  if (!out_) DDP_THROW(ConfigError, "output.dir: cannot write '", path, "'; set output.dir to a writable directory");
 }
 
 void MetricsWriter::write(const nlohmann::json& record) {
@@ -54,9 +58,13 @@ nlohmann::json trainingSummary(const WorkerConfig& config, const TrainResult& re
 }
 
 void logDone(const TrainResult& result) {
-  spdlog::info("done: {} steps, {:.0f} samples/s, final loss {:.4f}, test accuracy {:.2f}% ({}/{}), exported {}",
-               result.steps, result.samplesPerSecond, result.finalLoss, 100 * result.testAccuracy,
-               result.testCorrect, result.testTotal, result.exportPath);
+  // eval.enabled false: no test set was evaluated, so no accuracy to report.
+  const std::string accuracy =
+      result.testTotal > 0 ? fmt::format(", test accuracy {:.2f}% ({}/{})", 100 * result.testAccuracy,
+                                         result.testCorrect, result.testTotal)
+                           : std::string();
+  spdlog::info("done: {} steps, {:.0f} samples/s, final loss {:.4f}{}, exported {}", result.steps,
+               result.samplesPerSecond, result.finalLoss, accuracy, result.exportPath);
 }
 
 void writeSummary(const std::string& path, const nlohmann::json& summary) {

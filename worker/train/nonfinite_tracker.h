@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "ddp/amp.h"
+#include "ddp/non_finite.h"
 #include "worker/config/config.h"
 #include "worker/report/progress.h"
 #include "worker/train/trainer.h"

@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "common/error.h"
+#include "common/no_follow.h"
 #include "ddp/files.h"
 
 namespace ddp::worker {
@@ -10,6 +11,9 @@ namespace ddp::worker {
 SampleLog::SampleLog(const std::string& dir, int rank, int world) {
   makeDirectories(dir, "output.dir");
   const std::string path = dir + "/samples_rank" + std::to_string(rank) + ".txt";
+  if (const std::string why = claimFile(path, /*append=*/true); !why.empty()) {
+    DDP_THROW(ConfigError, "config: 'output.sample_log': cannot write '", path, "': ", why);
+  }
   out_.open(path, std::ios::app);
   if (!out_) DDP_THROW(ConfigError, "config: 'output.sample_log': cannot write '", path, "'; fix output.dir");
   const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");

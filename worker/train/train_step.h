@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "ddp/amp.h"
+#include "ddp/grad_scaler.h"
 #include "ddp/fused_optim.h"
 #include "ddp/lr_schedule.h"
 #include "worker/config/config.h"

@@ -4,21 +4,25 @@
 namespace ddp::worker {
 namespace {
 
-CheckpointOptions checkpointOptions(const WorkerConfig& config, std::vector<c10::Device> cudaGenerators) {
+CheckpointOptions checkpointOptions(const WorkerConfig& config, int64_t trainSamples,
+                                    std::vector<c10::Device> cudaGenerators) {
   CheckpointOptions o;
   o.cudaGenerators = std::move(cudaGenerators);
   o.dir = checkpointDir(config);
   o.keepLast = config.checkpoint.keepLast;
   o.seed = config.seed;
+  o.sampleOrder = {{"train.shuffle", config.train.shuffle ? "true" : "false"},
+                   {"training samples", std::to_string(trainSamples)}};
   o.config = dumpConfig(config);
   return o;
 }
 
 }  // namespace
 
-TrainingCheckpointer::TrainingCheckpointer(const WorkerConfig& config, ProcessGroup group,
+TrainingCheckpointer::TrainingCheckpointer(const WorkerConfig& config, ProcessGroup group, int64_t trainSamples,
                                            std::vector<c10::Device> cudaGenerators)
-    : config_(config), checkpointer_(std::move(group), checkpointOptions(config, std::move(cudaGenerators))) {}
+    : config_(config),
+      checkpointer_(std::move(group), checkpointOptions(config, trainSamples, std::move(cudaGenerators))) {}
 
 TrainPosition TrainingCheckpointer::resume(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                            GradScaler* scaler) {

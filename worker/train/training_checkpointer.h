@@ -16,7 +16,10 @@ class TrainingCheckpointer {
  public:
   /// The group's device is this rank's: its GPU's generator is saved and restored per rank.
   /// `cudaGenerators`: mode dp's replica GPUs, whose generators are saved and restored in order.
-  TrainingCheckpointer(const WorkerConfig& config, ProcessGroup group, std::vector<c10::Device> cudaGenerators = {});
+  /// `trainSamples`: the training set's size, which the epochs' order depends on (with seed and
+  /// train.shuffle): a checkpoint of another one is refused at resume.
+  TrainingCheckpointer(const WorkerConfig& config, ProcessGroup group, int64_t trainSamples,
+                       std::vector<c10::Device> cudaGenerators = {});
   /// Applies config.resume (auto | path) to `module` and `optimizer` and the RNGs;
   /// returns where to continue (the start when there is nothing to resume).
   /// Collective. Throws CheckpointError for an explicit path that does not load.

@@ -75,8 +75,7 @@ class TrainingRun {
   void record(const StepPlace& place, bool last);
   bool stopRequested(const TrainPosition& position);
   void finish();
-  int64_t samplesOverRanks(const StepPlace& place) const;
-  int64_t resumedStart() const;
+  int64_t resumedStart();
   int64_t epochBatchesFrom(int64_t epoch, int64_t start);
   ProgressPoint progressAt(const StepPlace& place, double loss, double rate) const;
 
@@ -140,7 +139,7 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
       optimizer_(makeOptimizer(train_, params_, device, group_)), device_(device),
       join_(train_.unevenInputs == "join" && world_ > 1),
       sampler_(data.train.size(), world_, rank_, {train_.shuffle, config.seed, train_.dropLast, /*pad=*/!join_}),
-      checkpointer_(config, group_, parallelism.cudaGenerators()),
+      checkpointer_(config, group_, data.train.size(), parallelism.cudaGenerators()),
       bar_(rank_ == 0 && progressBarWanted(), std::getenv("DDP_LAUNCH_PREFIXED") != nullptr),
       syncDebug_(config.cuda.syncDebug), nonfinite_(config, rank_, bar_), deviceChecks_(device.is_cuda()) {
   if (rank_ == 0) makeDirectories(config_.output.dir, "output.dir");
@@ -220,6 +219,13 @@ void TrainingRun::checkCudaSettings() const {
 // did not change).
 void TrainingRun::planSteps() {
   perEpoch_ = stepsPerEpoch(epochBatchesFrom(0, 0), train_.accumulateSteps);
+  if (perEpoch_ == 0) {  // every rank computes the same: all refuse alike
+    DDP_THROW(ConfigError, "config: no training step to take: ", data_.train.size(), " training samples over ", world_,
+              " ranks leave each none",
+              train_.dropLast ? " with train.drop_last=true (which drops what does not fill every rank); set it "
+                                "false, or use more data or fewer ranks"
+                              : "; use more data");
+  }
   jobSteps_ = totalSteps(train_.epochs, perEpoch_, train_.maxSteps);
   if (result_.steps > 0 && resumed_.epoch < train_.epochs) {
     const int64_t left = stepsPerEpoch(epochBatchesFrom(resumed_.epoch, resumedStart()), train_.accumulateSteps);
@@ -268,7 +274,10 @@ void TrainingRun::runEpoch(int64_t epoch) {
     ++result_.steps;
     ++runSteps_;
     // Padded, every rank's batch has the same size; join: every rank knows every rank's share.
-    const int64_t stepSamples = join_ ? samplesOverRanks(place) : stepRankSamples_ * world_;
+    const int64_t stepSamples =
+        join_ ? sampler_.samplesInBatches(static_cast<int64_t>(place.first), static_cast<int64_t>(place.count),
+                                          train_.batchSize)
+              : stepRankSamples_ * world_;
     result_.samples += stepSamples;
     runSamples_ += stepSamples;
     windowSamples_ += stepSamples;
@@ -288,14 +297,10 @@ void TrainingRun::runEpoch(int64_t epoch) {
   syncDebug_.pause();  // a new epoch's loader starts its threads and pinned buffers
 }
 
-// The position after the step at `place`: every rank consumed the same count of its positions
-// (join: or all of them), so the epoch's consumed positions are the first epochStart_ + world ×
-// batches × batch_size.
+// The position after the step at `place` (the sampler is at the epoch and its epochStart_).
 TrainPosition TrainingRun::positionAfter(const StepPlace& place) const {
   if (place.epochEnded()) return TrainPosition{place.epoch + 1, 0, result_.steps, result_.samples, 0};
-  const int64_t consumed = std::min<int64_t>(
-      data_.train.size(), epochStart_ + static_cast<int64_t>(world_) * static_cast<int64_t>(place.first + place.count) *
-                                            train_.batchSize);
+  const int64_t consumed = sampler_.positionAfter(static_cast<int64_t>(place.first + place.count), train_.batchSize);
   return TrainPosition{place.epoch, epochStepOffset_ + static_cast<int64_t>(place.first) / train_.accumulateSteps + 1,
                        result_.steps, result_.samples, consumed};
 }
@@ -311,30 +316,18 @@ void TrainingRun::saveIfDue(const TrainPosition& position, bool epochEnded) {
 }
 
 // Where the resumed epoch starts in its permutation: the checkpoint's global position, or for one
-// written before those existed (same world size only) its steps × micro-batches × batch × world.
-int64_t TrainingRun::resumedStart() const {
+// written before those existed (same world size only) the position after its steps' micro-batches
+// from the epoch's start. Leaves the sampler at the resumed epoch's start; its callers set it next.
+int64_t TrainingRun::resumedStart() {
   if (resumed_.epochSamples >= 0) return std::min<int64_t>(resumed_.epochSamples, data_.train.size());
-  return std::min<int64_t>(data_.train.size(),
-                           resumed_.stepInEpoch * train_.accumulateSteps * train_.batchSize * world_);
+  sampler_.setEpoch(resumed_.epoch, 0);
+  return sampler_.positionAfter(resumed_.stepInEpoch * train_.accumulateSteps, train_.batchSize);
 }
 
-// Sets the sampler to `epoch` from `start`; rank 0's batches from there.
+// Sets the sampler to `epoch` from `start`; the batches every rank steps through from there.
 int64_t TrainingRun::epochBatchesFrom(int64_t epoch, int64_t start) {
   sampler_.setEpoch(epoch, start);
-  return (sampler_.numSamplesOf(0) + train_.batchSize - 1) / train_.batchSize;
-}
-
-// join: the samples every rank consumed in `place`'s micro-batch slots (rank r's shard is known
-// everywhere: its first numSamplesOf(r) positions, cut into batches).
-int64_t TrainingRun::samplesOverRanks(const StepPlace& place) const {
-  const int64_t from = static_cast<int64_t>(place.first) * train_.batchSize;
-  const int64_t to = static_cast<int64_t>(place.first + place.count) * train_.batchSize;
-  int64_t total = 0;
-  for (int r = 0; r < world_; ++r) {
-    const int64_t n = sampler_.numSamplesOf(r);
-    total += std::min(n, to) - std::min(n, from);
-  }
-  return total;
+  return sampler_.batchesPerRank(train_.batchSize);
 }
 
 ProgressPoint TrainingRun::progressAt(const StepPlace& place, double loss, double rate) const {

@@ -12,7 +12,7 @@
 #include "common/error.h"
 #include "event.pb.h"
 
-namespace ddp::tensorboard {
+namespace ddp::worker::tensorboard {
 namespace {
 
 std::array<uint32_t, 256> makeTable() {
@@ -103,4 +103,4 @@ void EventWriter::write(const std::string& serializedEvent) {
   }
 }
 
-}  // namespace ddp::tensorboard
+}  // namespace ddp::worker::tensorboard

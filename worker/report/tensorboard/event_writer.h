@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-namespace ddp::tensorboard {
+namespace ddp::worker::tensorboard {
 
 /// CRC-32C (Castagnoli), and TFRecord's masked form: ((crc >> 15) | (crc << 17)) + 0xa282ead8.
 uint32_t crc32c(std::string_view data);
@@ -39,4 +39,4 @@ class EventWriter {
   std::FILE* file_ = nullptr;
 };
 
-}  // namespace ddp::tensorboard
+}  // namespace ddp::worker::tensorboard

@@ -294,6 +294,25 @@ std::vector<at::Tensor> gatherCudaRngStates(ProcessGroup& group, c10::Device dev
   return out;
 }
 
+// The file's order of samples must be this run's, or the resumed epoch would continue at a position
+// of another permutation. Every rank read the same file (checked above): all throw alike.
+void checkSampleOrder(const CheckpointOptions& options, const checkpoint::TrainingState& state,
+                      const std::string& path) {
+  const std::string why = ": the resumed epoch's order would change, repeating some of its samples and skipping "
+                          "others; resume with the file's value, or start afresh with another checkpoint directory";
+  if (static_cast<uint64_t>(state.seed) != options.seed) {
+    DDP_THROW(ConfigError, "resume: '", path, "' was written with seed ", static_cast<uint64_t>(state.seed),
+              ", this run has seed ", options.seed, why);
+  }
+  for (const auto& [name, value] : options.sampleOrder) {
+    const auto saved = state.sampleOrder.find(name);
+    if (saved != state.sampleOrder.end() && saved->second != value) {
+      DDP_THROW(ConfigError, "resume: '", path, "' was written with ", name, "=", saved->second, ", this run has ",
+                name, "=", value, why);
+    }
+  }
+}
+
 }  // namespace
 
 void saveModel(const torch::nn::Module& module, const std::string& path) {
@@ -328,7 +347,7 @@ Checkpointer::Checkpointer(ProcessGroup group, CheckpointOptions options)
 
 std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                const TrainPosition& position, const GradScaler* scaler) {
-  api::checkLive(group_, "Checkpointer::save");
+  internal::checkLive(group_, "Checkpointer::save");
   ProcessGroup group = group_.withLabel("Checkpointer::save");
   const std::string& dir = options_.dir;
   const std::string path = checkpoint::checkpointPath(dir, position.globalStep);
@@ -358,6 +377,7 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
       state.worldSize = group.size();
       if (position.epochSamples >= 0) state.epochSamples = position.epochSamples;
       state.seed = static_cast<int64_t>(options_.seed);
+      state.sampleOrder = options_.sampleOrder;
       state.cpuRng = checkpoint::cpuRngState();
       state.cudaRng = std::move(cudaRng);
       state.config = options_.config;
@@ -417,7 +437,7 @@ std::optional<TrainPosition> Checkpointer::resume(torch::nn::Module& module, tor
 
 TrainPosition Checkpointer::resumeFrom(const std::string& path, torch::nn::Module& module,
                                        torch::optim::Optimizer& optimizer, GradScaler* scaler) {
-  api::checkLive(group_, "Checkpointer::resume");
+  internal::checkLive(group_, "Checkpointer::resume");
   ProcessGroup group = group_.withLabel("Checkpointer::resume");
   checkpoint::TrainingState state;
   if (!path.empty()) state = checkpoint::loadTrainingCheckpoint(path);
@@ -431,6 +451,7 @@ TrainPosition Checkpointer::resumeFrom(const std::string& path, torch::nn::Modul
               " from '", path.empty() ? "<none>" : path, "'); point every rank at the same ", "ddp::CheckpointOptions::dir");
   }
   if (path.empty()) return {};
+  checkSampleOrder(options_, state, path);
 
   const c10::Device device = group_.device();
   checkpoint::loadStateDictInto(module, state.model, path);

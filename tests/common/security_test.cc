@@ -1,0 +1,150 @@
+// common/'s security and store pieces, without LibTorch: SHA-256 and HMAC against their standards'
+// examples, the job token, the store's listening socket and its client's connect timeout.
+#include <gtest/gtest.h>
+
+#include <netinet/in.h>
+#include <sys/stat.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "common/job_token.h"
+#include "common/listen_socket.h"
+#include "common/sha256.h"
+#include "common/store_client.h"
+#include "tests/support/loopback.h"
+
+namespace ddp::comm {
+namespace {
+
+// --- hashing: FIPS 180-4 examples and RFC 4231 test cases --------------------------------------
+
+TEST(Sha256, MatchesTheFipsExamples) {
+  EXPECT_EQ(crypto::toHex(crypto::sha256("")), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(crypto::toHex(crypto::sha256("abc")), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(crypto::toHex(crypto::sha256("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq")),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  EXPECT_EQ(crypto::toHex(crypto::sha256(std::string(1000000, 'a'))),
+            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+TEST(HmacSha256, MatchesRfc4231) {
+  EXPECT_EQ(crypto::toHex(crypto::hmacSha256(std::string(20, '\x0b'), "Hi There")),
+            "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+  EXPECT_EQ(crypto::toHex(crypto::hmacSha256("Jefe", "what do ya want for nothing?")),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  // A key longer than the block is hashed first.
+  EXPECT_EQ(crypto::toHex(crypto::hmacSha256(std::string(131, '\xaa'),
+                                             "Test Using Larger Than Block-Size Key - Hash Key First")),
+            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+}
+
+TEST(JobToken, FreshTokensAre128RandomBits) {
+  const std::string a = newJobToken(), b = newJobToken();
+  EXPECT_EQ(a.size(), 32u);
+  EXPECT_EQ(a.find_first_not_of("0123456789abcdef"), std::string::npos);
+  EXPECT_NE(a, b);
+}
+
+// The token file (issue 46, 1 and 4): text trimmed, raw bytes whole as hex, nothing that blocks.
+class TokenFile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = "/tmp/ddp_token_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    for (const char* name : {"t", "fifo"}) ::unlink((dir_ + "/" + name).c_str());
+    ::rmdir(dir_.c_str());
+  }
+  std::string write(const std::string& bytes, mode_t mode = 0600) {
+    const std::string path = dir_ + "/t";
+    std::FILE* out = std::fopen(path.c_str(), "wb");
+    std::fwrite(bytes.data(), 1, bytes.size(), out);
+    std::fclose(out);
+    ::chmod(path.c_str(), mode);
+    return path;
+  }
+  std::string errorOf(const std::string& path) {
+    try {
+      readTokenFile(path);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "(no error)";
+  }
+  std::string dir_;
+};
+
+TEST_F(TokenFile, TextIsTrimmedAndRawBytesAreUsedWholeAsHex) {
+  EXPECT_EQ(readTokenFile(write("  0123456789abcdef0123\n")), "0123456789abcdef0123");
+  std::string raw = std::string("\x01\x02\x00\xff", 4) + std::string(16, '\x7f') + "\n";
+  std::string hex = "010200ff";  // the bytes' hex digits, written out
+  for (int i = 0; i < 16; ++i) hex += "7f";
+  EXPECT_EQ(readTokenFile(write(raw)), hex + "0a");  // the whole file: the newline is a byte of it
+  EXPECT_EQ(readTokenFile(write(std::string(20, '\0') + "x")), std::string(40, '0') + "78");
+}
+
+TEST_F(TokenFile, WeakOrStrangeFilesAreRefusedInOneLine) {
+  EXPECT_NE(errorOf(write("short\n")).find("holds 5 characters"), std::string::npos);
+  EXPECT_NE(errorOf(write(std::string(8, '\0'))).find("holds 8 bytes"), std::string::npos);
+  EXPECT_NE(errorOf(write(std::string(40, 'z'))).find("one character repeated"), std::string::npos);
+  EXPECT_NE(errorOf(write(std::string(32, '\0'))).find("one character repeated"), std::string::npos);
+  EXPECT_NE(errorOf(write(std::string(70000, 'q') + "r")).find("over 64 KiB"), std::string::npos);
+  EXPECT_NE(errorOf(write("0123456789abcdef0123", 0640)).find("has mode 0640"), std::string::npos);
+  const std::string fifo = dir_ + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_NE(errorOf(fifo).find("is not a regular file"), std::string::npos);  // at once: no writer needed
+}
+
+// --- the store's socket and client ------------------------------------------------------------
+
+TEST(StoreClient, AHostThatDropsTheConnectionEndsWithinTheTimeout) {
+  // A listener whose accept queue is full drops further SYNs, as a firewall or a dead host does: a
+  // blocking connect() would wait out the kernel's retries (about two minutes), not our timeout.
+  ddp::ListenSocket listener("127.0.0.1", 0);
+  ASSERT_EQ(::listen(listener.fd(), 0), 0);
+  std::vector<int> queued;
+  for (int i = 0; i < 4; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    sockaddr_in address = test::loopbackAddress(static_cast<std::uint16_t>(listener.port()));
+    ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
+    queued.push_back(fd);
+  }
+  StoreClientOptions options;
+  options.port = static_cast<std::uint16_t>(listener.port());
+  options.timeout = std::chrono::milliseconds(1500);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(StoreClient client(options), StoreUnreachableError);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 10.0) << "the connection attempt outlived its 1.5 s timeout";
+  for (int fd : queued) ::close(fd);
+}
+
+TEST(ListenSocket, BindsOnlyTheAddressItIsGiven) {
+  ListenSocket socket("127.0.0.1", 0);
+  EXPECT_EQ(ntohl(test::boundAddress(socket.fd()).sin_addr.s_addr), INADDR_LOOPBACK);
+  // The port is taken for as long as the socket lives.
+  try {
+    ListenSocket again("127.0.0.1", socket.port());
+    FAIL() << "a second listener got the port";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("address already in use"), std::string::npos) << e.what();
+  }
+  try {
+    ListenSocket foreign("192.0.2.1", 0);  // TEST-NET-1: never this machine's
+    FAIL() << "bound an address this machine does not have";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("not an address of this machine"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace ddp::comm
