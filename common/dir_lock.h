@@ -11,6 +11,8 @@
 #include <set>
 #include <string>
 
+#include "common/no_follow.h"
+
 namespace ddp {
 
 struct DirLock {
@@ -40,6 +42,18 @@ inline DirLock lockDirectory(const std::string& dir, const std::string& fileName
   if (::ftruncate(fd, 0) == 0) (void)::pwrite(fd, mine.data(), mine.size(), 0);
   held.insert(key);  // the fd stays open: the lock lives as long as the process
   return {true, "", 0};
+}
+
+/// Why lockDirectory(dir, fileName) refused, for one line after "<setting> <dir>": "" when it did
+/// not (held, or not openable: a read-only place fails its own write check with the reason).
+inline std::string dirLockRefusal(const DirLock& lock, const std::string& dir, const std::string& fileName,
+                                  const std::string& setting) {
+  const std::string path = dir + "/" + fileName;
+  if (lock.error == ELOOP) return ": " + path + ": " + openFailure(ELOOP);
+  if (!lock.held && lock.error == 0) {
+    return " is in use by another job (pid " + lock.holder + " holds " + path + "); give each job its own " + setting;
+  }
+  return "";
 }
 
 }  // namespace ddp

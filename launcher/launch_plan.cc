@@ -53,14 +53,9 @@ bool workerServesItsOwnStore(const LaunchOptions& options) { return isPythonInte
 // One job per --log_dir: a second one would truncate the first's rank logs. Its own lock file, not
 // the worker's .ddp-launch.lock (a --log_dir may be the worker's output.dir).
 void lockLogDir(const std::string& dir) {
-  const DirLock lock = lockDirectory(dir, ".ddp-launch-logs.lock");
-  if (lock.error == ELOOP) {
-    DDP_THROW(ConfigError, "--log_dir '", dir, "': ", dir, "/.ddp-launch-logs.lock is a symbolic link; remove it");
-  }
-  if (!lock.held && lock.error == 0) {
-    DDP_THROW(ConfigError, "--log_dir '", dir, "' is in use by another job (pid ", lock.holder, " holds ", dir,
-              "/.ddp-launch-logs.lock); give each job its own --log_dir");
-  }
+  const std::string file = ".ddp-launch-logs.lock";
+  const std::string refused = dirLockRefusal(lockDirectory(dir, file), dir, file, "--log_dir");
+  if (!refused.empty()) DDP_THROW(ConfigError, "--log_dir '", dir, "'", refused);
 }
 
 // mkdir -p, then a write check, so a bad --log_dir stops the launch before any worker starts.

@@ -87,17 +87,9 @@ void checkInputPaths(const WorkerConfig& config) {
 // other's outputs and remove each other's temporaries (and a fresh job with resume=auto would take
 // the other's checkpoints).
 static void lockForThisJob(const std::string& dir, const char* setting) {
-  const std::string path = dir + "/.ddp-launch.lock";
-  const DirLock lock = ddp::lockDirectory(dir, ".ddp-launch.lock");
-  if (lock.error == ELOOP) {
-    DDP_THROW(ConfigError, "config: '", setting, "' ", dir, ": ", path, " is a symbolic link; remove it (the job "
-              "never writes through links it did not make)");
-  }
-  if (!lock.held && lock.error == 0) {
-    DDP_THROW(ConfigError, "config: '", setting, "' ", dir, " is in use by another job (pid ", lock.holder, " holds ",
-              path, "); give each job its own ", setting);
-  }
-  // Not openable otherwise (a read-only place): its own probe fails with the reason.
+  const std::string file = ".ddp-launch.lock";
+  const std::string refused = dirLockRefusal(lockDirectory(dir, file), dir, file, setting);
+  if (!refused.empty()) DDP_THROW(ConfigError, "config: '", setting, "' ", dir, refused);
 }
 
 void checkOutputPaths(const WorkerConfig& config) {
