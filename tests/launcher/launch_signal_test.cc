@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <csignal>
 #include <memory>
 #include <thread>
@@ -109,15 +110,23 @@ TEST(LaunchSignalPipe, SigtermEndsTheJobWhileStdoutIsAFullPipe) {
   LaunchedProcess launcher(spec);
   ::close(fds[1]);
   ASSERT_TRUE(dir.waitForFiles({"pid.0", "pid.1"}, seconds(10))) << launcher.stderrText();
-  // Full: every page of the pipe is taken (the last one may be partly filled: a line that does not
-  // fit waits for a free page) and nobody reads it.
-  const int full = ::fcntl(fds[0], F_GETPIPE_SZ) - 4096;
+  // The launcher's relay is writing once the first bytes arrive; then the test tops the pipe off
+  // through a second, non-blocking write end of its own (/proc reopens the pipe with its own flags,
+  // leaving the launcher's blocking end as it is) until not even one byte fits. From there nobody
+  // reads, and the launcher's next console write blocks.
   int queued = 0;
   const auto deadline = std::chrono::steady_clock::now() + seconds(30);
-  while (::ioctl(fds[0], FIONREAD, &queued) == 0 && queued < full && std::chrono::steady_clock::now() < deadline) {
+  while (::ioctl(fds[0], FIONREAD, &queued) == 0 && queued == 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  ASSERT_GE(queued, full) << "the pipe never filled";
+  ASSERT_GT(queued, 0) << "the launcher never wrote to its stdout";
+  const int topUp = ::open(("/proc/self/fd/" + std::to_string(fds[0])).c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+  ASSERT_GE(topUp, 0) << std::strerror(errno);
+  const char byte = 'x';
+  while (::write(topUp, &byte, 1) == 1) {
+  }
+  EXPECT_EQ(errno, EAGAIN) << std::strerror(errno);
+  ::close(topUp);
   ::kill(launcher.pid(), SIGTERM);
   const auto code = launcher.waitFor(seconds(20));
   ::close(fds[0]);
