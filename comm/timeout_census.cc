@@ -64,7 +64,7 @@ std::string TimeoutCensus::missingRanks() const {
         }
       }
     } catch (const std::exception&) {
-      answer = "missing: unknown, the store's host left or stopped";
+      answer = std::string("missing: unknown, ") + kStoreHostGone;
     }
     std::lock_guard<std::mutex> lock(shared->mutex);
     shared->answer = answer;
@@ -74,7 +74,7 @@ std::string TimeoutCensus::missingRanks() const {
   std::unique_lock<std::mutex> lock(shared->mutex);
   const auto limit = (rank_ == 0 ? 2 * window_ : window_) + std::chrono::seconds(1);
   if (!shared->done.wait_for(lock, limit, [&] { return shared->finished; })) {
-    return "missing: unknown, the store's host left or stopped";
+    return std::string("missing: unknown, ") + kStoreHostGone;
   }
   return shared->answer;
 }

@@ -13,6 +13,10 @@
 
 namespace ddp::comm {
 
+/// In the census' answer when the store did not answer in time: its host (rank 0) left or is
+/// stopped. Whoever reads the answer then knows the store cannot tell more.
+inline constexpr char kStoreHostGone[] = "the store's host left or stopped";
+
 class TimeoutCensus {
  public:
   TimeoutCensus(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds window);

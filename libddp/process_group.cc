@@ -15,6 +15,9 @@
 #include <cctype>
 #include <cstring>
 #include <memory>
+#include <thread>
+#include <mutex>
+#include <condition_variable>
 
 #include "libddp/flat_tensors.h"
 #include "libddp/internal.h"
@@ -22,6 +25,7 @@
 #include "comm/local_address.h"
 #include "comm/process_group.h"
 #include "comm/rendezvous.h"
+#include "comm/timeout_census.h"
 #include "common/error.h"
 #include "common/flight_recorder.h"
 #include "common/job_token.h"
@@ -98,29 +102,45 @@ struct ProcessGroup::Impl final {
 
   // What the store knows about ranks that already left through destroy(): appended to a failed
   // collective's error, since a rank that destroyed while this one was in another collective is the
-  // likeliest cause. Never throws (the store may be gone with rank 0).
-  std::string destroyedPeers() const {
-    if (!store || size_ <= 1) return "";
-    std::string out;
-    try {
-      for (int r = 0; r < size_; ++r) {
-        if (r == rank_) continue;
-        const std::string key = destroyKey(r);
-        if (!store->check({key})) continue;
-        const auto bytes = store->get(key);
-        const std::string theirs(bytes.begin(), bytes.end());
-        out += "; rank " + std::to_string(r) + " had called destroy() after its collective " + theirs +
-               " while this rank was in " + lastCollective();
+  // likeliest cause. Never throws, and waits for the store at most a second: its host (rank 0) may
+  // be gone or stopped, and the error must not wait for the store's timeout (issue 46 (15)). `what`:
+  // the error so far; when its census already found the store's host gone, nothing is asked.
+  std::string destroyedPeers(const std::string& what) const {
+    if (!store || size_ <= 1 || what.find(comm::kStoreHostGone) != std::string::npos) return "";
+    struct Answer {
+      std::mutex mutex;
+      std::condition_variable done;
+      bool finished = false;
+      std::string text;
+    };
+    auto answer = std::make_shared<Answer>();
+    // Detached: a store call blocked on a stopped host cannot be interrupted; the thread owns what it touches.
+    std::thread([answer, store = store, rank = rank_, size = size_, here = lastCollective()] {
+      std::string out;
+      try {
+        for (int r = 0; r < size; ++r) {
+          if (r == rank || !store->check({destroyKey(r)})) continue;
+          const auto bytes = store->get(destroyKey(r));
+          out += "; rank " + std::to_string(r) + " had called destroy() after its collective " +
+                 std::string(bytes.begin(), bytes.end()) + " while this rank was in " + here;
+        }
+      } catch (const std::exception&) {
+        // What was found so far stands.
       }
-    } catch (const std::exception&) {
-      return out;
+      std::lock_guard<std::mutex> lock(answer->mutex);
+      answer->text = std::move(out);
+      answer->finished = true;
+      answer->done.notify_all();
+    }).detach();
+    std::unique_lock<std::mutex> lock(answer->mutex);
+    if (!answer->done.wait_for(lock, std::chrono::seconds(1), [&] { return answer->finished; }) ||
+        answer->text.empty()) {
+      return "";
     }
-    if (!out.empty()) {
-      out += " — ranks called different collectives: every rank must run the same collectives in the same "
-             "order (a step, saveModel(..., group) or an evaluation through the DDP wrapper on some ranks only "
-             "breaks this)";
-    }
-    return out;
+    return answer->text +
+           " — ranks called different collectives: every rank must run the same collectives in the same "
+           "order (a step, saveModel(..., group) or an evaluation through the DDP wrapper on some ranks only "
+           "breaks this)";
   }
 
   static std::string destroyKey(int r) { return "ddp/destroy/rank/" + std::to_string(r); }
@@ -236,10 +256,10 @@ struct ProcessGroup::Impl final {
       throw;
     } catch (const TimeoutError& e) {
       flight::Recorder::end(entry, n, flight::State::kTimedOut);
-      throw TimeoutError(e.what() + destroyedPeers());
+      throw TimeoutError(e.what() + destroyedPeers(e.what()));
     } catch (const CommError& e) {
       flight::Recorder::end(entry, n, flight::State::kFailed);
-      throw CommError(e.what() + destroyedPeers());
+      throw CommError(e.what() + destroyedPeers(e.what()));
     } catch (...) {
       flight::Recorder::end(entry, n, flight::State::kFailed);
       throw;
@@ -333,9 +353,9 @@ struct ProcessGroup::Impl final {
     try {
       c.awaitCompletion();
     } catch (const TimeoutError& e) {
-      throw TimeoutError(e.what() + destroyedPeers());
+      throw TimeoutError(e.what() + destroyedPeers(e.what()));
     } catch (const CommError& e) {
-      throw CommError(e.what() + destroyedPeers());
+      throw CommError(e.what() + destroyedPeers(e.what()));
     }
   }
   std::unique_ptr<comm::PendingWork> allGather(std::vector<at::Tensor>& outputs, const at::Tensor& input,

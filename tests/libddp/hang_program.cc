@@ -21,7 +21,7 @@ __attribute__((noinline)) void spinInUserCodeForHangTest(volatile long* counter)
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::cerr << "usage: hang_program stop|spin|skip|size|clean BACKEND TIMEOUT_S REPORT_DIR [check]\n";
+    std::cerr << "usage: hang_program stop|stop0|spin|skip|size|clean BACKEND TIMEOUT_S REPORT_DIR [check]\n";
     return 2;
   }
   const std::string scenario = argv[1];
@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
     for (int i = 1; i <= 6; ++i) {
       torch::Tensor x = torch::ones({1000});
       if (rank == 1 && scenario == "skip" && i == 3) continue;
+      if (rank == 0 && i == 4 && scenario == "stop0") stopHereForHangTest();  // the store's host
       if (rank == 1 && i == 4) {
         if (scenario == "stop") stopHereForHangTest();
         if (scenario == "spin") {

@@ -63,6 +63,17 @@ assert ranks[1]["stopped"] is True
 assert any("stopHereForHangTest" in f for f in frames(1)), frames(1)
 assert r["mismatch"] is None'
 
+  # Rank 0, the store's host, stops itself: rank 1's census cannot reach the store, and the report
+  # still comes within the timeout (3 s) + ~3 s of rank 1 entering #4 (issue 46 (15): 15 s with a
+  # 5 s timeout, when the failing rank asked the stopped store once more, up to its timeout).
+  name="stop0_$backend"
+  run "$name" stop0 "$backend"
+  expect "$name" "rank 0 is behind: never entered all_reduce #4 (the loss) of 1000 float, which rank 1 entered"
+  report "$name" '
+assert r["behind"] == [0] and r["missing"]["seq"] == 4, (r["behind"], r["missing"])
+assert ranks[0]["stopped"] is True
+assert r["missing"]["age_s"] < 3 + 5, r["missing"]["age_s"]'
+
   # Rank 1 spins in its own code instead of all-reduce #4.
   name="spin_$backend"
   run "$name" spin "$backend"
