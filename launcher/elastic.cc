@@ -23,6 +23,7 @@
 #include "launcher/exit_status.h"
 #include "launcher/failure_summary.h"
 #include "launcher/free_port.h"
+#include "launcher/job_fingerprint.h"
 #include "launcher/launch_plan.h"
 #include "launcher/signal_watch.h"
 
@@ -173,6 +174,7 @@ class Liveness {
   /// Why node `id` is out of the job ("done", its launcher's reason, "no heartbeat for 30 s"),
   /// or nothing while it is in.
   std::optional<std::string> gone(int id) {
+    discountOwnGap();
     if (store_.check({keys_.left(id)})) return text(store_.get(keys_.left(id), store_.timeout()));
     const std::int64_t beat = store_.add(keys_.heartbeat(id), 0);
     Seen& seen = seen_[id];
@@ -185,6 +187,18 @@ class Liveness {
   }
 
  private:
+  // A look long after the one before (this launcher was stopped, or its requests waited on a
+  // stalled store) would judge the others by a silence that was this launcher's own (issue 46
+  // (18)): that time does not count. Half the timeout: an observer away for less still sees a
+  // live node's beat (every timeout / 6) before the timeout.
+  void discountOwnGap() {
+    const auto now = Clock::now();
+    if (lastLook_ && now - *lastLook_ > std::chrono::duration<double>(timeoutS_ / 2)) {
+      for (auto& entry : seen_) entry.second.at += now - *lastLook_;
+    }
+    lastLook_ = now;
+  }
+
   struct Seen {
     bool known = false;
     std::int64_t beat = 0;
@@ -194,6 +208,7 @@ class Liveness {
   const Keys& keys_;
   double timeoutS_;
   std::map<int, Seen> seen_;
+  std::optional<Clock::time_point> lastLook_;
 };
 
 struct EndReason {
@@ -363,6 +378,16 @@ class Agent {
   void pause(std::chrono::milliseconds time);
   void checkFinal();
   std::string where() const { return clientOptions_.host + ":" + std::to_string(clientOptions_.port); }
+  // Every heartbeat_timeout / 6, at most a second (one small request: cheap for the store).
+  std::chrono::milliseconds heartbeatInterval() const {
+    return std::clamp(millis(elastic_.heartbeatTimeoutS / 6), std::chrono::milliseconds(50), std::chrono::milliseconds(1000));
+  }
+  // Refuses a launcher that is not of the job the store serves: another --rdzv_id on its port, or
+  // another command than the job's (issue 46 (9, 10)), before it takes part in anything.
+  void checkSameJob();
+  // After a worker of this node failed: a node of the round that left or stopped beating, the
+  // likelier cause (its ranks' peers here see their connections reset), or nothing.
+  std::optional<std::string> lostNode(const Round& round);
 
   const LaunchOptions& options_;
   const ElasticOptions& elastic_;
@@ -461,13 +486,61 @@ void Agent::connect() {
   store_->setTimeout(clientOptions_.timeout);
   address_ = store_->localAddress();
   if (address_.empty()) address_ = options_.masterAddr;
+  checkSameJob();
   nodeId_ = static_cast<int>(store_->add(keys_.nodeIds(), 1) - 1);
   store_->set(keys_.node(nodeId_), bytes(std::to_string(options_.nprocPerNode)));
-  const auto interval = std::clamp(millis(elastic_.heartbeatTimeoutS / 6), std::chrono::milliseconds(50),
-                                   std::chrono::milliseconds(5000));
-  heartbeat_ = std::make_unique<Heartbeat>(clientOptions_, keys_.heartbeat(nodeId_), interval);
+  heartbeat_ = std::make_unique<Heartbeat>(clientOptions_, keys_.heartbeat(nodeId_), heartbeatInterval());
   spdlog::info("elastic job '{}' ({}..{} nodes): this is node {} at {}; {} the rendezvous at {}", elastic_.rdzvId,
                elastic_.minNodes, elastic_.maxNodes, nodeId_, address_, server_ ? "hosting" : "joined", where());
+}
+
+void Agent::checkSameJob() {
+  // The hosting launcher names the job (in the moment before its own connection another launcher
+  // may have been first); the others compare.
+  const std::string servedKey = "elastic/served_job";
+  if (server_) store_->set(servedKey, bytes(elastic_.rdzvId));
+  const std::string served = text(store_->compareSet(servedKey, {}, bytes(elastic_.rdzvId)));
+  if (served != elastic_.rdzvId) {
+    DDP_THROW(ConfigError, "the rendezvous at ", where(), " serves elastic job '", served,
+              "' and this launcher's --rdzv_id is '", elastic_.rdzvId,
+              "': give every node of one job the same --rdzv_id, and another job its own --master_port");
+  }
+  const JobFingerprint mine = fingerprintOf(options_);
+  const std::string fingerprintKey = keys_.prefix + "fingerprint";
+  if (server_) store_->set(fingerprintKey, bytes(mine.text()));
+  const std::string job = text(store_->compareSet(fingerprintKey, {}, bytes(mine.text())));
+  if (const auto difference = firstDifference(JobFingerprint::parse(job), mine)) {
+    DDP_THROW(ConfigError, "this node does not match elastic job '", elastic_.rdzvId, "' at ", where(), ": ",
+              *difference, "; every node of an elastic job runs the same command (launcher flags, worker and its "
+              "arguments; a file argument may lie at another path with the same content)");
+  }
+}
+
+std::optional<std::string> Agent::lostNode(const Round& round) {
+  if (store_->check({keys_.inRound(round.number, "end")})) return std::nullopt;  // another node told why
+  std::map<int, std::int64_t> beats;  // the nodes not yet seen beating, at their count when we looked
+  for (int node : round.nodes) {
+    if (node == nodeId_) continue;
+    if (store_->check({keys_.left(node)})) {
+      const std::string why = text(store_->get(keys_.left(node), store_->timeout()));
+      if (why != kDone) return "node " + std::to_string(node) + " left (" + why + ")";
+      continue;
+    }
+    beats[node] = store_->add(keys_.heartbeat(node), 0);
+  }
+  // A live node beats within an interval; three intervals and a tick leave room for a busy one.
+  const auto window = 3 * heartbeatInterval() + kTick;
+  const auto deadline = Clock::now() + window;
+  while (!beats.empty() && Clock::now() < deadline) {
+    pause(kTick);
+    for (auto at = beats.begin(); at != beats.end();) {
+      at = store_->add(keys_.heartbeat(at->first), 0) != at->second ? beats.erase(at) : std::next(at);
+    }
+  }
+  if (beats.empty()) return std::nullopt;
+  return "node " + std::to_string(beats.begin()->first) + " left (no heartbeat for " +
+         seconds(std::chrono::duration<double>(window).count()) + " s after a worker of node " +
+         std::to_string(nodeId_) + " failed)";
 }
 
 bool Agent::shouldClose(const std::vector<int>& members, const std::vector<int>& previous, Liveness& live,
@@ -728,13 +801,17 @@ std::optional<int> Agent::runRound(const Round& round) {
   }
   std::optional<ExitStatus> ownFailure;
   std::string ownWhy;
+  std::optional<std::string> lost;
   std::string standing;
   if (report.firstFailure) {
     const RankReport& failed = report.ranks[*report.firstFailure];
     ownFailure = failed.status;
     const bool configError = !failed.status.signaled && failed.status.code == kWorkerConfigErrorCode;
     ownWhy = "node " + std::to_string(nodeId_) + ": rank " + std::to_string(failed.rank) + " " + describeFailure(failed);
-    standing = endRound(*store_, keys_, round.number, configError ? 'C' : 'F', ownWhy);
+    // A peer node's death fails this node's ranks too (issue 46 (13)): then that node is named.
+    lost = configError ? std::nullopt : lostNode(round);
+    standing = lost ? endRound(*store_, keys_, round.number, 'L', *lost)
+                    : endRound(*store_, keys_, round.number, configError ? 'C' : 'F', ownWhy);
   } else if (watchFailure && !store_->check({keys_.inRound(round.number, "end")})) {
     // This launcher's own connections failed while the store still answers this one.
     if (const auto failure = heartbeat_->failure()) {
@@ -750,7 +827,8 @@ std::optional<int> Agent::runRound(const Round& round) {
   spdlog::warn("round {} ended: {}", round.number, end.why);
   // Another node's report came first (often the consequence: its ranks lost their peer here).
   if (!ownWhy.empty() && end.why != ownWhy) {
-    spdlog::warn("round {}: here too, {} (another node reported its failure first)", round.number, ownWhy);
+    spdlog::warn("round {}: here too, {} ({})", round.number, ownWhy,
+                 lost ? "after that node was lost: likely a consequence" : "another node reported its failure first");
   }
   // A worker's bad configuration is every node's (the same command line): exit 2 everywhere.
   const int ownCode = ownFailure ? ownFailure->shellCode() : end.kind == 'C' ? kUsageExitCode : kFailureExitCode;

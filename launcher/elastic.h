@@ -15,8 +15,11 @@
 // stop their workers with SIGTERM (our worker checkpoints at the step every rank agrees on, so
 // nothing is lost), and all meet in the next round.
 //
+// Admission. A launcher arriving with another --rdzv_id than the store's job, or another command
+// (launcher flags, worker, arguments: launcher/job_fingerprint.h), is refused before it joins.
+//
 // Heartbeats. Every launcher adds to its heartbeat counter every heartbeat_timeout / 6 (at most
-// 5 s) from its own connection. A member whose counter has not moved for --heartbeat_timeout_s
+// 1 s) from its own connection. A member whose counter has not moved for --heartbeat_timeout_s
 // has left: the others stop their workers and start the next round without it. A launcher that
 // gets SIGTERM/SIGINT says it is leaving, so the others go on at once.
 //

@@ -97,6 +97,15 @@ bool waitForAfter(const test::Background& job, const std::string& marker, const 
   return false;
 }
 
+bool waitForFile(const std::string& path, int seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  while (!fs::exists(path)) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a polling interval
+  }
+  return true;
+}
+
 // One batch line of output.sample_log and the run (round) that wrote it.
 struct Batch {
   int round;
@@ -364,6 +373,112 @@ TEST(Elastic, TwoNodesInTwoNetworkNamespacesMeetAtTheHostsAddress) {
   const auto summary = nlohmann::json::parse(test::readFile(job.base + "/out/summary.json"));
   EXPECT_EQ(summary["world_size"], 4);
   EXPECT_EQ(summary["steps"], 12);
+}
+
+// Nodes whose workers are a shell script: each rank publishes its pid, then waits until the test
+// creates `finish` (exit 0) or `fail.<RANK>` (exit 1). No training: these tests are about the
+// launchers, and run in seconds.
+struct ScriptJob : Job {
+  std::string script = base + "/rank.sh";
+  ScriptJob() {
+    std::ofstream(script) << "#!/bin/sh\n"
+                          << "echo $$ > '" << base << "/pid.'$GROUP_RANK.$LOCAL_RANK\n"
+                          << "while :; do\n"
+                          << "  [ -e '" << base << "/fail.'$RANK ] && exit 1\n"
+                          << "  [ -e '" << base << "/finish' ] && exit 0\n"
+                          << "  sleep 0.05\n"  // a polling interval, not synchronisation
+                          << "done\n";
+    ::chmod(script.c_str(), 0755);
+  }
+  std::vector<std::string> scriptNode(const std::string& nnodes, std::vector<std::string> flags,
+                                      std::vector<std::string> args = {"x=1"}) const {
+    std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nnodes=" + nnodes, "--master_port=" + std::to_string(port),
+                                     "--rdzv_token_file=" + token, "--rdzv_last_call_s=1", "--heartbeat_timeout_s=3",
+                                     "--shutdown_grace_s=2"};
+    if (std::none_of(flags.begin(), flags.end(), [](const std::string& f) { return f.rfind("--nproc_per_node", 0) == 0; })) {
+      argv.push_back("--nproc_per_node=2");
+    }
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.push_back(script);
+    argv.insert(argv.end(), args.begin(), args.end());
+    return argv;
+  }
+  void create(const std::string& name) const { std::ofstream(base + "/" + name) << "1"; }
+};
+
+// Issue 46 (9, 10): a node started with another command, or another job's --rdzv_id on the same
+// port, is refused with one line (exit 2) before it joins; the running round is not disturbed.
+TEST(Elastic, ANodeOfAnotherCommandOrJobIsRefusedAndTheRoundGoesOn) {
+  const ScriptJob job;
+  test::Background a(job.scriptNode("1:2", {}), job.base + "/a.log");
+  ASSERT_TRUE(a.waitFor("round 0: nodes 0 (world 2)", 60)) << test::readFile(a.log);
+  const struct {
+    std::vector<std::string> flags, args;
+    std::string line;
+  } cases[] = {
+      {{"--nproc_per_node=1"}, {"x=1"}, "--nproc_per_node is '1' here but '2' in the job"},
+      {{}, {"x=2"}, "worker argument 1 is 'x=2' here but 'x=1' in the job"},
+      {{"--max_restarts=3"}, {"x=1"}, "--max_restarts is '3' here but '0' in the job"},
+      {{"--rdzv_id=another"}, {"x=1"}, "serves elastic job 'default' and this launcher's --rdzv_id is 'another'"},
+  };
+  for (const auto& bad : cases) {
+    const auto run = test::runCommand(job.scriptNode("1:2", bad.flags, bad.args), 60);
+    EXPECT_EQ(run.exitCode, 2) << run.output;
+    EXPECT_NE(run.output.find(bad.line), std::string::npos) << run.output;
+  }
+  job.create("finish");
+  EXPECT_EQ(a.wait(60), 0) << test::readFile(a.log);
+  const std::string log = test::readFile(a.log);
+  EXPECT_EQ(log.find("round 1"), std::string::npos) << log;  // nobody was admitted, nothing restarted
+  EXPECT_EQ(log.find("waiting"), std::string::npos) << log;
+}
+
+// Issue 46 (13): node 1's launcher is killed; node 0's rank then fails (as its connections to the
+// dead ranks reset). The round's end names node 1, not node 0's rank.
+TEST(Elastic, APeerNodesDeathIsBlamedOnThatNodeNotOnTheRankThatFailedAfterIt) {
+  const ScriptJob job;
+  test::Background a(job.scriptNode("1:2", {}), job.base + "/a.log");
+  ASSERT_TRUE(a.waitFor("this is node 0", 60)) << test::readFile(a.log);
+  test::Background b(job.scriptNode("1:2", {}), job.base + "/b.log");
+  ASSERT_TRUE(a.waitFor("round 0: nodes 0,1 (world 4)", 60)) << test::readFile(a.log);
+  ASSERT_TRUE(waitForFile(job.base + "/pid.1.0", 30) && waitForFile(job.base + "/pid.1.1", 30));
+  const std::vector<pid_t> workersB = childrenOf(b.pid);
+  ::kill(b.pid, SIGKILL);
+  ASSERT_EQ(b.wait(30), 128 + SIGKILL);
+  for (pid_t worker : workersB) {
+    for (int i = 0; i < 500 && alive(worker); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_FALSE(alive(worker)) << "node 1's worker " << worker << " outlived its launcher";
+  }
+  job.create("fail.0");
+  EXPECT_EQ(a.wait(60), 1) << test::readFile(a.log);
+  const std::string log = test::readFile(a.log);
+  EXPECT_NE(log.find("the job ends: node 1 left ("), std::string::npos) << log;
+  EXPECT_NE(log.find("was failure 1 and --max_restarts=0"), std::string::npos) << log;
+  EXPECT_EQ(log.find("the job ends: node 0"), std::string::npos) << log;
+}
+
+// Issue 46 (18): both launchers are stopped longer than the heartbeat timeout; the hosting one is
+// continued first and node 1 a second later. The host does not count its own absence as node 1's
+// silence: nobody is declared gone, and the job finishes.
+TEST(Elastic, AStoppedHostDoesNotJudgeTheOthersByItsOwnGap) {
+  const ScriptJob job;
+  test::Background a(job.scriptNode("1:2", {}), job.base + "/a.log");
+  ASSERT_TRUE(a.waitFor("this is node 0", 60)) << test::readFile(a.log);
+  test::Background b(job.scriptNode("1:2", {}), job.base + "/b.log");
+  ASSERT_TRUE(a.waitFor("round 0: nodes 0,1 (world 4)", 60)) << test::readFile(a.log);
+  ASSERT_TRUE(waitForFile(job.base + "/pid.1.1", 30));
+  ::kill(b.pid, SIGSTOP);
+  ::kill(a.pid, SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::seconds(4));  // the scenario: away past the 3 s timeout
+  ::kill(a.pid, SIGCONT);
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // node 1 stays away 1 s after the host is back
+  ::kill(b.pid, SIGCONT);
+  job.create("finish");
+  EXPECT_EQ(a.wait(60), 0) << test::readFile(a.log);
+  EXPECT_EQ(b.wait(60), 0) << test::readFile(b.log);
+  const std::string logs = test::readFile(a.log) + test::readFile(b.log);
+  EXPECT_EQ(logs.find(" left ("), std::string::npos) << logs;
+  EXPECT_EQ(logs.find("round 1"), std::string::npos) << logs;
 }
 
 struct BadElastic {
