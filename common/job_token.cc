@@ -5,7 +5,10 @@
 #include <cstring>
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "common/error.h"
@@ -36,6 +39,18 @@ std::string howToMake(const std::string& path) {
   return "make one with: (umask 077; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n' > " + path + ")";
 }
 
+// A Kubernetes Secret volume (and a ConfigMap's, or a projected one): a read-only tmpfs that only
+// the pod's containers see, its files root-owned, mode 0644 unless the manifest's defaultMode says
+// otherwise. Nobody outside the pod can read it and nobody inside can change it, so its mode's read
+// bits do not matter; no write bit but the owner's is accepted.
+bool onSecretVolume(int fd, const struct stat& info) {
+  if (info.st_uid != 0 || (info.st_mode & 022) != 0) return false;
+  struct statfs fs {};
+  struct statvfs vfs {};
+  return ::fstatfs(fd, &fs) == 0 && fs.f_type == TMPFS_MAGIC && ::fstatvfs(fd, &vfs) == 0 &&
+         (vfs.f_flag & ST_RDONLY) != 0;
+}
+
 }  // namespace
 
 std::string newJobToken() { return crypto::toHex(crypto::randomBytes(16)); }
@@ -58,12 +73,15 @@ std::string readTokenFile(const std::string& path) {
     DDP_THROW(ConfigError, "token file '", path, "' belongs to user id ", info.st_uid, ", not to this user (",
               me, ") or root: its owner could change the job's secret; use a token file of your own");
   }
-  if ((info.st_mode & 077) != 0) {
+  if ((info.st_mode & 077) != 0 && !onSecretVolume(fd, info)) {
     ::close(fd);
     char mode[8];
     std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(info.st_mode & 07777));
     DDP_THROW(ConfigError, "token file '", path, "' has mode ", mode,
-              ": others on this machine could read the job's secret; run: chmod 600 ", path);
+              ": others on this machine could read the job's secret; run: chmod 600 ", path,
+              " (in Kubernetes: mount the Secret as a volume, a read-only tmpfs whose root-owned files are "
+              "accepted at any mode without group or other write bits, or pass it as DDP_RDZV_TOKEN from a "
+              "secretKeyRef)");
   }
   const std::string source = "token file '" + path + "'";
   if (info.st_size > static_cast<off_t>(kMaxTokenFileBytes)) {

@@ -42,7 +42,9 @@ std::string describeFailure(const RankReport& rank) {
     return "exited with code 0 before the job ended (the other ranks ran on without it and would wait for it "
            "in their next collective)";
   }
-  if (!rank.status.signaled) return "failed with " + rank.status.describe();
+  if (!rank.status.signaled) {
+    return "failed with " + rank.status.describe() + (rank.errorFile.empty() ? "" : ": " + rank.errorFile);
+  }
   return "was " + killedBy(rank);
 }
 
@@ -91,6 +93,7 @@ std::vector<std::string> formatFailureSummary(const AttemptReport& attempt) {
     if (attempt.firstFailure && *attempt.firstFailure == i) state += "  <- first failure";
     lines.push_back(indent + padded(std::to_string(rank.rank), rankWidth) +
                     padded(std::to_string(rank.pid), pidWidth + 2) + state);
+    if (!rank.errorFile.empty()) lines.push_back(outputIndent + "error file: " + rank.errorFile);
     if (rank.lastLines.empty()) lines.push_back(outputIndent + "(no output)");
     for (const std::string& line : rank.lastLines) lines.push_back(outputIndent + line);
     if (rank.stoppedByLauncher) stuck.push_back(rank.rank);

@@ -21,6 +21,7 @@ struct RankReport {
   bool leftEarly = false;          // exited 0 while the others ran on past the early-exit grace
   bool stoppedBySignal = false;    // was stopped (SIGSTOP, state T) when the first failure came
   std::vector<std::string> lastLines;  // its last output lines, oldest first
+  std::string errorFile;               // what it wrote to TORCHELASTIC_ERROR_FILE (readErrorFile), or ""
 };
 
 /// How one attempt (the first run or a restart) of the whole group ended.
@@ -34,7 +35,8 @@ struct AttemptReport {
   bool stoppedOnRequest = false;        // SupervisionOptions::stopRequested stopped the group
 };
 
-/// Reads after "rank N ": "failed with exit code 3", "was killed by SIGSEGV", or for a SIGKILL
+/// Reads after "rank N ": "failed with exit code 3", "failed with exit code 1: ValueError: boom
+/// (train.py, line 3, in main)" when it wrote an error file, "was killed by SIGSEGV", or for a SIGKILL
 /// the launcher did not send, "was killed by SIGKILL, possibly out of memory (check dmesg)";
 /// for a rank that left early, "exited with code 0 while the other ranks ran on for 30 s".
 std::string describeFailure(const RankReport& rank);

@@ -34,12 +34,20 @@ std::string resolveGpus(LaunchOptions& options, const EnvMap& environment) {
       visible == environment.end() ? std::nullopt : std::optional<std::string>(visible->second);
   if (options.gpus.empty()) {
     if (!options.nprocAuto) return "";
+    if (options.nprocWord == "cpu") {
+      options.nprocPerNode = usableCpus();
+      return "--nproc_per_node=cpu: " + std::to_string(options.nprocPerNode) + " (one worker per CPU this process may use)";
+    }
     std::string why;
     const auto table = queryGpus(&why);
     const int gpus = !table ? 0 : userVisible ? countEntries(*userVisible) : static_cast<int>(table->size());
+    if (gpus <= 0 && options.nprocWord == "gpu") {
+      DDP_THROW(ConfigError, "--nproc_per_node=gpu but no GPU is visible (", table ? "none listed" : why,
+                "); use --nproc_per_node=cpu or a number to train on CPU");
+    }
     if (gpus > 0) {
       options.nprocPerNode = gpus;
-      return "--nproc_per_node=auto: " + std::to_string(gpus) + " (the GPUs " +
+      return "--nproc_per_node=" + options.nprocWord + ": " + std::to_string(gpus) + " (the GPUs " +
              (userVisible ? "CUDA_VISIBLE_DEVICES names" : "NVML shows") + ")";
     }
     options.nprocPerNode = usableCpus();

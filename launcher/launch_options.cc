@@ -5,7 +5,9 @@
 #include <climits>
 #include <cmath>
 #include <cstdlib>
+#include <map>
 #include <set>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +15,7 @@
 #include <cxxopts.hpp>
 
 #include "common/error.h"
+#include "launcher/torchrun_compat.h"
 
 #ifndef DDP_LAUNCH_VERSION
 #define DDP_LAUNCH_VERSION "unknown"
@@ -66,7 +69,30 @@ cxxopts::Options makeOptions() {
         cxxopts::value<std::string>()->default_value("0"), "N")
     ("log_dir", "Write each rank's output to DIR/rank_N.log (DIR/attempt_K/rank_N.log with "
         "--max_restarts > 0) instead of the console", cxxopts::value<std::string>(), "DIR")
-    ("tee", "With --log_dir, copy the workers' output to the console as well")
+    ("t,tee", "With --log_dir, copy the workers' output to the console as well (torchrun's --tee=3; 0 = off)",
+        cxxopts::value<std::string>()->implicit_value("3"), "3|0")
+    ("r,redirects", "torchrun's --redirects: 3 = each rank's output to --log_dir files only (ddp-launch's "
+        "--log_dir alone does this); 0 = off", cxxopts::value<std::string>(), "3|0")
+    ("local_ranks_filter", "Show only these local ranks' output on the console (files get every line), "
+        "e.g. 0 or 0,3", cxxopts::value<std::string>(), "LIST")
+    ("ranks_filter", "Show only these global ranks' output on the console, e.g. 0",
+        cxxopts::value<std::string>(), "LIST")
+    ("role", "The workers' role: ROLE_NAME (torchrun's --role)",
+        cxxopts::value<std::string>()->default_value("default"), "NAME")
+    ("m,module", "Run WORKER as a Python module: python3 -u -m WORKER ARGS (torchrun's -m)")
+    ("run_path", "Run WORKER through Python: python3 -u WORKER ARGS (a .py does so unless it is an "
+        "executable #! script)")
+    ("no_python", "Run WORKER as it is, never through Python (torchrun's --no_python)")
+    ("rdzv_backend", "static (the default; each node gives --node_rank) or c10d (the rendezvous numbers "
+        "the nodes: an elastic job of exactly --nnodes nodes); both meet at ddp-launch's own "
+        "authenticated store", cxxopts::value<std::string>()->default_value("static"), "static|c10d")
+    ("rdzv_conf", "torchrun's rendezvous settings: join_timeout, last_call_timeout, keep_alive_interval, "
+        "keep_alive_max_attempt", cxxopts::value<std::string>(), "K=V,...")
+    ("monitor_interval", "Accepted for torchrun's scripts: ddp-launch sees a worker's exit at once",
+        cxxopts::value<std::string>(), "SECONDS")
+    ("start_method", "Accepted for torchrun's scripts (spawn, fork, forkserver): workers are always "
+        "started with fork and exec", cxxopts::value<std::string>(), "METHOD")
+    ("shutdown_timeout", "torchrun's name for --shutdown_grace_s", cxxopts::value<std::string>(), "SECONDS")
     ("rdzv_token_file", "File (mode 600) with the job's secret token, the same on every node; "
         "needed with --nnodes > 1 (default: DDP_RDZV_TOKEN_FILE; single-node jobs make a fresh one)",
         cxxopts::value<std::string>(), "PATH")
@@ -208,6 +234,7 @@ SplitArgs splitAtWorker(const std::vector<std::string>& args, const OptionTable&
       return split;
     }
     const OptionToken token = splitOption(arg);
+    if (const auto instead = torchrun::unsupportedFlag(token.name)) DDP_THROW(ConfigError, *instead);
     if (table.names.count(token.name) == 0 || (token.isLong && token.name.size() == 1)) {
       DDP_THROW(ConfigError, "unknown option '", arg, "'", suggestion(token.name, table.names),
                 "; run ddp-launch --help for the list (the worker's own options go after WORKER)");
@@ -215,6 +242,13 @@ SplitArgs splitAtWorker(const std::vector<std::string>& args, const OptionTable&
     std::string normalised = (token.isLong ? "--" : "-") + token.name;
     if (token.value) normalised += "=" + *token.value;
     split.launcherArgs.push_back(normalised);
+    // torchrun's `--tee 3` / `-t 3`: our --tee also stands alone, so only a tee value is taken.
+    const bool teeValueNext = (token.name == "tee" || token.name == "t") && !token.value && i + 1 < args.size() &&
+                              (args[i + 1] == "0" || args[i + 1] == "1" || args[i + 1] == "2" || args[i + 1] == "3");
+    if (teeValueNext) {
+      split.launcherArgs.back() = "--tee=" + args[++i];
+      continue;
+    }
     if (!token.value && table.takesValue.count(token.name) != 0) {
       if (i + 1 >= args.size()) {
         DDP_THROW(ConfigError, "option '", arg, "' needs a value, e.g. --", token.name, "=VALUE");
@@ -223,6 +257,21 @@ SplitArgs splitAtWorker(const std::vector<std::string>& args, const OptionTable&
     }
   }
   return split;
+}
+
+// The long names of the flags among splitAtWorker's tokens (values skipped), for the PET_* defaults.
+std::set<std::string> givenFlags(const std::vector<std::string>& launcherArgs) {
+  static const std::map<std::string, std::string> kLong = {{"m", "module"}, {"r", "redirects"}, {"t", "tee"},
+                                                           {"h", "help"}};
+  std::set<std::string> given;
+  for (const std::string& arg : launcherArgs) {
+    if (arg.size() < 2 || arg[0] != '-') continue;  // a value of the flag before
+    std::string name = arg.substr(arg[1] == '-' ? 2 : 1);
+    name = name.substr(0, name.find('='));
+    const auto longName = kLong.find(name);
+    given.insert(longName == kLong.end() ? name : longName->second);
+  }
+  return given;
 }
 
 // cxxopts parses the launcher's own tokens only (splitAtWorker took the worker's away).
@@ -247,9 +296,10 @@ void readNonEmpty(const cxxopts::ParseResult& parsed, const char* flag, std::str
 // --nproc_per_node and the --gpus choice with its limits.
 void parseDevices(const cxxopts::ParseResult& parsed, LaunchOptions& launch) {
   const std::string nproc = parsed["nproc_per_node"].as<std::string>();
-  launch.nprocAuto = nproc == "auto";
+  launch.nprocAuto = nproc == "auto" || nproc == "gpu" || nproc == "cpu";  // torchrun's words
+  if (launch.nprocAuto) launch.nprocWord = nproc;
   launch.nprocPerNode = launch.nprocAuto ? 1 : parseInt("nproc_per_node", nproc, 1, 4096,
-                                 "the number of workers to start on this node, e.g. --nproc_per_node=4 (or auto)");
+                                 "the number of workers to start on this node, e.g. --nproc_per_node=4 (or auto, gpu, cpu)");
   readNonEmpty(parsed, "gpus", launch.gpus, "--gpus is empty: give auto, auto:N or a list such as 0,2");
   launch.gpuMaxUsedMb = parseInt("gpu_max_used_mb", parsed["gpu_max_used_mb"].as<std::string>(), 0, 1 << 30,
                                  "memory in use (MiB) above which --gpus auto skips a GPU, e.g. --gpu_max_used_mb=2048");
@@ -302,14 +352,16 @@ void checkRdzvId(const std::string& id) {
   }
 }
 
-// The --rdzv_* and heartbeat flags, which only an elastic job takes.
+// The --rdzv_* and heartbeat flags, which only an elastic job takes (--rdzv_id, in a fixed job, is
+// the workers' TORCHELASTIC_RUN_ID, as in torchrun). --rdzv_conf first: the flags override it.
 void parseElasticTuning(const cxxopts::ParseResult& parsed, const std::string& nnodesText, ElasticOptions& elastic) {
-  for (const char* flag : {"rdzv_id", "rdzv_last_call_s", "heartbeat_timeout_s", "rdzv_timeout_s"}) {
+  for (const char* flag : {"rdzv_last_call_s", "heartbeat_timeout_s", "rdzv_timeout_s"}) {
     if (parsed.count(flag) != 0 && !elastic.enabled) {
       DDP_THROW(ConfigError, "--", flag, " is for elastic jobs, but --nnodes=", nnodesText,
                 " is a fixed number of nodes; give --nnodes=MIN:MAX or drop --", flag);
     }
   }
+  if (parsed.count("rdzv_conf") != 0 && elastic.enabled) torchrun::applyRdzvConf(parsed["rdzv_conf"].as<std::string>(), elastic);
   if (parsed.count("rdzv_id") != 0) {
     elastic.rdzvId = parsed["rdzv_id"].as<std::string>();
     checkRdzvId(elastic.rdzvId);
@@ -390,8 +442,14 @@ void parseRdzvEndpoint(const cxxopts::ParseResult& parsed, LaunchOptions& launch
   launch.masterAddr = host;
   launch.masterAddrGiven = true;
   if (!port.empty()) {
-    launch.masterPort = parseInt("rdzv_endpoint", port, 1, 65535,
-                                 "HOST[:PORT] with a TCP port, e.g. --rdzv_endpoint=node1:29500");
+    const int number = parseInt("rdzv_endpoint", port, 0, 65535,
+                                "HOST[:PORT] with a TCP port, e.g. --rdzv_endpoint=node1:29500");
+    // torchrun's single-node recipe, --rdzv_endpoint=localhost:0: a free port.
+    if (number == 0 && launch.nnodes > 1) {
+      DDP_THROW(ConfigError, "--rdzv_endpoint=", endpoint, ": port 0 (pick a free one) only works with --nnodes=1: "
+                "every node must agree on the port, so give one, e.g. --rdzv_endpoint=", host, ":", kDefaultMultiNodePort);
+    }
+    if (number != 0) launch.masterPort = number;
   }
 }
 
@@ -442,10 +500,62 @@ void parseSupervision(const cxxopts::ParseResult& parsed, LaunchOptions& launch)
 void parseOutput(const cxxopts::ParseResult& parsed, LaunchOptions& launch) {
   readNonEmpty(parsed, "log_dir", launch.logDir,
                "--log_dir is empty: give a directory for the per-rank logs, e.g. --log_dir=logs");
-  launch.tee = parsed["tee"].as<bool>();
+  launch.tee = parsed.count("tee") != 0 && torchrun::streamsOfEveryRank("tee", parsed["tee"].as<std::string>());
+  const bool redirects =
+      parsed.count("redirects") != 0 && torchrun::streamsOfEveryRank("redirects", parsed["redirects"].as<std::string>());
+  if (redirects && launch.logDir.empty()) {
+    DDP_THROW(ConfigError, "--redirects=3 sends each rank's output to files, but no --log_dir was given; add "
+              "--log_dir=DIR");
+  }
   if (launch.tee && launch.logDir.empty()) {
     DDP_THROW(ConfigError, "--tee copies the output that --log_dir writes to files back to the console, "
               "but no --log_dir was given; add --log_dir=DIR or drop --tee");
+  }
+}
+
+// --rdzv_backend: static (node ranks given) or c10d, where the rendezvous numbers the nodes: for
+// us an elastic job of exactly --nnodes nodes (torchrun's c10d is its elastic machinery too).
+// Returns whether it is c10d; a single-node c10d job is a plain single-node job.
+bool parseRdzvBackend(const cxxopts::ParseResult& parsed, LaunchOptions& launch) {
+  const std::string backend = parsed["rdzv_backend"].as<std::string>();
+  if (backend == "etcd" || backend == "etcd-v2") {
+    DDP_THROW(ConfigError, "--rdzv_backend=", backend, ": ddp-launch meets at its own authenticated store, not "
+              "etcd; use --rdzv_backend=c10d --rdzv_endpoint=HOST:PORT (HOST: the first node)");
+  }
+  if (backend != "static" && backend != "c10d") {
+    DDP_THROW(ConfigError, "--rdzv_backend=", backend, ": give static (each node passes --node_rank) or c10d "
+              "(the rendezvous numbers the nodes)");
+  }
+  if (backend != "c10d") return false;
+  if (!launch.elastic.enabled && launch.nnodes > 1) {
+    launch.elastic.enabled = true;
+    launch.elastic.minNodes = launch.elastic.maxNodes = launch.nnodes;
+  }
+  return true;
+}
+
+// torchrun's flags with a meaning here: --role, --shutdown_timeout, --monitor_interval, --start_method.
+void parseTorchrunOnly(const cxxopts::ParseResult& parsed, LaunchOptions& launch) {
+  launch.role = parsed["role"].as<std::string>();
+  if (launch.role.empty()) DDP_THROW(ConfigError, "--role is empty: give the workers' role name, e.g. --role=trainer");
+  if (parsed.count("monitor_interval") != 0) {
+    parseSeconds("monitor_interval", parsed["monitor_interval"].as<std::string>(), "0.1");
+  }
+  if (parsed.count("start_method") != 0) {
+    const std::string method = parsed["start_method"].as<std::string>();
+    if (method != "spawn" && method != "fork" && method != "forkserver") {
+      DDP_THROW(ConfigError, "--start_method=", method, ": torchrun takes spawn, fork or forkserver (ddp-launch "
+                "starts every worker with fork and exec either way)");
+    }
+  }
+  for (const char* flag : {"local_ranks_filter", "ranks_filter"}) {
+    if (parsed.count(flag) == 0) continue;
+    std::vector<int>& into = std::string(flag) == "ranks_filter" ? launch.ranksFilter : launch.localRanksFilter;
+    std::istringstream in(parsed[flag].as<std::string>());
+    for (std::string item; std::getline(in, item, ',');) {
+      into.push_back(parseInt(flag, item, 0, 1 << 30, std::string("a comma-separated list of ranks, e.g. --") + flag + "=0,1"));
+    }
+    if (into.empty()) DDP_THROW(ConfigError, "--", flag, " is empty: give the ranks to show, e.g. --", flag, "=0");
   }
 }
 
@@ -455,15 +565,24 @@ LaunchOptions parseLaunchOptions(const cxxopts::ParseResult& parsed) {
   parseDevices(parsed, launch);
   const std::string nnodesText = parsed["nnodes"].as<std::string>();
   parseNodeCount(parsed, nnodesText, launch);
+  const bool c10d = parseRdzvBackend(parsed, launch);
   parseElasticTuning(parsed, nnodesText, launch.elastic);
-  parseNodeRank(parsed, launch);
+  if (!launch.elastic.enabled && parsed.count("rdzv_id") != 0) launch.runId = launch.elastic.rdzvId;
+  if (!c10d) parseNodeRank(parsed, launch);
   checkJobShape(parsed, nnodesText, launch);
+  parseTorchrunOnly(parsed, launch);
   launch.nprocPerNodeGiven = parsed.count("nproc_per_node") != 0 && !launch.nprocAuto;
   launch.nnodesGiven = parsed.count("nnodes") != 0 || parsed["standalone"].as<bool>();
   launch.nodeRankGiven = parsed.count("node_rank") != 0;
   parseMasterAddress(parsed, launch);
   launch.useEnv = parseUseEnv(parsed);
   parseSupervision(parsed, launch);
+  if (parsed.count("shutdown_timeout") != 0) {
+    if (parsed.count("shutdown_grace_s") != 0) {
+      DDP_THROW(ConfigError, "--shutdown_timeout is torchrun's name for --shutdown_grace_s; give one of them");
+    }
+    launch.shutdownGraceS = parseSeconds("shutdown_timeout", parsed["shutdown_timeout"].as<std::string>(), "30");
+  }
   parseOutput(parsed, launch);
   readNonEmpty(parsed, "rdzv_token_file", launch.rdzvTokenFile,
                "--rdzv_token_file is empty: give the path of the job's token file");
@@ -478,9 +597,10 @@ LaunchOptions parseLaunchOptions(const cxxopts::ParseResult& parsed) {
 std::string usageText() {
   std::string text = detail::makeOptions().help();
   text +=
-      "\nEach worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK,\n"
-      "ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT and DDP_RESTART_COUNT\n"
-      "(the attempt, 0 first), TORCHELASTIC_MAX_RESTARTS, plus\n"
+      "\nEach worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,\n"
+      "ROLE_NAME, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT and\n"
+      "DDP_RESTART_COUNT (the attempt, 0 first), TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID,\n"
+      "TORCHELASTIC_ERROR_FILE (a failed rank's exception written there is shown), plus\n"
       "OMP_NUM_THREADS=1 when it is unset and nproc_per_node > 1. Output lines are prefixed with\n"
       "'[rank N] '. If a worker fails, the others get SIGTERM (SIGKILL after the grace period)\n"
       "and ddp-launch exits with the failed worker's code (128+signal if it was killed), after a\n"
@@ -490,12 +610,15 @@ std::string usageText() {
   return text;
 }
 
-CommandLine parseCommandLine(const std::vector<std::string>& args) {
+CommandLine parseCommandLine(const std::vector<std::string>& args, const std::map<std::string, std::string>& environment) {
   cxxopts::Options options = detail::makeOptions();
-  const detail::SplitArgs split = detail::splitAtWorker(args, detail::describe(options));
+  detail::SplitArgs split = detail::splitAtWorker(args, detail::describe(options));
+  CommandLine result;
+  const torchrun::FromEnvironment pet = torchrun::petArguments(detail::givenFlags(split.launcherArgs), environment);
+  split.launcherArgs.insert(split.launcherArgs.begin(), pet.args.begin(), pet.args.end());
+  if (!pet.note.empty()) result.notes.push_back(pet.note);
   const cxxopts::ParseResult parsed = detail::parseLauncherArgs(options, split.launcherArgs);
 
-  CommandLine result;
   if (parsed.count("help") != 0) {
     result.action = CommandAction::kHelp;
     result.text = usageText();
@@ -513,6 +636,11 @@ CommandLine parseCommandLine(const std::vector<std::string>& args) {
   }
   result.options.worker = *split.worker;
   result.options.workerArgs = split.workerArgs;
+  torchrun::applyInterpreter(result.options, parsed["module"].as<bool>(), parsed["run_path"].as<bool>(),
+                             parsed["no_python"].as<bool>());
+  if (parsed["rdzv_backend"].as<std::string>() == "c10d" && parsed.count("node_rank") != 0) {
+    result.notes.push_back("--node_rank is ignored with --rdzv_backend=c10d: the rendezvous numbers the nodes (as in torchrun)");
+  }
   return result;
 }
 

@@ -1,6 +1,7 @@
 // The ddp-launch command line: torchrun's flags, filled into LaunchOptions.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,7 +28,8 @@ struct ElasticOptions {
 /// Everything the command line decides. Parsing fills it; nothing else reads argv.
 struct LaunchOptions {
   int nprocPerNode = 1;                  // --nproc_per_node: workers on this node
-  bool nprocAuto = false;                // --nproc_per_node=auto: the GPUs chosen, else the CPUs (resolveGpus)
+  bool nprocAuto = false;                // --nproc_per_node=auto|gpu|cpu: counted later (resolveGpus)
+  std::string nprocWord;                 // which of auto, gpu, cpu (torchrun's words)
   std::string gpus;                      // --gpus auto[:N] | 2,3; empty: not given
   int gpuMaxUsedMb = 1024;               // --gpu_max_used_mb: auto skips GPUs with more memory in use
   int gpuMaxUtil = 30;                   // --gpu_max_util: ... or busier than this (percent)
@@ -47,7 +49,13 @@ struct LaunchOptions {
   int maxRestarts = 0;                   // --max_restarts: restarts of the whole group after a failure
   ElasticOptions elastic;                // --nnodes=MIN:MAX and the --rdzv_* flags of elastic jobs
   std::string logDir;                    // --log_dir: empty = worker output to the console only
-  bool tee = false;                      // --tee: with --log_dir, the console gets the lines too
+  bool tee = false;                      // --tee (torchrun: --tee=3): with --log_dir, the console gets the lines too
+  std::string role = "default";          // --role: the workers' ROLE_NAME
+  // --local_ranks_filter / --ranks_filter: the console shows only these ranks (empty: all).
+  std::vector<int> localRanksFilter;
+  std::vector<int> ranksFilter;
+  // --rdzv_id in a fixed job: the workers' TORCHELASTIC_RUN_ID (torchrun's default "none").
+  std::string runId = "none";
   // --rdzv_token_file: the job's token for multi-node jobs (single-node jobs make their own).
   std::string rdzvTokenFile;
   // --rdzv_bind: where node 0 binds the store; empty: masterAddr.
@@ -80,13 +88,18 @@ struct CommandLine {
   CommandAction action = CommandAction::kRun;
   LaunchOptions options;  // valid when action == kRun
   std::string text;       // help or version text for the other actions
+  // Lines to print at start-up: what came from torchrun's PET_* variables, what was ignored.
+  std::vector<std::string> notes;
 };
 
 /// Parses the arguments after argv[0]. Option names may use '-' or '_'
 /// (`--nproc-per-node` == `--nproc_per_node`); the first non-option argument is
 /// WORKER and everything after it goes to the worker untouched.
 /// Throws ddp::ConfigError with a one-line message that says how to fix the input.
-CommandLine parseCommandLine(const std::vector<std::string>& args);
+/// `environment`: torchrun's PET_<FLAG> variables (a Kubeflow PyTorchJob sets them) are the
+/// defaults of the flags the command line does not give, as in torchrun.
+CommandLine parseCommandLine(const std::vector<std::string>& args,
+                             const std::map<std::string, std::string>& environment = {});
 
 /// The --help text.
 std::string usageText();

@@ -1,5 +1,6 @@
 #include "launcher/launch_plan.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -108,6 +109,21 @@ LaunchPlan makeLaunchPlan(const LaunchOptions& options, const EnvMap& inherited)
   plan.shutdownGraceS = options.shutdownGraceS;
   plan.maxRestarts = options.maxRestarts;
   plan.tee = options.tee;
+  if (!options.localRanksFilter.empty() || !options.ranksFilter.empty()) {
+    for (int localRank = 0; localRank < options.nprocPerNode; ++localRank) {
+      const int rank = options.globalRank(localRank);
+      const auto& local = options.localRanksFilter;
+      const auto& global = options.ranksFilter;
+      if (std::find(local.begin(), local.end(), localRank) != local.end() ||
+          std::find(global.begin(), global.end(), rank) != global.end()) {
+        plan.consoleRanks.push_back(rank);
+      }
+    }
+    if (plan.consoleRanks.empty()) {
+      spdlog::info("--local_ranks_filter/--ranks_filter: none of this node's ranks is shown on the console");
+      plan.consoleRanks.push_back(-1);  // none
+    }
+  }
   if (!options.logDir.empty()) {
     createLogDir(options.logDir);
     lockLogDir(options.logDir);

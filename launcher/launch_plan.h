@@ -25,6 +25,7 @@ struct LaunchPlan {
   std::string masterAddr;               // where the port is picked
   std::string logDir;                   // --log_dir (created); empty: no log files
   bool tee = false;                     // --tee
+  std::vector<int> consoleRanks;        // --local_ranks_filter / --ranks_filter: global ranks shown (empty: all)
   bool elastic = false;                 // one round of an elastic job: attempt_<K>/ logs always
   /// Node 0 with a ddp worker: the store's socket, bound at MASTER_ADDR:MASTER_PORT before any
   /// worker starts and handed to rank 0 (DDP_STORE_FD). Shared by the attempts that keep the port.

@@ -22,6 +22,7 @@
 #include "launcher/launch_plan.h"
 #include "launcher/master_address.h"
 #include "launcher/slurm_step.h"
+#include "launcher/torchrun_compat.h"
 #include "launcher/worker_env.h"
 #include "launcher/worker_supervisor.h"
 
@@ -62,12 +63,13 @@ int main(int argc, char** argv) {
   // A closed stdout must not kill the launcher and orphan the job; the relay sees EPIPE.
   std::signal(SIGPIPE, SIG_IGN);
   try {
-    const CommandLine command = parseCommandLine(std::vector<std::string>(argv + 1, argv + argc));
+    const EnvMap environment = currentEnvironment();
+    const CommandLine command = parseCommandLine(std::vector<std::string>(argv + 1, argv + argc), environment);
     if (command.action != CommandAction::kRun) {
       std::fputs(command.text.c_str(), stdout);
       return 0;
     }
-    const EnvMap environment = currentEnvironment();
+    for (const std::string& note : command.notes) spdlog::info("{}", note);
     LaunchOptions options = command.options;
     options.consoleIsTerminal = ::isatty(STDOUT_FILENO) == 1 && (options.logDir.empty() || options.tee);
     if (const std::string derived = applySrunStep(options, environment); !derived.empty()) {
@@ -80,6 +82,7 @@ int main(int argc, char** argv) {
       for (std::string line; std::getline(lines, line);) spdlog::info("{}", line);
     }
     checkSrunLayout(options, environment);
+    torchrun::checkInheritedWorld(options, environment);
     checkMasterAddress(options.masterAddr);
     SupervisionOptions supervision;
     supervision.earlyExitGraceS = options.earlyExitGraceS;

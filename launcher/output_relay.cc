@@ -22,11 +22,37 @@ OutputRelayOptions consoleOptions(int stdoutFd, int stderrFd) {
   return options;
 }
 
+// Back to the line's start and erase it: how a terminal loses a bar drawn in place.
+constexpr std::string_view kEraseLine = "\r\033[K";
+
+// The text a finished line leaves once its redraws are done: what follows its last '\r'.
+// '\r's just before the '\n' are part of the line end ("\r\n", or a bar's "text\r" that a
+// newline made permanent), not a redraw to nothing.
+std::string_view finishedText(std::string_view line) {
+  const size_t last = line.find_last_not_of('\r');
+  if (last == std::string_view::npos) return {};
+  line = line.substr(0, last + 1);
+  const size_t carriage = line.rfind('\r');
+  return carriage == std::string_view::npos ? line : line.substr(carriage + 1);
+}
+
+// PyTorch starts its own log lines with "[rankN]:" (c10's logging "[rank1]:[W127 ...] text",
+// torch._logging "[rank1]:W0127 ...", torch.distributed's excepthook "[rank1]: Traceback"): for
+// this rank our "[rank N] " says the same, so theirs (and the space after it) goes.
+std::string_view withoutTorchPrefix(std::string_view text, std::string_view torchPrefix) {
+  if (text.substr(0, torchPrefix.size()) != torchPrefix) return text;
+  text.remove_prefix(torchPrefix.size());
+  if (!text.empty() && text.front() == ' ') text.remove_prefix(1);
+  return text;
+}
+
 }  // namespace
 
 OutputRelay::OutputRelay(int stdoutFd, int stderrFd) : OutputRelay(consoleOptions(stdoutFd, stderrFd)) {}
 
 OutputRelay::OutputRelay(const OutputRelayOptions& options) : options_(options) {
+  terminal_[0] = options.stdoutIsTerminal.value_or(::isatty(options.stdoutFd) == 1);
+  terminal_[1] = options.stderrIsTerminal.value_or(::isatty(options.stderrFd) == 1);
   int fds[2];
   DDP_ENFORCE(::pipe2(fds, O_CLOEXEC) == 0, "pipe2 failed, errno ", errno);
   wakeRead_ = fds[0];
@@ -103,10 +129,7 @@ void OutputRelay::finish(std::chrono::milliseconds consoleLimit) {
     thread_.join();
   }
   for (Source& source : sources_) close(source);
-  if (statusShown_) {
-    writeAll(options_.stdoutFd, broken_[0], "\r\033[K");  // the launcher's own lines start clean
-    statusShown_ = false;
-  }
+  eraseRedraw();  // the launcher's own lines start clean
   for (auto& [rank, output] : ranks_) {
     if (output.logFd >= 0) ::close(output.logFd);
     output.logFd = -1;
@@ -119,9 +142,14 @@ std::vector<std::string> OutputRelay::lastLines(int rank) const {
   return std::vector<std::string>(found->second.tail.begin(), found->second.tail.end());
 }
 
+void OutputRelay::hideFromConsole(int rank) { rankOutput(rank).hidden = true; }
+
 OutputRelay::RankOutput& OutputRelay::rankOutput(int rank) {
   RankOutput& output = ranks_[rank];
-  if (output.prefix.empty()) output.prefix = "[rank " + std::to_string(rank) + "] ";
+  if (output.prefix.empty()) {
+    output.prefix = "[rank " + std::to_string(rank) + "] ";
+    output.torchPrefix = "[rank" + std::to_string(rank) + "]:";
+  }
   return output;
 }
 
@@ -162,61 +190,96 @@ bool OutputRelay::readAvailable(Source& source) {
   }
 }
 
-void OutputRelay::emitLines(Source& source, bool flushPartial) {
+void OutputRelay::emitLines(Source& source, bool atEnd) {
   RankOutput& output = ranks_.at(source.rank);
-  std::string console;  // prefixed lines, when the console gets them
-  std::string raw;      // unprefixed lines, when there is a log file
-  const auto addLine = [&](size_t begin, size_t length) {
-    if (options_.console) console.append(output.prefix).append(source.pending, begin, length).push_back('\n');
-    if (output.logFd >= 0) raw.append(source.pending, begin, length).push_back('\n');
-    output.tail.push_back(source.pending.substr(begin, std::min(length, kMaxTailLineBytes)));
-    if (output.tail.size() > options_.tailLines) output.tail.pop_front();
-  };
-  std::string status;  // the last progress-bar text in this read, drawn in place on the console
+  Lines lines;
+  const std::string_view pending = source.pending;
   size_t begin = 0;
-  while (true) {
-    size_t newline = source.pending.find('\n', begin);
-    // "text\r" not followed by '\n': a progress bar that redraws its line (worker/report/progress.h).
-    const size_t carriage = source.pending.find('\r', begin);
-    if (carriage != std::string::npos && carriage < newline && carriage + 1 < source.pending.size() &&
-        source.pending[carriage + 1] != '\n') {
-      if (carriage - begin <= kMaxLineBytes) status = source.pending.substr(begin, carriage - begin);
-      begin = carriage + 1;
-      continue;
-    }
-    if (carriage != std::string::npos && carriage + 1 == source.pending.size() && carriage < newline) {
-      if (carriage - begin <= kMaxLineBytes) status = source.pending.substr(begin, carriage - begin);
-      begin = carriage + 1;
-      break;
-    }
-    if (newline != std::string::npos && newline - begin > kMaxLineBytes) newline = std::string::npos;
-    if (newline == std::string::npos && source.pending.size() - begin >= kMaxLineBytes) {
-      addLine(begin, kMaxLineBytes);  // cut, keeping the relay's memory bounded
-      begin += kMaxLineBytes;
-      continue;
-    }
-    if (newline == std::string::npos) break;
-    addLine(begin, newline - begin);
+  for (size_t newline = pending.find('\n'); newline != std::string_view::npos; newline = pending.find('\n', begin)) {
+    addLine(output, finishedText(pending.substr(begin, newline - begin)), lines);
     begin = newline + 1;
   }
-  if (flushPartial && begin < source.pending.size()) {
-    addLine(begin, source.pending.size() - begin);
-    begin = source.pending.size();
-  }
   source.pending.erase(0, begin);
-  if (!options_.console) status.clear();
-  if (!console.empty() && statusShown_) {
-    console.insert(0, "\r\033[K");  // erase the bar; a later one is drawn below the lines
-    statusShown_ = false;
+  std::string redraw = compactUnfinished(output, source.pending, lines);
+  if (atEnd) {
+    // Nobody redraws it any more: what follows its last '\r' is its final text. A line ending in
+    // '\r' (a bar waiting for its next redraw, which the terminal erases now) leaves nothing.
+    const size_t carriage = source.pending.rfind('\r');
+    const size_t from = carriage == std::string::npos ? 0 : carriage + 1;
+    if (from < source.pending.size()) addLine(output, std::string_view(source.pending).substr(from), lines);
+    source.pending.clear();
+    redraw.clear();
   }
-  if (!status.empty()) {
-    console.append("\r").append(output.prefix).append(status).append("\033[K");
-    statusShown_ = true;
+  writeOut(source, output, lines, redraw);
+}
+
+void OutputRelay::addLine(RankOutput& output, std::string_view text, Lines& lines) {
+  do {
+    const std::string_view piece = text.substr(0, kMaxLineBytes);  // cut: the relay's memory stays bounded
+    text.remove_prefix(piece.size());
+    if (options_.console && !output.hidden) {
+      lines.console.append(output.prefix).append(withoutTorchPrefix(piece, output.torchPrefix)).push_back('\n');
+    }
+    if (output.logFd >= 0) lines.raw.append(piece).push_back('\n');
+    output.tail.emplace_back(piece.substr(0, kMaxTailLineBytes));
+    if (output.tail.size() > options_.tailLines) output.tail.pop_front();
+  } while (!text.empty());
+}
+
+std::string OutputRelay::compactUnfinished(RankOutput& output, std::string& line, Lines& lines) {
+  const size_t carriage = line.rfind('\r');
+  if (carriage == std::string::npos) {
+    cutOverlong(output, line, lines);
+    return {};
   }
-  if (!console.empty()) {
-    writeAll(source.toStderr ? options_.stderrFd : options_.stdoutFd, broken_[source.toStderr ? 1 : 0], console);
+  // Only the latest complete redraw and the text after it can still show: a bar redrawn for
+  // hours holds no more memory than one redraw. The shorter line has the same final text.
+  std::string redraw(finishedText(std::string_view(line).substr(0, carriage + 1)));
+  std::string after = line.substr(carriage + 1);
+  cutOverlong(output, redraw, lines);  // a long "text\r" may be a long line's "\r\n" to come
+  if (after.size() > kMaxLineBytes) {
+    redraw.clear();  // superseded by the text after it, which is cut now
+    cutOverlong(output, after, lines);
   }
-  if (!raw.empty()) writeAll(output.logFd, output.logBroken, raw);
+  line = redraw + '\r' + after;
+  return redraw;
+}
+
+void OutputRelay::cutOverlong(RankOutput& output, std::string& text, Lines& lines) {
+  if (text.size() <= kMaxLineBytes) return;
+  const size_t cut = (text.size() - 1) / kMaxLineBytes * kMaxLineBytes;  // leaves 1..kMaxLineBytes
+  addLine(output, std::string_view(text).substr(0, cut), lines);
+  text.erase(0, cut);
+}
+
+void OutputRelay::writeOut(const Source& source, RankOutput& output, const Lines& lines,
+                           const std::string& redraw) {
+  const int stream = source.toStderr ? 1 : 0;
+  const int fd = source.toStderr ? options_.stderrFd : options_.stdoutFd;
+  std::string console = lines.console;
+  // Lines on a terminal first erase a bar drawn there (on either stream: both may be one terminal);
+  // a file or pipe never sees an escape sequence.
+  if (terminal_[stream] && !console.empty()) eraseRedraw();
+  if (options_.console && !output.hidden && terminal_[stream] && !redraw.empty()) {
+    const std::string drawn =
+        "\r" + output.prefix + std::string(withoutTorchPrefix(redraw, output.torchPrefix)) + "\033[K";
+    if (redrawStream_ != stream || drawn != redrawShown_) {
+      if (redrawStream_ != stream) eraseRedraw();
+      console += drawn;
+      redrawStream_ = stream;
+      redrawShown_ = drawn;
+    }
+  }
+  if (!console.empty()) writeAll(fd, broken_[stream], console);
+  if (!lines.raw.empty()) writeAll(output.logFd, output.logBroken, lines.raw);
+}
+
+void OutputRelay::eraseRedraw() {
+  if (redrawStream_ < 0) return;
+  const int fd = redrawStream_ == 1 ? options_.stderrFd : options_.stdoutFd;
+  writeAll(fd, broken_[redrawStream_], std::string(kEraseLine));
+  redrawStream_ = -1;
+  redrawShown_.clear();
 }
 
 void OutputRelay::writeAll(int fd, bool& broken, const std::string& text) {

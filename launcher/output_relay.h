@@ -6,7 +6,9 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -20,6 +22,10 @@ struct OutputRelayOptions {
   int stderrFd = STDERR_FILENO;  // prefixed copies of the workers' stderr lines
   bool console = true;           // false: lines go only to the log files (--log_dir without --tee)
   size_t tailLines = 5;          // last lines kept per rank for the failure summary
+  // Whether stdoutFd / stderrFd is a terminal, where a line a worker redraws with '\r' is shown
+  // in place as it changes. Unset: isatty() decides. Files and pipes get finished lines only.
+  std::optional<bool> stdoutIsTerminal;
+  std::optional<bool> stderrIsTerminal;
 };
 
 /// Reads every worker's stdout and stderr pipe on one background thread (poll) and writes
@@ -27,6 +33,12 @@ struct OutputRelayOptions {
 /// write(2) so lines from different ranks never mix. A line without its newline at EOF
 /// gets one; a line longer than kMaxLineBytes is cut into several. A rank with a log file
 /// also gets its lines there, raw (no prefix), stdout and stderr together.
+///
+/// Redraws: a line is what follows its last '\r' ("\r\n" is a plain line end), so files,
+/// pipes, log files and the summary's tail get each redrawn line once, in its final state, and
+/// no escape sequence. A terminal also sees the unfinished line's latest redraw drawn in place.
+/// A line starting with PyTorch's own prefix for the same rank ("[rank1]:") loses it on the
+/// console: one prefix, ours.
 class OutputRelay {
  public:
   static constexpr size_t kMaxLineBytes = 64 * 1024;
@@ -44,6 +56,10 @@ class OutputRelay {
   /// Takes ownership of `fd`, the read end of rank `rank`'s stdout (toStderr false) or
   /// stderr pipe. Call before start().
   void add(int fd, int rank, bool toStderr);
+
+  /// Keeps rank `rank`'s lines off the console (--local_ranks_filter, --ranks_filter); its log
+  /// file and the summary's tail still get them. Call before start().
+  void hideFromConsole(int rank);
 
   /// Takes ownership of `fd`, a file rank `rank`'s raw lines are appended to. Call before start().
   void addLogFile(int rank, int fd);
@@ -68,12 +84,14 @@ class OutputRelay {
     int fd = -1;
     int rank = 0;
     bool toStderr = false;
-    std::string pending;  // bytes after the last newline
+    std::string pending;  // the unfinished line: bytes after the last newline, older redraws dropped
   };
   struct RankOutput {
-    std::string prefix;  // "[rank N] "
+    std::string prefix;       // "[rank N] "
+    std::string torchPrefix;  // "[rankN]:", what PyTorch's logging puts before its lines
     int logFd = -1;
     bool logBroken = false;
+    bool hidden = false;      // not on the console (hideFromConsole)
     std::deque<std::string> tail;
   };
 
@@ -84,7 +102,24 @@ class OutputRelay {
   std::atomic<bool> loopDone_{false};
   // Reads what is available now; false at EOF or error.
   bool readAvailable(Source& source);
-  void emitLines(Source& source, bool flushPartial);
+  // Turns the finished lines in `source.pending` (all of it when `atEnd`) into output.
+  void emitLines(Source& source, bool atEnd);
+  // What one call of emitLines writes: console lines, log-file lines.
+  struct Lines {
+    std::string console;
+    std::string raw;
+  };
+  // Adds the finished line `text`, in pieces of at most kMaxLineBytes.
+  void addLine(RankOutput& output, std::string_view text, Lines& lines);
+  // Shrinks the unfinished line to what can still show; returns its latest complete redraw.
+  std::string compactUnfinished(RankOutput& output, std::string& line, Lines& lines);
+  // Adds all but the last (up to kMaxLineBytes) bytes of the unfinished `text` as cut lines: text
+  // that long is not waited for (the relay's memory stays bounded), as a finished line is cut.
+  void cutOverlong(RankOutput& output, std::string& text, Lines& lines);
+  // Writes `lines` and, on a terminal, draws `redraw` in place.
+  void writeOut(const Source& source, RankOutput& output, const Lines& lines, const std::string& redraw);
+  // Erases the redraw on the terminal it is drawn on, if one is.
+  void eraseRedraw();
   // Writes all of `text` to `fd` unless `broken`; sets `broken` on EPIPE and the like.
   void writeAll(int fd, bool& broken, const std::string& text);
   void close(Source& source);
@@ -95,10 +130,13 @@ class OutputRelay {
   int wakeWrite_ = -1;
   std::vector<Source> sources_;
   std::map<int, RankOutput> ranks_;
-  bool broken_[2] = {false, false};  // stdout, stderr: stop writing after EPIPE and the like
-  // A worker's progress bar (text ending in '\r', not '\n') is on the console: the next line of
-  // any rank first erases it. Status text goes to the console only, never to logs or the tail.
-  bool statusShown_ = false;
+  bool broken_[2] = {false, false};    // stdout, stderr: stop writing after EPIPE and the like
+  bool terminal_[2] = {false, false};  // stdout, stderr: draws redraws in place
+  // A worker's progress bar (text ending in '\r', not '\n') is drawn on a terminal (stream
+  // redrawStream_, 0 stdout, 1 stderr, -1 none): the next line to a terminal first erases it.
+  // Redraws go to terminals only, never to files, pipes, logs or the tail.
+  int redrawStream_ = -1;
+  std::string redrawShown_;  // the bytes drawn, so an unchanged redraw is not drawn again
   std::thread thread_;
 };
 

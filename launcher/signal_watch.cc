@@ -15,7 +15,9 @@ SignalWatch::SignalWatch() {
   ::signal(SIGCHLD, SIG_DFL);
   sigemptyset(&watched_);
   sigaddset(&watched_, SIGCHLD);
-  for (int signal : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) {
+  // SIGUSR1/SIGUSR2: Slurm's warning before the time limit (#SBATCH --signal=USR1@120) and other
+  // schedulers' preemption notice; forwarded like SIGTERM (torchrun: --signals_to_handle).
+  for (int signal : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2}) {
     struct sigaction current {};
     ::sigaction(signal, nullptr, &current);
     if (current.sa_handler == SIG_IGN) continue;

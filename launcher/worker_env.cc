@@ -30,9 +30,12 @@ EnvMap workerEnvironment(const LaunchOptions& options, int localRank, int master
   env["WORLD_SIZE"] = worldSize;
   env["LOCAL_WORLD_SIZE"] = std::to_string(options.nprocPerNode);
   env["GROUP_RANK"] = std::to_string(options.nodeRank);
-  // One role ("default") spans the whole job, as in torchrun.
+  env["GROUP_WORLD_SIZE"] = std::to_string(options.nnodes);
+  // One role (--role, "default") spans the whole job, as in torchrun.
+  env["ROLE_NAME"] = options.role;
   env["ROLE_RANK"] = rank;
   env["ROLE_WORLD_SIZE"] = worldSize;
+  env["TORCHELASTIC_RUN_ID"] = options.runId;  // an elastic round sets its --rdzv_id
   env["MASTER_ADDR"] = options.masterAddr;
   env["MASTER_PORT"] = std::to_string(masterPort);
   // Restart attempt 0; restartPlan() raises both counters for each restart.

@@ -19,6 +19,7 @@
 #include "common/error.h"
 #include "common/no_follow.h"
 #include "common/flight_recorder.h"
+#include "launcher/error_file.h"
 #include "launcher/exit_status.h"
 #include "launcher/failure_summary.h"
 #include "launcher/hang_report.h"
@@ -433,11 +434,29 @@ AttemptReport runAttempt(const LaunchPlan& plan, const SupervisionOptions& optio
   if (!plan.logDir.empty()) {
     for (int rank : plan.ranks) relay.addLogFile(rank, openRankLog(plan, rank));
   }
+  if (!plan.consoleRanks.empty()) {
+    for (int rank : plan.ranks) {
+      if (std::find(plan.consoleRanks.begin(), plan.consoleRanks.end(), rank) == plan.consoleRanks.end()) {
+        relay.hideFromConsole(rank);
+      }
+    }
+  }
+  // Each worker's TORCHELASTIC_ERROR_FILE, as torchrun gives it (a @record Python worker writes its
+  // exception there); read for the failure summary before the directory goes.
+  const ErrorFiles errorFiles;
   WorkerSupervisor supervisor(signals, plan.shutdownGraceS, options.earlyExitGraceS, options.stopRequested,
                               options.onSignal);
-  for (size_t i = 0; i < plan.commands.size(); ++i) supervisor.start(plan.ranks[i], plan.commands[i], relay);
+  for (size_t i = 0; i < plan.commands.size(); ++i) {
+    WorkerCommand command = plan.commands[i];
+    const std::string errorFile = errorFiles.pathFor(plan.ranks[i]);
+    if (!errorFile.empty()) command.env["TORCHELASTIC_ERROR_FILE"] = errorFile;
+    supervisor.start(plan.ranks[i], command, relay);
+  }
   relay.start();
   AttemptReport report = supervisor.monitor();
+  for (RankReport& rank : report.ranks) {
+    if (!rank.status.success()) rank.errorFile = readErrorFile(errorFiles.pathFor(rank.rank));
+  }
   // Stopped by a signal: a console nobody reads (a full stdout pipe) may not keep the launcher from
   // ending; the rank logs still get every line.
   relay.finish(report.launcherSignal != 0 ? std::chrono::milliseconds(2000) : std::chrono::milliseconds::max());

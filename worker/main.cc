@@ -15,7 +15,9 @@
 #include <chrono>
 #include <cstring>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <thread>
@@ -305,6 +307,24 @@ static std::string inConfigTerms(std::string what) {
   return what;
 }
 
+// torchrun's TORCHELASTIC_ERROR_FILE (ddp-launch sets it too): the one-line error, in the JSON of
+// Python's @record (torch.distributed.elastic.multiprocessing.errors), for the launcher's summary.
+static void recordError(const std::string& line) {
+  const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+  if (path == nullptr || *path == '\0') return;
+  const nlohmann::json data = {
+      {"message",
+       {{"message", line}, {"extraInfo", {{"timestamp", std::to_string(static_cast<long long>(std::time(nullptr)))}}}}}};
+  std::ofstream(path) << data.dump();
+}
+
+// Prints the worker's one-line error, records it, and returns the exit code.
+static int fail(const std::string& line, int code) {
+  std::cerr << line << std::endl;
+  recordError(line);
+  return code;
+}
+
 int main(int argc, char** argv) {
   tuneMalloc();
   // LibTorch's own log lines (c10d's socket retries, with C++ stack traces) would bury the one-line
@@ -316,27 +336,25 @@ int main(int argc, char** argv) {
   try {
     return runWorker(std::move(args));
   } catch (const ddp::ConfigError& e) {
-    std::cerr << "worker: " << inConfigTerms(e.what()) << std::endl;
-    return 2;
+    return fail("worker: " + inConfigTerms(e.what()), 2);
   } catch (const c10::Error& e) {
     // LibTorch's own errors: the message without its C++ backtrace, on one line.
     std::string what = inConfigTerms(e.what_without_backtrace());
     what = what.substr(0, what.find('\n'));
     const bool outOfMemory = dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr ||
                              what.find("can't allocate memory") != std::string::npos;
-    std::cerr << "worker: " << (outOfMemory ? "out of memory: " : "") << what
-              << (outOfMemory ? "; use a smaller model (model.hidden) or train.batch_size" : "") << std::endl;
-    return 1;
+    return fail(std::string("worker: ") + (outOfMemory ? "out of memory: " : "") + what +
+                    (outOfMemory ? "; use a smaller model (model.hidden) or train.batch_size" : ""),
+                1);
   } catch (const std::bad_alloc&) {
-    std::cerr << "worker: out of memory; use a smaller model (model.hidden) or train.batch_size" << std::endl;
-    return 1;
+    return fail("worker: out of memory; use a smaller model (model.hidden) or train.batch_size", 1);
   } catch (const std::exception& e) {
     std::string what = inConfigTerms(e.what());
     what = what.substr(0, what.find("\nException raised from"));
     // LibTorch's allocator error relayed by another rank (the host's data copy) reads as rank 0's.
     const bool outOfMemory = what.find("can't allocate memory") != std::string::npos;
-    std::cerr << "worker: " << (outOfMemory ? "out of memory: " : "") << what
-              << (outOfMemory ? "; use a smaller model (model.hidden) or train.batch_size" : "") << std::endl;
-    return 1;
+    return fail(std::string("worker: ") + (outOfMemory ? "out of memory: " : "") + what +
+                    (outOfMemory ? "; use a smaller model (model.hidden) or train.batch_size" : ""),
+                1);
   }
 }

@@ -3,12 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <netinet/in.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -102,6 +105,46 @@ TEST_F(TokenFile, WeakOrStrangeFilesAreRefusedInOneLine) {
   const std::string fifo = dir_ + "/fifo";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   EXPECT_NE(errorOf(fifo).find("is not a regular file"), std::string::npos);  // at once: no writer needed
+}
+
+// Issue 45 (1): a Kubernetes Secret volume as a pod has it. kubelet mounts a tmpfs read-only in the
+// container, files root-owned at defaultMode 0644, reached through its atomic-writer links
+// (token -> ..data/token, ..data -> ..<timestamp>). There "mode 600" cannot be met, and need not:
+// only the pod sees the volume and nobody can change it. The same tree writable is refused.
+TEST_F(TokenFile, AKubernetesSecretVolumeIsAcceptedAtItsDefaultMode) {
+  const std::string volume = dir_ + "/secret";
+  ASSERT_EQ(::mkdir(volume.c_str(), 0755), 0);
+  if (::geteuid() != 0 || ::mount("tmpfs", volume.c_str(), "tmpfs", 0, "size=64k,mode=1777") != 0) {
+    ::rmdir(volume.c_str());
+    GTEST_SKIP() << "mounting a tmpfs needs root (CAP_SYS_ADMIN): " << std::strerror(errno);
+  }
+  struct Unmount {
+    std::string path;
+    ~Unmount() {
+      ::umount2(path.c_str(), MNT_DETACH);
+      ::rmdir(path.c_str());
+    }
+  } unmount{volume};
+  const std::string version = volume + "/..2026_11_27_04_00_00.000000001";
+  ASSERT_EQ(::mkdir(version.c_str(), 0755), 0);
+  const std::string token = "0123456789abcdef0123456789abcdef";
+  for (const auto& [name, mode] : {std::pair{"token", 0644}, std::pair{"writable", 0666}, std::pair{"nobodys", 0644}}) {
+    std::FILE* out = std::fopen((version + "/" + name).c_str(), "wb");
+    ASSERT_NE(out, nullptr);
+    std::fputs(token.c_str(), out);
+    std::fclose(out);
+    ASSERT_EQ(::chmod((version + "/" + name).c_str(), static_cast<mode_t>(mode)), 0);
+    ASSERT_EQ(::symlink((std::string("..data/") + name).c_str(), (volume + "/" + name).c_str()), 0);
+  }
+  ASSERT_EQ(::chown((version + "/nobodys").c_str(), 65534, 65534), 0);
+  ASSERT_EQ(::symlink(version.substr(volume.size() + 1).c_str(), (volume + "/..data").c_str()), 0);
+  // Still writable: a 0644 file here is an ordinary world-readable file.
+  EXPECT_NE(errorOf(volume + "/token").find("has mode 0644"), std::string::npos);
+  EXPECT_NE(errorOf(volume + "/token").find("Kubernetes"), std::string::npos);
+  ASSERT_EQ(::mount(nullptr, volume.c_str(), nullptr, MS_REMOUNT | MS_RDONLY, nullptr), 0) << std::strerror(errno);
+  EXPECT_EQ(readTokenFile(volume + "/token"), token);
+  EXPECT_NE(errorOf(volume + "/writable").find("has mode 0666"), std::string::npos);
+  EXPECT_NE(errorOf(volume + "/nobodys").find("belongs to user id 65534"), std::string::npos);
 }
 
 // --- the store's socket and client ------------------------------------------------------------

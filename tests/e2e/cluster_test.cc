@@ -2,13 +2,16 @@
 // (slurmctld + two slurmd + munged, brought up by scripts/slurm_cluster.sh in a private directory)
 // and a real Open MPI mpirun. Each job must train exactly as the same job under ddp-launch.
 //
-// Without root or without the packages (scripts/setup.sh installs them) these tests are skipped
+// Without root or without the packages (scripts/setup.sh --tests installs them) these tests are skipped
 // with the reason; DDP_REQUIRE_CLUSTER_TESTS=1 (set by scripts/test.sh when it runs as root, where
 // this machine can run them) turns such a skip into a failure.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <csignal>
+#include <thread>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -146,6 +149,37 @@ TEST_F(Slurm, SbatchScriptRunsSrunDdpLaunchOncePerNode) {
   expectSameTraining(summaryOf(dir + "/out"), 2, output);
 }
 
+// Issue 45 (4): Slurm's warning before the time limit (#SBATCH --signal=USR1@120; scancel
+// --signal=USR1 delivers it the same way, at a moment the test chooses) reaches ddp-launch as a
+// task of the job's step; it forwards it, our worker saves at the step every rank agrees on and
+// exits 128 + SIGUSR1, so the script can requeue and `resume: auto` continue.
+TEST_F(Slurm, Usr1BeforeTheTimeLimitSavesAndExitsForARequeue) {
+  const std::string dir = test::makeTempDir("slurm_usr1");
+  const std::string script = dir + "/job.sh";
+  std::ofstream(script) << "#!/bin/bash\nsrun " << DDP_LAUNCH_BIN << " " << DDP_WORKER_BIN << " " << config()
+                        << " output.dir=" << dir << "/out checkpoint.dir=" << dir << "/ckpt checkpoint.every_steps=0"
+                        << " train.epochs=100000 train.log_every=1\necho \"ddp-launch exited $?\"\n";
+  test::Background job({"/usr/bin/env", "SLURM_CONF=" + *dir_ + "/cluster/slurm.conf", "/usr/bin/sbatch", "--wait",
+                        "--parsable", "-N1", "-n1", "--cpus-per-task=2", "-o", dir + "/slurm.out", script},
+                       dir + "/sbatch.log");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (test::readFile(dir + "/slurm.out").find("step 5/") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // a polling interval
+  }
+  ASSERT_NE(test::readFile(dir + "/slurm.out").find("step 5/"), std::string::npos) << test::readFile(dir + "/slurm.out");
+  std::string id = test::readFile(dir + "/sbatch.log");
+  id = id.substr(0, id.find_first_not_of("0123456789"));
+  const auto signal = test::runCommand({"/usr/bin/scancel", "--signal=USR1", id}, 30, env());
+  ASSERT_EQ(signal.exitCode, 0) << signal.output;
+  EXPECT_EQ(job.wait(120), 0) << test::readFile(dir + "/sbatch.log");
+  const std::string output = test::readFile(dir + "/slurm.out");
+  EXPECT_NE(output.find("received SIGUSR1; forwarding it"), std::string::npos) << output;
+  EXPECT_NE(output.find("stopping after step"), std::string::npos) << output;
+  EXPECT_NE(output.find("ddp-launch exited " + std::to_string(128 + SIGUSR1)), std::string::npos) << output;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/ckpt")) << output;
+}
+
 TEST_F(Slurm, TwoNodeStepTakesNodesRankAndMasterFromTheAllocation) {
   const std::string dir = test::makeTempDir("slurm_2node");
   auto argv = with({"/usr/bin/srun", "-N2", "--ntasks-per-node=1", "--cpus-per-task=1", DDP_LAUNCH_BIN});
@@ -221,8 +255,8 @@ TEST_F(Slurm, ANodeCountThatContradictsTheStepIsRefused) {
 // README's "Clusters" shows it with ssh; here pdsh's exec module runs bash in place of ssh.
 TEST(Pdsh, OneLauncherPerHostWithTheNodeRankFromPdsh) {
   if (!fs::exists("/usr/bin/pdsh")) {
-    if (required()) FAIL() << "pdsh is missing on a machine that can run it (scripts/setup.sh installs it)";
-    GTEST_SKIP() << "pdsh is not installed (scripts/setup.sh installs it)";
+    if (required()) FAIL() << "pdsh is missing on a machine that can run it (scripts/setup.sh --tests installs it)";
+    GTEST_SKIP() << "pdsh is not installed (scripts/setup.sh --tests installs it)";
   }
   const std::string dir = test::makeTempDir("pdsh");
   std::string command = std::string(DDP_LAUNCH_BIN) + " --nnodes=2 --node_rank=%n --master_addr=127.0.0.1 --master_port=" +
@@ -240,8 +274,8 @@ class OpenMpi : public ::testing::Test {
  protected:
   void SetUp() override {
     if (fs::exists("/usr/bin/mpirun")) return;
-    if (required()) FAIL() << "mpirun is missing on a machine that can run it (scripts/setup.sh installs openmpi-bin)";
-    GTEST_SKIP() << "Open MPI's mpirun is not installed (scripts/setup.sh installs openmpi-bin)";
+    if (required()) FAIL() << "mpirun is missing on a machine that can run it (scripts/setup.sh --tests installs openmpi-bin)";
+    GTEST_SKIP() << "Open MPI's mpirun is not installed (scripts/setup.sh --tests installs openmpi-bin)";
   }
 };
 

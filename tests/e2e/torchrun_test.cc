@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -200,6 +201,84 @@ TEST_P(DdpLaunchStartsAPythonScript, TrainsLikeASingleProcess) {
 }
 
 INSTANTIATE_TEST_SUITE_P(EnvAndLegacy, DdpLaunchStartsAPythonScript, ::testing::Bool());
+
+// --- issue 45: a drop-in where torchrun's scripts and manifests run -------------------------------
+
+// The Python beside DDP_PYTHON first on PATH: what "python3 on PATH" finds when a pod or a job
+// script runs ddp-launch with a .py or -m, as torchrun runs them with its own interpreter.
+std::string pathWithPython() {
+  const char* path = std::getenv("PATH");
+  return "PATH=" + fs::path(DDP_PYTHON).parent_path().string() + ":" + (path ? path : "/usr/bin:/bin");
+}
+
+// Two pods of a Kubeflow PyTorchJob (nprocPerNode: 1), as the operator sets them up: PET_* for
+// torchrun, WORLD_SIZE/RANK = the pod count and index, the token from a Secret as DDP_RDZV_TOKEN.
+// ddp-launch with no flags in each forms one job of two; without PET_* it refuses to train alone.
+TEST(DropIn, TwoPodsOfAPyTorchJobFormOneJobFromThePetVariables) {
+  const std::string dir = test::makeTempDir("pods");
+  const std::string port = std::to_string(test::freePort());
+  auto pod = [&](int index, bool pet) {
+    std::vector<std::string> argv{"/usr/bin/env", "WORLD_SIZE=2", "RANK=" + std::to_string(index),
+                                  "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port,
+                                  "DDP_RDZV_TOKEN=5f4dcc3b5aa765d61d8327deb882cf99"};
+    if (pet) {
+      argv.insert(argv.end(), {"PET_NNODES=2", "PET_NPROC_PER_NODE=1", "PET_NODE_RANK=" + std::to_string(index),
+                               "PET_MASTER_ADDR=127.0.0.1", "PET_MASTER_PORT=" + port});
+    }
+    argv.insert(argv.end(), {DDP_LAUNCH_BIN, DDP_WORKER_BIN, config(), "output.dir=" + dir + "/out"});
+    argv.insert(argv.end(), kTrain.begin(), kTrain.end());
+    return argv;
+  };
+  test::Background pod0(pod(0, true), dir + "/pod0.log");
+  test::Background pod1(pod(1, true), dir + "/pod1.log");
+  EXPECT_EQ(pod0.wait(300), 0) << test::readFile(pod0.log);
+  EXPECT_EQ(pod1.wait(300), 0) << test::readFile(pod1.log);
+  const std::string log0 = test::readFile(pod0.log);
+  EXPECT_NE(log0.find("from torchrun's PET_* variables (e.g. a Kubeflow PyTorchJob's): --nnodes=2 "
+                      "--nproc_per_node=1 --node_rank=0 --master_addr=127.0.0.1 --master_port=" + port),
+            std::string::npos)
+      << log0;
+  EXPECT_EQ(summaryOf(dir + "/out")["world_size"], 2);
+
+  const auto alone = test::runCommand(pod(1, false), 60);
+  EXPECT_EQ(alone.exitCode, 2) << alone.output;
+  EXPECT_NE(alone.output.find("the environment says this is one of WORLD_SIZE=2 processes (RANK=1"),
+            std::string::npos)
+      << alone.output;
+}
+
+// A Python worker decorated with torch.distributed.elastic's @record writes its exception to
+// TORCHELASTIC_ERROR_FILE; the failure line and summary show it, as torchrun's do. The script has
+// no #! line: ddp-launch runs it with python3 on PATH, as torchrun would.
+TEST(DropIn, ARecordedPythonExceptionIsInTheFailureSummary) {
+  const std::string dir = test::makeTempDir("record");
+  const std::string script = dir + "/train.py";
+  std::ofstream(script) << "import os\n"
+                           "from torch.distributed.elastic.multiprocessing.errors import record\n"
+                           "@record\n"
+                           "def main():\n"
+                           "    if os.environ['RANK'] == '1' and os.environ['TORCHELASTIC_RUN_ID'] == 'none':\n"
+                           "        raise ValueError('bad learning rate on rank 1')\n"
+                           "main()\n";
+  const auto run = test::runCommand({DDP_LAUNCH_BIN, "--nproc_per_node=2", script}, 120, {pathWithPython()});
+  EXPECT_EQ(run.exitCode, 1) << run.output;
+  EXPECT_NE(run.output.find("failed with exit code 1: ValueError: bad learning rate on rank 1 (" + script +
+                            ", line 6, in main)"),
+            std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("| error file: ValueError: bad learning rate on rank 1"), std::string::npos) << run.output;
+
+  // Our worker writes one too: its one-line error.
+  const auto worker = test::runCommand({DDP_LAUNCH_BIN, "--nproc_per_node=1", "--max_restarts=0", DDP_WORKER_BIN,
+                                        config(), "train.lr=-1", "output.dir=" + dir + "/out"}, 120);
+  EXPECT_EQ(worker.exitCode, 2) << worker.output;
+  EXPECT_NE(worker.output.find("| error file: worker: config: "), std::string::npos) << worker.output;
+
+  // -m runs a module through Python, as torchrun's -m.
+  const auto module = test::runCommand({DDP_LAUNCH_BIN, "--nproc_per_node=2", "-m", "platform"}, 60, {pathWithPython()});
+  EXPECT_EQ(module.exitCode, 0) << module.output;
+  EXPECT_NE(module.output.find("[rank 1] Linux"), std::string::npos) << module.output;
+}
 
 }  // namespace
 }  // namespace ddp

@@ -59,7 +59,7 @@ class LaunchSignalTest : public ::testing::TestWithParam<int> {
 TEST_P(LaunchSignalTest, SignalReachesEveryWorkerAndNothingIsLeft) {
   const int signal = GetParam();
   std::string traps;
-  for (const char* name : {"TERM", "INT", "HUP"}) {
+  for (const char* name : {"TERM", "INT", "HUP", "USR1", "USR2"}) {
     traps += std::string("trap 'echo ") + name + " > \"" + dir_.path() + "/marker.$RANK\"; exit 0' " + name + "\n";
   }
   // Grace 30 s: a quick end proves the workers' traps ran, not the SIGKILL fallback.
@@ -77,12 +77,13 @@ TEST_P(LaunchSignalTest, SignalReachesEveryWorkerAndNothingIsLeft) {
   expectNothingLeft();
 }
 
-INSTANTIATE_TEST_SUITE_P(ForwardedSignals, LaunchSignalTest, ::testing::Values(SIGTERM, SIGINT, SIGHUP),
+// SIGUSR1/SIGUSR2: Slurm's warning before the time limit (--signal=USR1@120), issue 45 (4).
+INSTANTIATE_TEST_SUITE_P(ForwardedSignals, LaunchSignalTest, ::testing::Values(SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2),
                          [](const ::testing::TestParamInfo<int>& info) { return signalName(info.param); });
 
 TEST_P(LaunchSignalTest, SecondSignalSkipsTheGracePeriod) {
   const int signal = GetParam();
-  auto launcher = startReady("trap '' TERM INT HUP\n", "30");
+  auto launcher = startReady("trap '' TERM INT HUP USR1 USR2\n", "30");
   const auto sent = std::chrono::steady_clock::now();
   launcher->sendSignal(signal);
   // The second signal must find the launcher already in its grace period: wait until it says so.

@@ -2,11 +2,14 @@
 #include "launcher/output_relay.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <csignal>
 #include <regex>
 #include <thread>
 
 #include <fcntl.h>
+#include <poll.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -176,31 +179,56 @@ TEST_F(OutputRelayTest, KeepsTheLastLinesOfEachRankForTheSummary) {
   EXPECT_TRUE(relay_.lastLines(7).empty());
 }
 
-// A worker's progress bar ends in '\r' (worker/report/progress.h): the console gets it drawn in place
+// A relay whose stdout and stderr count as terminals (as isatty() would say), writing to files.
+OutputRelayOptions terminalOptions(int outFd, int errFd, bool stderrIsTerminal = true) {
+  OutputRelayOptions options;
+  options.stdoutFd = outFd;
+  options.stderrFd = errFd;
+  options.stdoutIsTerminal = true;
+  options.stderrIsTerminal = stderrIsTerminal;
+  return options;
+}
+
+// A worker's progress bar ends in '\r' (worker/report/progress.h): a terminal gets it drawn in place
 // ("\r[rank 0] text" + erase to the end of the line), only the latest of a burst, erased before
 // the next line; log files and the failure summary's tail never see it.
-TEST_F(OutputRelayTest, ProgressBarsAreDrawnInPlaceAndNeverLogged) {
+TEST_F(OutputRelayTest, ProgressBarsAreDrawnInPlaceOnATerminalAndNeverLogged) {
   const std::string logPath = dir_.file("rank0.log");
+  OutputRelay relay(terminalOptions(outFd_, errFd_));
   Pipe out0;
-  relay_.add(out0.read, 0, false);
-  relay_.addLogFile(0, ::open(logPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  relay.add(out0.read, 0, false);
+  relay.addLogFile(0, ::open(logPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   // Written before start(): the relay reads it as one chunk, so the expected bytes are exact.
   writeText(out0.write, "line1\n[##..] 1/4\r[###.] 2/4\rline2\n[####] 4/4\r");
   ::close(out0.write);
-  relay_.start();
-  relay_.finish();
+  relay.start();
+  relay.finish();
   EXPECT_EQ(out(), "[rank 0] line1\n[rank 0] line2\n\r[rank 0] [####] 4/4\033[K\r\033[K");
   EXPECT_EQ(readFile(logPath), "line1\nline2\n");
-  EXPECT_EQ(relay_.lastLines(0), (std::vector<std::string>{"line1", "line2"}));
+  EXPECT_EQ(relay.lastLines(0), (std::vector<std::string>{"line1", "line2"}));
+}
+
+// A redraw that a newline in the same read already finished is stale: the terminal gets the
+// finished line only, not the old redraw drawn below it.
+TEST_F(OutputRelayTest, ATerminalNeverGetsARedrawOlderThanTheLineThatEndedIt) {
+  OutputRelay relay(terminalOptions(outFd_, errFd_));
+  Pipe out0;
+  relay.add(out0.read, 0, false);
+  writeText(out0.write, "\rstep 1/2\rstep 2/2\ndone\n");
+  ::close(out0.write);
+  relay.start();
+  relay.finish();
+  EXPECT_EQ(out(), "[rank 0] step 2/2\n[rank 0] done\n");
 }
 
 TEST_F(OutputRelayTest, ALineAfterABarErasesItFirst) {
+  OutputRelay relay(terminalOptions(outFd_, errFd_));
   Pipe out0;
   Pipe err1;
-  relay_.add(out0.read, 0, false);
-  relay_.add(err1.read, 1, true);
+  relay.add(out0.read, 0, false);
+  relay.add(err1.read, 1, true);
   writeText(out0.write, "[#...] 1/4\r");
-  relay_.start();
+  relay.start();
   // The bar reaches the console before rank 1's line is written.
   for (int i = 0; i < 500 && out().find("1/4") == std::string::npos; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -209,9 +237,158 @@ TEST_F(OutputRelayTest, ALineAfterABarErasesItFirst) {
   writeText(err1.write, "rank 1 says\n");
   ::close(out0.write);
   ::close(err1.write);
+  relay.finish();
+  // Erased where it was drawn (stdout), then the line goes to stderr: the same terminal.
+  EXPECT_EQ(out(), "\r[rank 0] [#...] 1/4\033[K\r\033[K");
+  EXPECT_EQ(err(), "[rank 1] rank 1 says\n");
+}
+
+// stdout a terminal, stderr redirected to a file (`2>err.log`): the file gets no escape sequence
+// although a bar is drawn on the terminal.
+TEST_F(OutputRelayTest, AStreamThatIsNoTerminalNeverGetsEscapes) {
+  OutputRelay relay(terminalOptions(outFd_, errFd_, /*stderrIsTerminal=*/false));
+  Pipe out0;
+  Pipe err0;
+  relay.add(out0.read, 0, false);
+  relay.add(err0.read, 0, true);
+  writeText(out0.write, "[#...] 1/4\r");
+  writeText(err0.write, "a\rb\rwarning\r\nlast\r");
+  ::close(out0.write);
+  ::close(err0.write);
+  relay.start();
+  relay.finish();
+  EXPECT_EQ(err(), "[rank 0] warning\n");
+  EXPECT_EQ(out(), "\r[rank 0] [#...] 1/4\033[K\r\033[K");
+}
+
+// Files and pipes (what the fixture's relay writes to, found by isatty()) and log files get
+// clean lines: each line is the text after its last '\r' (earlier redraws are gone), "\r\n" is
+// a plain line end, and never an escape sequence.
+TEST_F(OutputRelayTest, FilesAndPipesGetOnlyTheFinalStateOfARedrawnLine) {
+  const std::string logPath = dir_.file("rank0.log");
+  Pipe out0;
+  relay_.add(out0.read, 0, false);
+  relay_.addLogFile(0, ::open(logPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  writeText(out0.write,
+            "\rTrain 1/3 loss 2.3\rTrain 2/3 loss 1.1\rTrain 3/3 loss 0.5\nTest: 91%\r\n"
+            "[##..] 1/2\r[####] 2/2\r\n[#...]\rwindows\r\n");
+  ::close(out0.write);
+  relay_.start();
   relay_.finish();
-  EXPECT_EQ(err(), "\r\033[K[rank 1] rank 1 says\n");
-  EXPECT_EQ(out(), "\r[rank 0] [#...] 1/4\033[K");  // erased through stderr: the same terminal
+  EXPECT_EQ(out(), "[rank 0] Train 3/3 loss 0.5\n[rank 0] Test: 91%\n[rank 0] [####] 2/2\n[rank 0] windows\n");
+  EXPECT_EQ(readFile(logPath), "Train 3/3 loss 0.5\nTest: 91%\n[####] 2/2\nwindows\n");
+  EXPECT_EQ(relay_.lastLines(0),
+            (std::vector<std::string>{"Train 3/3 loss 0.5", "Test: 91%", "[####] 2/2", "windows"}));
+}
+
+// The same bytes one at a time: a "\r\n" split over two reads is still a plain line end, and
+// a redraw split anywhere still ends as its final state.
+TEST_F(OutputRelayTest, RedrawsSplitOverManyReadsEndTheSame) {
+  Pipe out0;
+  relay_.add(out0.read, 0, false);
+  relay_.start();
+  for (const char byte : std::string("\rstep 1\rstep 2\r\nok\r\nbar 1\rbar 2\rdone\n")) {
+    writeText(out0.write, std::string(1, byte));
+  }
+  ::close(out0.write);
+  relay_.finish();
+  EXPECT_EQ(out(), "[rank 0] step 2\n[rank 0] ok\n[rank 0] done\n");
+}
+
+// A worker that exits in the middle of redrawing (mnist's printf("\r...") with no final '\n')
+// leaves its last text as a line; one whose line ends in '\r' (a bar waiting to be redrawn,
+// which a terminal erases) leaves nothing.
+TEST_F(OutputRelayTest, ARedrawUnfinishedAtExitLeavesItsFinalTextAsALine) {
+  const std::string logPath = dir_.file("rank2.log");
+  Pipe out2;
+  Pipe err2;
+  relay_.add(out2.read, 2, false);
+  relay_.add(err2.read, 2, true);
+  relay_.addLogFile(2, ::open(logPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  writeText(out2.write, "\rTrain 1/9\rTrain 2/9");
+  writeText(err2.write, "[#.] 1/2\r");
+  ::close(out2.write);
+  ::close(err2.write);
+  relay_.start();
+  relay_.finish();
+  EXPECT_EQ(out(), "[rank 2] Train 2/9\n");
+  EXPECT_EQ(err(), "");
+  EXPECT_EQ(readFile(logPath), "Train 2/9\n");
+  EXPECT_EQ(relay_.lastLines(2), std::vector<std::string>{"Train 2/9"});
+}
+
+// PyTorch prefixes its own log lines with the rank: c10's logging "[rank1]:[W127 ...] text",
+// torch._logging "[rank1]:W0127 ...", torch.distributed's excepthook "[rank1]: Traceback".
+// The console shows one prefix, ours; another rank's (or another number's) prefix is kept; the
+// log file keeps the lines as written.
+TEST_F(OutputRelayTest, PyTorchsOwnPrefixOfTheSameRankIsDropped) {
+  const std::string logPath = dir_.file("rank1.log");
+  Pipe err1;
+  relay_.add(err1.read, 1, true);
+  relay_.addLogFile(1, ::open(logPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  const std::string written =
+      "[rank1]:[W127 10:11:12.123456789 ProcessGroupGloo.cpp:42] Warning: slow\n"
+      "[rank1]:W0127 10:11:12.123000 4242 torch/distributed/x.py:7] python warning\n"
+      "[rank1]: Traceback (most recent call last):\n"
+      "[rank0]: x\n"
+      "[rank12]: y\n"
+      "[rank1] z\n";
+  writeText(err1.write, written);
+  ::close(err1.write);
+  relay_.start();
+  relay_.finish();
+  EXPECT_EQ(err(),
+            "[rank 1] [W127 10:11:12.123456789 ProcessGroupGloo.cpp:42] Warning: slow\n"
+            "[rank 1] W0127 10:11:12.123000 4242 torch/distributed/x.py:7] python warning\n"
+            "[rank 1] Traceback (most recent call last):\n"
+            "[rank 1] [rank0]: x\n"
+            "[rank 1] [rank12]: y\n"
+            "[rank 1] [rank1] z\n");
+  EXPECT_EQ(readFile(logPath), written);
+}
+
+// Reads from `fd` until `size` bytes came or nothing more comes for 5 s.
+std::string readAtLeast(int fd, size_t size) {
+  std::string text;
+  char buffer[4096];
+  pollfd readable{fd, POLLIN, 0};
+  while (text.size() < size && ::poll(&readable, 1, 5000) == 1) {
+    const ssize_t count = ::read(fd, buffer, sizeof(buffer));
+    if (count <= 0) break;
+    text.append(buffer, static_cast<size_t>(count));
+  }
+  return text;
+}
+
+// Without stdoutIsTerminal/stderrIsTerminal the relay asks isatty(): a pseudo-terminal gets the bar
+// drawn in place, a file next to it gets the finished line only.
+TEST_F(OutputRelayTest, ATerminalIsFoundByIsatty) {
+  const int master = ::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+  if (master < 0 || ::grantpt(master) != 0 || ::unlockpt(master) != 0) GTEST_SKIP() << "no pseudo-terminal here";
+  const int terminal = ::open(::ptsname(master), O_RDWR | O_NOCTTY | O_CLOEXEC);
+  ASSERT_GE(terminal, 0);
+  termios raw{};
+  ASSERT_EQ(::tcgetattr(terminal, &raw), 0);
+  ::cfmakeraw(&raw);  // bytes as written: no "\n" -> "\r\n"
+  ASSERT_EQ(::tcsetattr(terminal, TCSANOW, &raw), 0);
+  {
+    OutputRelay relay(terminal, errFd_);
+    Pipe out0;
+    Pipe err0;
+    relay.add(out0.read, 0, false);
+    relay.add(err0.read, 0, true);
+    writeText(out0.write, "[#.] 1/2\r");
+    writeText(err0.write, "a\rb\n");
+    ::close(out0.write);
+    ::close(err0.write);
+    relay.start();
+    relay.finish();
+  }
+  const std::string expected = "\r[rank 0] [#.] 1/2\033[K\r\033[K";
+  EXPECT_EQ(readAtLeast(master, expected.size()), expected);
+  EXPECT_EQ(err(), "[rank 0] b\n");
+  ::close(terminal);
+  ::close(master);
 }
 
 TEST_F(OutputRelayTest, LogFilesGetRawLinesAndTheConsoleOnlyWhenAsked) {

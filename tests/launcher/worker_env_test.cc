@@ -28,6 +28,9 @@ TEST(WorkerEnv, ContractFollowsTheTorchrunFormulas) {
       EXPECT_EQ(env.at("RANK"), rank);
       EXPECT_EQ(env.at("LOCAL_RANK"), std::to_string(local));
       EXPECT_EQ(env.at("WORLD_SIZE"), world);
+      EXPECT_EQ(env.at("GROUP_WORLD_SIZE"), std::to_string(nnodes));
+      EXPECT_EQ(env.at("ROLE_NAME"), "default");
+      EXPECT_EQ(env.at("TORCHELASTIC_RUN_ID"), "none");  // torchrun's default --rdzv_id
       EXPECT_EQ(env.at("LOCAL_WORLD_SIZE"), std::to_string(nproc));
       EXPECT_EQ(env.at("GROUP_RANK"), std::to_string(nodeRank));
       EXPECT_EQ(env.at("ROLE_RANK"), rank);
