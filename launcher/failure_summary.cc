@@ -39,8 +39,8 @@ std::string padded(std::string text, size_t width) {
 
 std::string describeFailure(const RankReport& rank) {
   if (rank.leftEarly) {
-    return "exited with code 0 before the job ended (the other ranks ran on without it and would wait for it "
-           "in their next collective)";
+    return "exited with code 0 before the job ended (the other ranks ran on without it: waiting for it in a "
+           "collective, or showing no sign of life)";
   }
   if (!rank.status.signaled) {
     return "failed with " + rank.status.describe() + (rank.errorFile.empty() ? "" : ": " + rank.errorFile);

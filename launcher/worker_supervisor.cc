@@ -5,8 +5,10 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <cstdlib>
 #include <fstream>
 #include <optional>
+#include <sstream>
 #include <vector>
 
 #include <fcntl.h>
@@ -50,6 +52,39 @@ bool processStopped(pid_t pid) {
          (line[close + 2] == 'T' || line[close + 2] == 't');
 }
 
+// utime + stime of `pid` (all its threads), in clock ticks; 0 when it cannot be read.
+long long cpuTicks(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(in, line);
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream fields(line.substr(close + 2));
+  std::string field;
+  long long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i) {  // field 3 is the state; 14 utime, 15 stime
+    if (i == 14) utime = std::atoll(field.c_str());
+    if (i == 15) stime = std::atoll(field.c_str());
+  }
+  return utime + stime;
+}
+
+// In uninterruptible sleep (state D): waiting for the disk, i.e. working (a large save).
+bool processInDiskWait(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(in, line);
+  const size_t close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'D';
+}
+
+// How often the ranks left running are looked at again after an early exit that found them working.
+constexpr std::chrono::milliseconds kEarlyExitRecheck{1000};
+// More CPU time than this since the last look (ticks of 10 ms): working, not waiting.
+constexpr long long kBusyTicks = 2;
+// A collective running this long is waited in, not passing through.
+constexpr int64_t kBlockedAfterNs = 1000000000;
+
 // The state machine behind runWorkers(), one instance per launch.
 class WorkerSupervisor {
  public:
@@ -80,6 +115,7 @@ class WorkerSupervisor {
     bool leftEarly = false;          // exited 0, and others ran on past the early-exit grace
     bool stoppedBySignal = false;    // in state T when the first failure came
     ExitStatus status;
+    long long cpuTicks = 0;          // user + system CPU time at the last look (lookAtRunningRanks)
     int ringFd = -1;                 // the flight recorder's memfd, kept after the worker exits
     void* ring = nullptr;            // mapped read-only here
   };
@@ -94,6 +130,14 @@ class WorkerSupervisor {
   // A rank exited 0 while others still run: past the grace this is an early exit, a failure.
   // Returns how long the loop may wait before the grace ends.
   std::chrono::milliseconds checkEarlyExit(std::chrono::milliseconds timeout);
+  // The ranks still running after an early exit: in a collective for a while ("blocked"), working
+  // (outside any recorded collective, or using CPU), or idle (no recorder and no CPU time).
+  struct RunningRanks {
+    std::string blocked, working, idle;  // rank lists
+    std::string collective;              // what a blocked rank waits in
+  };
+  RunningRanks lookAtRunningRanks();
+  bool toldWaiting_ = false;
   void fail(size_t index);
   // Exited 0 or 128 + the forwarded signal, or was ended by that signal or the launcher's SIGKILL.
   bool endedBySignalAsAsked(const Worker& worker) const;
@@ -324,6 +368,10 @@ void WorkerSupervisor::onExit(Worker& worker) {
     if (!firstCleanExit_) {
       firstCleanExit_ = index;
       firstCleanExitAt_ = Clock::now();
+      // The others' CPU time from here on tells working from waiting (lookAtRunningRanks).
+      for (Worker& other : workers_) {
+        if (!other.exited) other.cpuTicks = cpuTicks(other.pid);
+      }
     }
     return;
   }
@@ -343,15 +391,62 @@ std::chrono::milliseconds WorkerSupervisor::checkEarlyExit(std::chrono::millisec
   const auto now = Clock::now();
   if (now < deadline) return std::min(timeout, std::chrono::ceil<std::chrono::milliseconds>(deadline - now));
   Worker& left = workers_[*firstCleanExit_];
-  left.leftEarly = true;
-  std::string others;
-  for (const Worker& worker : workers_) {
-    if (!worker.exited) others += (others.empty() ? "" : ", ") + std::to_string(worker.rank);
+  // Past the grace: the ranks still running are waiting for the one that left only if they are
+  // in a collective (their flight recorder says so), or, without one, if they do nothing at all.
+  // A rank that works (saves, evaluates) is let finish however long it takes, as torchrun does.
+  const RunningRanks seen = lookAtRunningRanks();
+  if (seen.blocked.empty() && !seen.working.empty()) {
+    if (!toldWaiting_) {
+      spdlog::info("rank {} exited with code 0 {:.0f} s ago; rank(s) {} still work outside any collective "
+                   "(e.g. saving): waiting for them",
+                   left.rank, std::chrono::duration<double>(now - firstCleanExitAt_).count(), seen.working);
+      toldWaiting_ = true;
+    }
+    return std::min(timeout, kEarlyExitRecheck);
   }
-  spdlog::warn("rank {} (pid {}) exited with code 0 but rank(s) {} still run {} s later; stopping the job",
-               left.rank, left.pid, others, earlyExitGrace_->count());
+  left.leftEarly = true;
+  const double after = std::chrono::duration<double>(now - firstCleanExitAt_).count();
+  if (!seen.blocked.empty()) {
+    spdlog::warn("rank {} (pid {}) exited with code 0 {:.0f} s ago while rank(s) {} wait in a collective it never "
+                 "entered ({}); stopping the job", left.rank, left.pid, after, seen.blocked, seen.collective);
+  } else {
+    spdlog::warn("rank {} (pid {}) exited with code 0 {:.0f} s ago and rank(s) {} show no sign of life since (no "
+                 "CPU time, no collective); stopping the job", left.rank, left.pid, after, seen.idle);
+  }
   fail(*firstCleanExit_);
   return std::chrono::milliseconds(0);
+}
+
+WorkerSupervisor::RunningRanks WorkerSupervisor::lookAtRunningRanks() {
+  RunningRanks seen;
+  const int64_t nowNs = flight::nowNs();
+  auto add = [](std::string& list, int rank) { list += (list.empty() ? "" : ", ") + std::to_string(rank); };
+  for (Worker& worker : workers_) {
+    if (worker.exited) continue;
+    const long long cpu = cpuTicks(worker.pid);
+    const bool busy = cpu > worker.cpuTicks + kBusyTicks || processInDiskWait(worker.pid);
+    worker.cpuTicks = cpu;
+    std::optional<flight::Record> waiting;
+    bool recorded = false;
+    if (worker.ring) {
+      const flight::Snapshot ring = flight::readRing(worker.ring, flight::ringBytes(flight::kDefaultCapacity));
+      recorded = ring.valid;
+      for (const flight::Record& r : ring.records) {
+        // In it for a second at least: a collective among the others alone passes in less.
+        if (r.state == flight::State::kRunning && nowNs - r.startNs > kBlockedAfterNs) waiting = r;
+      }
+    }
+    if (waiting) {
+      add(seen.blocked, worker.rank);
+      seen.collective = waiting->op + " #" + std::to_string(waiting->seq) +
+                        (waiting->label.empty() ? "" : " (" + waiting->label + ")");
+    } else if (recorded || busy) {
+      add(seen.working, worker.rank);  // a recorder that shows no collective: working, whatever the CPU says
+    } else {
+      add(seen.idle, worker.rank);
+    }
+  }
+  return seen;
 }
 
 bool WorkerSupervisor::endedBySignalAsAsked(const Worker& worker) const {

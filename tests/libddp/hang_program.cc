@@ -7,7 +7,9 @@
 
 #include <csignal>
 #include <cstdlib>
+#include <chrono>
 #include <iostream>
+#include <thread>
 #include <string>
 
 // Not static, not inlined: the hang report's stack must show them by name.
@@ -21,7 +23,7 @@ __attribute__((noinline)) void spinInUserCodeForHangTest(volatile long* counter)
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::cerr << "usage: hang_program stop|stop0|spin|skip|size|clean BACKEND TIMEOUT_S REPORT_DIR [check]\n";
+    std::cerr << "usage: hang_program stop|stop0|late|spin|skip|size|clean BACKEND TIMEOUT_S REPORT_DIR [check]\n";
     return 2;
   }
   const std::string scenario = argv[1];
@@ -51,6 +53,8 @@ int main(int argc, char** argv) {
     }
     group.barrier();
     group.destroy();
+    // "late": rank 0 saves alone for 3 s (no CPU time, no collective) after rank 1 returned: working.
+    if (scenario == "late" && rank == 0) std::this_thread::sleep_for(std::chrono::seconds(3));
     std::cout << "rank " << rank << " finished" << std::endl;
     return 0;
   } catch (const ddp::Error& e) {

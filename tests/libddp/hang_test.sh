@@ -123,6 +123,14 @@ for backend in shm gloo; do
 done
 [[ ! -f "$work/hang_report.json" ]] || fail "a clean job wrote a hang report"
 
+# Issue 45 (5): rank 1 returns while rank 0 saves alone for 3 s, in no collective (its flight
+# recorder says so) and using no CPU time: working, not waiting; the job ends 0, not stopped at the
+# 1 s early-exit grace.
+timeout 120 "$launch" --nproc_per_node=2 --early_exit_grace_s=1 "$program" late shm 10 "$work" >"$work/late.log" 2>&1 \
+  || { cat "$work/late.log"; fail "late: a rank saving alone was stopped"; }
+expect late "still work outside any collective"
+expect late "rank 0 finished"
+
 if [[ $failures -ne 0 ]]; then
   echo "$failures check(s) failed" >&2
   exit 1
