@@ -40,4 +40,5 @@
 #include "ddp/profiler.h"                   // Profiler (torch.profiler, Chrome traces)
 #include "ddp/sampler.h"                    // DistributedSampler
 #include "ddp/state_dict.h"                 // stateDict, saveStateDict, loadTensors
+#include "ddp/straggler.h"                  // StragglerMonitor (who arrives last)
 #include "ddp/version.h"

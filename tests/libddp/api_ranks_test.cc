@@ -4,6 +4,9 @@
 // gradient of the mean loss over the union of the shards, computed here on the whole batch.
 #include <ddp/ddp.h>
 #include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 
@@ -189,6 +192,35 @@ TEST(DistributedDataParallel, GradientIsTheGradientOfTheWholeBatch) {
   torch::mse_loss(model(shard(x)), shard(y)).backward();
   torch::mse_loss(reference(x), y).backward();  // mean over all rows = mean of the shards' means
   EXPECT_TRUE(torch::allclose(flatGrads(*net), flatGrads(*reference), 1e-5, 1e-6));
+}
+
+// Issue 45 (7): rank 1 loads its data 80 ms late every step (a sleep, as a slow loader); every other
+// rank then waits for it in the gradient all-reduce, and StragglerMonitor names it, by about that.
+TEST(StragglerMonitor, NamesTheRankThatArrivesLastAndByHowMuch) {
+  torch::manual_seed(2);
+  Net net;
+  ddp::DistributedDataParallel<Net> model(net, group());
+  ddp::StragglerMonitor monitor(group());
+  monitor.measure();  // from here on
+  const auto x = torch::randn({8, 5});
+  const auto y = torch::randn({8, 3});
+  constexpr double kLateS = 0.08;
+  for (int step = 0; step < 6; ++step) {
+    if (group().rank() == 1) std::this_thread::sleep_for(std::chrono::duration<double>(kLateS));
+    torch::mse_loss(model(x), y).backward();
+  }
+  const ddp::StragglerReport report = monitor.measure();
+  if (group().size() == 1) {
+    EXPECT_EQ(report.straggler, -1);  // nobody to wait for
+    return;
+  }
+  EXPECT_EQ(report.samples, 6);  // one wait per step
+  EXPECT_EQ(report.straggler, 1);
+  EXPECT_GT(report.skewS, 0.5 * kLateS) << "rank 0 waited " << report.medianWaitS[0] << " s, rank 1 " << report.medianWaitS[1];
+  EXPECT_LT(report.skewS, 5 * kLateS);
+  EXPECT_GE(report.p95WaitS[0], report.medianWaitS[0]);
+  // The next look sees only what came after this one.
+  EXPECT_EQ(monitor.measure().samples, 0);
 }
 
 // A model held the way plain LibTorch programs hold it: std::shared_ptr<YourModule>.

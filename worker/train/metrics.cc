@@ -29,7 +29,7 @@ void MetricsWriter::write(const nlohmann::json& record) {
 nlohmann::json trainingSummary(const WorkerConfig& config, const TrainResult& result, int worldSize,
                                const std::string& mode, const std::string& backend,
                                const std::string& device, int64_t globalBatch) {
-  return {
+  nlohmann::json summary = {
       {"world_size", worldSize},
       {"mode", mode},
       {"backend", backend},
@@ -55,6 +55,12 @@ nlohmann::json trainingSummary(const WorkerConfig& config, const TrainResult& re
       {"gradient_elements", result.gradientElements},
       {"gradient_elements_sent", result.gradientElementsSent},
   };
+  if (!result.stragglerCounts.empty()) {
+    summary["stragglers"] = {{"logged_steps_last_per_rank", result.stragglerCounts},
+                             {"max_late_s", result.stragglerMaxSkewS},
+                             {"max_late_rank", result.stragglerMaxSkewRank}};
+  }
+  return summary;
 }
 
 void logDone(const TrainResult& result) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "ddp/process_group.h"
 #include "worker/config/config.h"
@@ -34,6 +35,11 @@ struct TrainResult {
   int64_t optimizerStateBytes = 0;  // this rank's optimizer state (train.zero: its shard)
   int64_t gradientElements = 0;
   int64_t gradientElementsSent = 0;
+  // ddp::StragglerMonitor at the logged steps (world > 1): how often each rank arrived markedly last
+  // at the gradient all-reduce, and the largest lateness seen, with its rank.
+  std::vector<int64_t> stragglerCounts;
+  double stragglerMaxSkewS = 0;
+  int stragglerMaxSkewRank = -1;
 };
 
 /// Stops training with one line: what diverged, and where the last good state is.

@@ -105,6 +105,9 @@ class TrainingRun {
   std::unique_ptr<tensorboard::EventWriter> board_;  // output.tensorboard: the scalars
                                                      // torch.utils.tensorboard users log, from rank 0
   std::optional<ProfileWindow> profile_;             // output.profile_start
+  // Who arrives last at the gradient all-reduce, looked at on every logged step (world > 1).
+  std::optional<StragglerMonitor> straggler_;
+  std::string stragglerNote(const StragglerReport& report);
   std::optional<StepState> state_;
   std::unique_ptr<TrainStep> step_;  // eager, or train.cuda_graph's
   at::Tensor stopFlag_;
@@ -143,6 +146,11 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
       bar_(rank_ == 0 && progressBarWanted(), std::getenv("DDP_LAUNCH_PREFIXED") != nullptr),
       syncDebug_(config.cuda.syncDebug), nonfinite_(config, rank_, bar_), deviceChecks_(device.is_cuda()) {
   if (rank_ == 0) makeDirectories(config_.output.dir, "output.dir");
+  // Under join, ranks that ran out take their steps' collectives differently: no measurement there.
+  if (world_ > 1 && !join_) {
+    straggler_.emplace(group_);
+    result_.stragglerCounts.assign(static_cast<size_t>(world_), 0);
+  }
   checkPrecision();
   // fp16 needs a loss scale; its found-inf flag is agreed on by every rank of the group.
   if (train_.precision == "fp16") {
@@ -373,15 +381,36 @@ void TrainingRun::record(const StepPlace& place, bool last) {
     shownLoss_ = lossValue;
     shownRate_ = rate;
     if (board_) board_->addTrainingStep(result_.steps, lossValue, rate, state_->lr);
+    const std::string straggler = straggler_ ? stragglerNote(straggler_->measure()) : "";
     if (rank_ == 0) {
       bar_.clear();
-      spdlog::info("{}{}", progressLine(progressAt(place, lossValue, rate)), parallelism_.progressNote());
+      spdlog::info("{}{}{}", progressLine(progressAt(place, lossValue, rate)), parallelism_.progressNote(), straggler);
     }
     windowStart_ = Clock::now();
     windowSamples_ = 0;
     syncDebug_.resume();
   }
   bar_.update(progressAt(place, shownLoss_, shownRate_));
+}
+
+// A rank that arrives markedly last (the others' median wait in the gradient all-reduce is mostly
+// its lateness, and at least 10 ms): counted for summary.json, and named on the progress line.
+std::string TrainingRun::stragglerNote(const StragglerReport& report) {
+  if (report.straggler < 0) return "";
+  double othersWait = 0;
+  for (int r = 0; r < world_; ++r) {
+    if (r != report.straggler) othersWait = std::max(othersWait, report.medianWaitS[static_cast<size_t>(r)]);
+  }
+  if (report.skewS < 0.01 || report.skewS < 0.5 * othersWait) return "";
+  ++result_.stragglerCounts[static_cast<size_t>(report.straggler)];
+  if (report.skewS > result_.stragglerMaxSkewS) {
+    result_.stragglerMaxSkewS = report.skewS;
+    result_.stragglerMaxSkewRank = report.straggler;
+  }
+  const size_t last = static_cast<size_t>(report.straggler);
+  return fmt::format(" | rank {} arrives last at the gradient all-reduce, {:.3f} s late (its median/p95 wait {:.3f}/{:.3f} s, "
+                     "the others' up to {:.3f} s)",
+                     report.straggler, report.skewS, report.medianWaitS[last], report.p95WaitS[last], othersWait);
 }
 
 // Preemption: every rank must stop after the same step, so a stop request (SIGTERM) is agreed on
