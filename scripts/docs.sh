@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if ! command -v doxygen >/dev/null 2>&1; then
-  echo "docs: doxygen is not installed; run scripts/setup.sh (it installs Debian's doxygen)" >&2
+  echo "docs: doxygen is not installed; run scripts/setup.sh --docs (it installs Debian's doxygen)" >&2
   exit 1
 fi
 

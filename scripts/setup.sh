@@ -1,30 +1,57 @@
 #!/usr/bin/env bash
-# Installs what ddp-launch builds and tests with. Idempotent: prints nothing
-# and touches nothing when everything is already installed.
-#  1. Debian packages (compilers, libraries, Fashion-MNIST, LibTorch 1.13 for the second build).
+# Installs what ddp-launch builds and tests with. Idempotent: prints nothing and touches nothing
+# when everything is already installed.
+# Usage: scripts/setup.sh [--debian] [--docs] [--tests]
+#   (none)    what the default build (scripts/build.sh) and README's command 1 need: compilers,
+#             the libraries, Fashion-MNIST, and .venv/ with the pinned torch.
+#   --debian  also Debian's LibTorch 1.13, for the second build (DDP_TORCH=debian scripts/build.sh).
+#   --docs    also Doxygen, for the API reference (scripts/docs.sh).
+#   --tests   everything the test suite needs (scripts/test.sh asks for it): all of the above, and
+#             GoogleTest, a real Slurm, Open MPI and pdsh.
+#  1. Debian packages.
 #  2. .venv/ in the project tree (ignored by git): the pinned PyPI torch of scripts/requirements.txt,
 #     whose LibTorch 2.x (CUDA + NCCL) is the default build and whose Python is the reference.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+debian=0 docs=0 tests=0
+for arg in "$@"; do
+  case "$arg" in
+    --debian) debian=1 ;;
+    --docs) docs=1 ;;
+    --tests) tests=1 debian=1 docs=1 ;;  # both LibTorch builds are tested, and the CTest docs runs Doxygen
+    *) echo "setup.sh: unknown argument '$arg'; use --debian, --docs or --tests" >&2; exit 2 ;;
+  esac
+done
+
 packages=(
   build-essential cmake ccache pkg-config
   python3 python3-venv              # makes .venv when no other python3 is on PATH
-  libtorch-dev                      # LibTorch 1.13 (CPU, c10d + Gloo): the second, Debian build
   libgloo-dev                       # Gloo headers: c10d's ProcessGroupGloo.hpp includes them, the torch wheel lacks them
-  libopenblas0-openmp               # Debian LibTorch's GEMMs go through the system BLAS; Debian's default is the
-                                    # reference BLAS, ~15x slower. OpenMP build: follows OMP_NUM_THREADS
   libcxxopts-dev libspdlog-dev libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev
   libboost-dev libboost-filesystem-dev   # Boost.Process v1 (header-only) needs boost_filesystem
-  libgtest-dev
   libprotobuf-dev protobuf-compiler # TensorBoard event files (worker/tensorboard)
   libpng-dev libjpeg62-turbo-dev    # data.name image_folder: PNG, and JPEG through libjpeg-turbo (as Pillow)
   dataset-fashion-mnist             # /usr/share/datasets/fashion-mnist
-  slurm-wlm munge                   # a real Slurm for tests/e2e/cluster_test.cc (scripts/slurm_cluster.sh)
-  openmpi-bin pdsh                  # a real mpirun and pdsh for the same tests
   elfutils                          # eu-stack: the launcher's hang report reads a lagging rank's native stack
-  doxygen                           # the API reference from include/ddp (scripts/docs.sh, the CTest docs)
 )
+if (( debian )); then
+  packages+=(
+    libtorch-dev                    # LibTorch 1.13 (CPU, c10d + Gloo): the second, Debian build
+    libopenblas0-openmp             # Debian LibTorch's GEMMs go through the system BLAS; Debian's default is the
+                                    # reference BLAS, ~15x slower. OpenMP build: follows OMP_NUM_THREADS
+  )
+fi
+if (( docs )); then
+  packages+=(doxygen)               # the API reference from include/ddp (scripts/docs.sh, the CTest docs)
+fi
+if (( tests )); then
+  packages+=(
+    libgtest-dev
+    slurm-wlm munge                 # a real Slurm for tests/e2e/cluster_test.cc (scripts/slurm_cluster.sh)
+    openmpi-bin pdsh                # a real mpirun and pdsh for the same tests
+  )
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -48,7 +48,7 @@ fi
 
 for tool in munged mungekey slurmctld slurmd srun sbatch scontrol sinfo; do
   if ! command -v "$tool" >/dev/null 2>&1 && [[ ! -x /usr/sbin/$tool ]]; then
-    echo "cannot start Slurm: '$tool' is not installed (scripts/setup.sh installs slurm-wlm and munge)" >&2
+    echo "cannot start Slurm: '$tool' is not installed (scripts/setup.sh --tests installs slurm-wlm and munge)" >&2
     exit 3
   fi
 done

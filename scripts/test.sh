@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing, builds, runs every test with CTest,
+# The test command: installs what is missing (scripts/setup.sh --tests, through build.sh), builds
+# everything (the product, every test and benchmark: DDP_BUILD_TESTS=ON), runs every test with CTest,
 # for each LibTorch build: DDP_TORCH=pip (2.x, the default build), debian (1.13), or all (both; default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,7 +11,7 @@ flavours=${DDP_TORCH:-all}
 [[ $flavours == all ]] && flavours="pip debian"
 for flavour in $flavours; do
   echo "=== LibTorch build: $flavour ==="
-  DDP_TORCH=$flavour bash scripts/build.sh "$@"
+  DDP_TORCH=$flavour DDP_BUILD_TESTS=ON bash scripts/build.sh "$@"
   build_dir=${DDP_BUILD_DIR:-$([[ $flavour == pip ]] && echo build || echo build-debian)}
   (cd "$build_dir" && ctest --output-on-failure --timeout 900)
 done

@@ -85,7 +85,7 @@ done
 
 # (d)
 if ! command -v doxygen >/dev/null 2>&1; then
-  fail "doxygen is not installed, so the API reference cannot be checked; run scripts/setup.sh (it installs Debian's doxygen)"
+  fail "doxygen is not installed, so the API reference cannot be checked; run scripts/setup.sh --docs (it installs Debian's doxygen)"
 else
   out=$(mktemp -d)
   trap 'rm -rf "$out"' EXIT
