@@ -179,11 +179,18 @@ class Liveness {
     const std::int64_t beat = store_.add(keys_.heartbeat(id), 0);
     Seen& seen = seen_[id];
     if (!seen.known || beat != seen.beat) {
-      seen = {true, beat, Clock::now()};
+      if (seen.known) seen.moved = true;
+      seen = {true, beat, Clock::now(), seen.moved};
       return std::nullopt;
     }
     if (secondsSince(seen.at) >= timeoutS_) return "no heartbeat for " + seconds(timeoutS_) + " s";
     return std::nullopt;
+  }
+
+  /// Whether node `id`'s heartbeat count moved after the first gone(id) saw it.
+  bool beatSinceFirstLook(int id) const {
+    const auto it = seen_.find(id);
+    return it != seen_.end() && it->second.moved;
   }
 
  private:
@@ -203,6 +210,7 @@ class Liveness {
     bool known = false;
     std::int64_t beat = 0;
     Clock::time_point at;
+    bool moved = false;  // the count changed since the first look
   };
   StoreClient& store_;
   const Keys& keys_;
@@ -518,29 +526,32 @@ void Agent::checkSameJob() {
 
 std::optional<std::string> Agent::lostNode(const Round& round) {
   if (store_->check({keys_.inRound(round.number, "end")})) return std::nullopt;  // another node told why
-  std::map<int, std::int64_t> beats;  // the nodes not yet seen beating, at their count when we looked
-  for (int node : round.nodes) {
-    if (node == nodeId_) continue;
-    if (store_->check({keys_.left(node)})) {
-      const std::string why = text(store_->get(keys_.left(node), store_->timeout()));
-      if (why != kDone) return "node " + std::to_string(node) + " left (" + why + ")";
-      continue;
-    }
-    beats[node] = store_->add(keys_.heartbeat(node), 0);
-  }
   // A live node beats within an interval; three intervals and a tick leave room for a busy one.
   const auto window = 3 * heartbeatInterval() + kTick;
-  const auto deadline = Clock::now() + window;
-  while (!beats.empty() && Clock::now() < deadline) {
-    pause(kTick);
-    for (auto at = beats.begin(); at != beats.end();) {
-      at = store_->add(keys_.heartbeat(at->first), 0) != at->second ? beats.erase(at) : std::next(at);
-    }
+  const double windowS = std::chrono::duration<double>(window).count();
+  Liveness live(*store_, keys_, windowS);
+  std::vector<int> silent;  // not yet seen beating
+  for (int node : round.nodes) {
+    if (node == nodeId_) continue;
+    const auto gone = live.gone(node);  // the first look: a node that left says so at once
+    if (gone && *gone != kDone) return "node " + std::to_string(node) + " left (" + *gone + ")";
+    if (!gone) silent.push_back(node);
   }
-  if (beats.empty()) return std::nullopt;
-  return "node " + std::to_string(beats.begin()->first) + " left (no heartbeat for " +
-         seconds(std::chrono::duration<double>(window).count()) + " s after a worker of node " +
-         std::to_string(nodeId_) + " failed)";
+  const auto deadline = Clock::now() + window;
+  while (!silent.empty()) {
+    for (auto at = silent.begin(); at != silent.end();) {
+      const auto gone = live.gone(*at);
+      if (gone && *gone != kDone) {
+        return "node " + std::to_string(*at) + " left (" + *gone + " after a worker of node " + std::to_string(nodeId_) +
+               " failed)";
+      }
+      // Beating (its count moved since the first look) or done: not the cause.
+      at = gone || live.beatSinceFirstLook(*at) ? silent.erase(at) : std::next(at);
+    }
+    if (silent.empty() || Clock::now() >= deadline + kTick) break;
+    pause(kTick);
+  }
+  return std::nullopt;
 }
 
 bool Agent::shouldClose(const std::vector<int>& members, const std::vector<int>& previous, Liveness& live,

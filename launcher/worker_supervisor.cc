@@ -42,40 +42,35 @@ constexpr std::chrono::milliseconds kRequestPollInterval{100};
 
 std::string workers(size_t count) { return std::to_string(count) + (count == 1 ? " worker" : " workers"); }
 
-// State 'T' or 't' in /proc/<pid>/stat: stopped by a signal or a debugger, so not answering.
-bool processStopped(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  std::getline(in, line);
-  const size_t close = line.rfind(')');  // "pid (comm) S ...": the state follows the last ')'
-  return close != std::string::npos && close + 2 < line.size() &&
-         (line[close + 2] == 'T' || line[close + 2] == 't');
-}
+// What /proc/<pid>/stat says of a process: its state letter and its CPU time.
+struct ProcStat {
+  char state = '?';         // 'R', 'S', 'D' (disk wait), 'T'/'t' (stopped), ...; '?' unreadable
+  long long cpuTicks = 0;   // utime + stime over all its threads, in clock ticks
+};
 
-// utime + stime of `pid` (all its threads), in clock ticks; 0 when it cannot be read.
-long long cpuTicks(pid_t pid) {
+ProcStat procStat(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   std::string line;
   std::getline(in, line);
-  const size_t close = line.rfind(')');
-  if (close == std::string::npos) return 0;
+  ProcStat stat;
+  const size_t close = line.rfind(')');  // "pid (comm) S ...": the fields follow the last ')'
+  if (close == std::string::npos || close + 2 >= line.size()) return stat;
   std::istringstream fields(line.substr(close + 2));
   std::string field;
   long long utime = 0, stime = 0;
   for (int i = 3; i <= 15 && fields >> field; ++i) {  // field 3 is the state; 14 utime, 15 stime
+    if (i == 3) stat.state = field.front();
     if (i == 14) utime = std::atoll(field.c_str());
     if (i == 15) stime = std::atoll(field.c_str());
   }
-  return utime + stime;
+  stat.cpuTicks = utime + stime;
+  return stat;
 }
 
-// In uninterruptible sleep (state D): waiting for the disk, i.e. working (a large save).
-bool processInDiskWait(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  std::getline(in, line);
-  const size_t close = line.rfind(')');
-  return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'D';
+// Stopped by a signal or a debugger (state T or t), so not answering.
+bool processStopped(pid_t pid) {
+  const char state = procStat(pid).state;
+  return state == 'T' || state == 't';
 }
 
 // How often the ranks left running are looked at again after an early exit that found them working.
@@ -370,7 +365,7 @@ void WorkerSupervisor::onExit(Worker& worker) {
       firstCleanExitAt_ = Clock::now();
       // The others' CPU time from here on tells working from waiting (lookAtRunningRanks).
       for (Worker& other : workers_) {
-        if (!other.exited) other.cpuTicks = cpuTicks(other.pid);
+        if (!other.exited) other.cpuTicks = procStat(other.pid).cpuTicks;
       }
     }
     return;
@@ -423,9 +418,10 @@ WorkerSupervisor::RunningRanks WorkerSupervisor::lookAtRunningRanks() {
   auto add = [](std::string& list, int rank) { list += (list.empty() ? "" : ", ") + std::to_string(rank); };
   for (Worker& worker : workers_) {
     if (worker.exited) continue;
-    const long long cpu = cpuTicks(worker.pid);
-    const bool busy = cpu > worker.cpuTicks + kBusyTicks || processInDiskWait(worker.pid);
-    worker.cpuTicks = cpu;
+    // Using CPU time, or waiting for the disk (state D: a large save): working.
+    const ProcStat stat = procStat(worker.pid);
+    const bool busy = stat.cpuTicks > worker.cpuTicks + kBusyTicks || stat.state == 'D';
+    worker.cpuTicks = stat.cpuTicks;
     std::optional<flight::Record> waiting;
     bool recorded = false;
     if (worker.ring) {
