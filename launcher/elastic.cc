@@ -2,15 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -20,6 +16,8 @@
 #include "common/listen_socket.h"
 #include "common/store_client.h"
 #include "common/store_server.h"
+#include "launcher/elastic_store.h"
+#include "launcher/elastic_watch.h"
 #include "launcher/exit_status.h"
 #include "launcher/failure_summary.h"
 #include "launcher/free_port.h"
@@ -28,52 +26,20 @@
 #include "launcher/signal_watch.h"
 
 namespace ddp::launcher {
+namespace elastic {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-using Bytes = std::vector<std::uint8_t>;
 using comm::StoreClient;
 using comm::StoreClientOptions;
 
 // How often a waiting launcher looks at the store again (and at its signals).
 constexpr std::chrono::milliseconds kTick{100};
-// How often the watcher of a running round looks at the others.
-constexpr std::chrono::milliseconds kWatchInterval{200};
 // A launcher that is not told better: the job failed, or the store is gone.
 constexpr int kFailureExitCode = 1;
 // Bad input (as for the command line).
 constexpr int kUsageExitCode = 2;
 // Requests of the launchers' own connections answer within this at least (see StoreClient).
 constexpr std::chrono::milliseconds kMinRequestTimeout{5000};
-
-Bytes bytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
-std::string text(const Bytes& b) { return std::string(b.begin(), b.end()); }
-std::chrono::milliseconds millis(double seconds) {
-  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
-}
-double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-std::string seconds(double s) {
-  std::ostringstream out;
-  out << s;
-  return out.str();
-}
-
-std::vector<int> parseIds(const std::string& list) {
-  std::vector<int> ids;
-  std::istringstream in(list);
-  for (std::string item; std::getline(in, item, ',');) {
-    if (!item.empty()) ids.push_back(std::stoi(item));
-  }
-  return ids;
-}
-
-std::string joinIds(const std::vector<int>& ids) {
-  std::string out;
-  for (int id : ids) out += (out.empty() ? "" : ",") + std::to_string(id);
-  return out;
-}
-
-bool contains(const std::vector<int>& ids, int id) { return std::find(ids.begin(), ids.end(), id) != ids.end(); }
 
 // This launcher got a forwarded signal while it waited.
 struct Interrupted {
@@ -84,267 +50,6 @@ struct Interrupted {
 struct JobEnded {
   std::string why;
   int code;
-};
-
-// The store's keys of one elastic job.
-struct Keys {
-  std::string prefix;  // "elastic/<rdzv_id>/"
-  std::string nodeIds() const { return prefix + "node_ids"; }
-  std::string round() const { return prefix + "round"; }
-  std::string final() const { return prefix + "final"; }
-  std::string finished() const { return prefix + "finished"; }
-  std::string node(int id) const { return prefix + "node/" + std::to_string(id); }
-  std::string heartbeat(int id) const { return prefix + "heartbeat/" + std::to_string(id); }
-  // Why a node left ("done" when its workers finished); absent while it is in the job.
-  std::string left(int id) const { return prefix + "left/" + std::to_string(id); }
-  std::string inRound(std::int64_t round, const std::string& what) const {
-    return prefix + "round_" + std::to_string(round) + "/" + what;
-  }
-};
-
-constexpr const char* kDone = "done";
-
-// Adds to this launcher's heartbeat counter from a connection of its own, every `interval`.
-class Heartbeat {
- public:
-  Heartbeat(const StoreClientOptions& options, std::string key, std::chrono::milliseconds interval)
-      : options_(options), client_(std::make_unique<StoreClient>(options)), key_(std::move(key)), interval_(interval),
-        thread_([this] { loop(); }) {}
-  ~Heartbeat() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    thread_.join();
-  }
-  Heartbeat(const Heartbeat&) = delete;
-  Heartbeat& operator=(const Heartbeat&) = delete;
-
-  /// Why the heartbeats stopped (its connection failed and could not be made again), or nothing.
-  std::optional<std::string> failure() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return failure_;
-  }
-
- private:
-  void loop() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    while (!stop_) {
-      lock.unlock();
-      try {
-        beat();
-      } catch (const std::exception& e) {
-        lock.lock();
-        failure_ = e.what();
-        return;
-      }
-      lock.lock();
-      wake_.wait_for(lock, interval_, [this] { return stop_; });
-    }
-  }
-
-  // One beat; a connection that failed is made again once (a reset, a host that stalled) before
-  // the heartbeats count as lost.
-  void beat() {
-    try {
-      client_->add(key_, 1);
-    } catch (const ddp::Error&) {
-      client_ = std::make_unique<StoreClient>(options_);
-      client_->add(key_, 1);
-    }
-  }
-
-  StoreClientOptions options_;
-  std::unique_ptr<StoreClient> client_;
-  std::optional<std::string> failure_;
-  std::string key_;
-  std::chrono::milliseconds interval_;
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  bool stop_ = false;
-  std::thread thread_;  // last: starts once the rest is built
-};
-
-// Tells whether other nodes are still in the job, from their heartbeats as this launcher sees them.
-class Liveness {
- public:
-  Liveness(StoreClient& store, const Keys& keys, double timeoutS) : store_(store), keys_(keys), timeoutS_(timeoutS) {}
-
-  /// Why node `id` is out of the job ("done", its launcher's reason, "no heartbeat for 30 s"),
-  /// or nothing while it is in.
-  std::optional<std::string> gone(int id) {
-    discountOwnGap();
-    if (store_.check({keys_.left(id)})) return text(store_.get(keys_.left(id), store_.timeout()));
-    const std::int64_t beat = store_.add(keys_.heartbeat(id), 0);
-    Seen& seen = seen_[id];
-    if (!seen.known || beat != seen.beat) {
-      if (seen.known) seen.moved = true;
-      seen = {true, beat, Clock::now(), seen.moved};
-      return std::nullopt;
-    }
-    if (secondsSince(seen.at) >= timeoutS_) return "no heartbeat for " + seconds(timeoutS_) + " s";
-    return std::nullopt;
-  }
-
-  /// Whether node `id`'s heartbeat count moved after the first gone(id) saw it.
-  bool beatSinceFirstLook(int id) const {
-    const auto it = seen_.find(id);
-    return it != seen_.end() && it->second.moved;
-  }
-
- private:
-  // A look long after the one before (this launcher was stopped, or its requests waited on a
-  // stalled store) would judge the others by a silence that was this launcher's own (issue 46
-  // (18)): that time does not count. Half the timeout: an observer away for less still sees a
-  // live node's beat (every timeout / 6) before the timeout.
-  void discountOwnGap() {
-    const auto now = Clock::now();
-    if (lastLook_ && now - *lastLook_ > std::chrono::duration<double>(timeoutS_ / 2)) {
-      for (auto& entry : seen_) entry.second.at += now - *lastLook_;
-    }
-    lastLook_ = now;
-  }
-
-  struct Seen {
-    bool known = false;
-    std::int64_t beat = 0;
-    Clock::time_point at;
-    bool moved = false;  // the count changed since the first look
-  };
-  StoreClient& store_;
-  const Keys& keys_;
-  double timeoutS_;
-  std::map<int, Seen> seen_;
-  std::optional<Clock::time_point> lastLook_;
-};
-
-struct EndReason {
-  char kind = 'F';
-  int failures = 0;
-  std::string why;
-};
-
-EndReason parseEnd(const std::string& standing) {
-  EndReason end;
-  std::istringstream in(standing);
-  in >> end.kind >> end.failures;
-  std::getline(in >> std::ws, end.why);
-  return end;
-}
-
-// Sets why round `round` ends unless another node did first, and returns the reason that stands:
-// "<kind> <failures> <text>", kind F (a worker failed), L (a node left), J (nodes wait to join),
-// C (a worker's bad configuration). F and L count towards --max_restarts; <failures> is the count
-// with this round's end included, carried from round to round in the end reasons themselves (a
-// round opens only after the previous one's end is set), so no launcher's death can lose one.
-std::string endRound(StoreClient& store, const Keys& keys, std::int64_t round, char kind, const std::string& why) {
-  const bool counts = kind == 'F' || kind == 'L';
-  std::int64_t failures = 0;
-  if (round > 0 && store.check({keys.inRound(round - 1, "end")})) {
-    failures = parseEnd(text(store.get(keys.inRound(round - 1, "end"), store.timeout()))).failures;
-  }
-  if (counts) ++failures;
-  const std::string mine = std::string(1, kind) + " " + std::to_string(failures) + " " + why;
-  return text(store.compareSet(keys.inRound(round, "end"), {}, bytes(mine)));
-}
-
-
-// One round as this launcher took part in it.
-struct Round {
-  std::int64_t number = 0;
-  std::vector<int> nodes;  // node ids, ascending: node rank = index
-  int index = 0;           // this node's rank in the round
-};
-
-// Watches a running round from a connection of its own: another node's end reason, a member
-// that left or went silent, nodes waiting to join. stopWanted() turns true once the round ends.
-class Watcher {
- public:
-  Watcher(const StoreClientOptions& options, const Keys& keys, const Round& round, int self, const ElasticOptions& elastic,
-          Heartbeat& heartbeat)
-      : client_(options), keys_(keys), round_(round), self_(self), elastic_(elastic), heartbeat_(heartbeat),
-        thread_([this] { loop(); }) {}
-  ~Watcher() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    thread_.join();
-  }
-  Watcher(const Watcher&) = delete;
-  Watcher& operator=(const Watcher&) = delete;
-
-  bool stopWanted() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return wanted_;
-  }
-
-  /// Why the watcher itself stopped the workers (its connection failed), or nothing.
-  std::optional<std::string> failure() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return failure_;
-  }
-
- private:
-  void loop() {
-    Liveness live(client_, keys_, elastic_.heartbeatTimeoutS);
-    std::unique_lock<std::mutex> lock(mutex_);
-    while (!stop_ && !wanted_) {
-      lock.unlock();
-      bool end = false;
-      std::optional<std::string> failure;
-      try {
-        end = look(live);
-      } catch (const std::exception& e) {
-        end = true;  // stop the workers; the main thread finds out why
-        failure = e.what();
-      }
-      lock.lock();
-      if (end) wanted_ = true;
-      if (failure) failure_ = failure;
-      if (!wanted_) wake_.wait_for(lock, kWatchInterval, [this] { return stop_; });
-    }
-  }
-
-  bool look(Liveness& live) {
-    if (const auto failure = heartbeat_.failure()) DDP_THROW(CommError, "this launcher's heartbeats failed (", *failure, ")");
-    const std::string endKey = keys_.inRound(round_.number, "end");
-    if (client_.check({endKey})) return true;
-    bool someoneDone = false;
-    for (int node : round_.nodes) {
-      if (node == self_) continue;
-      const auto gone = live.gone(node);
-      if (!gone) continue;
-      if (*gone == kDone) {
-        someoneDone = true;
-        continue;
-      }
-      endRound(client_, keys_, round_.number, 'L', "node " + std::to_string(node) + " left (" + *gone + ")");
-      return true;
-    }
-    // Waiting nodes are admitted at the round's end: end it now, unless the job is finishing.
-    if (!someoneDone && static_cast<int>(round_.nodes.size()) < elastic_.maxNodes &&
-        client_.add(keys_.inRound(round_.number, "waiting"), 0) > 0) {
-      endRound(client_, keys_, round_.number, 'J', "a node is waiting to join");
-      return true;
-    }
-    return false;
-  }
-
-  StoreClient client_;
-  const Keys& keys_;
-  const Round round_;
-  const int self_;
-  const ElasticOptions& elastic_;
-  Heartbeat& heartbeat_;
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  bool stop_ = false;
-  bool wanted_ = false;
-  std::optional<std::string> failure_;
-  std::thread thread_;  // last: starts once the rest is built
 };
 
 class Agent {
@@ -904,6 +609,7 @@ int Agent::run() {
 }
 
 }  // namespace
+}  // namespace elastic
 
 int runElastic(const LaunchOptions& options, const EnvMap& environment, const SupervisionOptions& supervision) {
   // The job's token: the nodes share one, so nothing else can join (a file, as for fixed multi-node jobs).
@@ -922,7 +628,7 @@ int runElastic(const LaunchOptions& options, const EnvMap& environment, const Su
   }
   // Before any thread starts (the store's, the heartbeat's): they inherit the blocked signals.
   SignalWatch signals;
-  Agent agent(options, environment, supervision, signals, token);
+  elastic::Agent agent(options, environment, supervision, signals, token);
   return agent.run();
 }
 

@@ -27,6 +27,9 @@
 // ended to admit waiting nodes does not count (as in torchrun). A worker's bad configuration
 // (exit 2) ends the job on every node. A round that cannot gather MIN nodes within
 // --rdzv_timeout_s ends the job: every launcher still there exits 1 with one line.
+//
+// Files: elastic.cc the agent (rounds, admission, running a round), elastic_store.h the job's keys
+// and end reasons in the store, elastic_watch.h the heartbeats and the round's watcher.
 #pragma once
 
 #include "launcher/launch_options.h"
