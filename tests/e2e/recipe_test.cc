@@ -222,6 +222,49 @@ TEST(Profile, EveryRankWritesAChromeTraceOfTheProfiledSteps) {
   std::filesystem::remove_all(dir);
 }
 
+// Issue 45 (7): rank 1's batches each take 60 ms longer to make (DDP_DEBUG_LOADER_DELAY, the whole
+// job gets the variable, rank 1 alone applies it), so rank 0 waits for it in every gradient
+// all-reduce: the progress lines name rank 1 and summary.json counts it, never rank 0.
+TEST(StragglerReport, ARankWithSlowDataLoadingIsNamedAsTheOneTheOthersWaitFor) {
+  const std::string dir = test::makeTempDir("straggler");
+  test::CommandOptions options;
+  options.timeoutSeconds = 300;
+  options.extraEnv = {"DDP_DEBUG_LOADER_DELAY=1:60"};
+  const auto r = test::runCommand({DDP_LAUNCH_BIN, "--nproc_per_node=2", DDP_WORKER_BIN,
+                                   std::string(DDP_SOURCE_DIR) + "/configs/synthetic_mlp.yaml", "train.max_steps=12",
+                                   "train.batch_size=8", "train.log_every=3", "eval.enabled=false",
+                                   "output.dir=" + dir},
+                                  options);
+  ASSERT_EQ(r.exitCode, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 1 arrives last at the gradient all-reduce"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("rank 0 arrives last"), std::string::npos) << r.output;
+  const auto summary = nlohmann::json::parse(test::readFile(dir + "/summary.json"));
+  ASSERT_TRUE(summary.contains("stragglers")) << summary.dump();
+  const auto counts = summary["stragglers"]["logged_steps_last_per_rank"].get<std::vector<int64_t>>();
+  ASSERT_EQ(counts.size(), 2u);
+  EXPECT_EQ(counts[0], 0);
+  EXPECT_GE(counts[1], 3) << "logged steps 1, 3, 6, 9, 12: rank 1 is late at each";
+  EXPECT_EQ(summary["stragglers"]["max_late_rank"], 1);
+  // 60 ms per batch, one batch per step: the lateness is about that (a busy machine adds to it).
+  EXPECT_GE(summary["stragglers"]["max_late_s"].get<double>(), 0.04);
+  std::filesystem::remove_all(dir);
+}
+
+// A malformed value stops the job with one line naming the variable and the form it takes.
+TEST(StragglerReport, AMalformedLoaderDelayIsRefusedWithOneLine) {
+  test::CommandOptions options;
+  options.timeoutSeconds = 120;
+  options.extraEnv = {"DDP_DEBUG_LOADER_DELAY=slow"};
+  const std::string dir = test::makeTempDir("straggler_bad");
+  const auto r = test::runCommand({DDP_LAUNCH_BIN, "--nproc_per_node=1", DDP_WORKER_BIN,
+                                   std::string(DDP_SOURCE_DIR) + "/configs/synthetic_mlp.yaml", "train.max_steps=2",
+                                   "output.dir=" + dir},
+                                  options);
+  EXPECT_EQ(r.exitCode, 2) << r.output;
+  EXPECT_NE(r.output.find("DDP_DEBUG_LOADER_DELAY is 'slow'; use RANK:MS"), std::string::npos) << r.output;
+  std::filesystem::remove_all(dir);
+}
+
 std::string fashionMnistRoot() {
   const char* root = std::getenv("DDP_FASHION_MNIST_ROOT");
   return root ? root : "/usr/share/datasets/fashion-mnist";

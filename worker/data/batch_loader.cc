@@ -7,6 +7,9 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <string>
 
 #include "common/error.h"
 
@@ -23,14 +26,47 @@ std::vector<std::vector<int64_t>> contiguousBatches(int64_t begin, int64_t end, 
   return plan;
 }
 
+int debugLoaderDelayMs(int rank) {
+  const char* value = std::getenv("DDP_DEBUG_LOADER_DELAY");
+  if (value == nullptr || *value == '\0') return 0;
+  const std::string text(value);
+  const auto colon = text.find(':');
+  std::size_t used = 0;
+  int who = -1;
+  int ms = -1;
+  try {
+    if (colon != std::string::npos) {
+      who = std::stoi(text.substr(0, colon), &used);
+      if (used == colon) ms = std::stoi(text.substr(colon + 1), &used);
+    }
+  } catch (const std::exception&) {
+    ms = -1;
+  }
+  if (colon == std::string::npos || ms < 0 || ms > 60000 || who < 0 || used + colon + 1 != text.size()) {
+    DDP_THROW(ConfigError, "DDP_DEBUG_LOADER_DELAY is '", text, "'; use RANK:MS, e.g. 1:80 (rank 1's batches take "
+              "80 ms longer), MS from 0 to 60000");
+  }
+  return who == rank ? ms : 0;
+}
+
 BatchLoader::BatchLoader(const TensorDataset& dataset, std::vector<std::vector<int64_t>> plan, LoaderOptions options)
-    : dataset_(dataset), plan_(std::move(plan)), options_(std::move(options)) {
-  DDP_ENFORCE(options_.numWorkers >= 0 && options_.prefetchBatches >= 1, "BatchLoader: bad worker options");
-  if (options_.augment.any() && (dataset_.images.scalar_type() != at::kByte || dataset_.images.dim() != 4)) {
+    : dataset_(&dataset), plan_(std::move(plan)), options_(std::move(options)) {
+  if (options_.augment.any() && (dataset.images.scalar_type() != at::kByte || dataset.images.dim() != 4)) {
     DDP_THROW(ConfigError, "config: 'data.rotate_degrees', 'data.crop_padding' and 'data.horizontal_flip' augment "
-              "uint8 images [N, C, H, W], but this data set's images are ", dataset_.images.scalar_type(),
+              "uint8 images [N, C, H, W], but this data set's images are ", dataset.images.scalar_type(),
               "; turn them off, or store the pixels as uint8");
   }
+  start();
+}
+
+BatchLoader::BatchLoader(Gather gather, std::vector<std::vector<int64_t>> plan, LoaderOptions options)
+    : gather_(std::move(gather)), plan_(std::move(plan)), options_(std::move(options)) {
+  if (options_.augment.any()) DDP_THROW(ConfigError, "config: image augmentation needs images; this data set has none");
+  start();
+}
+
+void BatchLoader::start() {
+  DDP_ENFORCE(options_.numWorkers >= 0 && options_.prefetchBatches >= 1, "BatchLoader: bad worker options");
   // Page-locked memory only pays (and only exists) for copies to a GPU.
   pin_ = options_.pinMemory && (options_.device.is_cuda() || options_.pinOnCpu);
   for (int w = 0; w < options_.numWorkers; ++w) threads_.emplace_back([this, w] { work(w); });
@@ -47,10 +83,14 @@ BatchLoader::~BatchLoader() {
 
 Batch BatchLoader::make(size_t i) const {
   c10::NoGradGuard noGrad;
+  // A slow pipeline simulated (debugLoaderDelayMs), not a synchronisation.
+  if (options_.delayMs > 0) std::this_thread::sleep_for(std::chrono::milliseconds(options_.delayMs));
   const std::vector<int64_t>& rows = plan_[i];
   Batch b;
-  if (options_.augment.any()) {
-    const at::Tensor raw = gatherBatch(dataset_.images, rows);
+  if (gather_) {
+    b = gather_(rows);
+  } else if (options_.augment.any()) {
+    const at::Tensor raw = gatherBatch(dataset_->images, rows);
     at::Tensor out = at::empty(raw.sizes(), at::kByte);
     const int64_t c = raw.size(1), h = raw.size(2), w = raw.size(3), per = c * h * w;
     for (size_t k = 0; k < rows.size(); ++k) {
@@ -58,9 +98,9 @@ Batch BatchLoader::make(size_t i) const {
                    out.data_ptr<uint8_t>() + static_cast<int64_t>(k) * per, c, h, w, options_.augment, options_.seed,
                    options_.epoch, rows[k]);
     }
-    b = Batch{modelInput(dataset_, out), gatherBatch(dataset_.labels, rows)};
+    b = Batch{modelInput(*dataset_, out), gatherBatch(dataset_->labels, rows)};
   } else {
-    b = gatherBatch(dataset_, rows);
+    b = gatherBatch(*dataset_, rows);
   }
   if (pin_) {
     b.images = b.images.pin_memory();

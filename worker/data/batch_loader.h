@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -28,7 +29,13 @@ struct LoaderOptions {
   AugmentOptions augment;    // uint8 images only
   uint64_t seed = 0;         // augmentation draws: (seed, epoch, sample)
   int64_t epoch = 0;
+  int delayMs = 0;           // DDP_DEBUG_LOADER_DELAY: each batch takes this much longer to make
 };
+
+/// DDP_DEBUG_LOADER_DELAY="RANK:MS": rank RANK's batches each take MS milliseconds longer to make, as
+/// a slow data pipeline on one rank would (to see the straggler report name it); 0 for every other
+/// rank, or when unset. A malformed value is a ConfigError.
+int debugLoaderDelayMs(int rank);
 
 /// [begin, end) in batches of `batchSize` rows (the last may be shorter): evaluation's plan.
 std::vector<std::vector<int64_t>> contiguousBatches(int64_t begin, int64_t end, int64_t batchSize);
@@ -40,7 +47,13 @@ std::vector<std::vector<int64_t>> contiguousBatches(int64_t begin, int64_t end, 
 /// non_blocking on a side stream; the compute stream waits for that copy (an event), not the CPU.
 class BatchLoader {
  public:
+  /// Makes a host batch of the items of one plan entry (a source other than a TensorDataset:
+  /// token windows). Called on the loader's threads, so it must be safe to call concurrently.
+  using Gather = std::function<Batch(const std::vector<int64_t>& items)>;
+
   BatchLoader(const TensorDataset& dataset, std::vector<std::vector<int64_t>> plan, LoaderOptions options);
+  /// The batches gather(plan[i]), in order, ahead on the threads as for a dataset (no augmentation).
+  BatchLoader(Gather gather, std::vector<std::vector<int64_t>> plan, LoaderOptions options);
   ~BatchLoader();  // stops the threads (a batch being made is finished first)
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
@@ -60,7 +73,10 @@ class BatchLoader {
   Batch make(size_t i) const;  // gather + augment + normalise (+ pin) on the calling thread
   void work(int worker);
 
-  const TensorDataset& dataset_;
+  void start();
+
+  const TensorDataset* dataset_ = nullptr;  // or gather_
+  Gather gather_;
   const std::vector<std::vector<int64_t>> plan_;
   const LoaderOptions options_;
   bool pin_ = false;

@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "worker/data/fashion_mnist.h"
 #include "ddp/data.h"
+#include "ddp/launch_env.h"
 #include "worker/data/image_folder.h"
 #include "worker/data/synthetic.h"
 #include "worker/data/tensor_files.h"
@@ -145,6 +146,7 @@ data::LoaderOptions loaderOptions(const DataConfig& config, c10::Device device, 
   o.augment.horizontalFlip = config.horizontalFlip;
   o.seed = seed;
   o.epoch = epoch;
+  o.delayMs = data::debugLoaderDelayMs(launchEnv().rank);
   return o;
 }
 

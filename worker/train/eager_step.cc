@@ -3,7 +3,6 @@
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 #include <spdlog/spdlog.h>
-#include <torch/nn/functional/loss.h>
 
 #include <algorithm>
 #include <string>
@@ -12,6 +11,7 @@
 #include "ddp/clip_grad.h"
 #include "ddp/fused_optim.h"
 #include "worker/train/finite_check.h"
+#include "worker/train/loss.h"
 
 namespace ddp::worker {
 namespace {
@@ -45,7 +45,7 @@ int64_t EagerStep::run(const std::vector<std::vector<int64_t>>& batches, data::B
       // The forward and the loss under autocast (train.precision); backward outside it, as in PyTorch.
       const Autocast mixed(s_.device.type(), s_.autocastDtype, /*enabled=*/s_.autocastDtype != at::kFloat);
       const at::Tensor output = parallelism.forward(b.images, /*lastMicroBatch=*/m + 1 == place.count);
-      loss = torch::nn::functional::cross_entropy(output, y);
+      loss = lossOf(output, y);
     }
     {
       c10::NoGradGuard noGrad;

@@ -6,7 +6,6 @@
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 #include <spdlog/spdlog.h>
-#include <torch/nn/functional/loss.h>
 
 #include <algorithm>
 #include <chrono>
@@ -19,6 +18,7 @@
 #include "ddp/fused_optim.h"
 #include "ddp/non_finite.h"
 #include "worker/train/finite_check.h"
+#include "worker/train/loss.h"
 
 namespace ddp::worker {
 
@@ -91,7 +91,7 @@ void GraphStep::body(const at::Tensor& images, const at::Tensor& labels) {
     at::autocast::set_autocast_cache_enabled(false);
     try {
       const Autocast mixed(s_.device.type(), s_.autocastDtype, /*enabled=*/s_.autocastDtype != at::kFloat);
-      loss = torch::nn::functional::cross_entropy(s_.parallelism.forward(images, /*lastMicroBatch=*/true), labels);
+      loss = lossOf(s_.parallelism.forward(images, /*lastMicroBatch=*/true), labels);
     } catch (...) {
       at::autocast::set_autocast_cache_enabled(cache);
       throw;

@@ -29,6 +29,7 @@
 #include "worker/train/sample_log.h"
 #include "worker/train/stop_signal.h"
 #include "worker/train/sync_debug.h"
+#include "worker/train/train_order.h"
 #include "worker/train/train_step.h"
 #include "worker/train/training_checkpointer.h"
 
@@ -58,6 +59,13 @@ double secondsSince(Clock::time_point start) {
 // reaction time is this many steps, the cost one 4-byte collective per period. On a GPU the
 // request rides on the log steps' loss all-reduce instead (no host read between log steps).
 constexpr int64_t kStopCheckEvery = 10;
+
+// The training set's order: token windows for a language model, else DistributedSampler's.
+std::unique_ptr<TrainOrder> trainOrder(const WorkerConfig& config, const Datasets& data, int world, int rank, bool join) {
+  const TrainConfig& train = config.train;
+  return samplerOrder(data.train, world, rank, {train.shuffle, config.seed, train.dropLast, /*pad=*/!join},
+                      train.batchSize);
+}
 
 // One run of the loop: what the steps share, the epochs, and after each step its records.
 class TrainingRun {
@@ -93,7 +101,7 @@ class TrainingRun {
   const c10::Device device_;
   const bool join_;  // train.uneven_inputs join (world > 1): unpadded shards, ranks without a batch join
   std::optional<GradScaler> scaler_;  // train.precision: fp16
-  DistributedSampler sampler_;
+  std::unique_ptr<TrainOrder> order_;  // the epochs' batches: DistributedSampler's, or token windows'
   TrainingCheckpointer checkpointer_;
   TrainPosition resumed_;
   MetricsWriter metrics_;
@@ -141,8 +149,8 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
       params_(module_.parameters(/*recurse=*/true)),
       optimizer_(makeOptimizer(train_, params_, device, group_)), device_(device),
       join_(train_.unevenInputs == "join" && world_ > 1),
-      sampler_(data.train.size(), world_, rank_, {train_.shuffle, config.seed, train_.dropLast, /*pad=*/!join_}),
-      checkpointer_(config, group_, data.train.size(), parallelism.cudaGenerators()),
+      order_(trainOrder(config, data, world_, rank_, join_)),
+      checkpointer_(config, group_, order_->epochSize(), parallelism.cudaGenerators()),
       bar_(rank_ == 0 && progressBarWanted(), std::getenv("DDP_LAUNCH_PREFIXED") != nullptr),
       syncDebug_(config.cuda.syncDebug), nonfinite_(config, rank_, bar_), deviceChecks_(device.is_cuda()) {
   if (rank_ == 0) makeDirectories(config_.output.dir, "output.dir");
@@ -228,7 +236,7 @@ void TrainingRun::checkCudaSettings() const {
 void TrainingRun::planSteps() {
   perEpoch_ = stepsPerEpoch(epochBatchesFrom(0, 0), train_.accumulateSteps);
   if (perEpoch_ == 0) {  // every rank computes the same: all refuse alike
-    DDP_THROW(ConfigError, "config: no training step to take: ", data_.train.size(), " training samples over ", world_,
+    DDP_THROW(ConfigError, "config: no training step to take: ", order_->epochSize(), " training samples over ", world_,
               " ranks leave each none",
               train_.dropLast ? " with train.drop_last=true (which drops what does not fill every rank); set it "
                                 "false, or use more data or fewer ranks"
@@ -266,10 +274,10 @@ void TrainingRun::runEpoch(int64_t epoch) {
   epochStart_ = epoch == resumed_.epoch ? resumedStart() : 0;
   epochStepOffset_ = epoch == resumed_.epoch && epochStart_ > 0 ? resumed_.stepInEpoch : 0;
   epochBatches_ = static_cast<std::size_t>(epochBatchesFrom(epoch, epochStart_));
-  const auto batches = sampler_.batches(train_.batchSize, /*dropLast=*/false);
+  const auto batches = order_->batches();
   module_.train();
   // Made ahead by the loader's threads (data.num_workers).
-  data::BatchLoader loader(data_.train, batches, parallelism_.loading(epoch, /*training=*/true));
+  const auto loader = order_->loader(batches, parallelism_.loading(epoch, /*training=*/true));
   // An optimizer step takes `accumulate` micro-batches (fewer at the end of an epoch);
   // only the last one's backward communicates (DDP's no_sync for the others).
   for (std::size_t first = 0; first < epochBatches_; first += accumulate) {
@@ -277,14 +285,13 @@ void TrainingRun::runEpoch(int64_t epoch) {
     {
       // output.profile_start: the step as one "ProfilerStep#N" span, as torch.profiler marks them.
       const auto span = profile_->beginStep(result_.steps + 1);
-      stepRankSamples_ = step_->run(batches, loader, place);
+      stepRankSamples_ = step_->run(batches, *loader, place);
     }
     ++result_.steps;
     ++runSteps_;
     // Padded, every rank's batch has the same size; join: every rank knows every rank's share.
     const int64_t stepSamples =
-        join_ ? sampler_.samplesInBatches(static_cast<int64_t>(place.first), static_cast<int64_t>(place.count),
-                                          train_.batchSize)
+        join_ ? order_->samplesInBatches(static_cast<int64_t>(place.first), static_cast<int64_t>(place.count))
               : stepRankSamples_ * world_;
     result_.samples += stepSamples;
     runSamples_ += stepSamples;
@@ -308,7 +315,7 @@ void TrainingRun::runEpoch(int64_t epoch) {
 // The position after the step at `place` (the sampler is at the epoch and its epochStart_).
 TrainPosition TrainingRun::positionAfter(const StepPlace& place) const {
   if (place.epochEnded()) return TrainPosition{place.epoch + 1, 0, result_.steps, result_.samples, 0};
-  const int64_t consumed = sampler_.positionAfter(static_cast<int64_t>(place.first + place.count), train_.batchSize);
+  const int64_t consumed = order_->positionAfter(static_cast<int64_t>(place.first + place.count));
   return TrainPosition{place.epoch, epochStepOffset_ + static_cast<int64_t>(place.first) / train_.accumulateSteps + 1,
                        result_.steps, result_.samples, consumed};
 }
@@ -327,15 +334,14 @@ void TrainingRun::saveIfDue(const TrainPosition& position, bool epochEnded) {
 // written before those existed (same world size only) the position after its steps' micro-batches
 // from the epoch's start. Leaves the sampler at the resumed epoch's start; its callers set it next.
 int64_t TrainingRun::resumedStart() {
-  if (resumed_.epochSamples >= 0) return std::min<int64_t>(resumed_.epochSamples, data_.train.size());
-  sampler_.setEpoch(resumed_.epoch, 0);
-  return sampler_.positionAfter(resumed_.stepInEpoch * train_.accumulateSteps, train_.batchSize);
+  if (resumed_.epochSamples >= 0) return std::min<int64_t>(resumed_.epochSamples, order_->epochSize());
+  order_->setEpoch(resumed_.epoch, 0);
+  return order_->positionAfter(resumed_.stepInEpoch * train_.accumulateSteps);
 }
 
 // Sets the sampler to `epoch` from `start`; the batches every rank steps through from there.
 int64_t TrainingRun::epochBatchesFrom(int64_t epoch, int64_t start) {
-  sampler_.setEpoch(epoch, start);
-  return sampler_.batchesPerRank(train_.batchSize);
+  return order_->setEpoch(epoch, start);
 }
 
 ProgressPoint TrainingRun::progressAt(const StepPlace& place, double loss, double rate) const {
