@@ -1,26 +1,29 @@
 #!/usr/bin/env bash
 # Installs what ddp-launch builds and tests with. Idempotent: prints nothing and touches nothing
 # when everything is already installed.
-# Usage: scripts/setup.sh [--debian] [--docs] [--tests]
+# Usage: scripts/setup.sh [--debian] [--docs] [--corpus] [--tests]
 #   (none)    what the default build (scripts/build.sh) and README's command 1 need: compilers,
 #             the libraries, Fashion-MNIST, and .venv/ with the pinned torch.
 #   --debian  also Debian's LibTorch 1.13, for the second build (DDP_TORCH=debian scripts/build.sh).
 #   --docs    also Doxygen, for the API reference (scripts/docs.sh).
+#   --corpus  also Debian's fortunes: ~2.5 MB of English text in /usr/share/games/fortunes for
+#             scripts/prepare_text.py (the language-model walkthrough, docs/language_models.md).
 #   --tests   everything the test suite needs (scripts/test.sh asks for it): all of the above, and
-#             GoogleTest, a real Slurm, Open MPI and pdsh.
+#             GoogleTest, a real Slurm, Open MPI and pdsh (and the corpus: CTest prepare_text reads it).
 #  1. Debian packages.
 #  2. .venv/ in the project tree (ignored by git): the pinned PyPI torch of scripts/requirements.txt,
 #     whose LibTorch 2.x (CUDA + NCCL) is the default build and whose Python is the reference.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-debian=0 docs=0 tests=0
+debian=0 docs=0 corpus=0 tests=0
 for arg in "$@"; do
   case "$arg" in
     --debian) debian=1 ;;
     --docs) docs=1 ;;
-    --tests) tests=1 debian=1 docs=1 ;;  # both LibTorch builds are tested, and the CTest docs runs Doxygen
-    *) echo "setup.sh: unknown argument '$arg'; use --debian, --docs or --tests" >&2; exit 2 ;;
+    --corpus) corpus=1 ;;
+    --tests) tests=1 debian=1 docs=1 corpus=1 ;;  # both LibTorch builds are tested, the CTest docs runs Doxygen
+    *) echo "setup.sh: unknown argument '$arg'; use --debian, --docs, --corpus or --tests" >&2; exit 2 ;;
   esac
 done
 
@@ -44,6 +47,9 @@ if (( debian )); then
 fi
 if (( docs )); then
   packages+=(doxygen)               # the API reference from include/ddp (scripts/docs.sh, the CTest docs)
+fi
+if (( corpus )); then
+  packages+=(fortunes)              # English text (BSD licence, Debian main) for scripts/prepare_text.py
 fi
 if (( tests )); then
   packages+=(

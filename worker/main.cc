@@ -29,6 +29,7 @@
 #include "worker/dp/dp_trainer.h"
 #include "worker/report/memory_stats.h"
 #include "worker/train/eval_mode.h"
+#include "worker/train/generate_mode.h"
 #include "worker/train/stop_signal.h"
 #include "worker/train/metrics.h"
 #include "worker/models/model_size.h"
@@ -70,9 +71,9 @@ int runDataParallel(const ddp::worker::WorkerConfig& config, std::optional<int> 
     deviceNames.push_back(d.str());
     deviceList += (deviceList.empty() ? "" : ", ") + d.str();
   }
-  spdlog::info("mode dp: {} replicas on [{}], outputs gathered on {}, model {} data {} ({} train / {} test)",
+  spdlog::info("mode dp: {} replicas on [{}], outputs gathered on {}, model {} data {} {}",
                placement.devices.size(), deviceList, placement.outputDevice.str(),
-               config.model.name, config.data.name, data.train.size(), data.test.size());
+               config.model.name, config.data.name, describeSizes(data));
   ddp::makeDirectories(config.output.dir, "output.dir");
   ddp::writeFileAtomic(config.output.dir + "/config.resolved.yaml", dumpConfig(config));
 
@@ -122,8 +123,8 @@ int threadsPerLocalRank(const ddp::LaunchEnv& env, int worldSize) {
 void checkOneProcessModes(const ddp::worker::WorkerConfig& config, int worldSize) {
   using ddp::worker::Mode;
   if (worldSize <= 1) return;
-  if (config.mode == Mode::kEval) {
-    DDP_THROW(ddp::ConfigError, "config: mode 'eval' runs one process, but WORLD_SIZE=", worldSize,
+  if (config.mode == Mode::kEval || config.mode == Mode::kGenerate) {
+    DDP_THROW(ddp::ConfigError, "config: mode '", modeName(config.mode), "' runs one process, but WORLD_SIZE=", worldSize,
               "; start it with --nproc_per_node=1 (or run the worker directly)");
   }
   if (config.mode == Mode::kDp) {
@@ -159,6 +160,7 @@ ddp::ProcessGroup startGroup(const ddp::worker::WorkerConfig& config, std::optio
     } else {
       data = loadDatasets(config.data, config.seed);
     }
+    if (data.tokens) data.input.classes = data::checkedVocabulary(*data.tokens, config.model);
     checkModelFits(config.model, data.input, start.localSize(), hostMemoryBytes());
   };
   return ddp::initProcessGroup(init);
@@ -210,9 +212,9 @@ int runDistributed(const ddp::worker::WorkerConfig& config, const ddp::LaunchEnv
   ddp::ProcessGroup group = startGroup(config, legacyLocalRank, data, dataOrigin);
   checkConfigAgreement(config, group);
   if (group.rank() == 0) {
-    spdlog::info("mode {} world {} backend {} device {} model {} data {} ({} train / {} test)",
+    spdlog::info("mode {} world {} backend {} device {} model {} data {} {}",
                  modeName(config.mode), group.size(), ddp::backendName(group.backend()), group.device().str(),
-                 config.model.name, config.data.name, data.train.size(), data.test.size());
+                 config.model.name, config.data.name, describeSizes(data));
     ddp::makeDirectories(config.output.dir, "output.dir");
     ddp::writeFileAtomic(config.output.dir + "/config.resolved.yaml", dumpConfig(config));
   }
@@ -261,6 +263,10 @@ int runWorker(std::vector<std::string> args) {
   if (config.mode == Mode::kEval) {
     ddp::ProcessGroup group = startGroupOfOne(config.device, legacyLocalRank);
     return runEvalMode(config, group);
+  }
+  if (config.mode == Mode::kGenerate) {
+    ddp::ProcessGroup group = startGroupOfOne(config.device, legacyLocalRank);
+    return runGenerateMode(config, group);
   }
   if (config.mode == Mode::kDp) return runDataParallel(config, legacyLocalRank);
   return runDistributed(config, env, legacyLocalRank);

@@ -41,4 +41,5 @@
 #include "ddp/sampler.h"                    // DistributedSampler
 #include "ddp/state_dict.h"                 // stateDict, saveStateDict, loadTensors
 #include "ddp/straggler.h"                  // StragglerMonitor (who arrives last)
+#include "ddp/token_data.h"                 // TokenData, TokenSampler (token shards, LM windows)
 #include "ddp/version.h"

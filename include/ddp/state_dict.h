@@ -32,4 +32,12 @@ void saveStateDict(const StateDict& state, const std::string& path);
 /// Python: {k: v for k, v in torch.load(path).items() if isinstance(v, torch.Tensor)}.
 StateDict loadTensors(const std::string& path);
 
+/// The state dict of a model file, as ddp::loadModel finds it: a state_dict saved by Python or by
+/// us, the dict under "model", "state_dict" or "model_state_dict" of a checkpoint dict (nanoGPT's
+/// ckpt.pt: {"model": ..., "optimizer": ..., ...}), or the model of our training checkpoint (its
+/// checksum verified). Keys as the file has them ("module.", "_orig_mod." kept), CPU tensors.
+/// CheckpointError as loadTensors'. For a model whose keys differ from its modules' (tied
+/// weights), where ddp::loadModel's strict match cannot apply.
+StateDict loadModelStateDict(const std::string& path);
+
 }  // namespace ddp

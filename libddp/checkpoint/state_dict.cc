@@ -4,6 +4,7 @@
 #include <torch/nn/module.h>
 
 #include "common/error.h"
+#include "libddp/checkpoint/state_dict_loader.h"
 #include "libddp/checkpoint/torch_file.h"
 #include "libddp/checkpoint/torch_file_writer.h"
 
@@ -51,6 +52,12 @@ void saveStateDict(const StateDict& state, const std::string& path) {
   auto dict = checkpoint::pyOrderedDict();
   for (const auto& [key, tensor] : state) checkpoint::pySet(*dict, key, checkpoint::pyTensor(tensor));
   checkpoint::writeTorchFile(*dict, path);
+}
+
+StateDict loadModelStateDict(const std::string& path) {
+  StateDict out;
+  for (auto& [key, tensor] : checkpoint::modelFileEntries(path)) out[key] = std::move(tensor);
+  return out;
 }
 
 StateDict loadTensors(const std::string& path) {

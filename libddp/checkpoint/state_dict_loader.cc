@@ -73,15 +73,14 @@ void loadStateDictInto(torch::nn::Module& module,
   }
 }
 
-void loadModelFile(torch::nn::Module& module, const std::string& path) {
+std::vector<std::pair<std::string, at::Tensor>> modelFileEntries(const std::string& path) {
   const PyValuePtr root = readTorchFile(path);
   if (root->kind != PyValue::Kind::kDict) {
     DDP_THROW(CheckpointError, "'", path, "' does not hold a dict; expected a state_dict (torch.save(model.state_dict(), path))");
   }
   // A training checkpoint carries a checksum: every reader verifies it, not only resume.
   if (const PyValue* format = root->get("format"); format && format->text == kCheckpointFormat) {
-    loadStateDictInto(module, loadTrainingCheckpoint(path).model, path);
-    return;
+    return loadTrainingCheckpoint(path).model;
   }
   const PyValue* state = root.get();
   for (const char* key : {"model", "state_dict", "model_state_dict"}) {
@@ -90,7 +89,11 @@ void loadModelFile(torch::nn::Module& module, const std::string& path) {
       break;
     }
   }
-  loadStateDictInto(module, tensorEntries(*state), path);
+  return tensorEntries(*state);
+}
+
+void loadModelFile(torch::nn::Module& module, const std::string& path) {
+  loadStateDictInto(module, modelFileEntries(path), path);
 }
 
 }  // namespace ddp::checkpoint

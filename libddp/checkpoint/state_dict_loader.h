@@ -29,4 +29,7 @@ void loadStateDictInto(torch::nn::Module& module,
 /// "state_dict" / "model_state_dict" entry) and loads it into `module`.
 void loadModelFile(torch::nn::Module& module, const std::string& path);
 
+/// The (key, tensor) entries loadModelFile() loads from `path`, keys as the file has them.
+std::vector<std::pair<std::string, at::Tensor>> modelFileEntries(const std::string& path);
+
 }  // namespace ddp::checkpoint

@@ -23,7 +23,7 @@ __attribute__((noinline)) void spinInUserCodeForHangTest(volatile long* counter)
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::cerr << "usage: hang_program stop|stop0|late|spin|skip|size|clean BACKEND TIMEOUT_S REPORT_DIR [check]\n";
+    std::cerr << "usage: hang_program stop|stop0|late|quit|spin|skip|size|clean BACKEND TIMEOUT_S REPORT_DIR [check]\n";
     return 2;
   }
   const std::string scenario = argv[1];
@@ -40,6 +40,11 @@ int main(int argc, char** argv) {
       if (rank == 1 && scenario == "skip" && i == 3) continue;
       if (rank == 0 && i == 4 && scenario == "stop0") stopHereForHangTest();  // the store's host
       if (rank == 1 && i == 4) {
+        // "quit": rank 1 returns 0 before collective #4, which rank 0 then waits in (blocked, not working).
+        if (scenario == "quit") {
+          std::cout << "rank 1 finished" << std::endl;
+          std::_Exit(0);
+        }
         if (scenario == "stop") stopHereForHangTest();
         if (scenario == "spin") {
           long counter = 0;

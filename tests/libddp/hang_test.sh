@@ -131,6 +131,16 @@ timeout 120 "$launch" --nproc_per_node=2 --early_exit_grace_s=1 "$program" late 
 expect late "still work outside any collective"
 expect late "rank 0 finished"
 
+# Issue 45 (5), the other side: rank 1 returns 0 before all_reduce #4 while rank 0 waits in it (its
+# flight recorder: in that collective for over a second). Past the 1 s grace the launcher stops the
+# job naming the collective, long before the 60 s collective timeout.
+start=$SECONDS
+timeout 120 "$launch" --nproc_per_node=2 --early_exit_grace_s=1 "$program" quit gloo 60 "$work" >"$work/quit.log" 2>&1 \
+  && { cat "$work/quit.log"; fail "quit: the job of a rank that left early ended 0"; }
+expect quit "exited with code 0"
+expect quit "while rank(s) 0 wait in a collective it never entered (all_reduce #4 (the loss)"
+(( SECONDS - start < 30 )) || fail "quit: took $(( SECONDS - start )) s (the collective timeout is 60 s)"
+
 if [[ $failures -ne 0 ]]; then
   echo "$failures check(s) failed" >&2
   exit 1

@@ -78,14 +78,15 @@ Field bindField<std::vector<double>>(const std::string& key, const std::string& 
 }
 
 Field bindMode(const std::string& key, Mode& ref) {
-  return Field{key, "one of ddp | dp | single | eval",
+  return Field{key, "one of ddp | dp | single | eval | generate",
                [&ref, key](const YAML::Node& n) {
                  const auto v = n.as<std::string>();
                  if (v == "ddp") ref = Mode::kDdp;
                  else if (v == "dp") ref = Mode::kDp;
                  else if (v == "single") ref = Mode::kSingle;
                  else if (v == "eval") ref = Mode::kEval;
-                 else DDP_THROW(ConfigError, "config: '", key, "' is '", v, "'; use one of ddp | dp | single | eval");
+                 else if (v == "generate") ref = Mode::kGenerate;
+                 else DDP_THROW(ConfigError, "config: '", key, "' is '", v, "'; use one of ddp | dp | single | eval | generate");
                },
                [&ref] { return YAML::Node(modeName(ref)); }};
 }
@@ -124,6 +125,13 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("model.sync_batch_norm", "boolean", c.model.syncBatchNorm),
       bindField("model.path", "string", c.model.path),
       bindField("model.unused_layer", "boolean", c.model.unusedLayer),
+      bindField("model.n_layer", "integer", c.model.nLayer),
+      bindField("model.n_head", "integer", c.model.nHead),
+      bindField("model.n_embd", "integer", c.model.nEmbd),
+      bindField("model.block_size", "integer", c.model.blockSize),
+      bindField("model.vocab_size", "integer", c.model.vocabSize),
+      bindField("model.dropout", "number", c.model.dropout),
+      bindField("model.bias", "boolean", c.model.bias),
       bindField("data.name", "string", c.data.name),
       bindField("data.root", "string", c.data.root),
       bindField("data.train_limit", "integer", c.data.trainLimit),
@@ -143,6 +151,9 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("data.rotate_degrees", "number", c.data.rotateDegrees),
       bindField("data.crop_padding", "integer", c.data.cropPadding),
       bindField("data.horizontal_flip", "boolean", c.data.horizontalFlip),
+      bindField("data.train_files", "string", c.data.trainFiles),
+      bindField("data.val_files", "string", c.data.valFiles),
+      bindField("data.sampling", "string", c.data.sampling),
       bindField("train.epochs", "integer", c.train.epochs),
       bindField("train.batch_size", "integer", c.train.batchSize),
       bindField("train.lr", "number", c.train.lr),
@@ -178,6 +189,14 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("eval.batch_size", "integer", c.eval.batchSize),
       bindField("eval.model_path", "string", c.eval.modelPath),
       bindField("eval.show", "integer", c.eval.show),
+      bindField("eval.interval", "integer", c.eval.interval),
+      bindField("eval.iters", "integer", c.eval.iters),
+      bindField("generate.model_path", "string", c.generate.modelPath),
+      bindField("generate.start", "string", c.generate.start),
+      bindField("generate.num_samples", "integer", c.generate.numSamples),
+      bindField("generate.max_new_tokens", "integer", c.generate.maxNewTokens),
+      bindField("generate.temperature", "number", c.generate.temperature),
+      bindField("generate.top_k", "integer", c.generate.topK),
       bindField("checkpoint.dir", "string", c.checkpoint.dir),
       bindField("checkpoint.every_steps", "integer", c.checkpoint.everySteps),
       bindField("checkpoint.every_epochs", "integer", c.checkpoint.everyEpochs),
@@ -189,6 +208,7 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("output.tensorboard", "boolean", c.output.tensorboard),
       bindField("output.profile_start", "integer", c.output.profileStart),
       bindField("output.profile_steps", "integer", c.output.profileSteps),
+      bindField("output.peak_flops", "number", c.output.peakFlops),
       bindField("comm.timeout_s", "number", c.comm.timeoutS),
       bindChoice("comm.reducer", c.comm.ddp.reducer, ddp::parseReducer, ddp::reducerName, "bucketed or flat"),
       bindField("comm.bucket_cap_mb", "number", c.comm.ddp.bucketCapMb),
@@ -342,8 +362,8 @@ void validateRecipe(const TrainConfig& t) {
 void validateModel(const WorkerConfig& c) {
   require(c.model.name != "torchscript" || !c.model.path.empty(), "model.path",
           "is needed with model.name torchscript: a file saved by torch.jit.script(model).save(path)");
-  require(c.model.name == "mlp" || c.model.name == "cnn" || c.model.name == "torchscript", "model.name",
-          "is '" + c.model.name + "'; use mlp, cnn or torchscript");
+  require(c.model.name == "mlp" || c.model.name == "cnn" || c.model.name == "torchscript" || c.model.name == "gpt",
+          "model.name", "is '" + c.model.name + "'; use mlp, cnn, torchscript or gpt");
   require(!c.model.hidden.empty(), "model.hidden", "must list at least one layer width");
   require(!c.model.syncBatchNorm || (c.model.name == "cnn" && c.model.batchNorm), "model.sync_batch_norm",
           "synchronises the cnn's BatchNorm layers; set model.name: cnn and model.batch_norm: true");
@@ -355,8 +375,8 @@ void validateModel(const WorkerConfig& c) {
 // Which data set and how its images and labels are read (data.*).
 void validateDataSource(const WorkerConfig& c) {
   require(c.data.name == "fashion-mnist" || c.data.name == "synthetic" || c.data.name == "tensors" ||
-              c.data.name == "image_folder",
-          "data.name", "is '" + c.data.name + "'; use fashion-mnist, synthetic, tensors or image_folder");
+              c.data.name == "image_folder" || c.data.name == "tokens",
+          "data.name", "is '" + c.data.name + "'; use fashion-mnist, synthetic, tensors, image_folder or tokens");
   require(c.data.imageSize >= 0 && c.data.imageSize <= 4096, "data.image_size", "must be from 0 (keep) to 4096");
   require(c.data.mean.empty() || c.data.mean.size() == 3, "data.mean", "needs 3 values (R, G, B), e.g. [0.485, 0.456, 0.406]");
   require(c.data.stddev.empty() || c.data.stddev.size() == 3, "data.std", "needs 3 values (R, G, B), e.g. [0.229, 0.224, 0.225]");
@@ -365,6 +385,46 @@ void validateDataSource(const WorkerConfig& c) {
           "and data.test_file are needed with data.name tensors: files written by torch.save({\"x\": x, \"y\": y}, path)");
   require(c.data.classes >= 0, "data.classes", "must be >= 0 (0 = the largest label + 1)");
   require(c.data.trainLimit >= 0, "data.train_limit", "must be >= 0 (0 = all)");
+}
+
+// model.name gpt on data.name tokens (and only there): nanoGPT's shape rules, the windows' sampling.
+void validateLanguageModel(const WorkerConfig& c) {
+  const bool gpt = c.model.name == "gpt";
+  const bool tokens = c.data.name == "tokens";
+  require(!gpt || tokens, "model.name",
+          "is gpt, a language model, but data.name is " + c.data.name + "; use data.name: tokens with data.train_files "
+          "(token shards: scripts/prepare_text.py)");
+  require(gpt || c.mode != Mode::kGenerate, "mode",
+          "is generate, which writes text with a language model; use model.name: gpt (and its data.name: tokens)");
+  require(gpt || !tokens, "data.name",
+          "is tokens (a language corpus) but model.name is " + c.model.name + ", which classifies images; use model.name: gpt");
+  if (!gpt) return;
+  require(!c.data.trainFiles.empty(), "data.train_files",
+          "is needed with data.name tokens: a glob of token shards, e.g. data/fortunes/train_*.bin (scripts/prepare_text.py)");
+  require(c.data.sampling == "random" || c.data.sampling == "sequential", "data.sampling",
+          "is '" + c.data.sampling + "'; use random (nanoGPT's random windows) or sequential (llm.c's order)");
+  require(c.model.nLayer >= 1, "model.n_layer", "must be >= 1");
+  require(c.model.nHead >= 1, "model.n_head", "must be >= 1");
+  require(c.model.nEmbd >= 1 && c.model.nEmbd % c.model.nHead == 0, "model.n_embd",
+          "(" + std::to_string(c.model.nEmbd) + ") must be a positive multiple of model.n_head (" +
+              std::to_string(c.model.nHead) + "): each head takes n_embd / n_head channels");
+  require(c.model.blockSize >= 1, "model.block_size", "must be >= 1 (tokens per window)");
+  require(c.model.vocabSize >= 0, "model.vocab_size", "must be >= 0 (0 = the data set's, from its meta.json)");
+  require(c.model.dropout >= 0 && c.model.dropout < 1, "model.dropout", "must be in [0, 1)");
+  require(c.eval.interval >= 0, "eval.interval", "must be >= 0 (0 = the validation loss at the end only)");
+  require(c.eval.iters >= 1, "eval.iters", "must be >= 1 (batches per rank for the validation loss)");
+  require(c.output.peakFlops >= 0, "output.peak_flops", "must be >= 0 (0 = the GPU's known peak; none on a CPU)");
+  require(c.mode != Mode::kDp && c.mode != Mode::kEval, "mode",
+          "is " + std::string(c.mode == Mode::kDp ? "dp" : "eval") + ", for image classifiers; use mode ddp (or single) "
+          "with model.name gpt (training reports the validation loss: eval.interval), or mode generate");
+  require(c.generate.numSamples >= 1, "generate.num_samples", "must be >= 1");
+  require(c.generate.maxNewTokens >= 1, "generate.max_new_tokens", "must be >= 1");
+  require(c.generate.temperature > 0 && std::isfinite(c.generate.temperature), "generate.temperature",
+          "must be a positive number (nanoGPT's sample.py: 0.8)");
+  require(c.generate.topK >= 0, "generate.top_k", "must be >= 0 (0 = every token)");
+  require(c.train.unevenInputs == "pad", "train.uneven_inputs",
+          "is join, but every rank has a full batch of windows at every step with data.name tokens; leave it pad");
+  require(!c.output.sampleLog, "output.sample_log", "lists image sample indices; data.name tokens has none, set it false");
 }
 
 // output.profile_*: which steps the profiler traces.
@@ -554,6 +614,7 @@ void validateUnevenInputs(const WorkerConfig& c) {
 void validate(const WorkerConfig& c) {
   validateModel(c);
   validateDataSource(c);
+  validateLanguageModel(c);
   validateProfiling(c);
   validateDataLoading(c);
   validateDeviceAndMode(c);
@@ -621,6 +682,7 @@ std::string modeName(Mode mode) {
     case Mode::kDp: return "dp";
     case Mode::kSingle: return "single";
     case Mode::kEval: return "eval";
+    case Mode::kGenerate: return "generate";
   }
   return "?";
 }

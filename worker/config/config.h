@@ -15,7 +15,7 @@
 
 namespace ddp::worker {
 
-enum class Mode { kDdp, kDp, kSingle, kEval };
+enum class Mode { kDdp, kDp, kSingle, kEval, kGenerate };
 
 struct ModelConfig {
   std::string name = "cnn";               // mlp | cnn (Fashion-MNIST CNN: conv32-pool-conv64-pool-fc128-fc10)
@@ -24,6 +24,14 @@ struct ModelConfig {
   bool syncBatchNorm = false;  // with batchNorm, mode ddp: ddp::SyncBatchNorm (statistics of the whole batch)
   bool unusedLayer = false;  // adds Linear 'unused' that forward never calls (find_unused_parameters tests)
   std::string path;          // torchscript: the file torch.jit.script(model).save(path) wrote
+  // gpt: nanoGPT's GPT (model.py), its GPTConfig's names and defaults (GPT-2 small's shape).
+  int64_t nLayer = 12;
+  int64_t nHead = 12;
+  int64_t nEmbd = 768;
+  int64_t blockSize = 1024;  // the context: tokens per window
+  int64_t vocabSize = 0;     // 0 = the data set's (meta.json beside the shards), else 50304 as nanoGPT
+  double dropout = 0.0;
+  bool bias = true;          // biases in the Linears and LayerNorms (GPT-2: true)
 };
 
 struct DataConfig {
@@ -50,6 +58,10 @@ struct DataConfig {
   double rotateDegrees = 0;     // RandomRotation(d), bilinear
   int64_t cropPadding = 0;      // RandomCrop(size, padding=p)
   bool horizontalFlip = false;  // RandomHorizontalFlip()
+  // tokens: token shards (llm.c's format, or nanoGPT's raw uint16 .bin), memory-mapped.
+  std::string trainFiles;  // a glob, e.g. data/fortunes/train_*.bin
+  std::string valFiles;    // a glob for evaluation's windows ("" = no validation loss)
+  std::string sampling = "random";  // random (nanoGPT's get_batch) | sequential (llm.c's DataLoader)
 };
 
 struct TrainConfig {
@@ -98,6 +110,20 @@ struct EvalConfig {
   int64_t batchSize = 100;
   std::string modelPath;    // mode eval: the model file to evaluate (our export, a state_dict, a checkpoint)
   int64_t show = 5;         // mode eval: print predictions for this many test samples
+  // Language models: the validation loss (nanoGPT's estimate_loss) every `interval` steps (0 = at the
+  // end only) over `iters` batches of train.batch_size windows per rank.
+  int64_t interval = 0;
+  int64_t iters = 20;
+};
+
+// mode: generate — text from a trained gpt, as nanoGPT's sample.py (its names and defaults).
+struct GenerateConfig {
+  std::string modelPath;        // "" = output.dir/output.export (the model this config trained)
+  std::string start = "\n";     // the prompt; "FILE:path" reads it from a file, as sample.py
+  int64_t numSamples = 10;
+  int64_t maxNewTokens = 500;
+  double temperature = 0.8;     // < 1: less random, > 1: more
+  int64_t topK = 200;           // keep the k likeliest tokens (0 = all)
 };
 
 struct OutputConfig {
@@ -109,6 +135,7 @@ struct OutputConfig {
   bool tensorboard = false;            // rank 0 writes TensorBoard event files to dir/tensorboard
   int64_t profileStart = 0;            // > 0: every rank profiles steps profileStart.. (ddp::Profiler)
   int64_t profileSteps = 5;            // into dir/profile_rank<R>.json (Chrome trace)
+  double peakFlops = 0;                // language models: the device's peak FLOP/s for MFU (0 = known GPUs' bf16 peak; none on CPU)
 };
 
 /// The library's DDP options as the worker's comm.* keys set them: comm.reducer (bucketed | flat),
@@ -173,6 +200,7 @@ struct WorkerConfig {
   DataConfig data;
   TrainConfig train;
   EvalConfig eval;
+  GenerateConfig generate;
   OutputConfig output;
   CommConfig comm;
   DpConfig dp;

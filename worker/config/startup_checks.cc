@@ -69,6 +69,9 @@ void checkInputPaths(const WorkerConfig& config) {
   if (config.mode == Mode::kEval) {
     refuseSpecialFile("eval.model_path", config.eval.modelPath, "a model file torch.save or our export wrote");
   }
+  if (config.mode == Mode::kGenerate) {
+    refuseSpecialFile("generate.model_path", config.generate.modelPath, "a model file torch.save or our export wrote");
+  }
   if (!config.resume.empty() && config.resume != "auto" && isDirectory(config.resume)) {
     DDP_THROW(ConfigError, "config: 'resume' is the directory '", config.resume,
               "'; give a checkpoint file in it, or resume=auto to take the newest valid one in checkpoint.dir");

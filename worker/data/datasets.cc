@@ -64,8 +64,21 @@ void checkSyntheticFits(const DataConfig& config, const data::SyntheticOptions& 
 
 }  // namespace
 
+std::string describeSizes(const Datasets& data) {
+  if (data.tokens) {
+    return "(" + std::to_string(data.tokens->train->totalTokens()) + " train / " +
+           std::to_string(data.tokens->val ? data.tokens->val->totalTokens() : 0) + " val tokens)";
+  }
+  return "(" + std::to_string(data.train.size()) + " train / " + std::to_string(data.test.size()) + " test)";
+}
+
 Datasets loadDatasets(const DataConfig& config, uint64_t seed) {
   Datasets d;
+  if (config.name == "tokens") {
+    d.tokens = std::make_shared<const data::TokenCorpus>(data::loadTokenCorpus(config));
+    d.input = InputSpec{1, 1, 1, d.tokens->vocabSize};
+    return d;
+  }
   if (config.name == "fashion-mnist") {
     d.train = data::loadFashionMnist(config.root, data::Split::kTrain);
     d.test = data::loadFashionMnist(config.root, data::Split::kTest);
@@ -152,6 +165,12 @@ data::LoaderOptions loaderOptions(const DataConfig& config, c10::Device device, 
 
 Datasets loadDatasetsOncePerHost(const DataConfig& config, uint64_t seed, const GroupStart& start,
                                  DataOrigin* origin) {
+  if (config.name == "tokens") {  // memory-mapped: the page cache is the host's one copy
+    if (origin != nullptr) {
+      *origin = start.localRank() == 0 ? DataOrigin::kSharedByThisRank : DataOrigin::kMappedFromHostCopy;
+    }
+    return loadDatasets(config, seed);
+  }
   const HostCopy copy = loadOncePerHost(start, [&] {
     const Datasets loaded = loadDatasets(config, seed);
     return HostData{{loaded.train.images, loaded.train.labels, loaded.test.images, loaded.test.labels},

@@ -8,6 +8,7 @@
 #include "worker/config/config.h"
 #include "worker/data/batch_loader.h"
 #include "worker/data/tensor_dataset.h"
+#include "worker/data/token_corpus.h"
 #include "worker/models/models.h"
 
 namespace ddp::worker {
@@ -15,8 +16,12 @@ namespace ddp::worker {
 struct Datasets {
   data::TensorDataset train;
   data::TensorDataset test;
-  InputSpec input;
+  InputSpec input;  // tokens: classes = the vocabulary of meta.json (0 when unknown)
+  std::shared_ptr<const data::TokenCorpus> tokens;  // data.name tokens (train and test are empty)
 };
+
+/// "(60000 train / 10000 test)", or for tokens "(1234567 train / 4567 val tokens)".
+std::string describeSizes(const Datasets& data);
 
 /// Loads the configured data set in this process (data.name selects the source).
 Datasets loadDatasets(const DataConfig& config, uint64_t seed);

@@ -44,6 +44,12 @@ double parameterCount(const ModelConfig& config, const InputSpec& input) {
       width = static_cast<double>(h);
     }
     count += linear(width, static_cast<double>(input.classes));
+  } else if (config.name == "gpt") {  // worker/models/gpt.h; input.classes: the vocabulary
+    const double c = static_cast<double>(config.nEmbd);
+    const double biasTerms = config.bias ? 13 * c : 2 * c;  // a block's biases and LayerNorm weights
+    count += static_cast<double>(config.vocabSize > 0 ? config.vocabSize : input.classes) * c;  // wte = lm_head
+    count += static_cast<double>(config.blockSize) * c;                                          // wpe
+    count += static_cast<double>(config.nLayer) * (12 * c * c + biasTerms) + (config.bias ? 2 * c : c);
   } else {  // cnn, as in models.cc
     count += static_cast<double>(input.channels) * 32 * 9 + 32;
     count += 32.0 * 64 * 9 + 64;
@@ -66,7 +72,8 @@ void checkModelFits(const ModelConfig& config, const InputSpec& input, int ranks
             config.name == "mlp" ? " with model.hidden=" + widths(config.hidden) : std::string(), " has ", count,
             " parameters: training needs about ", gib(perRank), " per rank (weights, gradients, momentum, buckets)",
             ranksOnHost > 1 ? ", " + gib(needed) + " for the " + std::to_string(ranksOnHost) + " ranks on this host" : "",
-            ", but this host has ", gib(memoryBytes), "; use smaller model.hidden widths");
+            ", but this host has ", gib(memoryBytes),
+            config.name == "gpt" ? "; use smaller model.n_layer / model.n_embd" : "; use smaller model.hidden widths");
 }
 
 double hostMemoryBytes() {

@@ -4,7 +4,9 @@
 #include <torch/nn/functional/pooling.h>
 
 #include "common/error.h"
+#include "ddp/checkpoint.h"
 #include "ddp/sync_batch_norm.h"
+#include "worker/models/gpt.h"
 #include "worker/models/torchscript_model.h"
 
 namespace ddp::worker {
@@ -82,16 +84,34 @@ torch::nn::AnyModule makeModel(const ModelConfig& config, const InputSpec& input
     model = torch::nn::AnyModule(Mlp(input, config.hidden));
   } else if (config.name == "cnn") {
     model = torch::nn::AnyModule(Cnn(input, config.batchNorm, config.syncBatchNorm ? group : nullptr));
+  } else if (config.name == "gpt") {
+    GptOptions o{config.nLayer, config.nHead, config.nEmbd, config.blockSize,
+                 config.vocabSize > 0 ? config.vocabSize : input.classes, config.dropout, config.bias};
+    model = torch::nn::AnyModule(Gpt(o));
   } else if (config.name == "torchscript") {
     model = torch::nn::AnyModule(loadTorchScriptModel(config.path, input));
   } else {
-    DDP_THROW(ConfigError, "config: 'model.name' is '", config.name, "'; use mlp, cnn or torchscript");
+    DDP_THROW(ConfigError, "config: 'model.name' is '", config.name, "'; use mlp, cnn, torchscript or gpt");
   }
   if (config.unusedLayer) {
     // Registered last, never called: a parameter the autograd graph does not reach.
     model.ptr()->register_module("unused", torch::nn::Linear(4, 2));
   }
   return model;
+}
+
+StateDict modelStateDict(const torch::nn::Module& module) {
+  // nanoGPT's keys include the LM head, the tied token embedding (registered once here).
+  if (const auto* gpt = dynamic_cast<const GptImpl*>(&module)) return gptStateDict(*gpt);
+  return stateDict(module);
+}
+
+void loadModelWeights(torch::nn::Module& module, const std::string& path) {
+  if (auto* gpt = dynamic_cast<GptImpl*>(&module)) {
+    loadGptStateDict(*gpt, loadModelStateDict(path));
+    return;
+  }
+  loadModel(module, path);
 }
 
 }  // namespace ddp::worker

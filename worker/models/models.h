@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ddp/process_group.h"
+#include "ddp/state_dict.h"
 #include "worker/config/config.h"
 
 namespace ddp::worker {
@@ -64,5 +65,13 @@ TORCH_MODULE(Cnn);
 /// generator first for a reproducible start).
 /// `group`: the training group, for model.sync_batch_norm (null: plain BatchNorm, as in evaluation).
 torch::nn::AnyModule makeModel(const ModelConfig& config, const InputSpec& input, const ProcessGroup* group = nullptr);
+
+/// The model's state dict as Python names it: the module's own, plus for gpt nanoGPT's tied
+/// "lm_head.weight" (what the export holds).
+StateDict modelStateDict(const torch::nn::Module& module);
+
+/// init.model_path / mode eval: a model file into `module` (ddp::loadModel; gpt: nanoGPT's keys, with
+/// or without lm_head.weight, "module." or "_orig_mod.").
+void loadModelWeights(torch::nn::Module& module, const std::string& path);
 
 }  // namespace ddp::worker

@@ -55,6 +55,12 @@ nlohmann::json trainingSummary(const WorkerConfig& config, const TrainResult& re
       {"gradient_elements", result.gradientElements},
       {"gradient_elements_sent", result.gradientElementsSent},
   };
+  if (config.model.name == "gpt") {
+    summary["tokens_per_s"] = result.tokensPerSecond;
+    summary["block_size"] = config.model.blockSize;
+    if (result.valLoss >= 0) summary["val_loss"] = result.valLoss;
+    if (result.mfu >= 0) summary["mfu"] = result.mfu;
+  }
   if (!result.stragglerCounts.empty()) {
     summary["stragglers"] = {{"logged_steps_last_per_rank", result.stragglerCounts},
                              {"max_late_s", result.stragglerMaxSkewS},
@@ -69,8 +75,11 @@ void logDone(const TrainResult& result) {
       result.testTotal > 0 ? fmt::format(", test accuracy {:.2f}% ({}/{})", 100 * result.testAccuracy,
                                          result.testCorrect, result.testTotal)
                            : std::string();
-  spdlog::info("done: {} steps, {:.0f} samples/s, final loss {:.4f}{}, exported {}", result.steps,
-               result.samplesPerSecond, result.finalLoss, accuracy, result.exportPath);
+  const std::string tokens = result.tokensPerSecond > 0 ? fmt::format(" ({:.0f} tokens/s)", result.tokensPerSecond)
+                                                       : std::string();
+  const std::string val = result.valLoss >= 0 ? fmt::format(", validation loss {:.4f}", result.valLoss) : std::string();
+  spdlog::info("done: {} steps, {:.0f} samples/s{}, final loss {:.4f}{}{}, exported {}", result.steps,
+               result.samplesPerSecond, tokens, result.finalLoss, val, accuracy, result.exportPath);
 }
 
 void writeSummary(const std::string& path, const nlohmann::json& summary) {

@@ -12,9 +12,11 @@
 
 namespace ddp::worker {
 
+namespace {
+
 // train.optimizer over `params`, with PyTorch's semantics for each option; with LibTorch's fused
 // kernels (ddp::FusedAdamW, ddp::FusedSGD) when train.fused says so (auto: on a GPU).
-std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const TrainConfig& t, const std::vector<at::Tensor>& params,
+std::unique_ptr<torch::optim::Optimizer> optimizerOver(const TrainConfig& t, const std::vector<at::Tensor>& params,
                                                        c10::Device device, const ProcessGroup& group) {
   if (t.zero && group.size() > 1) {  // train.zero: the same optimizer, its state sharded over the ranks
     if (t.optimizer == "adamw") {
@@ -65,6 +67,36 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const TrainConfig& t, con
     return std::make_unique<FusedSGD>(params, sgdOptions);
   }
   return std::make_unique<torch::optim::SGD>(params, sgdOptions);
+}
+
+// The same options as `group`'s, without weight decay.
+std::unique_ptr<torch::optim::OptimizerOptions> withoutWeightDecay(const torch::optim::OptimizerParamGroup& group) {
+  auto options = group.options().clone();
+  if (auto* o = dynamic_cast<torch::optim::AdamWOptions*>(options.get())) o->weight_decay(0);
+  else if (auto* o = dynamic_cast<torch::optim::AdamOptions*>(options.get())) o->weight_decay(0);
+  else if (auto* o = dynamic_cast<torch::optim::SGDOptions*>(options.get())) o->weight_decay(0);
+  else DDP_THROW(Error, "makeOptimizer: no weight decay to switch off in this optimizer's options");
+  return options;
+}
+
+}  // namespace
+
+std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const TrainConfig& t, const std::vector<at::Tensor>& params,
+                                                       c10::Device device, const ProcessGroup& group,
+                                                       bool decayMatricesOnly) {
+  if (!decayMatricesOnly || t.weightDecay == 0) return optimizerOver(t, params, device, group);
+  if (t.zero && group.size() > 1) {
+    DDP_THROW(ConfigError, "config: 'train.zero' shards one parameter group, but model gpt decays its >= 2-D "
+              "parameters only (nanoGPT's two groups); set train.weight_decay: 0 or train.zero: false");
+  }
+  std::vector<at::Tensor> decay;
+  std::vector<at::Tensor> noDecay;
+  for (const auto& p : params) (p.dim() >= 2 ? decay : noDecay).push_back(p);
+  auto optimizer = optimizerOver(t, decay, device, group);
+  if (!noDecay.empty()) {
+    optimizer->add_param_group(torch::optim::OptimizerParamGroup(noDecay, withoutWeightDecay(optimizer->param_groups().front())));
+  }
+  return optimizer;
 }
 
 // train.lr_schedule over train.decay_steps, else the job's `jobSteps`; a warm-up that would take

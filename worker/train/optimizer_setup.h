@@ -19,8 +19,12 @@ namespace ddp::worker {
 /// train.optimizer over `params`, with PyTorch's semantics for each option: ZeRO-sharded over
 /// `group` with train.zero, LibTorch's fused kernels (ddp::FusedAdamW, ddp::FusedSGD) when
 /// train.fused says so (auto: on a GPU). ConfigError for a fused kernel this LibTorch lacks.
+/// `decayMatricesOnly` (model gpt): train.weight_decay applies to the parameters of dim >= 2 (matmul
+/// weights, embeddings) and a second group without decay holds the rest (biases, LayerNorm weights),
+/// as nanoGPT's configure_optimizers groups them.
 std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const TrainConfig& t, const std::vector<at::Tensor>& params,
-                                                       c10::Device device, const ProcessGroup& group);
+                                                       c10::Device device, const ProcessGroup& group,
+                                                       bool decayMatricesOnly = false);
 
 /// train.lr_schedule over train.decay_steps, else the job's `jobSteps`; a warm-up that would take
 /// the whole run is a ConfigError.

@@ -1,5 +1,7 @@
 #include "worker/train/train_order.h"
 
+#include <algorithm>
+
 namespace ddp::worker {
 namespace {
 
@@ -31,7 +33,54 @@ class SamplerOrder final : public TrainOrder {
   const int64_t batchSize_;
 };
 
+class TokenOrder final : public TrainOrder {
+ public:
+  TokenOrder(std::shared_ptr<const TokenData> data, const TokenSamplerOptions& options)
+      : data_(data), sampler_(std::move(data), options) {}
+
+  int64_t epochSize() const override { return sampler_.epochRows(); }
+  int64_t setEpoch(int64_t epoch, int64_t start) override {
+    epoch_ = epoch;
+    start_ = start;
+    return sampler_.stepsFrom(start);
+  }
+  std::vector<std::vector<int64_t>> batches() const override {
+    const int64_t slots = sampler_.stepsFrom(start_);
+    const int64_t rows = sampler_.rowsPerStep();
+    std::vector<std::vector<int64_t>> plan;
+    plan.reserve(static_cast<size_t>(slots));
+    for (int64_t k = 0; k < slots; ++k) {
+      const int64_t consumed = start_ + k * rows;
+      plan.push_back(sampler_.windowStarts(consumed, epoch_ * sampler_.stepsPerEpoch() + consumed / rows));
+    }
+    return plan;
+  }
+  int64_t positionAfter(int64_t batches) const override {
+    return std::min(sampler_.epochRows(), start_ + batches * sampler_.rowsPerStep());
+  }
+  int64_t samplesInBatches(int64_t /*first*/, int64_t count) const override { return count * sampler_.rowsPerStep(); }
+  std::unique_ptr<data::BatchLoader> loader(std::vector<std::vector<int64_t>> plan,
+                                            data::LoaderOptions options) const override {
+    const int64_t blockSize = sampler_.options().blockSize;
+    auto gather = [data = data_, blockSize](const std::vector<int64_t>& starts) {
+      TokenBatch b = data->batch(starts, blockSize);
+      return data::Batch{std::move(b.x), std::move(b.y)};
+    };
+    return std::make_unique<data::BatchLoader>(std::move(gather), std::move(plan), std::move(options));
+  }
+
+ private:
+  std::shared_ptr<const TokenData> data_;
+  TokenSampler sampler_;
+  int64_t epoch_ = 0;
+  int64_t start_ = 0;
+};
+
 }  // namespace
+
+std::unique_ptr<TrainOrder> tokenOrder(std::shared_ptr<const TokenData> data, const TokenSamplerOptions& options) {
+  return std::make_unique<TokenOrder>(std::move(data), options);
+}
 
 std::unique_ptr<TrainOrder> samplerOrder(const data::TensorDataset& train, int world, int rank,
                                          const SamplerOptions& options, int64_t batchSize) {

@@ -1,8 +1,7 @@
 // The order the training loop walks a training set in: each epoch's batches for this rank, the
 // positions they consume (what a checkpoint records, so that a resume at any world size continues
 // with the next unseen sample), and the loader that makes them. Images and tensors go through
-// ddp::DistributedSampler (samplerOrder); token windows through ddp::TokenSampler (tokenOrder,
-// worker/data/token_set.h).
+// ddp::DistributedSampler (samplerOrder); token windows through ddp::TokenSampler (tokenOrder).
 #pragma once
 
 #include <cstdint>
@@ -10,6 +9,7 @@
 #include <vector>
 
 #include "ddp/sampler.h"
+#include "ddp/token_data.h"
 #include "worker/data/batch_loader.h"
 #include "worker/data/tensor_dataset.h"
 
@@ -37,5 +37,11 @@ class TrainOrder {
 /// `train`'s samples in ddp::DistributedSampler's order (PyTorch's), batches of `batchSize`.
 std::unique_ptr<TrainOrder> samplerOrder(const data::TensorDataset& train, int world, int rank,
                                          const SamplerOptions& options, int64_t batchSize);
+
+/// Windows of `data` in ddp::TokenSampler's order (`options`: B, T, rank, world, seed, sampling):
+/// a position is a row (window) of the epoch, a batch the B window starts of one step's slot; in
+/// random sampling a slot's draws come from (seed, rank, epoch × slots per epoch + slot), so a resume
+/// draws what the interrupted run would have.
+std::unique_ptr<TrainOrder> tokenOrder(std::shared_ptr<const TokenData> data, const TokenSamplerOptions& options);
 
 }  // namespace ddp::worker

@@ -169,7 +169,7 @@ TrainResult Trainer::run(const Datasets& data) {
   // init.model_path: rank 0 reads the file (the others need not see it), the broadcast hands its
   // weights to every rank. A checkpoint that resume finds in the loop still takes precedence.
   if (group_.rank() == 0 && !config_.init.modelPath.empty()) {
-    loadModel(module, config_.init.modelPath);
+    loadModelWeights(module, config_.init.modelPath);
     spdlog::info("initial weights from {}", config_.init.modelPath);
   }
   DdpParallelism parallelism(config_, group_, model);

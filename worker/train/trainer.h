@@ -40,6 +40,11 @@ struct TrainResult {
   std::vector<int64_t> stragglerCounts;
   double stragglerMaxSkewS = 0;
   int stragglerMaxSkewRank = -1;
+  // Language models (model.name gpt): the last validation loss (negative: none), tokens/s over all
+  // ranks, and nanoGPT's MFU per device (negative: no peak FLOP/s known).
+  double valLoss = -1;
+  double tokensPerSecond = 0;
+  double mfu = -1;
 };
 
 /// Stops training with one line: what diverged, and where the last good state is.

@@ -21,6 +21,7 @@
 #include "worker/report/tensorboard/event_writer.h"
 #include "worker/train/eager_step.h"
 #include "worker/train/finite_check.h"
+#include "worker/train/lm_records.h"
 #include "worker/train/graph_step.h"
 #include "worker/train/metrics.h"
 #include "worker/train/nonfinite_tracker.h"
@@ -63,6 +64,20 @@ constexpr int64_t kStopCheckEvery = 10;
 // The training set's order: token windows for a language model, else DistributedSampler's.
 std::unique_ptr<TrainOrder> trainOrder(const WorkerConfig& config, const Datasets& data, int world, int rank, bool join) {
   const TrainConfig& train = config.train;
+  if (data.tokens) {
+    TokenSamplerOptions o;
+    o.batchSize = train.batchSize;
+    o.blockSize = config.model.blockSize;
+    o.rank = rank;
+    o.world = world;
+    o.seed = config.seed;
+    o.sampling = *parseTokenSampling(config.data.sampling);  // validated with the config
+    try {
+      return tokenOrder(data.tokens->train, o);
+    } catch (const DataError& e) {  // too few tokens for one step: the user's input
+      DDP_THROW(ConfigError, e.what());
+    }
+  }
   return samplerOrder(data.train, world, rank, {train.shuffle, config.seed, train.dropLast, /*pad=*/!join},
                       train.batchSize);
 }
@@ -81,6 +96,7 @@ class TrainingRun {
   TrainPosition positionAfter(const StepPlace& place) const;
   void saveIfDue(const TrainPosition& position, bool epochEnded);
   void record(const StepPlace& place, bool last);
+  void recordValidation();
   bool stopRequested(const TrainPosition& position);
   void finish();
   int64_t resumedStart();
@@ -115,6 +131,8 @@ class TrainingRun {
   std::optional<ProfileWindow> profile_;             // output.profile_start
   // Who arrives last at the gradient all-reduce, looked at on every logged step (world > 1).
   std::optional<StragglerMonitor> straggler_;
+  std::unique_ptr<LanguageModelRecords> lm_;  // model.name gpt: tokens/s, MFU, the validation loss
+  int64_t validatedStep_ = -1;                // the step of the last validation loss
   std::string stragglerNote(const StragglerReport& report);
   std::optional<StepState> state_;
   std::unique_ptr<TrainStep> step_;  // eager, or train.cuda_graph's
@@ -147,7 +165,8 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
     : config_(config), train_(config.train), data_(data), parallelism_(parallelism), group_(parallelism.group()),
       rank_(group_.rank()), world_(group_.size()), module_(parallelism.module()),
       params_(module_.parameters(/*recurse=*/true)),
-      optimizer_(makeOptimizer(train_, params_, device, group_)), device_(device),
+      optimizer_(makeOptimizer(train_, params_, device, group_, /*decayMatricesOnly=*/config.model.name == "gpt")),
+      device_(device),
       join_(train_.unevenInputs == "join" && world_ > 1),
       order_(trainOrder(config, data, world_, rank_, join_)),
       checkpointer_(config, group_, order_->epochSize(), parallelism.cudaGenerators()),
@@ -194,6 +213,7 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
     board_ = std::make_unique<tensorboard::EventWriter>(config_.output.dir + "/tensorboard");
   }
   profile_.emplace(config_, device_, rank_, syncDebug_, bar_);
+  lm_ = LanguageModelRecords::make(config_, data_, module_, group_, device_);
   state_.emplace(StepState{config_, parallelism_, params_, *optimizer_, *schedule_, scaler_ ? &*scaler_ : nullptr,
                            fused, device_, autocastDtype(train_.precision), join_, rank_, result_, nonfinite_,
                            syncDebug_, sampleLog_ ? &*sampleLog_ : nullptr, bar_,
@@ -260,6 +280,10 @@ TrainResult TrainingRun::run() {
   bar_.clear();
   result_.trainSeconds = secondsSince(start_);
   result_.samplesPerSecond = result_.trainSeconds > 0 ? runSamples_ / result_.trainSeconds : 0;
+  if (lm_) {
+    result_.tokensPerSecond = lm_->tokensPerSecond(result_.samplesPerSecond);
+    result_.mfu = lm_->mfu(result_.samplesPerSecond).value_or(-1.0);
+  }
   parallelism_.describe(result_);
   result_.optimizerStateBytes = std::max<int64_t>(0, optimizerStateBytes(*optimizer_));
   if (result_.stopSignal != 0) return result_;  // preempted: the checkpoint is the record
@@ -383,6 +407,7 @@ void TrainingRun::record(const StepPlace& place, bool last) {
                              {"lr", state_->lr}};
     if (state_->gradNorm.defined()) record["grad_norm"] = state_->gradNorm.item<double>();
     if (scaler_) record["loss_scale"] = scaler_->getScale();
+    if (lm_) lm_->addRates(record, rate);
     metrics_.write(record);
     shownLoss_ = lossValue;
     shownRate_ = rate;
@@ -390,13 +415,31 @@ void TrainingRun::record(const StepPlace& place, bool last) {
     const std::string straggler = straggler_ ? stragglerNote(straggler_->measure()) : "";
     if (rank_ == 0) {
       bar_.clear();
-      spdlog::info("{}{}{}", progressLine(progressAt(place, lossValue, rate)), parallelism_.progressNote(), straggler);
+      spdlog::info("{}{}{}{}", progressLine(progressAt(place, lossValue, rate)), parallelism_.progressNote(),
+                   lm_ ? lm_->progressNote(rate) : "", straggler);
     }
     windowStart_ = Clock::now();
     windowSamples_ = 0;
     syncDebug_.resume();
   }
+  if (lm_ && lm_->validationDue(result_.steps)) recordValidation();
   bar_.update(progressAt(place, shownLoss_, shownRate_));
+}
+
+// eval.interval: the language model's validation loss, in metrics.jsonl, TensorBoard and a line of
+// rank 0's (the time it takes is not training time: the throughput window restarts after it).
+void TrainingRun::recordValidation() {
+  const SyncDebug::Paused paused(syncDebug_);
+  result_.valLoss = lm_->validationLoss(state_->autocastDtype);
+  validatedStep_ = result_.steps;
+  metrics_.write({{"step", result_.steps}, {"val_loss", result_.valLoss}});
+  if (board_) board_->addScalar("val/loss", result_.valLoss, result_.steps);
+  if (rank_ == 0) {
+    bar_.clear();
+    spdlog::info("step {}: validation loss {:.4f}", result_.steps, result_.valLoss);
+  }
+  windowStart_ = Clock::now();
+  windowSamples_ = 0;
 }
 
 // A rank that arrives markedly last (the others' median wait in the gradient all-reduce is mostly
@@ -474,7 +517,9 @@ void TrainingRun::finish() {
     throwDiverged(config_, "the weights are no longer finite after step " + std::to_string(result_.steps) +
                                ", the last one, so nothing is exported");
   }
-  if (config_.eval.enabled) {
+  if (config_.eval.enabled && lm_) {
+    if (lm_->hasValidation() && validatedStep_ != result_.steps) recordValidation();
+  } else if (config_.eval.enabled) {
     const auto evalStart = Clock::now();
     const EvalCounts counts = [&] {
       // Evaluated in the precision it was trained in.
@@ -494,7 +539,7 @@ void TrainingRun::finish() {
   }
   if (rank_ == 0) {
     result_.exportPath = (std::filesystem::path(outDir) / config_.output.exportName).string();
-    exportTrainedModel(config_, stateDict(module_), result_.exportPath);
+    exportTrainedModel(config_, modelStateDict(module_), result_.exportPath);
   }
 }
 

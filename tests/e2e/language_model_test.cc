@@ -1,0 +1,276 @@
+// Issue 42 through the real programs: a GPT (model.name gpt) on token shards (data.name tokens) made
+// by scripts/prepare_text.py from real English text (the project's own docs/, always at hand):
+// the records a language model adds, DDP equal to one process on the union of the ranks' windows,
+// a bitwise resume in both samplings, and bad input refused with one line, exit 2, nothing written.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ddp/state_dict.h"
+#include "tests/support/run_command.h"
+
+namespace ddp {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string corpusRoot;  // removed when the program exits
+
+// Char-level shards of docs/*.md (~150 k characters), made once per test program.
+const std::string& corpus() {
+  static const std::string dir = [] {
+    corpusRoot = test::makeTempDir("lm_corpus");
+    std::atexit([] { fs::remove_all(corpusRoot); });
+    const std::string out = corpusRoot + "/char";
+    std::vector<std::string> argv = {DDP_PYTHON, std::string(DDP_SOURCE_DIR) + "/scripts/prepare_text.py"};
+    std::vector<std::string> inputs;
+    for (const auto& e : fs::directory_iterator(std::string(DDP_SOURCE_DIR) + "/docs")) {
+      if (e.path().extension() == ".md") inputs.push_back(e.path().string());
+    }
+    std::sort(inputs.begin(), inputs.end());
+    argv.insert(argv.end(), inputs.begin(), inputs.end());
+    for (const char* a : {"--out", "", "--level", "char"}) argv.emplace_back(a);
+    argv[argv.size() - 3] = out;
+    const auto r = test::runCommand(argv, 120);
+    EXPECT_EQ(r.exitCode, 0) << r.output;
+    return out;
+  }();
+  return dir;
+}
+
+int64_t vocabulary() {
+  return nlohmann::json::parse(test::readFile(corpus() + "/meta.json"))["vocab_size"].get<int64_t>();
+}
+
+// A small GPT on the corpus: 2 layers, 2 heads, 32 wide, windows of 32 tokens.
+std::vector<std::string> gptJob(int nproc, const std::string& out, std::vector<std::string> extra) {
+  std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nproc_per_node=" + std::to_string(nproc), DDP_WORKER_BIN,
+                                   std::string(DDP_SOURCE_DIR) + "/configs/synthetic_mlp.yaml",
+                                   "model.name=gpt", "model.n_layer=2", "model.n_head=2", "model.n_embd=32",
+                                   "model.block_size=32", "data.name=tokens",
+                                   "data.train_files=" + corpus() + "/train_*.bin",
+                                   "data.val_files=" + corpus() + "/val_*.bin", "train.optimizer=adamw",
+                                   "train.lr=0.003", "train.weight_decay=0.1", "train.batch_size=4",
+                                   "train.log_every=5", "eval.iters=4",
+                                   "output.dir=" + out};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+StateDict exported(const std::string& out) { return loadTensors(out + "/model.pt"); }
+
+double maxDifference(const StateDict& a, const StateDict& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (const auto& [key, t] : a) {
+    if (b.count(key) == 0) {
+      ADD_FAILURE() << key << " missing";
+      continue;
+    }
+    worst = std::max(worst, (t - b.at(key)).abs().max().item<double>());
+  }
+  return worst;
+}
+
+TEST(LanguageModel, TrainsAndRecordsValidationLossTokensPerSecondAndNanoGptKeys) {
+  const std::string out = test::makeTempDir("lm_train");
+  const auto r = test::runCommand(gptJob(2, out, {"train.max_steps=20", "eval.interval=10"}), 300);
+  ASSERT_EQ(r.exitCode, 0) << r.output;
+  EXPECT_NE(r.output.find("step 10: validation loss"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" tokens/s"), std::string::npos) << r.output;
+  const auto summary = nlohmann::json::parse(test::readFile(out + "/summary.json"));
+  // Learning: well below the uniform guess's loss ln(vocab) after 20 steps.
+  EXPECT_LT(summary["val_loss"].get<double>(), 0.8 * std::log(static_cast<double>(vocabulary()))) << summary.dump();
+  EXPECT_GT(summary["tokens_per_s"].get<double>(), 0);
+  // tokens/s = windows/s × block size (all ranks).
+  EXPECT_NEAR(summary["tokens_per_s"].get<double>(), 32 * summary["samples_per_s"].get<double>(), 1e-6);
+  EXPECT_FALSE(summary.contains("mfu")) << "no peak FLOP/s is known for a CPU";
+  std::vector<int64_t> validated;
+  std::istringstream metrics(test::readFile(out + "/metrics.jsonl"));
+  for (std::string line; std::getline(metrics, line);) {
+    const auto record = nlohmann::json::parse(line);
+    if (record.contains("val_loss")) validated.push_back(record["step"].get<int64_t>());
+    if (record.contains("loss")) EXPECT_TRUE(record.contains("tokens_per_s")) << line;
+  }
+  EXPECT_EQ(validated, (std::vector<int64_t>{10, 20}));
+  // nanoGPT's keys, the LM head tied to the token embedding.
+  const StateDict state = exported(out);
+  ASSERT_EQ(state.count("lm_head.weight"), 1u);
+  ASSERT_EQ(state.count("transformer.wte.weight"), 1u);
+  EXPECT_TRUE(state.at("lm_head.weight").equal(state.at("transformer.wte.weight")));
+  EXPECT_EQ(state.at("transformer.wpe.weight").sizes(), (std::vector<int64_t>{32, 32}));
+  EXPECT_EQ(state.count("transformer.h.1.mlp.c_proj.weight"), 1u);
+  // The export loads into nanoGPT's GPT (our reference after its model.py) with strict=True, and
+  // its loss on the validation windows (rows 0..31 of the val shard: eval.iters 4 × 2 ranks × 4)
+  // is the val_loss the job reported.
+  const std::string script =
+      "import json, sys, numpy as np, torch\n"
+      "sys.path.insert(0, '" + std::string(DDP_SOURCE_DIR) + "/tests/python')\n"
+      "from gpt_reference import Gpt\n"
+      "cfg = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=" + std::to_string(vocabulary()) +
+      ", dropout=0.0, bias=True)\n"
+      "m = Gpt(cfg); m.load_state_dict(torch.load('" + out + "/model.pt'), strict=True); m.eval()\n"
+      "t = torch.from_numpy(np.fromfile('" + corpus() + "/val_000000.bin', dtype=np.uint16, offset=1024).astype(np.int64))\n"
+      "w = torch.stack([t[i * 32:i * 32 + 33] for i in range(32)])\n"
+      "with torch.no_grad(): logits, loss = m(w[:, :-1], w[:, 1:])\n"
+      "print(json.dumps({'loss': loss.item()}))\n";
+  const auto py = test::runCommand({DDP_PYTHON, "-c", script}, test::stdoutOnly());
+  ASSERT_EQ(py.exitCode, 0) << py.output;
+  EXPECT_NEAR(nlohmann::json::parse(py.output)["loss"].get<double>(), summary["val_loss"].get<double>(), 1e-5);
+  fs::remove_all(out);
+}
+
+// mode generate (nanoGPT's sample.py): the prompt, then max_new_tokens characters of the data set's
+// vocabulary, num_samples of them; the same seed draws the same text, another seed other text.
+TEST(LanguageModel, GenerateWritesSamplesThatStartWithThePromptAndRepeatWithTheSeed) {
+  const std::string out = test::makeTempDir("lm_generate");
+  const auto r = test::runCommand(gptJob(1, out, {"train.max_steps=10", "eval.enabled=false"}), 300);
+  ASSERT_EQ(r.exitCode, 0) << r.output;
+  const auto generate = [&](const std::string& seed) {
+    auto argv = gptJob(1, out, {"mode=generate", "generate.start=The", "generate.num_samples=3",
+                                "generate.max_new_tokens=40", "seed=" + seed});
+    argv.erase(argv.begin(), argv.begin() + 2);  // the worker alone: one process
+    const auto g = test::runCommand(argv, 120);
+    EXPECT_EQ(g.exitCode, 0) << g.output;
+    EXPECT_NE(g.output.find("---------------"), std::string::npos) << g.output;
+    return nlohmann::json::parse(test::readFile(out + "/generated.json"))["samples"].get<std::vector<std::string>>();
+  };
+  const auto first = generate("5");
+  ASSERT_EQ(first.size(), 3u);
+  const auto itos = nlohmann::json::parse(test::readFile(corpus() + "/meta.json"))["itos"].get<std::vector<std::string>>();
+  for (const auto& sample : first) {
+    EXPECT_EQ(sample.rfind("The", 0), 0u) << sample;
+    // 3 + 40 characters of the vocabulary (each one of its strings).
+    size_t i = 3;
+    int characters = 0;
+    while (i < sample.size()) {
+      size_t longest = 0;
+      for (const auto& ch : itos) {
+        if (ch.size() > longest && sample.compare(i, ch.size(), ch) == 0) longest = ch.size();
+      }
+      ASSERT_GT(longest, 0u) << "not of the vocabulary at byte " << i << ": " << sample;
+      i += longest;
+      ++characters;
+    }
+    EXPECT_EQ(characters, 40) << sample;
+  }
+  EXPECT_NE(first[0], first[1]) << "each sample draws anew";
+  EXPECT_EQ(generate("5"), first);
+  EXPECT_NE(generate("6"), first);
+  fs::remove_all(out);
+}
+
+// llm.c's order: rank r takes the B windows at r·B of each step's 2B, so two ranks of B windows see
+// what one process of 2B sees; the averaged gradients and so the AdamW steps are the same.
+TEST(LanguageModel, TwoRanksEqualOneProcessOnTheUnionOfTheirWindows) {
+  const std::string two = test::makeTempDir("lm_two");
+  const std::string one = test::makeTempDir("lm_one");
+  const std::vector<std::string> common = {"data.sampling=sequential", "train.max_steps=6", "eval.enabled=false"};
+  auto a = common;
+  a.push_back("train.batch_size=4");
+  auto b = common;
+  b.push_back("train.batch_size=8");
+  const auto r2 = test::runCommand(gptJob(2, two, a), 300);
+  ASSERT_EQ(r2.exitCode, 0) << r2.output;
+  const auto r1 = test::runCommand(gptJob(1, one, b), 300);
+  ASSERT_EQ(r1.exitCode, 0) << r1.output;
+  EXPECT_LE(maxDifference(exported(two), exported(one)), 1e-5);
+  fs::remove_all(two);
+  fs::remove_all(one);
+}
+
+// 8 steps at once equal 4, a checkpoint, and 4 more after resume=auto, bit for bit.
+void expectBitwiseResume(const std::string& sampling) {
+  const std::string straight = test::makeTempDir("lm_straight");
+  const std::string split = test::makeTempDir("lm_split");
+  const std::vector<std::string> common = {"data.sampling=" + sampling, "eval.enabled=false",
+                                           "checkpoint.every_steps=4"};
+  auto all = common;
+  all.push_back("train.max_steps=8");
+  const auto r = test::runCommand(gptJob(2, straight, all), 300);
+  ASSERT_EQ(r.exitCode, 0) << r.output;
+  auto first = common;
+  first.push_back("train.max_steps=4");
+  const auto r1 = test::runCommand(gptJob(2, split, first), 300);
+  ASSERT_EQ(r1.exitCode, 0) << r1.output;
+  auto second = common;
+  second.push_back("train.max_steps=8");
+  second.push_back("resume=auto");
+  const auto r2 = test::runCommand(gptJob(2, split, second), 300);
+  ASSERT_EQ(r2.exitCode, 0) << r2.output;
+  EXPECT_EQ(maxDifference(exported(straight), exported(split)), 0.0) << sampling;
+  fs::remove_all(straight);
+  fs::remove_all(split);
+}
+
+TEST(LanguageModel, ResumeIsBitwiseWithRandomWindows) { expectBitwiseResume("random"); }
+TEST(LanguageModel, ResumeIsBitwiseWithSequentialWindows) { expectBitwiseResume("sequential"); }
+
+struct BadLm {
+  std::string name;
+  std::vector<std::string> extra;  // after gptJob's arguments
+  std::string expected;
+};
+
+std::ostream& operator<<(std::ostream& out, const BadLm& c) { return out << c.name; }
+
+// Token files that are wrong in one way each, beside the good corpus.
+std::string badShard(const std::string& kind) {
+  static std::vector<std::string> made;  // removed when the program exits
+  if (made.empty()) std::atexit([] { for (const auto& d : made) fs::remove_all(d); });
+  const std::string dir = test::makeTempDir("lm_bad");
+  made.push_back(dir);
+  const std::string path = dir + "/train_000000.bin";
+  std::vector<int32_t> header(256, 0);
+  header[0] = 20240520;
+  header[1] = kind == "version" ? 3 : 1;
+  header[2] = kind == "count" ? 100 : 10;
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(header.data()), 1024);
+  std::vector<uint16_t> tokens(10, 1);
+  out.write(reinterpret_cast<const char*>(tokens.data()), 20);
+  return dir + "/train_*.bin";
+}
+
+class BadLanguageModelInput : public ::testing::TestWithParam<BadLm> {};
+
+TEST_P(BadLanguageModelInput, OneLineExitTwoNothingWritten) {
+  const BadLm c = GetParam();
+  const std::string out = test::makeTempDir("lm_bad_out");
+  const auto r = test::runCommand(gptJob(2, out + "/out", c.extra), 120);
+  EXPECT_EQ(r.exitCode, 2) << r.output;
+  EXPECT_NE(r.output.find(c.expected), std::string::npos) << "expected '" << c.expected << "' in:\n" << r.output;
+  EXPECT_EQ(r.output.find("Exception raised from"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(out + "/out/model.pt"));
+  EXPECT_FALSE(fs::exists(out + "/out/summary.json"));
+  fs::remove_all(out);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, BadLanguageModelInput,
+    ::testing::Values(
+        BadLm{"GptOnImages", {"data.name=synthetic"}, "model.name' is gpt, a language model, but data.name is synthetic"},
+        BadLm{"ImageModelOnTokens", {"model.name=mlp"}, "data.name' is tokens (a language corpus) but model.name is mlp"},
+        BadLm{"HeadsDoNotDivideWidth", {"model.n_head=3"}, "model.n_embd' (32) must be a positive multiple of model.n_head (3)"},
+        BadLm{"TokenBeyondTheVocabulary", {"model.vocab_size=20"}, "model.vocab_size"},
+        BadLm{"ShardShorterThanAWindow", {"model.block_size=100000"}, "model.block_size"},
+        BadLm{"WrongVersion", {"data.train_files=" + badShard("version")}, "version"},
+        BadLm{"CountDisagreesWithSize", {"data.train_files=" + badShard("count")}, "100"},
+        BadLm{"NoShardMatches", {"data.train_files=/nonexistent/train_*.bin"}, "data.train_files"},
+        BadLm{"GenerateWithAnImageModel", {"model.name=cnn", "data.name=fashion-mnist", "mode=generate"},
+              "'mode' is generate, which writes text with a language model"}),
+    [](const ::testing::TestParamInfo<BadLm>& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace ddp

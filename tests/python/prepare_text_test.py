@@ -1,0 +1,373 @@
+"""scripts/prepare_text.py against formulas (CTest prepare_text; stdlib + numpy, a few seconds).
+
+    python tests/python/prepare_text_test.py
+
+Every expected value comes from the inputs written here and the formats' definitions (llm.c's
+256 x int32 header, nanoGPT's meta.pkl, the split int(n * (1 - val_fraction))), never from the
+script's output. The gpt2 level runs against a stand-in tiktoken (a toy encoding written here) so
+that the test needs neither the package nor its encoding files; the real corpus check reads
+Debian's fortunes (scripts/setup.sh --tests installs it).
+"""
+import glob
+import hashlib
+import json
+import math
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "scripts", "prepare_text.py")
+FORTUNES = "/usr/share/games/fortunes"
+
+MAGIC, VERSION, HEADER_BYTES = 20240520, 1, 256 * 4
+EOT, N_VOCAB_GPT2 = 50256, 50257
+GPT2_URL = "https://example.invalid/gpt-2/encodings/main/"  # the stand-in's "download" address
+
+# A stand-in tiktoken: the cache lookup of tiktoken/load.py (sha1 of the address in
+# TIKTOKEN_CACHE_DIR, else read_file = the download) and a toy encoding, one token per UTF-8 byte + 1000.
+FAKE_LOAD = '''
+import hashlib, os
+def read_file(blobpath):
+    with open(os.environ["FAKE_DOWNLOAD_LOG"], "a") as f:
+        f.write(blobpath + "\\n")
+    return b""
+def read_file_cached(blobpath):
+    path = os.path.join(os.environ["TIKTOKEN_CACHE_DIR"], hashlib.sha1(blobpath.encode()).hexdigest())
+    if os.path.exists(path):
+        return open(path, "rb").read()
+    return read_file(blobpath)
+'''
+FAKE_INIT = '''
+from . import load
+class Toy:
+    n_vocab, eot_token = %d, %d
+    def encode_ordinary(self, text):
+        return [b + 1000 for b in text.encode("utf-8")]
+def get_encoding(name):
+    assert name == "gpt2", name
+    for f in ("vocab.bpe", "encoder.json"):
+        load.read_file_cached("%s" + f)
+    return Toy()
+''' % (N_VOCAB_GPT2, EOT, GPT2_URL)
+
+
+def read(path, mode="rb"):
+    with open(path, mode) as f:
+        return f.read()
+
+
+def put(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def load_json(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def toy_gpt2(text):
+    return [b + 1000 for b in text.encode("utf-8")]
+
+
+def read_llmc(path):
+    """(header, tokens) of one llm.c shard, checking its size against its count."""
+    raw = read(path)
+    header = np.frombuffer(raw[:HEADER_BYTES], dtype="<i4")
+    tokens = np.frombuffer(raw[HEADER_BYTES:], dtype="<u2")
+    assert len(raw) == HEADER_BYTES + 2 * header[2], (path, len(raw), header[2])
+    return header, tokens
+
+
+class PrepareText(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+        self.env = dict(os.environ)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def write(self, name, data):
+        path = os.path.join(self.dir, name)
+        with open(path, "wb") as f:
+            f.write(data if isinstance(data, bytes) else data.encode("utf-8"))
+        return path
+
+    def run_script(self, *args, env=None):
+        return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True,
+                              env=env or self.env, timeout=120)
+
+    def prepare(self, *args, env=None):
+        r = self.run_script(*args, env=env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stderr, "")
+        self.assertEqual(len(r.stdout.splitlines()), 1, r.stdout)  # the one summary line
+        return r.stdout
+
+    def assert_same(self, got, want):
+        """Sequences (tokens, bytes, text) compared cheaply: the first difference, not a difflib diff."""
+        got, want = list(got), list(want)
+        first = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), min(len(got), len(want)))
+        if len(got) != len(want) or first < len(got):
+            self.fail(f"lengths {len(got)} vs {len(want)}; first difference at {first}: "
+                      f"{got[first:first + 5]} vs {want[first:first + 5]}")
+
+    def llmc_split(self, out, split):
+        shards = sorted(glob.glob(os.path.join(out, f"{split}_*.bin")))
+        self.assertEqual([os.path.basename(s) for s in shards],
+                         [f"{split}_{i:06d}.bin" for i in range(len(shards))])
+        parts = []
+        for s in shards:
+            header, tokens = read_llmc(s)
+            self.assertEqual((header[0], header[1]), (MAGIC, VERSION))
+            self.assertEqual(header[2], len(tokens))
+            self.assertTrue((header[3:] == 0).all())
+            parts.append(tokens)
+        return parts
+
+    # --- byte level -------------------------------------------------------------------------------
+
+    def test_byte_round_trip_and_split(self):
+        a = b"hello, world\n"
+        b = bytes(range(256)) * 3 + b"\xff\xfe not UTF-8"  # bytes are bytes: no decoding
+        stream = a + b
+        out = os.path.join(self.dir, "out")
+        self.prepare(self.write("a.txt", a), self.write("b.bin", b), "--out", out, "--val_fraction", "0.25")
+        n_train = int(len(stream) * (1 - 0.25))
+        train = np.concatenate(self.llmc_split(out, "train"))
+        val = np.concatenate(self.llmc_split(out, "val"))
+        self.assert_same(train.tolist(), stream[:n_train])
+        self.assert_same(val.tolist(), stream[n_train:])
+        meta = load_json(os.path.join(out, "meta.json"))
+        self.assertEqual(meta["level"], "byte")
+        self.assertEqual(meta["vocab_size"], 256)
+        self.assertEqual(meta["tokens"], {"train": n_train, "val": len(stream) - n_train})
+        self.assertEqual(meta["files"], [os.path.join(self.dir, "a.txt"), os.path.join(self.dir, "b.bin")])
+        self.assertNotIn("itos", meta)
+        self.assertEqual(sorted(os.listdir(out)), ["meta.json", "train_000000.bin", "val_000000.bin"])
+
+    def test_shards_split_every_shard_tokens(self):
+        text = "".join(chr(ord("a") + i % 26) for i in range(1234)).encode()
+        out = os.path.join(self.dir, "out")
+        self.prepare(self.write("t.txt", text), "--out", out, "--shard_tokens", "100")
+        n_train = int(1234 * 0.9)  # the default --val_fraction 0.1, nanoGPT's int(n*0.9)
+        self.assertEqual(n_train, 1110)
+        train = self.llmc_split(out, "train")
+        val = self.llmc_split(out, "val")
+        self.assertEqual([len(p) for p in train], [100] * 11 + [10])
+        self.assertEqual(len(train), math.ceil(n_train / 100))
+        self.assertEqual([len(p) for p in val], [100, 24])
+        self.assert_same(np.concatenate(train + val).tolist(), text)
+        for i, part in enumerate(train):  # each shard starts where the previous one stopped
+            self.assert_same(part.tolist(), text[100 * i:100 * i + len(part)])
+
+    # --- char level -------------------------------------------------------------------------------
+
+    def test_char_itos_stoi_round_trip_llmc(self):
+        texts = ["To be, or not to be:\nthat is the question.\n", "naïve café ✓ 日本語 – ok\r\n"]
+        whole = "".join(texts)
+        itos = sorted(set(whole))  # nanoGPT: chars = sorted(list(set(data)))
+        stoi = {ch: i for i, ch in enumerate(itos)}
+        out = os.path.join(self.dir, "out")
+        paths = [self.write(f"{i}.txt", t) for i, t in enumerate(texts)]
+        self.prepare(*paths, "--out", out, "--level", "char", "--val_fraction", "0.3")
+        meta = load_json(os.path.join(out, "meta.json"))
+        self.assertEqual(meta["level"], "char")
+        self.assertEqual(meta["vocab_size"], len(itos))
+        self.assert_same(meta["itos"], itos)
+        n_train = int(len(whole) * (1 - 0.3))  # characters, not bytes
+        self.assertEqual(meta["tokens"], {"train": n_train, "val": len(whole) - n_train})
+        train = np.concatenate(self.llmc_split(out, "train"))
+        val = np.concatenate(self.llmc_split(out, "val"))
+        self.assert_same(train.tolist(), [stoi[c] for c in whole[:n_train]])
+        self.assert_same("".join(meta["itos"][t] for t in np.concatenate([train, val])), whole)
+
+    def test_char_nanogpt_format_as_shakespeare_char(self):
+        text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 5
+        out = os.path.join(self.dir, "out")
+        self.prepare(self.write("input.txt", text), "--out", out, "--level", "char", "--format", "nanogpt")
+        chars = sorted(list(set(text)))
+        n = len(text)
+        self.assertEqual(sorted(os.listdir(out)), ["meta.json", "meta.pkl", "train.bin", "val.bin"])
+        with open(os.path.join(out, "meta.pkl"), "rb") as f:
+            meta = pickle.load(f)
+        self.assertEqual(meta, {"vocab_size": len(chars),
+                                "itos": {i: ch for i, ch in enumerate(chars)},
+                                "stoi": {ch: i for i, ch in enumerate(chars)}})
+        train = np.fromfile(os.path.join(out, "train.bin"), dtype="<u2")  # raw uint16, no header
+        val = np.fromfile(os.path.join(out, "val.bin"), dtype="<u2")
+        self.assertEqual(os.path.getsize(os.path.join(out, "train.bin")), 2 * int(n * 0.9))
+        self.assert_same("".join(meta["itos"][int(i)] for i in train), text[:int(n * 0.9)])
+        self.assert_same("".join(meta["itos"][int(i)] for i in val), text[int(n * 0.9):])
+
+    def test_byte_nanogpt_meta_is_latin1(self):
+        data = "naïve – ok\n".encode("utf-8") * 4
+        out = os.path.join(self.dir, "out")
+        self.prepare(self.write("t.txt", data), "--out", out, "--format", "nanogpt")
+        with open(os.path.join(out, "meta.pkl"), "rb") as f:
+            meta = pickle.load(f)
+        self.assertEqual(meta, {"vocab_size": 256, "itos": {i: chr(i) for i in range(256)},
+                                "stoi": {chr(i): i for i in range(256)}})
+        tokens = np.concatenate([np.fromfile(os.path.join(out, f"{s}.bin"), dtype="<u2") for s in ("train", "val")])
+        self.assertEqual(len(np.fromfile(os.path.join(out, "train.bin"), dtype="<u2")), int(len(data) * 0.9))
+        self.assert_same("".join(meta["itos"][int(t)] for t in tokens).encode("latin-1"), data)
+
+    def test_char_vocab_of_65536_fits_uint16(self):
+        # Every id 0..65535 is a uint16; code points from U+0100 on, the surrogates left out.
+        chars = [chr(c) for c in range(0x100, 0x100 + 65536 + 2048) if not 0xD800 <= c <= 0xDFFF][:65536]
+        out = os.path.join(self.dir, "out")
+        self.prepare(self.write("wide.txt", "".join(chars)), "--out", out, "--level", "char")
+        meta = load_json(os.path.join(out, "meta.json"))
+        self.assertEqual(meta["vocab_size"], 65536)
+        tokens = np.concatenate(self.llmc_split(out, "train") + self.llmc_split(out, "val"))
+        self.assert_same(tokens.tolist(), range(65536))  # the chars are in sorted order
+
+    # --- gpt2 level (a stand-in tiktoken) ---------------------------------------------------------
+
+    def fake_tiktoken(self, cache_files):
+        pkg = os.path.join(self.dir, "fake", "tiktoken")
+        os.makedirs(pkg)
+        put(os.path.join(pkg, "__init__.py"), FAKE_INIT)
+        put(os.path.join(pkg, "load.py"), FAKE_LOAD)
+        cache = os.path.join(self.dir, "cache")
+        os.makedirs(cache)
+        paths = {f: os.path.join(cache, hashlib.sha1((GPT2_URL + f).encode()).hexdigest())
+                 for f in ("vocab.bpe", "encoder.json")}
+        for f in cache_files:
+            open(paths[f], "wb").close()
+        log = os.path.join(self.dir, "downloads.log")
+        env = dict(self.env, PYTHONPATH=os.path.join(self.dir, "fake"), TIKTOKEN_CACHE_DIR=cache,
+                   FAKE_DOWNLOAD_LOG=log)
+        return env, paths, log
+
+    def test_gpt2_eot_before_each_document(self):
+        env, _, log = self.fake_tiktoken(["vocab.bpe", "encoder.json"])
+        docs = ["First document.\n", "Second one, ünïcode.\n", "Third."]
+        out = os.path.join(self.dir, "out")
+        self.prepare(*[self.write(f"d{i}.txt", d) for i, d in enumerate(docs)], "--out", out,
+                     "--level", "gpt2", env=env)
+        stream = [t for d in docs for t in [EOT] + toy_gpt2(d)]  # llm.c: [eot] + encode_ordinary(doc)
+        n_train = int(len(stream) * 0.9)
+        self.assert_same(np.concatenate(self.llmc_split(out, "train")).tolist(), stream[:n_train])
+        self.assert_same(np.concatenate(self.llmc_split(out, "val")).tolist(), stream[n_train:])
+        meta = load_json(os.path.join(out, "meta.json"))
+        self.assertEqual((meta["level"], meta["encoding"], meta["vocab_size"]), ("gpt2", "gpt2", N_VOCAB_GPT2))
+        self.assertFalse(os.path.exists(log))  # nothing downloaded
+        nano = os.path.join(self.dir, "nano")  # nanoGPT's openwebtext: no meta.pkl, sample.py uses tiktoken
+        self.prepare(*[os.path.join(self.dir, f"d{i}.txt") for i in range(3)], "--out", nano,
+                     "--level", "gpt2", "--format", "nanogpt", env=env)
+        self.assertEqual(sorted(os.listdir(nano)), ["meta.json", "train.bin", "val.bin"])
+        self.assert_same(np.fromfile(os.path.join(nano, "train.bin"), dtype="<u2").tolist(), stream[:n_train])
+
+    # --- bad input: one line, exit 2, nothing written ---------------------------------------------
+
+    def assert_refused(self, args, *words, env=None, out=None):
+        out = out or os.path.join(self.dir, "out")
+        parent = os.path.dirname(out)
+        before = sorted(os.listdir(parent)) if os.path.isdir(parent) else None
+        held = sorted(os.listdir(out)) if os.path.isdir(out) else None
+        r = self.run_script(*args, "--out", out, env=env)
+        self.assertEqual(r.returncode, 2, (args, r.stdout, r.stderr))
+        self.assertEqual(r.stdout, "")
+        lines = r.stderr.splitlines()
+        self.assertEqual(len(lines), 1, r.stderr)
+        self.assertTrue(lines[0].startswith("prepare_text: "), lines[0])
+        for w in words:
+            self.assertIn(w, lines[0])
+        after = sorted(os.listdir(parent)) if os.path.isdir(parent) else None
+        self.assertEqual(after, before)  # no out, no staging folder left beside it
+        if held is not None:
+            self.assertEqual(sorted(os.listdir(out)), held)
+        return lines[0]
+
+    def test_bad_inputs(self):
+        good = self.write("good.txt", "plenty of text here\n" * 10)
+        missing = os.path.join(self.dir, "nope.txt")
+        empty = self.write("empty.txt", b"")
+        latin1 = self.write("latin1.txt", "caf\u00e9 ok".encode("latin-1"))  # 0xE9 then a space: invalid UTF-8
+        cases = [
+            ([good, missing], [missing, "does not exist"]),
+            ([good, empty], [empty, "empty"]),
+            ([latin1, "--level", "char"], [latin1, "not UTF-8", "byte 3", "--level byte"]),
+            ([latin1, "--level", "gpt2"], [latin1, "not UTF-8"]),
+            ([good, "--val_fraction", "0"], ["--val_fraction 0", "(0, 1)"]),
+            ([good, "--val_fraction", "1"], ["--val_fraction 1", "(0, 1)"]),
+            ([good, "--val_fraction", "-0.1"], ["--val_fraction -0.1"]),
+            ([good, "--val_fraction", "1.5"], ["--val_fraction 1.5"]),
+            ([good, "--val_fraction", "lots"], ["--val_fraction"]),
+            ([good, "--shard_tokens", "0"], ["--shard_tokens 0"]),
+            ([good, "--level", "word"], ["--level"]),
+            ([self.write("one.txt", "x"), "--val_fraction", "0.1"], ["1 token(s)", "no train"]),
+            ([self.dir], [self.dir, "folder"]),
+        ]
+        for args, words in cases:
+            with self.subTest(args=args):
+                self.assert_refused(args, *words)
+        # The byte level takes any bytes: the same Latin-1 file is fine there.
+        self.prepare(latin1, "--out", os.path.join(self.dir, "bytes_ok"))
+
+    def test_out_holding_other_files_is_left_alone(self):
+        good = self.write("good.txt", "plenty of text here\n" * 10)
+        out = os.path.join(self.dir, "busy")
+        os.makedirs(out)
+        self.write("busy/notes.txt", "mine")
+        self.assert_refused([good], out, "notes.txt", "new folder", out=out)
+        self.assertEqual(read(os.path.join(out, "notes.txt"), "r"), "mine")
+        self.assert_refused([good], "not a folder", out=good)
+        os.makedirs(os.path.join(self.dir, "empty_out"))  # an empty folder is fine
+        self.prepare(good, "--out", os.path.join(self.dir, "empty_out"))
+        self.assertIn("meta.json", os.listdir(os.path.join(self.dir, "empty_out")))
+
+    def test_vocab_over_uint16_refused(self):
+        chars = [chr(c) for c in range(0x100, 0x100 + 65537 + 2048) if not 0xD800 <= c <= 0xDFFF][:65537]
+        wide = self.write("wide.txt", "".join(chars))
+        self.assert_refused([wide, "--level", "char"], "65537 distinct characters", "--level byte")
+
+    def test_gpt2_without_tiktoken_or_its_files(self):
+        # No package: a tiktoken that fails to import, whatever the machine has installed.
+        nopkg = os.path.join(self.dir, "nopkg", "tiktoken")
+        os.makedirs(nopkg)
+        put(os.path.join(nopkg, "__init__.py"), "raise ImportError('No module named tiktoken')\n")
+        good = self.write("good.txt", "plenty of text here\n" * 10)
+        env = dict(self.env, PYTHONPATH=os.path.dirname(nopkg))
+        self.assert_refused([good, "--level", "gpt2"], "tiktoken", "pip install tiktoken", env=env)
+        # The package without encoder.json in its cache: the file and where it goes are named, no download.
+        env, paths, log = self.fake_tiktoken(["vocab.bpe"])
+        line = self.assert_refused([good, "--level", "gpt2"], GPT2_URL + "encoder.json", paths["encoder.json"],
+                                   env=env)
+        self.assertNotIn(paths["vocab.bpe"], line)
+        self.assertFalse(os.path.exists(log))
+        os.remove(paths["vocab.bpe"])  # neither file: both named
+        self.assert_refused([good, "--level", "gpt2"], paths["vocab.bpe"], paths["encoder.json"], env=env)
+        self.assertFalse(os.path.exists(log))
+
+    # --- the real corpus --------------------------------------------------------------------------
+
+    def test_fortunes_corpus_char_level(self):
+        files = sorted(p for p in glob.glob(os.path.join(FORTUNES, "*"))
+                       if os.path.isfile(p) and not os.path.islink(p) and not p.endswith(".dat"))
+        self.assertTrue(files, f"no fortune files in {FORTUNES}: run scripts/setup.sh --tests (Debian's fortunes)")
+        text = "".join(read(p).decode("utf-8") for p in files)
+        itos = sorted(set(text))
+        out = os.path.join(self.dir, "fortunes")
+        self.prepare(*files, "--out", out, "--level", "char")
+        meta = load_json(os.path.join(out, "meta.json"))
+        n_train = int(len(text) * 0.9)
+        self.assertEqual(meta["vocab_size"], len(itos))
+        self.assert_same(meta["itos"], itos)
+        self.assertEqual(meta["tokens"], {"train": n_train, "val": len(text) - n_train})
+        self.assertGreater(len(text), 2_000_000)  # a few MB of English, not a sample
+        tokens = np.concatenate(self.llmc_split(out, "train") + self.llmc_split(out, "val"))
+        lut = np.array([ord(c) for c in itos], dtype=np.uint32)
+        self.assert_same(lut[tokens].astype("<u4").tobytes().decode("utf-32-le"), text)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=1)

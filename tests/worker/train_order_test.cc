@@ -1,0 +1,114 @@
+// The loop's token order (worker/train/train_order.h tokenOrder) over ddp::TokenSampler: the plan of
+// an epoch, the positions a checkpoint records, and a resume at another world size that continues
+// with the windows no rank has seen (sequential), by the formula of llm.c's order.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ddp/token_data.h"
+#include "worker/train/train_order.h"
+
+namespace ddp::worker {
+namespace {
+
+// One raw uint16 shard of `tokens` tokens (token i = i % 1000) in a fresh directory.
+std::shared_ptr<const TokenData> shardOf(int64_t tokens) {
+  const auto dir = std::filesystem::temp_directory_path() / ("ddp_order_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "train.bin").string();
+  std::ofstream out(path, std::ios::binary);
+  for (int64_t i = 0; i < tokens; ++i) {
+    const auto t = static_cast<uint16_t>(i % 1000);
+    out.write(reinterpret_cast<const char*>(&t), 2);
+  }
+  out.close();
+  auto data = std::make_shared<const TokenData>(path, "test");
+  std::filesystem::remove_all(dir);  // mapped: the pages stay while the mapping does
+  return data;
+}
+
+TokenSamplerOptions options(int rank, int world) {
+  TokenSamplerOptions o;
+  o.batchSize = 3;
+  o.blockSize = 8;
+  o.rank = rank;
+  o.world = world;
+  o.sampling = TokenSampling::kSequential;
+  return o;
+}
+
+TEST(TokenOrder, SequentialEpochIsLlmcsRowsAndAResumeAtAnotherWorldSizeTakesTheRest) {
+  const auto data = shardOf(8 * 100 + 1);  // 100 rows of 8 tokens (+1 for the last target)
+  std::set<int64_t> seen;
+  // Two ranks, 4 steps: rank r's slot k holds rows k*6 + r*3 .. +3 (llm.c's stride), starts = row × 8.
+  for (int rank = 0; rank < 2; ++rank) {
+    auto order = tokenOrder(data, options(rank, 2));
+    EXPECT_EQ(order->epochSize(), 100);
+    EXPECT_EQ(order->setEpoch(0, 0), 16);  // floor(100 / 6)
+    const auto plan = order->batches();
+    ASSERT_EQ(plan.size(), 16u);
+    for (int64_t k = 0; k < 4; ++k) {
+      for (int64_t j = 0; j < 3; ++j) {
+        EXPECT_EQ(plan[static_cast<size_t>(k)][static_cast<size_t>(j)], (k * 6 + rank * 3 + j) * 8);
+        seen.insert(plan[static_cast<size_t>(k)][static_cast<size_t>(j)] / 8);
+      }
+    }
+    EXPECT_EQ(order->positionAfter(4), 24);  // what the checkpoint after 4 steps records
+  }
+  // Resumed by three ranks at row 24: 25 steps of 9 rows would be 225; floor(76 / 9) = 8 slots.
+  for (int rank = 0; rank < 3; ++rank) {
+    auto order = tokenOrder(data, options(rank, 3));
+    EXPECT_EQ(order->setEpoch(0, 24), 8);
+    for (const auto& batch : order->batches()) {
+      for (const int64_t start : batch) {
+        EXPECT_TRUE(seen.insert(start / 8).second) << "row " << start / 8 << " seen twice";
+      }
+    }
+  }
+  // Every row but the 4 the last step could not fill: 24 + 8 × 9 = 96.
+  EXPECT_EQ(seen.size(), 96u);
+  EXPECT_EQ(*seen.rbegin(), 95);
+}
+
+TEST(TokenOrder, TheLoaderMakesTheWindowsAndTheirNextTokens) {
+  const auto data = shardOf(8 * 20 + 1);
+  auto order = tokenOrder(data, options(1, 2));
+  order->setEpoch(0, 0);
+  auto plan = order->batches();
+  plan.resize(1);
+  auto loader = order->loader(plan, data::LoaderOptions{});
+  const data::Batch b = loader->next();
+  ASSERT_EQ(b.images.sizes(), (std::vector<int64_t>{3, 8}));
+  // Rank 1's first row is row 3: tokens 24..31, targets 25..32.
+  EXPECT_EQ(b.images[0][0].item<int64_t>(), 24);
+  EXPECT_EQ(b.images[2][7].item<int64_t>(), 5 * 8 + 7);
+  EXPECT_EQ(b.labels[0][0].item<int64_t>(), 25);
+  EXPECT_EQ(b.labels[2][7].item<int64_t>(), 5 * 8 + 8);
+}
+
+// Random windows: a slot's draws depend on (seed, rank, epoch and slot), so the same position gives
+// the same batch, whoever asks, and a resumed run draws what the interrupted one would have.
+TEST(TokenOrder, RandomDrawsDependOnThePositionOnly) {
+  const auto data = shardOf(8 * 50 + 1);
+  auto o = options(0, 2);
+  o.sampling = TokenSampling::kRandom;
+  auto straight = tokenOrder(data, o);
+  straight->setEpoch(1, 0);
+  const auto all = straight->batches();
+  auto resumed = tokenOrder(data, o);
+  resumed->setEpoch(1, 2 * 6);  // after two steps of 2 ranks × 3
+  const auto rest = resumed->batches();
+  ASSERT_EQ(rest.size() + 2, all.size());
+  for (size_t k = 0; k < rest.size(); ++k) EXPECT_EQ(rest[k], all[k + 2]) << k;
+  straight->setEpoch(0, 0);
+  EXPECT_NE(straight->batches()[0], all[0]) << "another epoch draws other windows";
+}
+
+}  // namespace
+}  // namespace ddp::worker

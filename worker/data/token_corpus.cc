@@ -1,0 +1,70 @@
+#include "worker/data/token_corpus.h"
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "common/error.h"
+
+namespace ddp::worker::data {
+namespace {
+
+// The library's DataError for a shard is the user's input: exit 2, the same line.
+template <typename F>
+auto asConfigError(F&& f) {
+  try {
+    return f();
+  } catch (const ddp::DataError& e) {
+    DDP_THROW(ConfigError, e.what());
+  }
+}
+
+int64_t metaVocabulary(const std::string& path) {
+  std::ifstream in(path);
+  nlohmann::json meta;
+  try {
+    in >> meta;
+  } catch (const nlohmann::json::exception& e) {
+    DDP_THROW(ConfigError, "data: '", path, "' is not JSON (", e.what(), "); write it with scripts/prepare_text.py");
+  }
+  if (!meta.contains("vocab_size") || !meta["vocab_size"].is_number_integer() || meta["vocab_size"].get<int64_t>() < 1) {
+    DDP_THROW(ConfigError, "data: '", path, "' has no positive integer vocab_size; set model.vocab_size");
+  }
+  return meta["vocab_size"].get<int64_t>();
+}
+
+}  // namespace
+
+TokenCorpus loadTokenCorpus(const DataConfig& config) {
+  TokenCorpus corpus;
+  corpus.train = asConfigError([&] { return std::make_shared<const TokenData>(config.trainFiles, "data.train_files"); });
+  if (!config.valFiles.empty()) {
+    corpus.val = asConfigError([&] { return std::make_shared<const TokenData>(config.valFiles, "data.val_files"); });
+  }
+  const auto meta = std::filesystem::path(corpus.train->shards().front().path()).parent_path() / "meta.json";
+  if (std::filesystem::is_regular_file(meta)) {
+    corpus.metaPath = meta.string();
+    corpus.vocabSize = metaVocabulary(corpus.metaPath);
+  }
+  return corpus;
+}
+
+int64_t checkedVocabulary(const TokenCorpus& corpus, const ModelConfig& model) {
+  const int64_t vocab = model.vocabSize > 0 ? model.vocabSize : corpus.vocabSize;
+  if (vocab <= 0) {
+    DDP_THROW(ConfigError, "config: model.vocab_size is 0 (the data set's) but no meta.json lies beside ",
+              corpus.train->shards().front().path(), "; set model.vocab_size (e.g. 50304 for GPT-2's tokens)");
+  }
+  for (const auto* data : {corpus.train.get(), corpus.val.get()}) {
+    if (data == nullptr) continue;
+    asConfigError([&] {
+      data->checkVocabulary(vocab, "model.vocab_size");
+      data->checkBlockSize(model.blockSize, "model.block_size");
+      return 0;
+    });
+  }
+  return vocab;
+}
+
+}  // namespace ddp::worker::data

@@ -1,0 +1,137 @@
+#include "worker/train/generate_mode.h"
+
+#include <ATen/ops/tensor.h>
+#include <c10/core/GradMode.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+#include <torch/utils.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "common/error.h"
+#include "ddp/files.h"
+#include "worker/data/datasets.h"
+#include "worker/models/gpt.h"
+#include "worker/models/models.h"
+#include "worker/train/metrics.h"
+
+namespace ddp::worker {
+namespace {
+
+// The bytes of UTF-8 character starting at text[i] (1 for a byte that starts none).
+size_t utf8Length(const std::string& text, size_t i) {
+  const auto c = static_cast<unsigned char>(text[i]);
+  const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
+  return std::min(n, text.size() - i);
+}
+
+// generate.start, or the file a "FILE:path" start names (sample.py's convention).
+std::string startText(const GenerateConfig& g) {
+  if (g.start.rfind("FILE:", 0) != 0) return g.start;
+  const std::string path = g.start.substr(5);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) DDP_THROW(ConfigError, "config: 'generate.start' names the file '", path, "', which cannot be read");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+Vocabulary::Vocabulary(const std::string& metaPath) {
+  std::ifstream in(metaPath);
+  if (!in) {
+    DDP_THROW(ConfigError, "mode generate decodes with the meta.json beside data.train_files, but '", metaPath,
+              "' cannot be read; prepare the data with scripts/prepare_text.py");
+  }
+  nlohmann::json meta;
+  try {
+    in >> meta;
+    level_ = meta.at("level").get<std::string>();
+    size_ = meta.at("vocab_size").get<int64_t>();
+    if (level_ == "char") itos_ = meta.at("itos").get<std::vector<std::string>>();
+  } catch (const nlohmann::json::exception& e) {
+    DDP_THROW(ConfigError, "'", metaPath, "' is not the meta.json scripts/prepare_text.py writes (", e.what(), ")");
+  }
+  if (level_ != "byte" && level_ != "char") {
+    DDP_THROW(ConfigError, "'", metaPath, "' is a ", level_, "-level vocabulary; mode generate decodes byte and char "
+              "levels (GPT-2's BPE: decode the exported model's samples in Python with tiktoken)");
+  }
+}
+
+std::vector<int64_t> Vocabulary::encode(const std::string& text) const {
+  std::vector<int64_t> tokens;
+  if (level_ == "byte") {
+    for (const char c : text) tokens.push_back(static_cast<unsigned char>(c));
+    return tokens;
+  }
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = utf8Length(text, i);
+    const std::string ch = text.substr(i, n);
+    const auto it = std::find(itos_.begin(), itos_.end(), ch);
+    if (it == itos_.end()) {
+      DDP_THROW(ConfigError, "config: 'generate.start' holds '", ch, "' (byte ", i,
+                "), which the data set's vocabulary lacks; start with characters of the training text");
+    }
+    tokens.push_back(it - itos_.begin());
+    i += n;
+  }
+  return tokens;
+}
+
+std::string Vocabulary::decode(const std::vector<int64_t>& tokens) const {
+  std::string text;
+  for (const int64_t t : tokens) {
+    if (level_ == "byte") text += static_cast<char>(t);
+    else if (t >= 0 && t < static_cast<int64_t>(itos_.size())) text += itos_[static_cast<size_t>(t)];
+  }
+  return text;
+}
+
+int runGenerateMode(const WorkerConfig& config, ProcessGroup& group) {
+  const c10::Device device = group.device();
+  const Datasets data = loadDatasets(config.data, config.seed);
+  if (data.tokens->metaPath.empty()) {
+    DDP_THROW(ConfigError, "mode generate decodes with the meta.json beside data.train_files, but there is none "
+              "beside ", data.tokens->train->shards().front().path(), "; prepare the data with scripts/prepare_text.py");
+  }
+  const Vocabulary vocabulary(data.tokens->metaPath);
+  InputSpec input = data.input;
+  input.classes = config.model.vocabSize > 0 ? config.model.vocabSize : vocabulary.size();
+  auto model = makeModel(config.model, input);
+  const std::string path = config.generate.modelPath.empty()
+                               ? (std::filesystem::path(config.output.dir) / config.output.exportName).string()
+                               : config.generate.modelPath;
+  loadModelWeights(*model.ptr(), path);
+  model.ptr()->to(device);
+  model.ptr()->eval();
+  auto& gpt = dynamic_cast<GptImpl&>(*model.ptr());
+  const std::vector<int64_t> start = vocabulary.encode(startText(config.generate));
+  if (start.empty()) DDP_THROW(ConfigError, "config: 'generate.start' is empty; give at least one character");
+  torch::manual_seed(config.seed);
+  const at::Tensor idx = at::tensor(start, at::TensorOptions().dtype(at::kLong)).unsqueeze(0).to(device);
+  const auto topK = config.generate.topK > 0 ? std::optional<int64_t>(config.generate.topK) : std::nullopt;
+  nlohmann::json samples = nlohmann::json::array();
+  for (int64_t s = 0; s < config.generate.numSamples; ++s) {
+    const at::Tensor out = gpt.generate(idx, config.generate.maxNewTokens, config.generate.temperature, topK).cpu();
+    const std::vector<int64_t> tokens(out.data_ptr<int64_t>(), out.data_ptr<int64_t>() + out.numel());
+    const std::string text = vocabulary.decode(tokens);
+    std::printf("%s\n---------------\n", text.c_str());  // sample.py's separator
+    samples.push_back(text);
+  }
+  std::fflush(stdout);
+  makeDirectories(config.output.dir, "output.dir");
+  writeSummary(config.output.dir + "/generated.json",
+               {{"mode", "generate"}, {"model_path", std::filesystem::absolute(path).string()},
+                {"device", device.str()}, {"seed", config.seed}, {"temperature", config.generate.temperature},
+                {"top_k", config.generate.topK}, {"max_new_tokens", config.generate.maxNewTokens}, {"samples", samples}});
+  spdlog::info("generated {} samples of {} tokens with {} (output.dir/generated.json)", config.generate.numSamples,
+               config.generate.maxNewTokens, path);
+  return 0;
+}
+
+}  // namespace ddp::worker
