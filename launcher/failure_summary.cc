@@ -95,7 +95,10 @@ std::vector<std::string> formatFailureSummary(const AttemptReport& attempt) {
                     padded(std::to_string(rank.pid), pidWidth + 2) + state);
     if (!rank.errorFile.empty()) lines.push_back(outputIndent + "error file: " + rank.errorFile);
     if (rank.lastLines.empty()) lines.push_back(outputIndent + "(no output)");
-    for (const std::string& line : rank.lastLines) lines.push_back(outputIndent + line);
+    for (const std::string& line : rank.lastLines) {
+      // Our worker prints its error file's one line too: shown once, as the error file.
+      if (line != rank.errorFile) lines.push_back(outputIndent + line);
+    }
     if (rank.stoppedByLauncher) stuck.push_back(rank.rank);
     if (rank.stoppedBySignal) stopped.push_back(rank.rank);
   }

@@ -45,6 +45,21 @@ TEST(FailureSummary, OnlyASigkillTheLauncherDidNotSendHintsAtMemory) {
   EXPECT_EQ(describeState(attempt.ranks[3], attempt), "ok");
 }
 
+// Our worker writes its one-line error both to stderr and to TORCHELASTIC_ERROR_FILE: the summary
+// shows it once, as the error file, and the rank's other last lines as they were.
+TEST(FailureSummary, AnOutputLineThatIsTheErrorFileIsShownOnce) {
+  AttemptReport attempt;
+  attempt.ranks = {rankReport(0, ExitStatus::exited(2))};
+  const std::string error = "worker: config: 'train.lr' must be > 0";
+  attempt.ranks[0].errorFile = error;
+  attempt.ranks[0].lastLines = {"info mode ddp world 1", error};
+  attempt.firstFailure = 0;
+  const std::string table = joined(formatFailureSummary(attempt));
+  EXPECT_NE(table.find("| error file: " + error + "\n              | info mode ddp world 1\n"), std::string::npos)
+      << table;
+  EXPECT_EQ(table.find("| " + error), std::string::npos) << table;
+}
+
 TEST(FailureSummary, TableHasEveryRankItsLastLinesAndNamesTheStuckOnes) {
   AttemptReport attempt;
   attempt.ranks = {rankReport(4, ExitStatus::exited(0)), rankReport(5, ExitStatus::exited(7)),
