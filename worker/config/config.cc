@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <iterator>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -106,7 +107,8 @@ Field bindChoice(const std::string& key, E& ref, std::optional<E> (*parse)(std::
                [&ref, name] { return YAML::Node(std::string(name(ref))); }};
 }
 
-std::vector<Field> fieldsOf(WorkerConfig& c) {
+// The keys of the run: mode, backend, device, seed, resume, threads, numerics, init, in the order `worker --config-keys` lists them.
+std::vector<Field> runFields(WorkerConfig& c) {
   return {
       bindMode("mode", c.mode),
       bindChoice("backend", c.backend, ddp::parseBackend, ddp::backendName, "auto, gloo, nccl or shm"),
@@ -119,6 +121,12 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("cudnn.deterministic", "boolean", c.cudnn.deterministic),
       bindField("cuda.sync_debug", "string", c.cuda.syncDebug),
       bindField("init.model_path", "string", c.init.modelPath),
+  };
+}
+
+// The keys of model.*, in the order `worker --config-keys` lists them.
+std::vector<Field> modelFields(WorkerConfig& c) {
+  return {
       bindField("model.name", "string", c.model.name),
       bindField("model.hidden", "list of integers", c.model.hidden),
       bindField("model.batch_norm", "boolean", c.model.batchNorm),
@@ -132,6 +140,12 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("model.vocab_size", "integer", c.model.vocabSize),
       bindField("model.dropout", "number", c.model.dropout),
       bindField("model.bias", "boolean", c.model.bias),
+  };
+}
+
+// The keys of data.*, in the order `worker --config-keys` lists them.
+std::vector<Field> dataFields(WorkerConfig& c) {
+  return {
       bindField("data.name", "string", c.data.name),
       bindField("data.root", "string", c.data.root),
       bindField("data.train_limit", "integer", c.data.trainLimit),
@@ -154,6 +168,12 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("data.train_files", "string", c.data.trainFiles),
       bindField("data.val_files", "string", c.data.valFiles),
       bindField("data.sampling", "string", c.data.sampling),
+  };
+}
+
+// The keys of train.*, in the order `worker --config-keys` lists them.
+std::vector<Field> trainFields(WorkerConfig& c) {
+  return {
       bindField("train.epochs", "integer", c.train.epochs),
       bindField("train.batch_size", "integer", c.train.batchSize),
       bindField("train.lr", "number", c.train.lr),
@@ -185,6 +205,12 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("train.cuda_graph", "boolean", c.train.cudaGraph),
       bindField("train.loss_scale_init", "number", c.train.lossScale.initScale),
       bindField("train.loss_scale_growth_interval", "integer", c.train.lossScale.growthInterval),
+  };
+}
+
+// The keys of eval.*, generate.*, checkpoint.*, output.*, in the order `worker --config-keys` lists them.
+std::vector<Field> outputFields(WorkerConfig& c) {
+  return {
       bindField("eval.enabled", "boolean", c.eval.enabled),
       bindField("eval.batch_size", "integer", c.eval.batchSize),
       bindField("eval.model_path", "string", c.eval.modelPath),
@@ -209,6 +235,12 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("output.profile_start", "integer", c.output.profileStart),
       bindField("output.profile_steps", "integer", c.output.profileSteps),
       bindField("output.peak_flops", "number", c.output.peakFlops),
+  };
+}
+
+// The keys of comm.*, dp.*, in the order `worker --config-keys` lists them.
+std::vector<Field> commFields(WorkerConfig& c) {
+  return {
       bindField("comm.timeout_s", "number", c.comm.timeoutS),
       bindChoice("comm.reducer", c.comm.ddp.reducer, ddp::parseReducer, ddp::reducerName, "bucketed or flat"),
       bindField("comm.bucket_cap_mb", "number", c.comm.ddp.bucketCapMb),
@@ -228,6 +260,15 @@ std::vector<Field> fieldsOf(WorkerConfig& c) {
       bindField("dp.output_device", "integer", c.dp.outputDevice),
       bindField("dp.replicas", "integer", c.dp.replicas),
   };
+}
+
+std::vector<Field> fieldsOf(WorkerConfig& c) {
+  std::vector<Field> fields;
+  for (auto* section : {runFields, modelFields, dataFields, trainFields, outputFields, commFields}) {
+    auto more = section(c);
+    fields.insert(fields.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
+  }
+  return fields;
 }
 
 std::size_t editDistance(const std::string& a, const std::string& b) {

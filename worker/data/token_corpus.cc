@@ -10,16 +10,6 @@
 namespace ddp::worker::data {
 namespace {
 
-// The library's DataError for a shard is the user's input: exit 2, the same line.
-template <typename F>
-auto asConfigError(F&& f) {
-  try {
-    return f();
-  } catch (const ddp::DataError& e) {
-    DDP_THROW(ConfigError, e.what());
-  }
-}
-
 int64_t metaVocabulary(const std::string& path) {
   std::ifstream in(path);
   nlohmann::json meta;
@@ -38,9 +28,9 @@ int64_t metaVocabulary(const std::string& path) {
 
 TokenCorpus loadTokenCorpus(const DataConfig& config) {
   TokenCorpus corpus;
-  corpus.train = asConfigError([&] { return std::make_shared<const TokenData>(config.trainFiles, "data.train_files"); });
+  corpus.train = asBadTokenInput([&] { return std::make_shared<const TokenData>(config.trainFiles, "data.train_files"); });
   if (!config.valFiles.empty()) {
-    corpus.val = asConfigError([&] { return std::make_shared<const TokenData>(config.valFiles, "data.val_files"); });
+    corpus.val = asBadTokenInput([&] { return std::make_shared<const TokenData>(config.valFiles, "data.val_files"); });
   }
   const auto meta = std::filesystem::path(corpus.train->shards().front().path()).parent_path() / "meta.json";
   if (std::filesystem::is_regular_file(meta)) {
@@ -58,7 +48,7 @@ int64_t checkedVocabulary(const TokenCorpus& corpus, const ModelConfig& model) {
   }
   for (const auto* data : {corpus.train.get(), corpus.val.get()}) {
     if (data == nullptr) continue;
-    asConfigError([&] {
+    asBadTokenInput([&] {
       data->checkVocabulary(vocab, "model.vocab_size");
       data->checkBlockSize(model.blockSize, "model.block_size");
       return 0;

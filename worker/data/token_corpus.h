@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "ddp/token_data.h"
 #include "worker/config/config.h"
 
@@ -19,6 +20,17 @@ struct TokenCorpus {
   int64_t vocabSize = 0;                 // meta.json's vocab_size, 0 when there is none
   std::string metaPath;                  // meta.json beside the first training shard, "" when absent
 };
+
+/// Runs `f`: a DataError of the token library (a malformed shard, too few tokens for a step) is the
+/// user's input, so it becomes a ConfigError (exit 2) with the same line, `hint` appended.
+template <typename F>
+auto asBadTokenInput(F&& f, const std::string& hint = "") {
+  try {
+    return f();
+  } catch (const ddp::DataError& e) {
+    DDP_THROW(ConfigError, e.what(), hint);
+  }
+}
 
 /// Maps data.train_files (and data.val_files) and reads meta.json from the first training shard's
 /// directory. A shard the library refuses (wrong magic or version, truncated, a count the size

@@ -50,11 +50,8 @@ LanguageModelRecords::LanguageModelRecords(const WorkerConfig& config, const Dat
     o.rank = group.rank();
     o.world = group.size();
     o.sampling = TokenSampling::kSequential;
-    try {
-      valWindows_ = std::make_unique<TokenSampler>(val_, o);
-    } catch (const DataError& e) {  // too few validation tokens for one batch per rank
-      DDP_THROW(ConfigError, e.what(), " (data.val_files: the validation loss takes train.batch_size windows per rank)");
-    }
+    valWindows_ = data::asBadTokenInput([&] { return std::make_unique<TokenSampler>(val_, o); },
+                                        " (data.val_files: the validation loss takes train.batch_size windows per rank)");
   }
 }
 

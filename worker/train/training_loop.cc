@@ -72,11 +72,7 @@ std::unique_ptr<TrainOrder> trainOrder(const WorkerConfig& config, const Dataset
     o.world = world;
     o.seed = config.seed;
     o.sampling = *parseTokenSampling(config.data.sampling);  // validated with the config
-    try {
-      return tokenOrder(data.tokens->train, o);
-    } catch (const DataError& e) {  // too few tokens for one step: the user's input
-      DDP_THROW(ConfigError, e.what());
-    }
+    return data::asBadTokenInput([&] { return tokenOrder(data.tokens->train, o); });
   }
   return samplerOrder(data.train, world, rank, {train.shuffle, config.seed, train.dropLast, /*pad=*/!join},
                       train.batchSize);
