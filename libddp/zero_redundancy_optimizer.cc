@@ -5,7 +5,7 @@
 
 #include <c10/core/GradMode.h>
 
-#include <limits>
+#include <algorithm>
 #include <string>
 
 #include "common/error.h"
@@ -20,7 +20,30 @@ struct ZeroRedundancyOptimizer::Impl {
   ProcessGroup shardBroadcast;  // the group, its collectives named for reports
   std::vector<int> owners;                     // per parameter, flattened over the groups
   std::vector<std::vector<at::Tensor>> shards;  // per rank, its parameters (broadcast order)
+  std::vector<int64_t> sizes;                  // per rank, the elements it owns (carried across groups)
+  size_t partitionedGroups = 0;                // param_groups() partitioned so far
   std::unique_ptr<torch::optim::Optimizer> local;
+
+  // _partition_parameters for one group: sorted by numel descending (stable, as Python's sorted),
+  // each to the rank with the fewest elements so far (the first such rank). Returns this rank's.
+  std::vector<at::Tensor> partition(const std::vector<at::Tensor>& ps) {
+    std::vector<size_t> order(ps.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ps[a].numel() > ps[b].numel(); });
+    std::vector<int> groupOwners(ps.size(), 0);
+    for (size_t i : order) {
+      const int rank = static_cast<int>(std::min_element(sizes.begin(), sizes.end()) - sizes.begin());
+      groupOwners[i] = rank;
+      sizes[static_cast<size_t>(rank)] += ps[i].numel();
+    }
+    std::vector<at::Tensor> mine;
+    for (size_t i = 0; i < ps.size(); ++i) {
+      owners.push_back(groupOwners[i]);
+      shards[static_cast<size_t>(groupOwners[i])].push_back(ps[i]);
+      if (groupOwners[i] == group.rank()) mine.push_back(ps[i]);
+    }
+    return mine;
+  }
 };
 
 namespace {
@@ -35,45 +58,33 @@ std::vector<torch::optim::OptimizerParamGroup> asGroups(const std::vector<at::Te
 
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(const std::vector<at::Tensor>& params, ProcessGroup group,
                                                  std::unique_ptr<torch::optim::OptimizerOptions> defaults, Factory make)
-    : torch::optim::Optimizer(asGroups(params), std::move(defaults)),
+    : ZeroRedundancyOptimizer(asGroups(params), std::move(group), std::move(defaults), std::move(make)) {}
+
+ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
+                                                 ProcessGroup group,
+                                                 std::unique_ptr<torch::optim::OptimizerOptions> defaults, Factory make)
+    : torch::optim::Optimizer(std::move(groups), std::move(defaults)),
       impl_(std::make_unique<Impl>(std::move(group))) {
   internal::checkLive(impl_->group, "ddp::ZeroRedundancyOptimizer");
-  if (params.empty()) DDP_THROW(ConfigError, "ddp::ZeroRedundancyOptimizer: no parameters to optimize");
+  size_t count = 0;
+  for (const auto& g : param_groups()) count += g.params().size();
+  if (count == 0) DDP_THROW(ConfigError, "ddp::ZeroRedundancyOptimizer: no parameters to optimize");
   if (!make) DDP_THROW(ConfigError, "ddp::ZeroRedundancyOptimizer: no optimizer factory");
-  const int size = impl_->group.size();
-  impl_->shards.resize(static_cast<size_t>(size));
-  // _partition_parameters: per parameter group, sorted by numel descending (stable, as Python's
-  // sorted), each to the rank with the fewest elements so far (the first such rank).
-  std::vector<int64_t> sizes(static_cast<size_t>(size), 0);
+  impl_->shards.resize(static_cast<size_t>(impl_->group.size()));
+  impl_->sizes.assign(static_cast<size_t>(impl_->group.size()), 0);
   std::vector<torch::optim::OptimizerParamGroup> localGroups;
-  for (auto& g : param_groups()) {
-    const std::vector<at::Tensor>& ps = g.params();
-    std::vector<size_t> order(ps.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ps[a].numel() > ps[b].numel(); });
-    std::vector<int> groupOwners(ps.size(), 0);
-    for (size_t i : order) {
-      int rank = 0;
-      int64_t least = std::numeric_limits<int64_t>::max();
-      for (int r = 0; r < size; ++r) {
-        if (sizes[static_cast<size_t>(r)] < least) {
-          least = sizes[static_cast<size_t>(r)];
-          rank = r;
-        }
-      }
-      groupOwners[i] = rank;
-      sizes[static_cast<size_t>(rank)] += ps[i].numel();
-    }
-    std::vector<at::Tensor> mine;
-    for (size_t i = 0; i < ps.size(); ++i) {
-      impl_->owners.push_back(groupOwners[i]);
-      impl_->shards[static_cast<size_t>(groupOwners[i])].push_back(ps[i]);
-      if (groupOwners[i] == impl_->group.rank()) mine.push_back(ps[i]);
-    }
-    localGroups.emplace_back(mine, g.options().clone());
-  }
+  for (auto& g : param_groups()) localGroups.emplace_back(impl_->partition(g.params()), g.options().clone());
+  impl_->partitionedGroups = param_groups().size();
   impl_->local = make(std::move(localGroups));
   if (!impl_->local) DDP_THROW(ConfigError, "ddp::ZeroRedundancyOptimizer: the factory returned no optimizer");
+}
+
+void ZeroRedundancyOptimizer::partitionNewGroups() const {
+  const auto& groups = param_groups();
+  for (; impl_->partitionedGroups < groups.size(); ++impl_->partitionedGroups) {
+    const auto& g = groups[impl_->partitionedGroups];
+    impl_->local->add_param_group(torch::optim::OptimizerParamGroup(impl_->partition(g.params()), g.options().clone()));
+  }
 }
 
 ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() = default;
@@ -84,6 +95,7 @@ at::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
     at::AutoGradMode enable(true);
     loss = closure();
   }
+  partitionNewGroups();
   // _local_step: the hyperparameters of param_groups() (an lr schedule's) reach the shard's optimizer.
   auto& mine = impl_->local->param_groups();
   for (size_t g = 0; g < mine.size(); ++g) mine[g].set_options(param_groups()[g].options().clone());
@@ -99,6 +111,7 @@ at::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
 }
 
 int ZeroRedundancyOptimizer::owner(size_t parameterIndex) const {
+  partitionNewGroups();
   if (parameterIndex >= impl_->owners.size()) {
     DDP_THROW(ConfigError, "ddp::ZeroRedundancyOptimizer::owner: parameter ", parameterIndex, " of ",
               impl_->owners.size());
@@ -106,9 +119,13 @@ int ZeroRedundancyOptimizer::owner(size_t parameterIndex) const {
   return impl_->owners[parameterIndex];
 }
 
-torch::optim::Optimizer& ZeroRedundancyOptimizer::localOptimizer() { return *impl_->local; }
+torch::optim::Optimizer& ZeroRedundancyOptimizer::localOptimizer() {
+  partitionNewGroups();
+  return *impl_->local;
+}
 
 bool ZeroRedundancyOptimizer::owns(const at::Tensor& param) const {
+  partitionNewGroups();
   for (const auto& p : impl_->shards[static_cast<size_t>(impl_->group.rank())]) {
     if (p.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return true;
   }
@@ -121,7 +138,10 @@ int64_t bytesOf(const at::Tensor& t) { return t.defined() ? static_cast<int64_t>
 
 }  // namespace
 
-int64_t ZeroRedundancyOptimizer::localStateBytes() const { return optimizerStateBytes(*impl_->local); }
+int64_t ZeroRedundancyOptimizer::localStateBytes() const {
+  partitionNewGroups();
+  return optimizerStateBytes(*impl_->local);
+}
 
 int64_t optimizerStateBytes(const torch::optim::Optimizer& optimizer) {
   if (const auto* zero = dynamic_cast<const ZeroRedundancyOptimizer*>(&optimizer)) return zero->localStateBytes();

@@ -16,6 +16,7 @@ build=${1:-build}
 : "${NANOGPT_DIR:?set NANOGPT_DIR to a karpathy/nanoGPT checkout}"
 reps=${REPS:-3}
 steps=${STEPS:-120}
+fused=${FUSED:-0}    # 1: both sides step with PyTorch's fused AdamW (on the CPU too; nanoGPT picks it on CUDA only)
 log=20
 py=.venv/bin/python
 work=$(mktemp -d /tmp/ddp_gpt_bench.XXXXXX)
@@ -30,6 +31,10 @@ vocab=$($py -c "import json; print(json.load(open('$work/data/fortunes/meta.json
 # nanoGPT, from a scratch copy: the DDP branch keeps the CPU.
 mkdir -p "$work/nanogpt"
 cp "$NANOGPT_DIR"/{train.py,model.py,configurator.py} "$work/nanogpt/"
+if (( fused )); then
+  sed -i "s/use_fused = fused_available and device_type == 'cuda'/use_fused = fused_available/" "$work/nanogpt/model.py"
+  diff <(cd "$NANOGPT_DIR" && cat model.py) "$work/nanogpt/model.py" | sed 's/^/patched: /' || true
+fi
 ln -s "$work/data" "$work/nanogpt/data"
 sed -i "s/    device = f'cuda:{ddp_local_rank}'/    device = device if device == 'cpu' else f'cuda:{ddp_local_rank}'/; \
         s/    torch.cuda.set_device(device)/    if device != 'cpu': torch.cuda.set_device(device)/; \
@@ -56,7 +61,8 @@ ours() {
     data.train_files="$work/data/fortunes/train.bin" data.val_files= model.vocab_size="$vocab" \
     model.n_layer=4 model.n_head=4 model.n_embd=128 model.block_size=128 model.bias=false \
     train.batch_size=16 train.max_steps=$steps train.warmup_steps=10 train.lr=1e-3 train.min_lr=1e-4 \
-    train.betas='[0.9, 0.95]' train.weight_decay=0.1 train.log_every=$log eval.enabled=false \
+    train.betas='[0.9, 0.95]' train.weight_decay=0.1 train.fused=$([[ $fused == 1 ]] && echo true || echo false) \
+    train.log_every=$log eval.enabled=false \
     output.dir="$out" >/dev/null 2>&1
   $py -c "
 import json, statistics
@@ -64,7 +70,7 @@ r = [json.loads(l) for l in open('$out/metrics.jsonl')]
 print(statistics.median(x['tokens_per_s'] for x in r if 'tokens_per_s' in x and x['step'] > $log))"
 }
 
-echo "GPT 4x4x128, block 128, 16 windows/rank, 2 ranks x 1 thread, fp32, $steps steps, vocab $vocab"
+echo "GPT 4x4x128, block 128, 16 windows/rank, 2 ranks x 1 thread, fp32, $steps steps, vocab $vocab, fused AdamW: $fused"
 printf '%-4s %14s %14s %7s\n' rep "ours tok/s" "nanoGPT tok/s" ratio
 for ((i = 1; i <= reps; i++)); do
   if (( i % 2 )); then a=$(ours); b=$(theirs); else b=$(theirs); a=$(ours); fi

@@ -52,12 +52,28 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   /// Any optimizer class: `make` builds it over the shard's parameter groups.
   ZeroRedundancyOptimizer(const std::vector<at::Tensor>& params, ProcessGroup group,
                           std::unique_ptr<torch::optim::OptimizerOptions> defaults, Factory make);
+  /// Parameter groups, as PyTorch's `ZeroRedundancyOptimizer([{"params": decay, "weight_decay": 0.1},
+  /// {"params": rest, "weight_decay": 0.0}], optimizer_class=AdamW, ...)`: a group without options
+  /// takes `options`. Every group is partitioned in order, the sizes carried from group to group
+  /// (PyTorch's _partition_parameters). add_param_group() after construction works as PyTorch's
+  /// too: the new group is partitioned (the earlier ones keep their owners) at the next step(),
+  /// owner(), owns() or localOptimizer().
+  template <typename Options, typename Optim = typename detail::OptimizerOf<Options>::type>
+  ZeroRedundancyOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups, ProcessGroup group,
+                          const Options& options)
+      : ZeroRedundancyOptimizer(std::move(groups), std::move(group), std::make_unique<Options>(options),
+                                [options](std::vector<torch::optim::OptimizerParamGroup> shardGroups) {
+                                  return std::make_unique<Optim>(std::move(shardGroups), options);
+                                }) {}
+  /// Parameter groups with any optimizer class.
+  ZeroRedundancyOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups, ProcessGroup group,
+                          std::unique_ptr<torch::optim::OptimizerOptions> defaults, Factory make);
   ~ZeroRedundancyOptimizer() override;
 
   at::Tensor step(LossClosure closure = nullptr) override;
 
-  /// The ranks' shards: owner(i) is the rank that steps param_groups()[0].params()[i] (flattened over
-  /// the groups in order).
+  /// The ranks' shards: owner(i) is the rank that steps the i-th parameter of param_groups(),
+  /// counted over the groups in order.
   int owner(size_t parameterIndex) const;
   /// This rank's local optimizer (its state is this rank's shard only).
   torch::optim::Optimizer& localOptimizer();
@@ -72,6 +88,10 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   /// same world size, and the file reads in PyTorch as an unsharded optimizer's.
 
  private:
+  // Partitions the groups added since the last call (add_param_group) and gives this rank's part
+  // of each to the local optimizer.
+  void partitionNewGroups() const;
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

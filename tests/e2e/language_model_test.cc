@@ -172,13 +172,16 @@ TEST(LanguageModel, GenerateWritesSamplesThatStartWithThePromptAndRepeatWithTheS
 }
 
 // llm.c's order: rank r takes the B windows at r·B of each step's 2B, so two ranks of B windows see
-// what one process of 2B sees; the averaged gradients and so the AdamW steps are the same.
-TEST(LanguageModel, TwoRanksEqualOneProcessOnTheUnionOfTheirWindows) {
+// what one process of 2B sees; the averaged gradients and so the AdamW steps are the same. With
+// train.zero too: the ranks' AdamW state sharded, nanoGPT's two groups (decay on >= 2-D only) each
+// partitioned.
+void expectTwoRanksEqualOneProcess(const std::vector<std::string>& twoRankSettings) {
   const std::string two = test::makeTempDir("lm_two");
   const std::string one = test::makeTempDir("lm_one");
   const std::vector<std::string> common = {"data.sampling=sequential", "train.max_steps=6", "eval.enabled=false"};
   auto a = common;
   a.push_back("train.batch_size=4");
+  a.insert(a.end(), twoRankSettings.begin(), twoRankSettings.end());
   auto b = common;
   b.push_back("train.batch_size=8");
   const auto r2 = test::runCommand(gptJob(2, two, a), 300);
@@ -190,12 +193,17 @@ TEST(LanguageModel, TwoRanksEqualOneProcessOnTheUnionOfTheirWindows) {
   fs::remove_all(one);
 }
 
+TEST(LanguageModel, TwoRanksEqualOneProcessOnTheUnionOfTheirWindows) { expectTwoRanksEqualOneProcess({}); }
+TEST(LanguageModel, TwoRanksWithShardedAdamWStateEqualOneProcess) {
+  expectTwoRanksEqualOneProcess({"train.zero=true"});
+}
+
 // 8 steps at once equal 4, a checkpoint, and 4 more after resume=auto, bit for bit.
-void expectBitwiseResume(const std::string& sampling) {
+void expectBitwiseResume(const std::string& sampling, const std::vector<std::string>& settings = {}) {
   const std::string straight = test::makeTempDir("lm_straight");
   const std::string split = test::makeTempDir("lm_split");
-  const std::vector<std::string> common = {"data.sampling=" + sampling, "eval.enabled=false",
-                                           "checkpoint.every_steps=4"};
+  std::vector<std::string> common = {"data.sampling=" + sampling, "eval.enabled=false", "checkpoint.every_steps=4"};
+  common.insert(common.end(), settings.begin(), settings.end());
   auto all = common;
   all.push_back("train.max_steps=8");
   const auto r = test::runCommand(gptJob(2, straight, all), 300);
@@ -216,6 +224,7 @@ void expectBitwiseResume(const std::string& sampling) {
 
 TEST(LanguageModel, ResumeIsBitwiseWithRandomWindows) { expectBitwiseResume("random"); }
 TEST(LanguageModel, ResumeIsBitwiseWithSequentialWindows) { expectBitwiseResume("sequential"); }
+TEST(LanguageModel, ResumeIsBitwiseWithShardedAdamWState) { expectBitwiseResume("sequential", {"train.zero=true"}); }
 
 struct BadLm {
   std::string name;

@@ -69,6 +69,48 @@ TEST(Zero, SgdWithMomentumEqualsTheUnshardedOptimizer) {
   EXPECT_LE(maxDiff(plain, sharded), 1e-6);
 }
 
+// nanoGPT's two groups: weight decay on the >= 2-D parameters only, the rest without.
+std::vector<torch::optim::OptimizerParamGroup> decayGroups(const std::vector<torch::Tensor>& params, double decay) {
+  std::vector<torch::Tensor> matrices, others;
+  for (const auto& p : params) (p.dim() >= 2 ? matrices : others).push_back(p);
+  return {torch::optim::OptimizerParamGroup(matrices, std::make_unique<torch::optim::AdamWOptions>(
+                                                          torch::optim::AdamWOptions(1e-2).weight_decay(decay))),
+          torch::optim::OptimizerParamGroup(others, std::make_unique<torch::optim::AdamWOptions>(
+                                                        torch::optim::AdamWOptions(1e-2).weight_decay(0)))};
+}
+
+TEST(Zero, TwoParameterGroupsEqualTheUnshardedOptimizer) {
+  const auto adamw = torch::optim::AdamWOptions(1e-2);
+  const auto plain = train([&](auto params) {
+    return std::make_unique<torch::optim::AdamW>(decayGroups(params, 0.5), adamw);
+  }, 6);
+  const auto sharded = train([&](auto params) {
+    return std::make_unique<ddp::ZeroRedundancyOptimizer>(decayGroups(params, 0.5), group(), adamw);
+  }, 6);
+  EXPECT_LE(maxDiff(plain, sharded), 1e-6);
+  // The groups' decay matters: one group for all (decay everywhere) ends elsewhere.
+  const auto oneGroup = train([&](auto params) {
+    return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-2).weight_decay(0.5));
+  }, 6);
+  EXPECT_GT(maxDiff(oneGroup, sharded), 1e-4);
+}
+
+// A group added after construction (PyTorch's add_param_group) is partitioned and stepped too.
+TEST(Zero, AddParamGroupEqualsTheUnshardedOptimizer) {
+  const auto adamw = torch::optim::AdamWOptions(1e-2);
+  const auto plain = train([&](auto params) {
+    return std::make_unique<torch::optim::AdamW>(decayGroups(params, 0.5), adamw);
+  }, 6);
+  const auto sharded = train([&](auto params) {
+    auto groups = decayGroups(params, 0.5);
+    auto zero = std::make_unique<ddp::ZeroRedundancyOptimizer>(groups[0].params(), group(),
+                                                                torch::optim::AdamWOptions(1e-2).weight_decay(0.5));
+    zero->add_param_group(groups[1]);
+    return zero;
+  }, 6);
+  EXPECT_LE(maxDiff(plain, sharded), 1e-6);
+}
+
 TEST(Zero, EachRankHoldsItsShardsStateOnly) {
   torch::nn::Sequential model = makeModel();
   ddp::DistributedDataParallel<torch::nn::Sequential> ddpModel(model, group());
@@ -128,8 +170,34 @@ TEST(Zero, PartitionIsPyTorchs) {
   for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(zero.owner(i), owners[i]) << "parameter " << i;
 }
 
+// Several groups: PyTorch carries the ranks' sizes from group to group ("|" separates the groups).
+TEST(Zero, PartitionOfSeveralGroupsIsPyTorchs) {
+  const std::vector<std::vector<std::vector<int64_t>>> shapes = {{{64, 20}, {32, 64}, {5, 32}}, {{64}, {32}, {5}, {49}},
+                                                                 {{7, 7}, {3}, {3}}};
+  std::vector<std::string> cmd = {DDP_PYTHON, DDP_SOURCE_DIR "/tests/python/zero_partition_reference.py",
+                                  std::to_string(group().size())};
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  for (const auto& groupShapes : shapes) {
+    if (!groups.empty()) cmd.push_back("|");
+    std::vector<torch::Tensor> params;
+    for (const auto& shape : groupShapes) {
+      params.push_back(torch::zeros(shape, torch::requires_grad()));
+      std::string text;
+      for (auto d : shape) text += (text.empty() ? "" : "x") + std::to_string(d);
+      cmd.push_back(text);
+    }
+    groups.emplace_back(params);
+  }
+  const auto run = ddp::test::runCommand(cmd, ddp::test::stdoutOnly());
+  ASSERT_EQ(run.exitCode, 0) << "zero_partition_reference.py";
+  const auto owners = nlohmann::json::parse(run.output).get<std::vector<int>>();
+  ddp::ZeroRedundancyOptimizer zero(groups, group(), torch::optim::SGDOptions(0.1));
+  ASSERT_EQ(owners.size(), 10u);
+  for (size_t i = 0; i < owners.size(); ++i) EXPECT_EQ(zero.owner(i), owners[i]) << "parameter " << i;
+}
+
 TEST(Zero, MisuseIsOneLine) {
-  EXPECT_THROW(ddp::ZeroRedundancyOptimizer({}, group(), torch::optim::SGDOptions(0.1)), ddp::ConfigError);
+  EXPECT_THROW(ddp::ZeroRedundancyOptimizer(std::vector<torch::Tensor>{}, group(), torch::optim::SGDOptions(0.1)), ddp::ConfigError);
   torch::nn::Linear layer(2, 2);
   ddp::ZeroRedundancyOptimizer zero(layer->parameters(), group(), torch::optim::SGDOptions(0.1));
   EXPECT_THROW(zero.owner(2), ddp::ConfigError);

@@ -85,14 +85,10 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const TrainConfig& t, con
                                                        c10::Device device, const ProcessGroup& group,
                                                        bool decayMatricesOnly) {
   if (!decayMatricesOnly || t.weightDecay == 0) return optimizerOver(t, params, device, group);
-  if (t.zero && group.size() > 1) {
-    DDP_THROW(ConfigError, "config: 'train.zero' shards one parameter group, but model gpt decays its >= 2-D "
-              "parameters only (nanoGPT's two groups); set train.weight_decay: 0 or train.zero: false");
-  }
   std::vector<at::Tensor> decay;
   std::vector<at::Tensor> noDecay;
   for (const auto& p : params) (p.dim() >= 2 ? decay : noDecay).push_back(p);
-  auto optimizer = optimizerOver(t, decay, device, group);
+  auto optimizer = optimizerOver(t, decay, device, group);  // train.zero: partitions the second group too
   if (!noDecay.empty()) {
     optimizer->add_param_group(torch::optim::OptimizerParamGroup(noDecay, withoutWeightDecay(optimizer->param_groups().front())));
   }
