@@ -35,6 +35,7 @@ packages=(
   libboost-dev libboost-filesystem-dev   # Boost.Process v1 (header-only) needs boost_filesystem
   libprotobuf-dev protobuf-compiler # TensorBoard event files (worker/tensorboard)
   libpng-dev libjpeg62-turbo-dev    # data.name image_folder: PNG, and JPEG through libjpeg-turbo (as Pillow)
+  libturbojpeg0-dev                 # streamed images (ddp/image_data.h): TurboJPEG API, DCT-scaled decode
   dataset-fashion-mnist             # /usr/share/datasets/fashion-mnist
   elfutils                          # eu-stack: the launcher's hang report reads a lagging rank's native stack
 )

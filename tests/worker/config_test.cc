@@ -87,7 +87,7 @@ TEST(Config, OutOfRangeAndBadEnumsAreRejected) {
   EXPECT_NE(errorOf("train: {batch_size: 0}").find("'train.batch_size' must be from 1 to 2147483647"), std::string::npos);
   EXPECT_NE(errorOf("mode: fsdp").find("ddp | dp | single"), std::string::npos);
   EXPECT_NE(errorOf("backend: mpi").find("'backend'"), std::string::npos);
-  EXPECT_NE(errorOf("model: {name: resnet}").find("use mlp, cnn, torchscript or gpt"), std::string::npos);
+  EXPECT_NE(errorOf("model: {name: resnet}").find("use mlp, cnn, resnet18, resnet34, resnet50, torchscript or gpt"), std::string::npos);
   EXPECT_NE(errorOf("train: {momentum: 1.5}").find("'train.momentum'"), std::string::npos);
   EXPECT_NE(errorOf("", {"train.lr"}).find("dotted.key=value"), std::string::npos);
   EXPECT_NE(errorOf("train: [1, 2").find("YAML syntax error"), std::string::npos);

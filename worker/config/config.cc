@@ -168,6 +168,11 @@ std::vector<Field> dataFields(WorkerConfig& c) {
       bindField("data.train_files", "string", c.data.trainFiles),
       bindField("data.val_files", "string", c.data.valFiles),
       bindField("data.sampling", "string", c.data.sampling),
+      bindField("data.stream", "string", c.data.stream),
+      bindField("data.train_transform", "string", c.data.trainTransform),
+      bindField("data.memory_budget_mb", "integer", c.data.memoryBudgetMb),
+      bindField("data.skip_bad_images", "boolean", c.data.skipBadImages),
+      bindField("data.jpeg_dct_scaling", "boolean", c.data.jpegDctScaling),
   };
 }
 
@@ -403,14 +408,48 @@ void validateRecipe(const TrainConfig& t) {
 void validateModel(const WorkerConfig& c) {
   require(c.model.name != "torchscript" || !c.model.path.empty(), "model.path",
           "is needed with model.name torchscript: a file saved by torch.jit.script(model).save(path)");
-  require(c.model.name == "mlp" || c.model.name == "cnn" || c.model.name == "torchscript" || c.model.name == "gpt",
-          "model.name", "is '" + c.model.name + "'; use mlp, cnn, torchscript or gpt");
+  require(c.model.name == "mlp" || c.model.name == "cnn" || c.model.name == "torchscript" || c.model.name == "gpt" ||
+              c.model.name == "resnet18" || c.model.name == "resnet34" || c.model.name == "resnet50",
+          "model.name", "is '" + c.model.name + "'; use mlp, cnn, resnet18, resnet34, resnet50, torchscript or gpt");
   require(!c.model.hidden.empty(), "model.hidden", "must list at least one layer width");
-  require(!c.model.syncBatchNorm || (c.model.name == "cnn" && c.model.batchNorm), "model.sync_batch_norm",
-          "synchronises the cnn's BatchNorm layers; set model.name: cnn and model.batch_norm: true");
+  const bool resnet = c.model.name == "resnet18" || c.model.name == "resnet34" || c.model.name == "resnet50";
+  require(!c.model.syncBatchNorm || (c.model.name == "cnn" && c.model.batchNorm) || resnet, "model.sync_batch_norm",
+          "synchronises BatchNorm layers; use a ResNet (model.name: resnet18, ...) or model.name: cnn with "
+          "model.batch_norm: true");
   require(!c.model.syncBatchNorm || c.mode == Mode::kDdp || c.mode == Mode::kEval, "model.sync_batch_norm",
           "is for mode ddp; dp and single train in one process, where BatchNorm already sees the whole batch");
   for (auto h : c.model.hidden) require(h > 0, "model.hidden", "widths must be positive");
+}
+
+// data.name image_folder read as a stream (data.stream, data.train_transform, ...).
+void validateImageStream(const WorkerConfig& c) {
+  const DataConfig& d = c.data;
+  require(d.stream == "auto" || d.stream == "true" || d.stream == "false", "data.stream",
+          "is '" + d.stream + "'; use auto (stream when the decoded images would not fit data.memory_budget_mb), true "
+          "or false");
+  require(d.trainTransform == "none" || d.trainTransform == "imagenet", "data.train_transform",
+          "is '" + d.trainTransform + "'; use none (resize to data.image_size) or imagenet (RandomResizedCrop + flip, "
+          "evaluation Resize + CenterCrop)");
+  require(d.memoryBudgetMb >= 0, "data.memory_budget_mb", "must be >= 0 (0 = a quarter of this host's memory)");
+  const bool images = d.name == "image_folder";
+  require(images || d.stream == "auto", "data.stream", "streams data.name image_folder; this job reads " + d.name);
+  require(images || d.trainTransform == "none", "data.train_transform",
+          "is for data.name image_folder; this job reads " + d.name);
+  require(images || !d.skipBadImages, "data.skip_bad_images", "is for data.name image_folder; this job reads " + d.name);
+  if (!images) return;
+  require(d.stream != "false" || d.trainTransform == "none", "data.train_transform",
+          "is imagenet, which crops every image anew each epoch from the file: it needs data.stream: auto or true");
+  require(d.stream != "false" || d.trainFiles.empty(), "data.stream",
+          "is false but data.train_files names tar shards, which are always streamed; set data.stream: auto");
+  require(d.stream != "false" || !d.skipBadImages, "data.skip_bad_images",
+          "skips bad images met while streaming; with data.stream: false every image is decoded at start-up, where "
+          "a bad one is named and ends the job");
+  require(d.stream == "false" || d.trainTransform == "none" || d.imageSize > 0, "data.image_size",
+          "is needed with data.train_transform: imagenet: the side of the crops, e.g. 224");
+  require(d.stream != "true" || d.imageSize > 0, "data.image_size",
+          "is needed with data.stream: true: the side of the square each image is resized to, e.g. 224");
+  require(d.trainFiles.empty() || d.imageSize > 0, "data.image_size",
+          "is needed with tar shards (data.train_files): the side of the square each image is resized to, e.g. 224");
 }
 
 // Which data set and how its images and labels are read (data.*).
@@ -426,6 +465,7 @@ void validateDataSource(const WorkerConfig& c) {
           "and data.test_file are needed with data.name tensors: files written by torch.save({\"x\": x, \"y\": y}, path)");
   require(c.data.classes >= 0, "data.classes", "must be >= 0 (0 = the largest label + 1)");
   require(c.data.trainLimit >= 0, "data.train_limit", "must be >= 0 (0 = all)");
+  validateImageStream(c);
 }
 
 // model.name gpt on data.name tokens (and only there): nanoGPT's shape rules, the windows' sampling.

@@ -62,6 +62,12 @@ struct DataConfig {
   std::string trainFiles;  // a glob, e.g. data/fortunes/train_*.bin
   std::string valFiles;    // a glob for evaluation's windows ("" = no validation loss)
   std::string sampling = "random";  // random (nanoGPT's get_batch) | sequential (llm.c's DataLoader)
+  // image_folder, streamed (read and decoded per batch, never the whole set in memory).
+  std::string stream = "auto";          // auto (tar shards, imagenet, or over the budget) | true | false
+  std::string trainTransform = "none";  // none (resize to image_size) | imagenet (torchvision's recipe)
+  int64_t memoryBudgetMb = 0;           // auto's budget for decoded images (0 = a quarter of the host's memory)
+  bool skipBadImages = false;           // a corrupt image is logged and left out instead of ending the job
+  bool jpegDctScaling = true;           // decode large JPEGs at 1/2, 1/4, 1/8 scale when the crop allows
 };
 
 struct TrainConfig {

@@ -7,7 +7,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <thread>
+
+#include <spdlog/spdlog.h>
 
 #include "common/error.h"
 #include "worker/data/fashion_mnist.h"
@@ -62,14 +65,74 @@ void checkSyntheticFits(const DataConfig& config, const data::SyntheticOptions& 
             "; use fewer samples or classes");
 }
 
+// data.name image_folder when it streams (data.stream, and auto's reasons), else nullopt.
+std::optional<Datasets> streamedDatasets(const DataConfig& config) {
+  if (config.stream == "false") return std::nullopt;
+  data::ImageIndex index = data::openImageIndex(config);
+  std::string why;
+  if (!data::streamsImages(config, index, &why)) return std::nullopt;
+  Datasets d;
+  const auto classes = static_cast<int64_t>(index.classes.size());
+  d.images = data::streamedImages(config, std::move(index));
+  d.input = InputSpec{3, config.imageSize, config.imageSize, classes};
+  if (launchEnv().rank == 0) spdlog::info("data: streaming the images: {}", why);
+  return d;
+}
+
+// ImageFolder's layout decoded into memory (uint8, one copy per host).
+Datasets loadImageFolder(const DataConfig& config) {
+  Datasets d;
+  namespace fs = std::filesystem;
+  const std::string trainDir = (fs::path(config.root) / "train").string();
+  const std::string testDir = data::imageFolderEvalDir(config.root);
+  const auto classes = data::imageFolderClasses(trainDir);
+  const auto testClasses = data::imageFolderClasses(testDir);
+  if (classes != testClasses) {
+    auto join = [](const std::vector<std::string>& v) {
+      std::string s;
+      for (const auto& c : v) s += (s.empty() ? "" : ", ") + c;
+      return s;
+    };
+    DDP_THROW(DataError, "data: ", trainDir, " has classes [", join(classes), "] but ", testDir, " has [",
+              join(testClasses), "]; both splits need the same class folders");
+  }
+  data::ImageFolderOptions o;
+  o.resize = config.imageSize;
+  if (!config.mean.empty()) o.mean = config.mean;
+  if (!config.stddev.empty()) o.stddev = config.stddev;
+  o.threads = config.numWorkers > 0 ? static_cast<int>(config.numWorkers)
+                                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  d.train = data::loadImageFolderSplit(trainDir, classes, o);
+  d.test = data::loadImageFolderSplit(testDir, classes, o);
+  if (d.train.images.sizes().slice(1) != d.test.images.sizes().slice(1)) {
+    DDP_THROW(DataError, "data: the train images are ", d.train.images.size(3), "x", d.train.images.size(2),
+              " but the test images are ", d.test.images.size(3), "x", d.test.images.size(2),
+              "; set data.image_size to resize both");
+  }
+  d.input = InputSpec{3, d.train.images.size(2), d.train.images.size(3), static_cast<int64_t>(classes.size())};
+  return d;
+}
+
 }  // namespace
 
+data::SampleSource Datasets::trainSource() const {
+  return images ? data::streamedSource(images, /*train=*/true) : data::SampleSource::inMemory(train);
+}
+
+data::SampleSource Datasets::testSource() const {
+  return images ? data::streamedSource(images, /*train=*/false) : data::SampleSource::inMemory(test);
+}
+
 std::string describeSizes(const Datasets& data) {
-  if (data.tokens) {
-    return "(" + std::to_string(data.tokens->train->totalTokens()) + " train / " +
-           std::to_string(data.tokens->val ? data.tokens->val->totalTokens() : 0) + " val tokens)";
+  if (data.images) {
+    return fmt::format("({} train / {} test images, streamed)", data.images->index.train->size(),
+                       data.images->index.test->size());
   }
-  return "(" + std::to_string(data.train.size()) + " train / " + std::to_string(data.test.size()) + " test)";
+  if (data.tokens) {
+    return fmt::format("({} train / {} val tokens)", data.tokens->train->totalTokens(),
+                       data.tokens->val ? data.tokens->val->totalTokens() : 0);
+  }
+  return fmt::format("({} train / {} test)", data.train.size(), data.test.size());
 }
 
 Datasets loadDatasets(const DataConfig& config, uint64_t seed) {
@@ -84,34 +147,8 @@ Datasets loadDatasets(const DataConfig& config, uint64_t seed) {
     d.test = data::loadFashionMnist(config.root, data::Split::kTest);
     d.input = InputSpec{1, 28, 28, 10};
   } else if (config.name == "image_folder") {
-    namespace fs = std::filesystem;
-    const std::string trainDir = (fs::path(config.root) / "train").string();
-    const std::string testDir = (fs::path(config.root) / "test").string();
-    const auto classes = data::imageFolderClasses(trainDir);
-    const auto testClasses = data::imageFolderClasses(testDir);
-    if (classes != testClasses) {
-      auto join = [](const std::vector<std::string>& v) {
-        std::string s;
-        for (const auto& c : v) s += (s.empty() ? "" : ", ") + c;
-        return s;
-      };
-      DDP_THROW(DataError, "data: ", trainDir, " has classes [", join(classes), "] but ", testDir, " has [",
-                join(testClasses), "]; both splits need the same class folders");
-    }
-    data::ImageFolderOptions o;
-    o.resize = config.imageSize;
-    if (!config.mean.empty()) o.mean = config.mean;
-    if (!config.stddev.empty()) o.stddev = config.stddev;
-    o.threads = config.numWorkers > 0 ? static_cast<int>(config.numWorkers)
-                                      : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    d.train = data::loadImageFolderSplit(trainDir, classes, o);
-    d.test = data::loadImageFolderSplit(testDir, classes, o);
-    if (d.train.images.sizes().slice(1) != d.test.images.sizes().slice(1)) {
-      DDP_THROW(DataError, "data: the train images are ", d.train.images.size(3), "x", d.train.images.size(2),
-                " but the test images are ", d.test.images.size(3), "x", d.test.images.size(2),
-                "; set data.image_size to resize both");
-    }
-    d.input = InputSpec{3, d.train.images.size(2), d.train.images.size(3), static_cast<int64_t>(classes.size())};
+    if (auto streamed = streamedDatasets(config)) return std::move(*streamed);
+    d = loadImageFolder(config);
   } else if (config.name == "tensors") {
     d.train = data::loadTensorFile(config.trainFile, "data.train_file");
     d.test = data::loadTensorFile(config.testFile, "data.test_file");
@@ -165,6 +202,12 @@ data::LoaderOptions loaderOptions(const DataConfig& config, c10::Device device, 
 
 Datasets loadDatasetsOncePerHost(const DataConfig& config, uint64_t seed, const GroupStart& start,
                                  DataOrigin* origin) {
+  if (config.name == "image_folder") {  // streamed images are read per batch: nothing to share
+    if (auto streamed = streamedDatasets(config)) {
+      if (origin != nullptr) *origin = DataOrigin::kLoaded;
+      return std::move(*streamed);
+    }
+  }
   if (config.name == "tokens") {  // memory-mapped: the page cache is the host's one copy
     if (origin != nullptr) {
       *origin = start.localRank() == 0 ? DataOrigin::kSharedByThisRank : DataOrigin::kMappedFromHostCopy;

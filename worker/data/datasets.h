@@ -7,6 +7,8 @@
 #include "ddp/data.h"
 #include "worker/config/config.h"
 #include "worker/data/batch_loader.h"
+#include "worker/data/sample_source.h"
+#include "worker/data/streamed_images.h"
 #include "worker/data/tensor_dataset.h"
 #include "worker/data/token_corpus.h"
 #include "worker/models/models.h"
@@ -18,6 +20,11 @@ struct Datasets {
   data::TensorDataset test;
   InputSpec input;  // tokens: classes = the vocabulary of meta.json (0 when unknown)
   std::shared_ptr<const data::TokenCorpus> tokens;  // data.name tokens (train and test are empty)
+  std::shared_ptr<const data::StreamedImages> images;  // image_folder streamed (train and test are empty)
+
+  /// The training and the evaluation split as the loop reads them (in memory or streamed).
+  data::SampleSource trainSource() const;
+  data::SampleSource testSource() const;
 };
 
 /// "(60000 train / 10000 test)", or for tokens "(1234567 train / 4567 val tokens)".

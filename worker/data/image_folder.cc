@@ -3,16 +3,11 @@
 #include <ATen/ops/_upsample_bilinear2d_aa.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
-#include <jpeglib.h>
-#include <png.h>
+#include <ddp/image_data.h>
 
 #include <algorithm>
 #include <atomic>
-#include <csetjmp>
-#include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <memory>
 #include <thread>
 
 #include "common/error.h"
@@ -28,81 +23,12 @@ bool isImageFile(const fs::path& p) {
   return ext == ".png" || ext == ".jpg" || ext == ".jpeg";
 }
 
-DecodedImage decodePng(const std::string& path) {
-  png_image image;
-  std::memset(&image, 0, sizeof image);
-  image.version = PNG_IMAGE_VERSION;
-  if (!png_image_begin_read_from_file(&image, path.c_str())) {
-    DDP_THROW(DataError, "data: cannot decode PNG '", path, "' (", image.message, ")");
-  }
-  image.format = PNG_FORMAT_RGB;  // gray, palette and alpha become RGB as Pillow's convert("RGB")
-  DecodedImage out;
-  out.height = image.height;
-  out.width = image.width;
-  out.rgb.resize(PNG_IMAGE_SIZE(image));
-  if (!png_image_finish_read(&image, nullptr, out.rgb.data(), 0, nullptr)) {
-    const std::string why = image.message;
-    png_image_free(&image);
-    DDP_THROW(DataError, "data: cannot decode PNG '", path, "' (", why, ")");
-  }
-  return out;
-}
-
-struct JpegError {
-  jpeg_error_mgr manager;
-  std::jmp_buf jump;
-  char message[JMSG_LENGTH_MAX];
-};
-
-void onJpegError(j_common_ptr info) {
-  auto* error = reinterpret_cast<JpegError*>(info->err);
-  (*info->err->format_message)(info, error->message);
-  std::longjmp(error->jump, 1);
-}
-
-DecodedImage decodeJpeg(const std::string& path) {
-  std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
-  if (!file) DDP_THROW(DataError, "data: cannot read image '", path, "' (", std::strerror(errno), ")");
-  jpeg_decompress_struct info;
-  JpegError error;
-  info.err = jpeg_std_error(&error.manager);
-  error.manager.error_exit = onJpegError;
-  DecodedImage out;
-  if (setjmp(error.jump) != 0) {
-    jpeg_destroy_decompress(&info);
-    DDP_THROW(DataError, "data: cannot decode JPEG '", path, "' (", error.message, ")");
-  }
-  jpeg_create_decompress(&info);
-  jpeg_stdio_src(&info, file.get());
-  jpeg_read_header(&info, TRUE);
-  info.out_color_space = JCS_RGB;  // Pillow's defaults otherwise: islow DCT, fancy upsampling
-  jpeg_start_decompress(&info);
-  out.height = info.output_height;
-  out.width = info.output_width;
-  out.rgb.resize(static_cast<size_t>(out.height * out.width * 3));
-  while (info.output_scanline < info.output_height) {
-    JSAMPROW row = out.rgb.data() + static_cast<size_t>(info.output_scanline) * static_cast<size_t>(out.width) * 3;
-    jpeg_read_scanlines(&info, &row, 1);
-  }
-  jpeg_finish_decompress(&info);
-  jpeg_destroy_decompress(&info);
-  return out;
-}
-
 }  // namespace
 
 DecodedImage decodeImage(const std::string& path) {
-  unsigned char magic[4] = {};
-  {
-    std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
-    if (!file) DDP_THROW(DataError, "data: cannot read image '", path, "' (", std::strerror(errno), ")");
-    if (std::fread(magic, 1, sizeof magic, file.get()) != sizeof magic) {
-      DDP_THROW(DataError, "data: image '", path, "' is too short to be a PNG or JPEG");
-    }
-  }
-  if (magic[0] == 0x89 && magic[1] == 'P' && magic[2] == 'N' && magic[3] == 'G') return decodePng(path);
-  if (magic[0] == 0xFF && magic[1] == 0xD8) return decodeJpeg(path);
-  DDP_THROW(DataError, "data: image '", path, "' is neither PNG nor JPEG");
+  // The library's decoder (TurboJPEG, libpng): the bytes of Pillow's convert("RGB"), as streamed images get.
+  ddp::RgbImage image = ddp::decodeImageFile(path);
+  return {image.height, image.width, std::move(image.pixels)};
 }
 
 std::vector<std::string> imageFolderClasses(const std::string& splitDir) {

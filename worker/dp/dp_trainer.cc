@@ -93,17 +93,19 @@ class DpParallelism final : public Parallelism {
     return o;
   }
   at::Tensor forward(const at::Tensor& x, bool /*lastMicroBatch*/) override { return dp_.forward(x); }
-  EvalCounts evaluate(const data::TensorDataset& test) override {
+  EvalCounts evaluate(const data::SampleSource& test) override {
     c10::NoGradGuard noGrad;
     module().eval();
     const int64_t n = test.size();
     int64_t correct = 0;
-    data::BatchLoader loader(test, data::contiguousBatches(0, n, config_.eval.batchSize), loading(0, false));
-    for (std::size_t k = 0; k < loader.size(); ++k) {
-      const data::Batch b = loader.next();
+    const auto loader = test.loader(data::contiguousBatches(0, n, config_.eval.batchSize), loading(0, false));
+    int64_t seen = 0;  // streamed with data.skip_bad_images: a bad image is left out of its batch
+    for (std::size_t k = 0; k < loader->size(); ++k) {
+      const data::Batch b = loader->next();
       correct += dp_.forward(b.images).argmax(1).eq(b.labels.to(placement_.outputDevice)).sum().item<int64_t>();
+      seen += b.labels.size(0);
     }
-    return EvalCounts{correct, n};
+    return EvalCounts{correct, seen};
   }
   std::string progressNote() const override { return " (" + std::to_string(dp_.lastReplicasUsed()) + " replicas)"; }
   // Each replica draws from its own GPU's generator (dropout): checkpoints keep every one of them.

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "worker/models/resnet.h"
 
 namespace ddp::worker {
 namespace {
@@ -44,6 +45,8 @@ double parameterCount(const ModelConfig& config, const InputSpec& input) {
       width = static_cast<double>(h);
     }
     count += linear(width, static_cast<double>(input.classes));
+  } else if (isResNet(config.name)) {
+    count += resNetParameterCount(config.name, input.channels, input.classes);
   } else if (config.name == "gpt") {  // worker/models/gpt.h; input.classes: the vocabulary
     const double c = static_cast<double>(config.nEmbd);
     const double biasTerms = config.bias ? 13 * c : 2 * c;  // a block's biases and LayerNorm weights

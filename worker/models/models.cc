@@ -7,6 +7,7 @@
 #include "ddp/checkpoint.h"
 #include "ddp/sync_batch_norm.h"
 #include "worker/models/gpt.h"
+#include "worker/models/resnet.h"
 #include "worker/models/torchscript_model.h"
 
 namespace ddp::worker {
@@ -77,13 +78,17 @@ at::Tensor CnnImpl::forward(at::Tensor x) {
 torch::nn::AnyModule makeModel(const ModelConfig& config, const InputSpec& input, const ProcessGroup* group) {
   if (config.batchNorm && config.name != "cnn") {
     DDP_THROW(ConfigError, "config: 'model.batch_norm' is true but model '", config.name,
-              "' has no BatchNorm layers; use model.name: cnn or model.batch_norm: false");
+              "' has no optional BatchNorm layers; use model.name: cnn (the ResNets always have theirs) or "
+              "model.batch_norm: false");
   }
   torch::nn::AnyModule model;
   if (config.name == "mlp") {
     model = torch::nn::AnyModule(Mlp(input, config.hidden));
   } else if (config.name == "cnn") {
     model = torch::nn::AnyModule(Cnn(input, config.batchNorm, config.syncBatchNorm ? group : nullptr));
+  } else if (isResNet(config.name)) {
+    model = torch::nn::AnyModule(
+        ResNet(ResNetOptions{config.name, input.channels, input.classes}, config.syncBatchNorm ? group : nullptr));
   } else if (config.name == "gpt") {
     GptOptions o{config.nLayer, config.nHead, config.nEmbd, config.blockSize,
                  config.vocabSize > 0 ? config.vocabSize : input.classes, config.dropout, config.bias};
@@ -91,7 +96,8 @@ torch::nn::AnyModule makeModel(const ModelConfig& config, const InputSpec& input
   } else if (config.name == "torchscript") {
     model = torch::nn::AnyModule(loadTorchScriptModel(config.path, input));
   } else {
-    DDP_THROW(ConfigError, "config: 'model.name' is '", config.name, "'; use mlp, cnn, torchscript or gpt");
+    DDP_THROW(ConfigError, "config: 'model.name' is '", config.name,
+              "'; use mlp, cnn, resnet18, resnet34, resnet50, torchscript or gpt");
   }
   if (config.unusedLayer) {
     // Registered last, never called: a parameter the autograd graph does not reach.

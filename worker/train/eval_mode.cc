@@ -25,18 +25,21 @@ int runEvalMode(const WorkerConfig& config, ProcessGroup& group) {
   loadModel(*model.ptr(), config.eval.modelPath);
   model.ptr()->to(device);
 
-  const EvalCounts counts = evaluate(model, data.test, device, config.eval.batchSize, group,
+  const data::SampleSource test = data.testSource();
+  const EvalCounts counts = evaluate(model, test, device, config.eval.batchSize, group,
                                      loaderOptions(config.data, device, config.seed, 0));
   spdlog::info("evaluated {} on {}: test accuracy {:.2f}% ({}/{})", config.eval.modelPath, device.str(),
                100 * counts.accuracy(), counts.correct, counts.total);
-  const int64_t show = std::min<int64_t>(config.eval.show, data.test.size());
+  const int64_t show = std::min<int64_t>(config.eval.show, test.size());
   if (show > 0) {
     c10::NoGradGuard noGrad;
-    const at::Tensor logits = model.forward(data::sliceBatch(data.test, 0, show).images.to(device)).cpu();
+    const data::Batch first =
+        test.loader(data::contiguousBatches(0, show, show), loaderOptions(config.data, device, config.seed, 0))->next();
+    const at::Tensor logits = model.forward(first.images.to(device)).cpu();
     const at::Tensor predicted = logits.argmax(1);
     for (int64_t i = 0; i < show; ++i) {
       spdlog::info("sample {}: predicted {} (p={:.3f}), label {}", i, predicted[i].item<int64_t>(),
-                   logits[i].softmax(0)[predicted[i]].item<double>(), data.test.labels[i].item<int64_t>());
+                   logits[i].softmax(0)[predicted[i]].item<double>(), first.labels[i].item<int64_t>());
     }
   }
   makeDirectories(config.output.dir, "output.dir");

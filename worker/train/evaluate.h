@@ -6,7 +6,7 @@
 
 #include "ddp/process_group.h"
 #include "worker/data/batch_loader.h"
-#include "worker/data/tensor_dataset.h"
+#include "worker/data/sample_source.h"
 
 namespace ddp::worker {
 
@@ -19,7 +19,7 @@ struct EvalCounts {
 /// Rank r counts the contiguous slice [n·r/R, n·(r+1)/R); the counts are summed
 /// over ranks, so every sample is counted exactly once. Collective: all ranks call it.
 /// `loading` (threads, pinning) makes the batches; its device is set to `device`.
-EvalCounts evaluate(torch::nn::AnyModule& model, const data::TensorDataset& test, c10::Device device,
+EvalCounts evaluate(torch::nn::AnyModule& model, const data::SampleSource& test, c10::Device device,
                     int64_t batchSize, ProcessGroup& group, data::LoaderOptions loading = {});
 
 }  // namespace ddp::worker

@@ -61,6 +61,10 @@ nlohmann::json trainingSummary(const WorkerConfig& config, const TrainResult& re
     if (result.valLoss >= 0) summary["val_loss"] = result.valLoss;
     if (result.mfu >= 0) summary["mfu"] = result.mfu;
   }
+  if (result.streamedImages) {
+    summary["data_streamed"] = true;
+    summary["skipped_images"] = result.skippedImages;
+  }
   if (!result.stragglerCounts.empty()) {
     summary["stragglers"] = {{"logged_steps_last_per_rank", result.stragglerCounts},
                              {"max_late_s", result.stragglerMaxSkewS},

@@ -12,6 +12,7 @@
 #include "ddp/cuda_graph.h"
 #include "ddp/process_group.h"
 #include "worker/data/batch_loader.h"
+#include "worker/data/sample_source.h"
 #include "worker/data/tensor_dataset.h"
 #include "worker/train/evaluate.h"
 #include "worker/train/trainer.h"
@@ -44,7 +45,7 @@ class Parallelism {
   /// Whether the logged loss still needs averaging over ranks (the gradient sync carries gradients only).
   virtual bool lossNeedsAverage() const { return false; }
   /// Correct predictions over the whole test set (a collective in ddp).
-  virtual EvalCounts evaluate(const data::TensorDataset& test) = 0;
+  virtual EvalCounts evaluate(const data::SampleSource& test) = 0;
   /// Appended to progress lines ("(4 replicas)").
   virtual std::string progressNote() const { return {}; }
   /// train.cuda_graph: the graph the step is captured into, made before the DDP engine so that the

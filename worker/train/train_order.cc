@@ -7,8 +7,8 @@ namespace {
 
 class SamplerOrder final : public TrainOrder {
  public:
-  SamplerOrder(const data::TensorDataset& train, int world, int rank, const SamplerOptions& options, int64_t batchSize)
-      : train_(train), sampler_(train.size(), world, rank, options), batchSize_(batchSize) {}
+  SamplerOrder(data::SampleSource train, int world, int rank, const SamplerOptions& options, int64_t batchSize)
+      : train_(std::move(train)), sampler_(train_.size(), world, rank, options), batchSize_(batchSize) {}
 
   int64_t epochSize() const override { return train_.size(); }
   int64_t setEpoch(int64_t epoch, int64_t start) override {
@@ -24,11 +24,11 @@ class SamplerOrder final : public TrainOrder {
   }
   std::unique_ptr<data::BatchLoader> loader(std::vector<std::vector<int64_t>> plan,
                                             data::LoaderOptions options) const override {
-    return std::make_unique<data::BatchLoader>(train_, std::move(plan), std::move(options));
+    return train_.loader(std::move(plan), std::move(options));
   }
 
  private:
-  const data::TensorDataset& train_;
+  const data::SampleSource train_;
   DistributedSampler sampler_;
   const int64_t batchSize_;
 };
@@ -82,9 +82,9 @@ std::unique_ptr<TrainOrder> tokenOrder(std::shared_ptr<const TokenData> data, co
   return std::make_unique<TokenOrder>(std::move(data), options);
 }
 
-std::unique_ptr<TrainOrder> samplerOrder(const data::TensorDataset& train, int world, int rank,
+std::unique_ptr<TrainOrder> samplerOrder(data::SampleSource train, int world, int rank,
                                          const SamplerOptions& options, int64_t batchSize) {
-  return std::make_unique<SamplerOrder>(train, world, rank, options, batchSize);
+  return std::make_unique<SamplerOrder>(std::move(train), world, rank, options, batchSize);
 }
 
 }  // namespace ddp::worker

@@ -11,7 +11,7 @@
 #include "ddp/sampler.h"
 #include "ddp/token_data.h"
 #include "worker/data/batch_loader.h"
-#include "worker/data/tensor_dataset.h"
+#include "worker/data/sample_source.h"
 
 namespace ddp::worker {
 
@@ -34,8 +34,9 @@ class TrainOrder {
                                                     data::LoaderOptions options) const = 0;
 };
 
-/// `train`'s samples in ddp::DistributedSampler's order (PyTorch's), batches of `batchSize`.
-std::unique_ptr<TrainOrder> samplerOrder(const data::TensorDataset& train, int world, int rank,
+/// `train`'s samples (in memory or streamed) in ddp::DistributedSampler's order (PyTorch's), batches
+/// of `batchSize`.
+std::unique_ptr<TrainOrder> samplerOrder(data::SampleSource train, int world, int rank,
                                          const SamplerOptions& options, int64_t batchSize);
 
 /// Windows of `data` in ddp::TokenSampler's order (`options`: B, T, rank, world, seed, sampling):

@@ -93,7 +93,7 @@ class DdpParallelism final : public Parallelism {
     if (engine_) engine_->zeroGrad();
     else Parallelism::zeroGrad(params);
   }
-  EvalCounts evaluate(const data::TensorDataset& test) override {
+  EvalCounts evaluate(const data::SampleSource& test) override {
     return worker::evaluate(model_, test, device_, config_.eval.batchSize, group_, loading(0, false));
   }
 

@@ -45,6 +45,10 @@ struct TrainResult {
   double valLoss = -1;
   double tokensPerSecond = 0;
   double mfu = -1;
+  // Streamed images (data.stream): whether the job streamed, and the bad images every rank left
+  // out (data.skip_bad_images), training and evaluation.
+  bool streamedImages = false;
+  int64_t skippedImages = 0;
 };
 
 /// Stops training with one line: what diverged, and where the last good state is.

@@ -2,6 +2,7 @@
 
 #include <ATen/ops/cat.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 #include <spdlog/spdlog.h>
@@ -74,7 +75,7 @@ std::unique_ptr<TrainOrder> trainOrder(const WorkerConfig& config, const Dataset
     o.sampling = *parseTokenSampling(config.data.sampling);  // validated with the config
     return data::asBadTokenInput([&] { return tokenOrder(data.tokens->train, o); });
   }
-  return samplerOrder(data.train, world, rank, {train.shuffle, config.seed, train.dropLast, /*pad=*/!join},
+  return samplerOrder(data.trainSource(), world, rank, {train.shuffle, config.seed, train.dropLast, /*pad=*/!join},
                       train.batchSize);
 }
 
@@ -93,6 +94,7 @@ class TrainingRun {
   void saveIfDue(const TrainPosition& position, bool epochEnded);
   void record(const StepPlace& place, bool last);
   void recordValidation();
+  void countSkippedImages();
   bool stopRequested(const TrainPosition& position);
   void finish();
   int64_t resumedStart();
@@ -424,6 +426,16 @@ void TrainingRun::record(const StepPlace& place, bool last) {
 
 // eval.interval: the language model's validation loss, in metrics.jsonl, TensorBoard and a line of
 // rank 0's (the time it takes is not training time: the throughput window restarts after it).
+// Streamed images: the bad ones every rank left out (data.skip_bad_images), for summary.json.
+// Collective: every rank counts.
+void TrainingRun::countSkippedImages() {
+  ProcessGroup& group = parallelism_.group();
+  at::Tensor count = at::tensor({data_.images->skipped->load()}, at::kLong).to(group.collectiveDevice());
+  group.allReduce(count);
+  result_.streamedImages = true;
+  result_.skippedImages = count.cpu().item<int64_t>();
+}
+
 void TrainingRun::recordValidation() {
   const SyncDebug::Paused paused(syncDebug_);
   result_.valLoss = lm_->validationLoss(state_->autocastDtype);
@@ -520,7 +532,7 @@ void TrainingRun::finish() {
     const EvalCounts counts = [&] {
       // Evaluated in the precision it was trained in.
       const Autocast mixed(device_.type(), state_->autocastDtype, /*enabled=*/state_->autocastDtype != at::kFloat);
-      return parallelism_.evaluate(data_.test);
+      return parallelism_.evaluate(data_.testSource());
     }();
     result_.evalSeconds = secondsSince(evalStart);
     result_.testCorrect = counts.correct;
@@ -528,6 +540,7 @@ void TrainingRun::finish() {
     result_.testAccuracy = counts.accuracy();
     if (board_) board_->addScalar("test/accuracy", result_.testAccuracy, result_.steps);
   }
+  if (data_.images) countSkippedImages();
   const std::string& outDir = config_.output.dir;
   if (config_.output.dumpRankParams) {
     makeDirectories(outDir, "output.dir");

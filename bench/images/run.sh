@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Issue 43 (5): streamed images, our loader (ddp::ImageLoader, bench/images/image_loader_bench.cc)
+# against torchvision.datasets.ImageFolder + DataLoader(num_workers=N) (bench/images/
+# torchvision_loader.py) on the same JPEG files, the ImageNet training transform at 224, batches of
+# 64, the same number of loader threads / worker processes, sides alternated, in one run:
+#   1. images/s (and per loader thread) from the folder, for each THREADS value;
+#   2. ours from the tar shards of the same pictures;
+#   3. peak RSS and the time to the first batch with 10 000 and with 100 000 files (the larger set:
+#      hard links to the pictures under new names, made once; the loaders index and read them alike).
+#
+#   BENCH_DIR=/tmp/ddp_images_bench TRAIN=50000 REPS=3 THREADS="1 2" BATCHES=60 bash bench/images/run.sh [build]
+#
+# The pictures (bench/images/make_images.py, from Debian's Fashion-MNIST: ~400 x 350, JPEG q90) are
+# made under BENCH_DIR/set once (about 25 min for 50 000 on 2 cores) and reused.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build=${1:-build}
+dir=${BENCH_DIR:-/tmp/ddp_images_bench}
+train=${TRAIN:-50000}
+reps=${REPS:-3}
+threads=${THREADS:-"1 2"}
+batches=${BATCHES:-60}
+py=.venv/bin/python
+ours_bin=$build/bench/image_loader_bench
+[[ -x $ours_bin ]] || { echo "run.sh: no $ours_bin; cmake --build $build --target image_loader_bench" >&2; exit 2; }
+
+if [[ ! -d $dir/set/folder/train ]]; then
+  $py bench/images/make_images.py --out "$dir/set" --train "$train" --val 1000 --layout both
+fi
+
+# Sets of N file names under one root (hard links: no extra bytes), for the RSS rows.
+linked_set() {
+  local n=$1 out=$dir/linked_$1
+  if [[ ! -d $out ]]; then
+    mkdir -p "$out"
+    $py - "$dir/set/folder/train" "$out" "$n" <<'EOF'
+import os, sys
+src, out, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+files = sorted(os.path.join(c, f) for c in os.listdir(src) for f in os.listdir(os.path.join(src, c)))
+for i in range(n):
+    rel = files[i % len(files)]
+    cls = os.path.dirname(rel)
+    os.makedirs(os.path.join(out, cls), exist_ok=True)
+    os.link(os.path.join(src, rel), os.path.join(out, cls, f"{i:07d}_{os.path.basename(rel)}"))
+EOF
+  fi
+  echo "$out"
+}
+
+field() { $py -c "import json, sys; print(json.loads(sys.argv[1])['$1'])" "$2"; }
+ours() { OMP_NUM_THREADS=1 "$ours_bin" "$1" --threads "$2" --batches "$batches"; }
+theirs() { OMP_NUM_THREADS=1 $py bench/images/torchvision_loader.py "$1" --workers "$2" --batches "$batches"; }
+
+echo "images/s, ImageNet training transform at 224, batches of 64, $batches timed batches after 5 (files: $dir/set)"
+printf '%-4s %-8s %12s %14s %7s\n' rep threads "ours img/s" "torchvision" ratio
+for t in $threads; do
+  for ((i = 1; i <= reps; i++)); do
+    if (( i % 2 )); then a=$(ours "$dir/set/folder/train" "$t"); b=$(theirs "$dir/set/folder/train" "$t")
+    else b=$(theirs "$dir/set/folder/train" "$t"); a=$(ours "$dir/set/folder/train" "$t"); fi
+    ra=$(field images_per_s "$a"); rb=$(field images_per_s "$b")
+    printf '%-4s %-8s %12.0f %14.0f %6.2fx\n' "$i" "$t" "$ra" "$rb" "$($py -c "print($ra / $rb)")"
+  done
+done
+
+echo
+echo "ours from the tar shards of the same pictures:"
+for t in $threads; do
+  r=$(ours "$dir/set/tar/train-*.tar" "$t")
+  printf '  threads %s: %.0f images/s\n' "$t" "$(field images_per_s "$r")"
+done
+
+echo
+echo "peak RSS and time to the first batch, 2 loader threads, by the number of files:"
+printf '%-8s %-12s %12s %16s\n' files side "peak RSS MB" "first batch s"
+for n in 10000 100000; do
+  root=$(linked_set $n)
+  a=$(ours "$root" 2); b=$(theirs "$root" 2)
+  printf '%-8s %-12s %12.0f %16.2f\n' $n ours "$(field peak_rss_mb "$a")" "$(field first_batch_s "$a")"
+  printf '%-8s %-12s %12.0f %16.2f\n' $n torchvision "$(field peak_rss_mb "$b")" "$(field first_batch_s "$b")"
+done

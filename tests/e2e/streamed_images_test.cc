@@ -1,0 +1,216 @@
+// Issue 43 through the real programs: data.name image_folder streamed (data.stream) — JPEGs made from
+// Fashion-MNIST by bench/images/make_images.py, read and decoded per batch with torchvision's ImageNet
+// recipe. The streamed path equals the in-memory one where both only resize; tar shards written in
+// torchvision ImageFolder's own order equal the folder; a resume mid-epoch (with another loader
+// thread count) is bitwise; a bad image ends the job naming the file, or is left out and counted.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "ddp/state_dict.h"
+#include "tests/support/run_command.h"
+
+namespace ddp {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string setRoot;  // removed when the program exits
+
+// 48 training and 16 evaluation pictures (ImageFolder layout, train/ and val/), the same as tar
+// shards of 20 in ImageFolder's order, a copy of the folder with one training JPEG truncated, and
+// 24 + 10 pictures of 32 x 32.
+const std::string& imageSet() {
+  static const std::string dir = [] {
+    setRoot = test::makeTempDir("streamed_images");
+    std::atexit([] { fs::remove_all(setRoot); });
+    const std::string py = DDP_PYTHON;
+    auto r = test::runCommand({py, std::string(DDP_SOURCE_DIR) + "/bench/images/make_images.py", "--out", setRoot,
+                               "--train", "48", "--val", "16", "--layout", "folder", "--jobs", "1"},
+                              300);
+    EXPECT_EQ(r.exitCode, 0) << r.output;
+    for (const char* split : {"train", "val"}) {
+      r = test::runCommand({py, std::string(DDP_SOURCE_DIR) + "/tests/python/image_folder_to_shards.py",
+                            setRoot + "/folder/" + split, setRoot + "/" + split, "20"},
+                           120);
+      EXPECT_EQ(r.exitCode, 0) << r.output;
+    }
+    fs::copy(setRoot + "/folder", setRoot + "/broken", fs::copy_options::recursive);
+    // Pictures of the network's input size, which neither path resamples.
+    r = test::runCommand({py, std::string(DDP_SOURCE_DIR) + "/bench/images/make_images.py", "--out",
+                          setRoot + "/small", "--train", "24", "--val", "10", "--layout", "folder", "--jobs", "1",
+                          "--size", "32x32"},
+                         300);
+    EXPECT_EQ(r.exitCode, 0) << r.output;
+    return setRoot;
+  }();
+  return dir;
+}
+
+// The first training JPEG of the broken copy, cut to half its bytes.
+std::string truncatedImage() {
+  std::vector<fs::path> files;
+  for (const auto& e : fs::recursive_directory_iterator(imageSet() + "/broken/train")) {
+    if (e.is_regular_file()) files.push_back(e.path());
+  }
+  std::sort(files.begin(), files.end());
+  const fs::path victim = files.front();
+  static const bool cut = [&] {
+    fs::resize_file(victim, fs::file_size(victim) / 2);
+    return true;
+  }();
+  (void)cut;
+  return victim.string();
+}
+
+std::vector<std::string> imageJob(int nproc, const std::string& out, std::vector<std::string> extra) {
+  std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nproc_per_node=" + std::to_string(nproc), DDP_WORKER_BIN,
+                                   std::string(DDP_SOURCE_DIR) + "/configs/fmnist_cnn_ddp.yaml",
+                                   "data.name=image_folder", "data.root=" + imageSet() + "/folder",
+                                   "data.image_size=32", "train.batch_size=4", "train.epochs=1",
+                                   "train.log_every=1", "output.dir=" + out};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+nlohmann::json summaryOf(const std::string& out) { return nlohmann::json::parse(test::readFile(out + "/summary.json")); }
+
+double maxDifference(const std::string& outA, const std::string& outB) {
+  const StateDict a = loadTensors(outA + "/model.pt");
+  const StateDict b = loadTensors(outB + "/model.pt");
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (const auto& [key, t] : a) {
+    if (b.count(key) == 0) {
+      ADD_FAILURE() << key << " missing";
+      continue;
+    }
+    worst = std::max(worst, (t - b.at(key)).abs().max().item<double>());
+  }
+  return worst;
+}
+
+TEST(StreamedImages, TrainWithTheImageNetRecipeAndSayTheyStreamed) {
+  const std::string out = test::makeTempDir("streamed_run");
+  const auto r = test::runCommand(imageJob(2, out, {"data.train_transform=imagenet"}), 300);
+  ASSERT_EQ(r.exitCode, 0) << r.output;
+  EXPECT_NE(r.output.find("streaming the images: data.train_transform: imagenet"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(48 train / 16 test images, streamed)"), std::string::npos) << r.output;
+  const auto s = summaryOf(out);
+  EXPECT_EQ(s["data_streamed"], true);
+  EXPECT_EQ(s["skipped_images"], 0);
+  EXPECT_EQ(s["steps"], 6);  // 48 images / (2 ranks x 4)
+  EXPECT_EQ(s["test_total"], 16);  // val/ when there is no test/
+  fs::remove_all(out);
+}
+
+// 32 x 32 pictures, 32 x 32 input: both paths decode (the in-memory one at start-up, the streamed one
+// per batch), normalise and batch the same samples in the same order: the same weights. (Where they
+// resize they may differ by a rounding: in memory the images are resized as torchvision's Resize on
+// tensors, streamed as on PIL images, which a torchvision ImageFolder pipeline does.)
+TEST(StreamedImages, EqualTheInMemoryPathOnTheSamePictures) {
+  const std::string streamed = test::makeTempDir("streamed_resize");
+  const std::string memory = test::makeTempDir("memory_resize");
+  const std::string small = "data.root=" + imageSet() + "/small/folder";
+  const auto a = test::runCommand(imageJob(2, streamed, {small, "data.stream=true"}), 300);
+  ASSERT_EQ(a.exitCode, 0) << a.output;
+  const auto b = test::runCommand(imageJob(2, memory, {small, "data.stream=false"}), 300);
+  ASSERT_EQ(b.exitCode, 0) << b.output;
+  EXPECT_EQ(summaryOf(streamed)["data_streamed"], true);
+  EXPECT_EQ(summaryOf(memory).count("data_streamed"), 0u);
+  EXPECT_EQ(maxDifference(streamed, memory), 0.0);
+  fs::remove_all(streamed);
+  fs::remove_all(memory);
+}
+
+TEST(StreamedImages, TarShardsInImageFolderOrderEqualTheFolder) {
+  const std::string folder = test::makeTempDir("streamed_folder");
+  const std::string shards = test::makeTempDir("streamed_shards");
+  const auto a = test::runCommand(imageJob(2, folder, {"data.train_transform=imagenet"}), 300);
+  ASSERT_EQ(a.exitCode, 0) << a.output;
+  const auto b = test::runCommand(imageJob(2, shards, {"data.train_transform=imagenet",
+                                                       "data.train_files=" + imageSet() + "/train-*.tar",
+                                                       "data.val_files=" + imageSet() + "/val-*.tar"}),
+                                  300);
+  ASSERT_EQ(b.exitCode, 0) << b.output;
+  EXPECT_EQ(maxDifference(folder, shards), 0.0);
+  EXPECT_EQ(summaryOf(folder)["test_accuracy"], summaryOf(shards)["test_accuracy"]);
+  fs::remove_all(folder);
+  fs::remove_all(shards);
+}
+
+// 6 steps at once (no loader threads) equal 3, a checkpoint, and 3 more after resume=auto with two
+// loader threads: the crops depend on (seed, epoch, sample) only.
+TEST(StreamedImages, ResumeMidEpochIsBitwiseWithAnotherThreadCount) {
+  const std::string straight = test::makeTempDir("streamed_straight");
+  const std::string split = test::makeTempDir("streamed_split");
+  const std::vector<std::string> recipe = {"data.train_transform=imagenet", "checkpoint.every_steps=3"};
+  auto all = recipe;
+  all.push_back("data.num_workers=0");
+  const auto r = test::runCommand(imageJob(2, straight, all), 300);
+  ASSERT_EQ(r.exitCode, 0) << r.output;
+  auto first = recipe;
+  first.push_back("train.max_steps=3");
+  const auto r1 = test::runCommand(imageJob(2, split, first), 300);
+  ASSERT_EQ(r1.exitCode, 0) << r1.output;
+  auto second = recipe;
+  second.push_back("resume=auto");
+  second.push_back("data.num_workers=2");
+  const auto r2 = test::runCommand(imageJob(2, split, second), 300);
+  ASSERT_EQ(r2.exitCode, 0) << r2.output;
+  EXPECT_EQ(summaryOf(split)["steps"], 6);
+  EXPECT_EQ(maxDifference(straight, split), 0.0);
+  fs::remove_all(straight);
+  fs::remove_all(split);
+}
+
+TEST(StreamedImages, ABadImageEndsTheJobWithOneLineNamingIt) {
+  const std::string bad = truncatedImage();
+  const std::string out = test::makeTempDir("streamed_bad");
+  const auto r = test::runCommand(
+      imageJob(2, out, {"data.root=" + imageSet() + "/broken", "data.train_transform=imagenet"}), 300);
+  EXPECT_EQ(r.exitCode, 1) << r.output;
+  EXPECT_NE(r.output.find(bad), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(out + "/model.pt"));
+  fs::remove_all(out);
+}
+
+TEST(StreamedImages, SkipBadImagesLeavesItOutAndCountsIt) {
+  const std::string bad = truncatedImage();
+  const std::string out = test::makeTempDir("streamed_skip");
+  const auto r = test::runCommand(imageJob(2, out, {"data.root=" + imageSet() + "/broken", "data.train_transform=imagenet",
+                                                    "data.skip_bad_images=true", "train.epochs=2"}),
+                                  300);
+  ASSERT_EQ(r.exitCode, 0) << r.output;
+  EXPECT_NE(r.output.find(bad), std::string::npos) << "the skipped file is logged\n" << r.output;
+  const auto s = summaryOf(out);
+  EXPECT_EQ(s["skipped_images"], 2) << "once per epoch";
+  EXPECT_EQ(s["samples"], 2 * 48) << "the sampler's positions, the skipped ones included";
+  fs::remove_all(out);
+}
+
+TEST(StreamedImages, SettingsThatDoNotFitAreOneLineExitTwo) {
+  const std::string out = test::makeTempDir("streamed_misuse");
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"data.stream=false", "data.train_transform=imagenet"},
+       "config: 'data.train_transform' is imagenet, which crops every image anew each epoch from the file: it needs "
+       "data.stream: auto or true"},
+      {{"data.stream=true", "data.image_size=0"}, "config: 'data.image_size' is needed with data.stream: true"},
+      {{"data.stream=maybe"}, "config: 'data.stream' is 'maybe'; use auto"},
+  };
+  for (const auto& [settings, line] : cases) {
+    const auto r = test::runCommand(imageJob(1, out, settings), 120);
+    EXPECT_EQ(r.exitCode, 2) << r.output;
+    EXPECT_NE(r.output.find(line), std::string::npos) << r.output;
+  }
+  fs::remove_all(out);
+}
+
+}  // namespace
+}  // namespace ddp

@@ -1,0 +1,194 @@
+#include "worker/data/streamed_images.h"
+
+#include <ATen/ops/empty.h>
+#include <c10/core/GradMode.h>
+#include <spdlog/spdlog.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <thread>
+#include <utility>
+
+#include "common/error.h"
+#include "ddp/launch_env.h"
+
+namespace ddp::worker::data {
+namespace {
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& c : v) s += (s.empty() ? "" : ", ") + c;
+  return s;
+}
+
+double hostMemoryBytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long pageSize = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && pageSize > 0 ? static_cast<double>(pages) * static_cast<double>(pageSize) : 0;
+}
+
+// The decoded size of both splits as the in-memory path would hold them: uint8, 3 channels, at
+// data.image_size, else at the first training image's size (that path needs all sizes equal).
+double decodedBytes(const DataConfig& config, const ImageIndex& index) {
+  double pixels = static_cast<double>(config.imageSize) * static_cast<double>(config.imageSize);
+  if (config.imageSize <= 0 && index.train->size() > 0) {
+    const std::vector<uint8_t> first = index.train->read(0);
+    const ImageHeader h = readImageHeader(first.data(), first.size(), index.train->name(0));
+    pixels = static_cast<double>(h.height) * static_cast<double>(h.width);
+  }
+  return 3.0 * pixels * static_cast<double>(index.train->size() + index.test->size());
+}
+
+ImageTransformOptions transformOf(const DataConfig& config, bool train) {
+  ImageTransformOptions t;
+  t.size = config.imageSize;
+  t.dctScaling = config.jpegDctScaling;
+  if (config.trainTransform == "imagenet") {
+    t.kind = train ? ImageTransformKind::kTrain : ImageTransformKind::kEval;
+  } else {
+    t.kind = ImageTransformKind::kResize;
+  }
+  return t;
+}
+
+// RGB bytes (rows of width × 3) into float32 CHW, (x / 255 - mean) / std: ToTensor + Normalize.
+void normaliseInto(const RgbImage& image, float* out, const std::vector<float>& mean, const std::vector<float>& stddev) {
+  const int64_t plane = image.height * image.width;
+  for (int64_t c = 0; c < 3; ++c) {
+    const float m = mean[static_cast<size_t>(c)];
+    const float s = stddev[static_cast<size_t>(c)];
+    float* dst = out + c * plane;
+    const uint8_t* src = image.pixels.data() + c;
+    for (int64_t i = 0; i < plane; ++i) dst[i] = (static_cast<float>(src[3 * i]) / 255.0f - m) / s;
+  }
+}
+
+Batch decodeBatch(const StreamedImages& images, bool train, uint64_t seed, int64_t epoch,
+                  const std::vector<int64_t>& items) {
+  c10::NoGradGuard noGrad;
+  const ImageDataset& dataset = train ? *images.index.train : *images.index.test;
+  const ImageTransformOptions& transform = train ? images.trainTransform : images.evalTransform;
+  const int64_t side = transform.size;
+  const auto n = static_cast<int64_t>(items.size());
+  at::Tensor pixels = at::empty({n, 3, side, side}, at::kFloat);
+  at::Tensor labels = at::empty({n}, at::kLong);
+  int64_t kept = 0;
+  for (const int64_t index : items) {
+    RgbImage image;
+    try {
+      const std::vector<uint8_t> bytes = dataset.read(index);
+      image = transformImage(bytes.data(), bytes.size(), dataset.name(index), transform, seed, epoch, index);
+    } catch (const DataError& e) {
+      if (!images.skipBadImages) throw;
+      spdlog::warn("data: skipped a bad image (data.skip_bad_images): {}", e.what());
+      ++*images.skipped;
+      continue;
+    }
+    normaliseInto(image, pixels.data_ptr<float>() + kept * 3 * side * side, images.mean, images.stddev);
+    labels.data_ptr<int64_t>()[kept] = dataset.label(index);
+    ++kept;
+  }
+  if (kept == 0 && n > 0) {
+    DDP_THROW(DataError, "data: every image of a batch was bad (the first: ", dataset.name(items.front()),
+              "); check the data set");
+  }
+  return Batch{pixels.narrow(0, 0, kept), labels.narrow(0, 0, kept)};
+}
+
+}  // namespace
+
+std::string imageFolderEvalDir(const std::string& root) {
+  namespace fs = std::filesystem;
+  const fs::path test = fs::path(root) / "test";
+  const fs::path val = fs::path(root) / "val";
+  return (!fs::is_directory(test) && fs::is_directory(val) ? val : test).string();
+}
+
+ImageIndex openImageIndex(const DataConfig& config) {
+  ImageIndex index;
+  if (!config.trainFiles.empty()) {
+    index.train = std::make_shared<const ImageDataset>(ImageDataset::tarShards(config.trainFiles));
+    if (config.valFiles.empty()) {
+      DDP_THROW(ConfigError, "config: 'data.train_files' is tar shards but data.val_files is empty; give the "
+                "evaluation split's shards (or set eval.enabled: false and data.val_files to the same glob)");
+    }
+    index.test = std::make_shared<const ImageDataset>(ImageDataset::tarShards(config.valFiles));
+  } else {
+    namespace fs = std::filesystem;
+    index.train = std::make_shared<const ImageDataset>(ImageDataset::folder((fs::path(config.root) / "train").string()));
+    index.test = std::make_shared<const ImageDataset>(ImageDataset::folder(imageFolderEvalDir(config.root)));
+    if (index.train->classes() != index.test->classes()) {
+      DDP_THROW(DataError, "data: ", (fs::path(config.root) / "train").string(), " has classes [",
+                joined(index.train->classes()), "] but ", imageFolderEvalDir(config.root), " has [",
+                joined(index.test->classes()), "]; both splits need the same class folders");
+    }
+  }
+  index.classes = index.train->classes();
+  if (index.test->classes().size() > index.classes.size()) {
+    DDP_THROW(DataError, "data: the evaluation shards hold label ", index.test->classes().size() - 1,
+              " but the training shards only labels up to ", index.classes.size() - 1,
+              "; both splits need the same classes");
+  }
+  return index;
+}
+
+bool streamsImages(const DataConfig& config, const ImageIndex& index, std::string* why) {
+  const auto say = [why](const std::string& text) {
+    if (why != nullptr) *why = text;
+    return true;
+  };
+  if (config.stream == "true") return say("data.stream: true");
+  if (config.stream == "false") return false;
+  if (!config.trainFiles.empty()) return say("tar shards are read as a stream");
+  if (config.trainTransform == "imagenet") return say("data.train_transform: imagenet crops each image anew");
+  const double budget = config.memoryBudgetMb > 0 ? static_cast<double>(config.memoryBudgetMb) * 1024 * 1024
+                                                  : hostMemoryBytes() / 4;
+  const double bytes = decodedBytes(config, index);
+  if (budget > 0 && bytes > budget) {
+    return say(fmt::format("decoded, the images would take {:.0f} MiB, over data.memory_budget_mb ({:.0f} MiB)",
+                           bytes / (1024 * 1024), budget / (1024 * 1024)));
+  }
+  return false;
+}
+
+std::shared_ptr<const StreamedImages> streamedImages(const DataConfig& config, ImageIndex index) {
+  if (config.imageSize <= 0) {
+    DDP_THROW(ConfigError, "config: streamed images (data.stream) need data.image_size, the side of the square "
+              "each image is cropped or resized to, e.g. 224");
+  }
+  auto images = std::make_shared<StreamedImages>();
+  images->index = std::move(index);
+  images->trainTransform = transformOf(config, /*train=*/true);
+  images->evalTransform = transformOf(config, /*train=*/false);
+  const bool imagenet = config.trainTransform == "imagenet";
+  // torchvision's ImageNet statistics with its recipe, unless the config gives others.
+  images->mean = !config.mean.empty() ? config.mean : imagenet ? std::vector<float>{0.485f, 0.456f, 0.406f}
+                                                               : std::vector<float>{0, 0, 0};
+  images->stddev = !config.stddev.empty() ? config.stddev : imagenet ? std::vector<float>{0.229f, 0.224f, 0.225f}
+                                                                     : std::vector<float>{1, 1, 1};
+  images->skipBadImages = config.skipBadImages;
+  if (config.numWorkers < 0) {
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    images->autoThreads = std::max(1, cores / std::max(1, launchEnv().localWorldSize));
+  }
+  return images;
+}
+
+SampleSource streamedSource(std::shared_ptr<const StreamedImages> images, bool train) {
+  const int64_t size = train ? images->index.train->size() : images->index.test->size();
+  return SampleSource(size, [images = std::move(images), train](std::vector<std::vector<int64_t>> plan,
+                                                                 LoaderOptions options) {
+    const uint64_t seed = options.seed;
+    const int64_t epoch = options.epoch;
+    options.augment = {};  // the transform is the augmentation
+    if (images->autoThreads > 0) options.numWorkers = images->autoThreads;
+    auto gather = [images, train, seed, epoch](const std::vector<int64_t>& items) {
+      return decodeBatch(*images, train, seed, epoch, items);
+    };
+    return std::make_unique<BatchLoader>(std::move(gather), std::move(plan), std::move(options));
+  });
+}
+
+}  // namespace ddp::worker::data
