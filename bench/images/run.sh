@@ -78,3 +78,34 @@ for n in 10000 100000; do
   printf '%-8s %-12s %12.0f %16.2f\n' $n ours "$(field peak_rss_mb "$a")" "$(field first_batch_s "$a")"
   printf '%-8s %-12s %12.0f %16.2f\n' $n torchvision "$(field peak_rss_mb "$b")" "$(field first_batch_s "$b")"
 done
+
+# Training: resnet18 at TRAIN_SIZE on 2 CPU ranks, batches of 32 per rank, SGD, the streamed folder
+# with the ImageNet transform and 1 loader thread / worker per rank: ours (the worker) vs torchvision
+# under torchrun + DDP (bench/images/torchvision_train.py).
+size=${TRAIN_SIZE:-112}
+steps=${TRAIN_STEPS:-30}
+echo
+echo "training resnet18 at ${size}px, 2 ranks x 32, SGD, fp32, 1 loader thread per rank ($steps steps after 5):"
+printf '%-4s %12s %14s %7s\n' rep "ours img/s" "torchvision" ratio
+train_ours() {
+  local out=$dir/train_out
+  rm -rf "$out"
+  "$build/ddp-launch" --nproc_per_node=2 "$build/worker" configs/imagenet_resnet50.yaml model.name=resnet18 \
+    data.root="$dir/set/folder" data.image_size="$size" data.num_workers=1 train.batch_size=32 \
+    train.precision=fp32 train.channels_last=false train.max_steps=$((steps + 5)) train.log_every=1 \
+    eval.enabled=false checkpoint.every_steps=0 output.dir="$out" >/dev/null 2>&1
+  $py -c "
+import json
+r = {x['step']: x for x in map(json.loads, open('$out/metrics.jsonl')) if 'samples' in x}
+a, b = r[5], r[max(r)]  # as the reference: the images after step 5 over their time
+print((b['samples'] - a['samples']) / (b['elapsed_s'] - a['elapsed_s']))"
+}
+train_theirs() {
+  OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc_per_node=2 bench/images/torchvision_train.py \
+    "$dir/set/folder/train" --workers 1 --size "$size" --steps "$steps" 2>/dev/null | tail -1 |
+    $py -c "import json, sys; print(json.loads(sys.stdin.read())['images_per_s'])"
+}
+for ((i = 1; i <= reps; i++)); do
+  if (( i % 2 )); then a=$(train_ours); b=$(train_theirs); else b=$(train_theirs); a=$(train_ours); fi
+  printf '%-4s %12.1f %14.1f %6.2fx\n' "$i" "$a" "$b" "$($py -c "print($a / $b)")"
+done

@@ -41,6 +41,7 @@
 #include "ddp/sampler.h"                    // DistributedSampler
 #include "ddp/state_dict.h"                 // stateDict, saveStateDict, loadTensors
 #include "ddp/straggler.h"                  // StragglerMonitor (who arrives last)
+#include "ddp/fully_shard.h"                // fullyShard, FullyShardedUnit (FSDP2: sharded parameters)
 #include "ddp/image_data.h"                 // ImageDataset, ImageLoader (streamed image folders, tar shards)
 #include "ddp/token_data.h"                 // TokenData, TokenSampler (token shards, LM windows)
 #include "ddp/version.h"

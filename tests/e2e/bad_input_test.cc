@@ -497,7 +497,8 @@ INSTANTIATE_TEST_SUITE_P(
                  [](const Fixture& f) { return worker({"mode=dp", "model.name=cnn", "model.batch_norm=true", "model.sync_batch_norm=true"}, f, 1); },
                  "config: 'model.sync_batch_norm' is for mode ddp; dp and single train in one process", 2},
         BadInput{"SyncBatchNormWithoutBatchNorm", [](const Fixture& f) { return worker({"model.sync_batch_norm=true"}, f); },
-                 "config: 'model.sync_batch_norm' synchronises the cnn's BatchNorm layers; set model.name: cnn and model.batch_norm: true", 2},
+                 "config: 'model.sync_batch_norm' synchronises BatchNorm layers; use a ResNet (model.name: resnet18, ...) or "
+                 "model.name: cnn with model.batch_norm: true", 2},
         // Communication hooks (issue 26, 3).
         BadInput{"UnknownHook", [](const Fixture& f) { return worker({"comm.hook=powersdg"}, f); },
                  "config: 'comm.hook' is 'powersdg'; use none, fp16, bf16 or powersgd", 2},

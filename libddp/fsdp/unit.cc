@@ -1,0 +1,174 @@
+#include "libddp/fsdp/unit.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/StorageImpl.h>
+
+#include <utility>
+
+namespace ddp {
+
+namespace fsdp {
+void setStorageBytes(const at::Tensor& tensor, size_t nbytes) {
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  if (storage->nbytes() == nbytes) return;
+  const c10::Device device = storage->device();
+  c10::DeviceGuard guard(device);
+  storage->set_data_ptr_noswap(nbytes == 0 ? at::DataPtr(nullptr, device) : storage->allocator()->allocate(nbytes));
+  storage->set_nbytes(nbytes);
+}
+}  // namespace fsdp
+
+namespace {
+CollectiveOptions labelled(const char* what, const torch::nn::Module& module) {
+  CollectiveOptions options;
+  options.label = std::string("fullyShard ") + what + " (" + module.name() + ")";
+  return options;
+}
+}  // namespace
+
+FullyShardedUnit::Impl::Impl(torch::nn::Module& m, ProcessGroup g, FullyShardOptions o, std::vector<std::string> n,
+                             std::vector<at::Tensor> p, int64_t unitId)
+    : module(&m), group(std::move(g)), options(o), names(std::move(n)), params(std::move(p)), id(unitId) {
+  c10::NoGradGuard noGrad;
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& param : params) shapes.push_back(param.sizes().vec());
+  layout = fsdp::ShardLayout(shapes, group.size(), group.rank());
+  const at::TensorOptions bufferOptions =
+      params.empty() ? at::TensorOptions().dtype(at::kFloat) : params.front().options().requires_grad(false);
+  shardDtype = bufferOptions.dtype().toScalarType();
+  computeDtype = options.paramDtype.value_or(shardDtype);
+  reduceDtype = options.reduceDtype.value_or(shardDtype);
+  shardFlat = at::zeros({layout.shardNumel()}, bufferOptions);  // padding stays zero, as FSDP2's
+  fullFlat = at::empty({layout.fullNumel()}, bufferOptions.dtype(computeDtype));
+  for (size_t i = 0; i < params.size(); ++i) {
+    layout.copyShard(params[i].detach(), shardFlat, i);
+    shardViews.push_back(layout.shardView(shardFlat, i));
+    fullViews.push_back(layout.fullView(fullFlat, i));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i].mutable_grad() = at::Tensor();
+    params[i].set_data(shardViews[i]);
+  }
+  fsdp::setStorageBytes(fullFlat, 0);
+}
+
+FullyShardedUnit::Impl::~Impl() = default;
+
+void FullyShardedUnit::Impl::unshard() {
+  startUnshard();
+  finishUnshard();
+}
+
+void FullyShardedUnit::Impl::startUnshard() {
+  if (unsharded || gathering) return;
+  fsdp::setStorageBytes(fullFlat, static_cast<size_t>(layout.fullNumel()) * fullFlat.element_size());
+  gathering = std::make_unique<Work>();
+  if (layout.shardNumel() == 0) return;
+  c10::NoGradGuard noGrad;
+  gatherInput = computeDtype == shardDtype ? shardFlat : shardFlat.to(computeDtype);
+  *gathering = group.allGatherAsync(gathered, gatherInput, labelled("all_gather", *module));
+}
+
+void FullyShardedUnit::Impl::finishUnshard() {
+  if (!gathering) return;
+  c10::NoGradGuard noGrad;
+  std::unique_ptr<Work> work = std::move(gathering);
+  work->wait();
+  if (layout.shardNumel() > 0) layout.copyOut(at::stack(gathered), fullFlat);
+  gathered.clear();
+  gatherInput = at::Tensor();
+  for (size_t i = 0; i < params.size(); ++i) params[i].set_data(fullViews[i]);
+  unsharded = true;
+}
+
+void FullyShardedUnit::Impl::reshard() {
+  finishUnshard();  // a prefetch nobody used: its collective still completes on every rank
+  if (!unsharded) return;
+  for (size_t i = 0; i < params.size(); ++i) params[i].set_data(shardViews[i]);
+  fsdp::setStorageBytes(fullFlat, 0);
+  unsharded = false;
+}
+
+void FullyShardedUnit::Impl::preBackward() {
+  // Again after kPostBackward when the unit ran forward twice: FSDP2 gathers and reduces per use.
+  if (backward == Backward::kPreBackward) return;
+  unshard();
+  setAside.assign(params.size(), at::Tensor());
+  for (size_t i = 0; i < params.size(); ++i) {
+    setAside[i] = params[i].grad();
+    params[i].mutable_grad() = at::Tensor();
+  }
+  backward = Backward::kPreBackward;
+}
+
+void FullyShardedUnit::Impl::postBackward() {
+  if (backward == Backward::kPostBackward) return;
+  if (backward == Backward::kIdle) {  // no gradient reached its outputs: nothing to reduce
+    reshard();
+    backward = Backward::kPostBackward;
+    return;
+  }
+  c10::NoGradGuard noGrad;
+  accumulated.resize(params.size());
+  if (!requiresGradientSync) {
+    // FSDP2's set_requires_gradient_sync(False): the full gradients accumulate here, unreduced;
+    // the sharded ones stay as they were.
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor full = params[i].grad().defined() ? params[i].grad().to(reduceDtype) : at::Tensor();
+      if (full.defined()) {
+        if (accumulated[i].defined()) {
+          accumulated[i].add_(full);
+        } else {
+          accumulated[i] = full;
+        }
+      }
+      params[i].mutable_grad() = setAside[i];
+    }
+    setAside.clear();
+    reshard();
+    backward = Backward::kPostBackward;
+    return;
+  }
+  std::vector<bool> hasGrad(params.size(), false);
+  bool any = false;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (accumulated[i].defined()) {  // micro-batches without sync before this one
+      if (params[i].grad().defined()) accumulated[i].add_(params[i].grad().to(reduceDtype));
+      params[i].mutable_grad() = accumulated[i];
+      accumulated[i] = at::Tensor();
+    }
+    hasGrad[i] = params[i].grad().defined();
+    any = any || hasGrad[i];
+  }
+  if (any && layout.shardNumel() > 0) {
+    // FSDP2's foreach_reduce: each rank's padded chunks side by side, one reduce-scatter (avg).
+    const at::Tensor input = at::empty({group.size(), layout.shardNumel()}, shardFlat.options().dtype(reduceDtype));
+    for (size_t i = 0; i < params.size(); ++i) {
+      layout.packGradient(params[i].grad(), input, i);
+      params[i].mutable_grad() = at::Tensor();  // frees the full gradient
+    }
+    ReduceScatterOptions average(ReduceOp::kAvg);
+    average.label = labelled("reduce_scatter", *module).label;
+    const at::Tensor output = group.reduceScatter(input.unbind(0), average);
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!hasGrad[i]) continue;
+      // A plain tensor on the output's bytes, not an autograd view: optimizers detach_() gradients.
+      at::Tensor shard = layout.shardOfOutput(output, i).detach().to(shardDtype);
+      if (setAside[i].defined()) {
+        setAside[i].add_(shard);  // accumulates into the sharded gradient, as FSDP2
+      } else {
+        setAside[i] = shard;
+      }
+    }
+  }
+  for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = setAside[i];
+  setAside.clear();
+  reshard();
+  backward = Backward::kPostBackward;
+}
+
+}  // namespace ddp

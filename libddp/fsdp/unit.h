@@ -1,0 +1,84 @@
+// The state of one fully sharded unit (FSDP2's FSDPParamGroup, torch/distributed/fsdp/_fully_shard/
+// _fsdp_param_group.py): its parameters, their flat shard and full buffers, and the steps
+// forward and backward take it through. The autograd glue that calls these steps is in
+// libddp/fully_shard.cc.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/fully_shard.h"
+#include "ddp/process_group.h"
+#include "libddp/fsdp/shard_layout.h"
+
+namespace ddp {
+
+struct FullyShardedUnit::Impl {
+  /// Shards `params` (the module's tensors, named `names`) at once: their data becomes this
+  /// rank's shards, their .grad is cleared.
+  Impl(torch::nn::Module& module, ProcessGroup group, FullyShardOptions options, std::vector<std::string> names,
+       std::vector<at::Tensor> params, int64_t id);
+  ~Impl();
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  /// All-gathers the shards into the full buffer (allocated again) and points every parameter's
+  /// data at its full view. Collective; nothing when already unsharded.
+  void unshard();
+  /// unshard() in two halves: start the all-gather (async), then wait for it and point the
+  /// parameters at the full views. FSDP2's backward prefetch starts a unit's all-gather while the
+  /// unit before it still computes.
+  void startUnshard();
+  void finishUnshard();
+  /// Points the parameters back at their shards and frees the full buffer's bytes (its storage
+  /// object stays: autograd's saved tensors may hold views of it until the next unshard()).
+  void reshard();
+  /// The first gradient reaching the unit's outputs (of each of its forwards, when it ran more
+  /// than one): unshard, and set the sharded gradients aside so that autograd accumulates full
+  /// ones.
+  void preBackward();
+  /// The unit's backward is done: reduce-scatter (average) the full gradients into sharded ones
+  /// (added to those set aside), free the full gradients, reshard. Once per preBackward().
+  void postBackward();
+
+  enum class Backward { kIdle, kPreBackward, kPostBackward };
+
+  torch::nn::Module* module;
+  ProcessGroup group;
+  FullyShardOptions options;
+  std::vector<std::string> names;
+  std::vector<at::Tensor> params;
+  int64_t id;
+  fsdp::ShardLayout layout;
+  at::Tensor shardFlat;  // this rank's padded shards (S elements): the all-gather's input
+  at::Tensor fullFlat;   // the padded full parameters (world × S), bytes freed while sharded
+  std::vector<at::Tensor> shardViews, fullViews;
+  std::vector<at::Tensor> setAside;     // the sharded gradients during backward
+  std::vector<at::Tensor> accumulated;  // full gradients of backwards without gradient sync
+  bool requiresGradientSync = true;
+  bool unsharded = false;
+  at::ScalarType shardDtype = at::kFloat;    // the parameters' own: shards, sharded gradients
+  at::ScalarType computeDtype = at::kFloat;  // paramDtype: the all-gather and the full parameters
+  at::ScalarType reduceDtype = at::kFloat;   // the reduce-scatter's
+  // Declared before `gathering`, so destroyed after it: an unwaited all-gather's Work may still
+  // read its input when destroyed.
+  at::Tensor gatherInput;             // the all-gather's input: the shards in computeDtype
+  std::vector<at::Tensor> gathered;   // its output, one shard buffer per rank
+  std::unique_ptr<Work> gathering;    // a started all-gather (startUnshard) not yet waited for
+  bool rootOfForward = false;  // entered when no other unit was in its forward
+  Backward backward = Backward::kIdle;
+};
+
+namespace fsdp {
+/// Frees (0) or allocates `nbytes` for the storage of `tensor`, keeping the storage object, so
+/// every view of it sees the new bytes (Python's tensor.untyped_storage().resize_(n), without
+/// copying the old bytes). Device-agnostic: the storage's own allocator.
+void setStorageBytes(const at::Tensor& tensor, size_t nbytes);
+}  // namespace fsdp
+
+}  // namespace ddp

@@ -1,0 +1,408 @@
+// ddp::fullyShard and the autograd glue of FSDP2 (torch/distributed/fsdp/_fully_shard/_fsdp_state.py):
+// which unit is the root of a forward, the post-backward marker on a unit's inputs, the
+// pre-backward hooks on its outputs and the final callback that ends every unit's backward.
+#include "ddp/fully_shard.h"
+
+#include <ATen/ops/clamp.h>
+#include <ATen/ops/linalg_vector_norm.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
+
+#include <cmath>
+#include <functional>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+#include "common/error.h"
+#include "libddp/fsdp/unit.h"
+
+namespace ddp {
+
+namespace {
+
+using Unit = FullyShardedUnit::Impl;
+
+// The units of this process: what is sharded by whom, and the forward/backward in progress.
+// Recursive: a unit dropped while a lock is held (the last handle) unregisters itself.
+struct Registry {
+  std::recursive_mutex mutex;
+  std::unordered_map<const torch::nn::Module*, std::weak_ptr<Unit>> modules;
+  struct Owner {
+    std::weak_ptr<Unit> unit;
+    std::string name;
+    size_t index = 0;  // in the unit's parameters
+  };
+  std::unordered_map<const c10::TensorImpl*, Owner> params;
+  std::unordered_map<int64_t, std::weak_ptr<Unit>> byId;
+  int64_t nextId = 1;
+  int depth = 0;                            // units inside their forward now
+  std::vector<std::weak_ptr<Unit>> units;   // the units of the current forward, in forward order
+  std::vector<std::weak_ptr<Unit>> ended;   // the same, in the order their forwards ended
+  bool finalCallbackQueued = false;
+};
+
+Registry& registry() {
+  static Registry* r = new Registry();  // never destroyed: units may outlive static destruction order
+  return *r;
+}
+
+std::shared_ptr<Unit> unitById(int64_t id) {
+  Registry& r = registry();
+  std::lock_guard<std::recursive_mutex> lock(r.mutex);
+  auto it = r.byId.find(id);
+  return it == r.byId.end() ? nullptr : it->second.lock();
+}
+
+// FSDP2's RegisterPostBackwardFunction: an identity on the unit's inputs whose backward runs once
+// the gradients of those inputs are in, i.e. once the unit's backward is done.
+struct PostBackward : torch::autograd::Function<PostBackward> {
+  // The inputs as a TensorList: autograd's argument scan takes a std::vector for a non-tensor.
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, int64_t unitId,
+                                                at::TensorList inputs) {
+    ctx->saved_data["unit"] = unitId;
+    return inputs.vec();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    if (auto unit = unitById(ctx->saved_data["unit"].toInt())) unit->postBackward();
+    grads.insert(grads.begin(), at::Tensor());  // none for unitId
+    return grads;
+  }
+};
+
+// FSDP2's _root_post_backward_final_callback: every unit of the forward ends its backward (those
+// whose inputs needed no gradient, the root among them, reduce here), in forward order.
+void finalCallback() {
+  Registry& r = registry();
+  std::vector<std::shared_ptr<Unit>> units;
+  {
+    std::lock_guard<std::recursive_mutex> lock(r.mutex);
+    for (const auto& weak : r.units) {
+      if (auto unit = weak.lock()) units.push_back(std::move(unit));
+    }
+    r.finalCallbackQueued = false;
+  }
+  for (const auto& unit : units) unit->postBackward();
+  for (const auto& unit : units) unit->backward = Unit::Backward::kIdle;
+}
+
+void preBackward(Unit& unit) {
+  Registry& r = registry();
+  {
+    std::lock_guard<std::recursive_mutex> lock(r.mutex);
+    if (!r.finalCallbackQueued) {
+      torch::autograd::Engine::get_default_engine().queue_callback(finalCallback);
+      r.finalCallbackQueued = true;
+    }
+  }
+  unit.preBackward();
+  if (!unit.options.backwardPrefetch) return;
+  // FSDP2's _backward_prefetch: the unit whose forward ended just before this one's is the next
+  // to run backward. Every rank starts it at the same point, so the collectives line up.
+  std::shared_ptr<Unit> next;
+  {
+    std::lock_guard<std::recursive_mutex> lock(r.mutex);
+    for (size_t i = 1; i < r.ended.size(); ++i) {
+      if (r.ended[i].lock().get() == &unit) {
+        next = r.ended[i - 1].lock();
+        break;
+      }
+    }
+  }
+  if (next && next->backward == Unit::Backward::kIdle) next->startUnshard();
+}
+
+// The parameters `module` brings to a new unit: its own and its submodules', but for those of
+// submodules that are units already (FSDP2's managed modules), each tensor once.
+void collectParameters(const torch::nn::Module& module, const std::string& prefix, bool top, Registry& r,
+                       std::unordered_set<const c10::TensorImpl*>& seen, std::vector<std::string>& names,
+                       std::vector<at::Tensor>& params) {
+  if (!top) {
+    auto it = r.modules.find(&module);
+    if (it != r.modules.end() && !it->second.expired()) return;
+  }
+  for (const auto& item : module.named_parameters(/*recurse=*/false)) {
+    const std::string name = prefix + item.key();
+    const at::Tensor& param = item.value();
+    if (!seen.insert(param.unsafeGetTensorImpl()).second) continue;
+    auto owner = r.params.find(param.unsafeGetTensorImpl());
+    if (owner != r.params.end()) {
+      if (auto unit = owner->second.unit.lock()) {
+        DDP_THROW(ConfigError, "ddp::fullyShard(", module.name(), "): parameter '", name, "' is already sharded by the unit of ",
+                  unit->module->name(), " (as '", owner->second.name,
+                  "'): a parameter shared by two units. Shard the module that holds every use of it as one unit, "
+                  "and shard child modules before their parents");
+      }
+    }
+    if (param.dim() == 0) {
+      DDP_THROW(ConfigError, "ddp::fullyShard(", module.name(), "): parameter '", name,
+                "' has no dimension; fully sharded parameters are split on dim 0 (make it shape {1})");
+    }
+    names.push_back(name);
+    params.push_back(param);
+  }
+  for (const auto& child : module.named_children()) {
+    collectParameters(*child.value(), prefix + child.key() + ".", false, r, seen, names, params);
+  }
+}
+
+}  // namespace
+
+FullyShardedUnit fullyShard(torch::nn::Module& module, ProcessGroup group, FullyShardOptions options) {
+  if (group.destroyed()) {
+    DDP_THROW(ConfigError, "ddp::fullyShard(", module.name(),
+              "): the process group was destroyed (ProcessGroup::destroy()); shard the model before the end");
+  }
+  Registry& r = registry();
+  std::lock_guard<std::recursive_mutex> lock(r.mutex);
+  auto known = r.modules.find(&module);
+  if (known != r.modules.end() && !known->second.expired()) {
+    DDP_THROW(ConfigError, "ddp::fullyShard(", module.name(), "): this module is a unit already (fullyShard was called on it "
+              "before); shard each module once");
+  }
+  std::unordered_set<const c10::TensorImpl*> seen;
+  std::vector<std::string> names;
+  std::vector<at::Tensor> params;
+  collectParameters(module, "", true, r, seen, names, params);
+  for (size_t i = 1; i < params.size(); ++i) {
+    if (params[i].scalar_type() != params[0].scalar_type() || params[i].device() != params[0].device()) {
+      DDP_THROW(ConfigError, "ddp::fullyShard(", module.name(), "): parameter '", names[i], "' is ", params[i].scalar_type(),
+                " on ", params[i].device(), " but '", names[0], "' is ", params[0].scalar_type(), " on ", params[0].device(),
+                "; a unit's parameters share one dtype and device (shard them as separate units)");
+    }
+  }
+  const int64_t id = r.nextId++;
+  auto unit = std::shared_ptr<Unit>(new Unit(module, group, options, names, params, id), [](Unit* u) {
+    Registry& reg = registry();
+    {
+      std::lock_guard<std::recursive_mutex> guard(reg.mutex);
+      reg.byId.erase(u->id);
+      auto m = reg.modules.find(u->module);
+      if (m != reg.modules.end() && m->second.expired()) reg.modules.erase(m);
+      for (const auto& p : u->params) {
+        auto it = reg.params.find(p.unsafeGetTensorImpl());
+        if (it != reg.params.end() && it->second.unit.expired()) reg.params.erase(it);
+      }
+    }
+    delete u;
+  });
+  r.modules[&module] = unit;
+  r.byId[id] = unit;
+  for (size_t i = 0; i < params.size(); ++i) r.params[params[i].unsafeGetTensorImpl()] = {unit, names[i], i};
+  return FullyShardedUnit(unit);
+}
+
+FullyShardedUnit::FullyShardedUnit(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {
+  if (!impl_) throw ConfigError("ddp::FullyShardedUnit: made from no unit; use ddp::fullyShard(module, group)");
+}
+
+std::vector<at::Tensor> FullyShardedUnit::beforeForward(const std::vector<at::Tensor>& inputs) {
+  Registry& r = registry();
+  const bool grad = c10::GradMode::is_enabled();
+  {
+    std::lock_guard<std::recursive_mutex> lock(r.mutex);
+    impl_->rootOfForward = r.depth == 0;
+    if (impl_->rootOfForward && grad) {
+      // A new forward to differentiate: a backward that never ran (or threw) leaves nothing behind.
+      for (const auto& weak : r.units) {
+        if (auto unit = weak.lock()) unit->backward = Impl::Backward::kIdle;
+      }
+      r.units.clear();
+      r.ended.clear();
+    }
+    if (grad) r.units.push_back(impl_);
+    ++r.depth;
+  }
+  try {
+    impl_->unshard();
+  } catch (...) {
+    std::lock_guard<std::recursive_mutex> lock(r.mutex);
+    --r.depth;
+    throw;
+  }
+  std::vector<at::Tensor> cast = inputs;
+  if (impl_->options.paramDtype && impl_->options.castForwardInputs) {
+    for (auto& t : cast) {
+      if (t.defined() && t.is_floating_point() && t.scalar_type() != *impl_->options.paramDtype) t = t.to(*impl_->options.paramDtype);
+    }
+  }
+  if (!grad) return cast;
+  // The marker goes on the inputs that need a gradient (FSDP2: the others cannot tell when the
+  // unit's backward ends; the final callback reduces those units).
+  std::vector<at::Tensor> marked;
+  std::vector<size_t> where;
+  for (size_t i = 0; i < cast.size(); ++i) {
+    if (cast[i].defined() && cast[i].requires_grad()) {
+      marked.push_back(cast[i]);
+      where.push_back(i);
+    }
+  }
+  if (marked.empty()) return cast;
+  const auto outputs = PostBackward::apply(impl_->id, at::TensorList(marked));
+  for (size_t k = 0; k < where.size(); ++k) cast[where[k]] = outputs[k];
+  return cast;
+}
+
+void FullyShardedUnit::afterForward(const std::vector<at::Tensor>& outputs) {
+  Registry& r = registry();
+  const bool grad = c10::GradMode::is_enabled();
+  {
+    std::lock_guard<std::recursive_mutex> lock(r.mutex);
+    --r.depth;
+    if (grad) r.ended.push_back(impl_);
+  }
+  // Without autograd no backward follows: free them unless the user asked to keep them.
+  const bool reshardNow = impl_->options.reshardAfterForward.value_or(grad ? !impl_->rootOfForward : true);
+  if (reshardNow) impl_->reshard();
+  if (!grad) return;
+  std::weak_ptr<Impl> weak = impl_;
+  for (const auto& output : outputs) {
+    if (!output.defined() || !output.requires_grad()) continue;
+    output.register_hook([weak](const at::Tensor&) {
+      if (auto unit = weak.lock()) preBackward(*unit);
+    });
+  }
+}
+
+void FullyShardedUnit::abandonForward() {
+  Registry& r = registry();
+  {
+    std::lock_guard<std::recursive_mutex> lock(r.mutex);
+    --r.depth;
+  }
+  impl_->reshard();
+}
+
+void FullyShardedUnit::setRequiresGradientSync(bool requiresSync, bool recurse) {
+  impl_->requiresGradientSync = requiresSync;
+  if (!recurse) return;
+  Registry& r = registry();
+  std::lock_guard<std::recursive_mutex> lock(r.mutex);
+  std::function<void(const torch::nn::Module&)> visit = [&](const torch::nn::Module& m) {
+    for (const auto& child : m.children()) {
+      auto it = r.modules.find(child.get());
+      if (it != r.modules.end()) {
+        if (auto unit = it->second.lock()) unit->requiresGradientSync = requiresSync;
+      }
+      visit(*child);
+    }
+  };
+  visit(*impl_->module);
+}
+
+at::Tensor clipGradNorm(const std::vector<at::Tensor>& params, double maxNorm, ProcessGroup& group) {
+  if (!(maxNorm > 0) || !std::isfinite(maxNorm)) {
+    DDP_THROW(ConfigError, "ddp::clipGradNorm: maxNorm must be a positive finite number (got ", maxNorm, ")");
+  }
+  c10::NoGradGuard noGrad;
+  std::vector<at::Tensor> grads;
+  for (const auto& p : params) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  // Every rank takes part in the all-reduce, even one whose shards are all empty.
+  at::Tensor squares = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(group.device()));
+  for (const auto& g : grads) squares += at::linalg_vector_norm(g, 2.0).pow(2).to(squares.device(), at::kFloat);
+  group.allReduce(squares);
+  const at::Tensor total = squares.sqrt().squeeze(0);
+  const at::Tensor coefficient = at::clamp((total + 1e-6).reciprocal() * maxNorm, c10::nullopt, 1.0);
+  for (auto& g : grads) g.mul_(coefficient.to(g.device(), g.scalar_type()));
+  return total;
+}
+
+namespace {
+// The unit holding `param`, and its index there; no unit: null.
+std::pair<std::shared_ptr<Unit>, size_t> ownerOf(const at::Tensor& param) {
+  Registry& r = registry();
+  std::lock_guard<std::recursive_mutex> lock(r.mutex);
+  auto it = r.params.find(param.unsafeGetTensorImpl());
+  if (it == r.params.end()) return {nullptr, 0};
+  return {it->second.unit.lock(), it->second.index};
+}
+}  // namespace
+
+StateDict fullStateDict(const torch::nn::Module& model) {
+  c10::NoGradGuard noGrad;
+  std::unordered_map<const Unit*, at::Tensor> gathered;  // each unit's full values, gathered once
+  StateDict out;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    auto [unit, index] = ownerOf(item.value());
+    if (!unit) {
+      out[item.key()] = item.value().detach().to(at::kCPU).contiguous().clone();
+      continue;
+    }
+    auto it = gathered.find(unit.get());
+    if (it == gathered.end()) {
+      // From the shards in their own dtype (not paramDtype), in the order the parameters come:
+      // the same on every rank.
+      at::Tensor full = at::empty({unit->layout.fullNumel()}, unit->shardFlat.options());
+      if (unit->layout.shardNumel() > 0) {
+        CollectiveOptions options;
+        options.label = "fullStateDict (" + unit->module->name() + ")";
+        unit->layout.copyOut(at::stack(unit->group.allGather(unit->shardFlat, options)), full);
+      }
+      it = gathered.emplace(unit.get(), full).first;
+    }
+    out[item.key()] = unit->layout.fullView(it->second, index).to(at::kCPU).contiguous().clone();
+  }
+  for (const auto& item : model.named_buffers(/*recurse=*/true)) {
+    out[item.key()] = item.value().detach().to(at::kCPU).contiguous().clone();
+  }
+  return out;
+}
+
+void loadFullStateDict(torch::nn::Module& model, const StateDict& state) {
+  c10::NoGradGuard noGrad;
+  // Every key and shape first: a bad file changes nothing.
+  auto entry = [&](const std::string& key, at::IntArrayRef shape) -> const at::Tensor& {
+    auto it = state.find(key);
+    if (it == state.end()) {
+      DDP_THROW(ConfigError, "ddp::loadFullStateDict(", model.name(), "): the state dict has no '", key, "' (it holds ",
+                state.size(), " entries); is it this model's?");
+    }
+    if (it->second.sizes() != shape) {
+      DDP_THROW(ConfigError, "ddp::loadFullStateDict(", model.name(), "): '", key, "' is ", it->second.sizes(),
+                " in the state dict but ", shape, " in the model");
+    }
+    return it->second;
+  };
+  const auto params = model.named_parameters(/*recurse=*/true);
+  const auto buffers = model.named_buffers(/*recurse=*/true);
+  for (const auto& item : params) {
+    auto [unit, index] = ownerOf(item.value());
+    entry(item.key(), unit ? at::IntArrayRef(unit->layout[index].fullShape) : item.value().sizes());
+  }
+  for (const auto& item : buffers) entry(item.key(), item.value().sizes());
+  for (const auto& item : params) {
+    auto [unit, index] = ownerOf(item.value());
+    if (!unit) {
+      item.value().copy_(state.at(item.key()));
+      continue;
+    }
+    unit->reshard();
+    unit->layout.copyShard(state.at(item.key()).to(unit->shardFlat.options()), unit->shardFlat, index);
+  }
+  for (const auto& item : buffers) item.value().copy_(state.at(item.key()));
+}
+
+void FullyShardedUnit::unshard() { impl_->unshard(); }
+void FullyShardedUnit::reshard() { impl_->reshard(); }
+bool FullyShardedUnit::isSharded() const { return !impl_->unsharded; }
+const std::vector<std::string>& FullyShardedUnit::parameterNames() const { return impl_->names; }
+std::vector<at::Tensor> FullyShardedUnit::parameters() const { return impl_->params; }
+std::vector<int64_t> FullyShardedUnit::fullShape(size_t i) const {
+  if (i >= impl_->params.size()) {
+    DDP_THROW(ConfigError, "ddp::FullyShardedUnit::fullShape(", i, "): the unit of ", impl_->module->name(), " has ",
+              impl_->params.size(), " parameters");
+  }
+  return impl_->layout[i].fullShape;
+}
+int64_t FullyShardedUnit::shardedNumel() const { return impl_->layout.shardNumel(); }
+torch::nn::Module& FullyShardedUnit::module() const { return *impl_->module; }
+const FullyShardOptions& FullyShardedUnit::options() const { return impl_->options; }
+ProcessGroup& FullyShardedUnit::group() const { return impl_->group; }
+
+}  // namespace ddp

@@ -1,0 +1,231 @@
+// ddp::fullyShard's other parts against DDP and by formula: reshardAfterForward frees the
+// gathered bytes, a unit run twice in a forward, the full state dict (export and load),
+// evaluation without autograd, accumulation without gradient sync, clipping by the global norm,
+// ddp::FullyShard<Model>, and misuse as one line. The helpers: fully_shard_test_support.h.
+#include "tests/libddp/fully_shard_test_support.h"
+
+namespace fsdp_test {
+namespace {
+
+TEST(FullyShard, ReshardAfterForwardFreesTheGatheredBytes) {
+  Sharded model;
+  std::optional<c10::Storage> gathered;  // the block's full buffer, seen from inside its forward
+  std::vector<int64_t> shapeInForward;
+  model.net->runBlock = [&](size_t i, const torch::Tensor& x) {
+    return model.blocks[i].forward([&](const torch::Tensor& h) {
+      if (i == 0) {
+        gathered = model.net->block(0)->fc1->weight.storage();
+        shapeInForward = model.net->block(0)->fc1->weight.sizes().vec();
+      }
+      return model.net->block(i)->forward(h);
+    }, x);
+  };
+  auto [x, y] = batch(0, group().rank());
+  const torch::Tensor loss = torch::mse_loss(model.forward(x), y);
+  EXPECT_EQ(shapeInForward, (std::vector<int64_t>{4, 7}));
+  ASSERT_TRUE(gathered.has_value());
+  EXPECT_EQ(gathered->nbytes(), 0u) << "a block's gathered parameters are freed after its forward";
+  EXPECT_TRUE(model.blocks[0].isSharded());
+  EXPECT_FALSE(model.root->isSharded()) << "the root keeps its parameters for backward (FSDP2's default)";
+  loss.backward();
+  EXPECT_EQ(gathered->nbytes(), 0u) << "and again after backward";
+  EXPECT_TRUE(model.blocks[0].isSharded());
+  EXPECT_TRUE(model.root->isSharded());
+  const int64_t c = (4 + group().size() - 1) / group().size();
+  EXPECT_EQ(model.net->block(0)->fc1->weight.size(0), std::clamp<int64_t>(4 - group().rank() * c, 0, c));
+}
+
+// A unit whose forward runs twice in one step (block 0 applied twice): gathered and reduced for
+// each use, as FSDP2, and still DDP's result.
+TEST(FullyShard, UnitRunTwiceInOneForward) {
+  Net plain = makeNet();
+  plain->runBlock = [&](size_t i, const torch::Tensor& x) {
+    return i == 0 ? plain->block(0)->forward(plain->block(0)->forward(x)) : plain->block(i)->forward(x);
+  };
+  ddp::DistributedDataParallel<Net> ddpModel(plain, group());
+  auto ddpOptimizer = sgd()(plain->parameters());
+  Sharded model;
+  auto runBlock = model.net->runBlock;
+  model.net->runBlock = [&](size_t i, const torch::Tensor& x) { return i == 0 ? runBlock(0, runBlock(0, x)) : runBlock(i, x); };
+  auto optimizer = sgd()(model.net->parameters());
+  for (int s = 0; s < kSteps; ++s) {
+    auto [x, y] = batch(s, group().rank());
+    ddpOptimizer->zero_grad();
+    torch::mse_loss(ddpModel(x), y).backward();
+    ddpOptimizer->step();
+    optimizer->zero_grad();
+    torch::mse_loss(model.forward(x), y).backward();
+    optimizer->step();
+  }
+  Params expected;
+  for (const auto& p : plain->named_parameters()) expected[p.key()] = p.value().detach().clone();
+  EXPECT_LE(maxDiff(model.fullParameters(), expected), 1e-5);
+}
+
+// The export: fullStateDict gathers DDP's state dict (keys, shapes, values); loading it into a
+// fresh sharded model gives each rank its rows back, and a bad dict changes nothing.
+TEST(FullyShard, FullStateDictIsDdpsAndLoadsBack) {
+  Net plain = makeNet();
+  ddp::DistributedDataParallel<Net> ddpModel(plain, group());
+  auto ddpOptimizer = sgd()(plain->parameters());
+  Sharded model;
+  auto optimizer = sgd()(model.net->parameters());
+  for (int s = 0; s < kSteps; ++s) {
+    auto [x, y] = batch(s, group().rank());
+    ddpOptimizer->zero_grad();
+    torch::mse_loss(ddpModel(x), y).backward();
+    ddpOptimizer->step();
+    optimizer->zero_grad();
+    torch::mse_loss(model.forward(x), y).backward();
+    optimizer->step();
+  }
+  const ddp::StateDict full = ddp::fullStateDict(*model.net);
+  const ddp::StateDict expected = ddp::stateDict(*plain);
+  ASSERT_EQ(full.size(), expected.size());
+  double d = 0;
+  for (const auto& [key, t] : expected) {
+    ASSERT_EQ(full.count(key), 1u) << key;
+    ASSERT_EQ(full.at(key).sizes(), t.sizes()) << key;
+    d = std::max(d, (full.at(key) - t).abs().max().item<double>());
+  }
+  EXPECT_LE(d, 1e-5);
+
+  Sharded fresh;
+  ddp::loadFullStateDict(*fresh.net, full);
+  for (const auto& [key, t] : ddp::fullStateDict(*fresh.net)) EXPECT_TRUE(torch::equal(t, full.at(key))) << key;
+  for (const auto& p : fresh.net->named_parameters()) {
+    const int64_t c = (full.at(p.key()).size(0) + group().size() - 1) / group().size();
+    const int64_t start = std::min(full.at(p.key()).size(0), group().rank() * c);
+    EXPECT_TRUE(torch::equal(p.value(), full.at(p.key()).narrow(0, start, p.value().size(0)))) << p.key();
+  }
+  ddp::StateDict missing = full;
+  missing.erase("blocks.1.fc2.bias");
+  EXPECT_THROW(ddp::loadFullStateDict(*fresh.net, missing), ddp::ConfigError);
+  ddp::StateDict reshaped = full;
+  reshaped["head.weight"] = torch::zeros({7, 3});
+  EXPECT_THROW(ddp::loadFullStateDict(*fresh.net, reshaped), ddp::ConfigError);
+  EXPECT_TRUE(torch::equal(ddp::fullStateDict(*fresh.net).at("head.weight"), full.at("head.weight")));
+}
+
+// Evaluation (no autograd): the same outputs as the unsharded model, and no backward follows, so
+// every unit, the root too, is sharded again after its forward.
+TEST(FullyShard, ForwardWithoutGradientReshardsEveryUnit) {
+  Net plain = makeNet();
+  Sharded model;
+  auto [x, y] = batch(0, group().rank());
+  torch::NoGradGuard noGrad;
+  const torch::Tensor out = model.forward(x);
+  EXPECT_TRUE(torch::allclose(out, plain->forward(x), 1e-6, 1e-7));
+  EXPECT_TRUE(model.root->isSharded());
+  for (const auto& b : model.blocks) EXPECT_TRUE(b.isSharded());
+}
+
+// Two micro-batches per step, the first without gradient sync (FSDP2's
+// set_requires_gradient_sync(False)), against DDP on both micro-batches in one forward.
+TEST(FullyShard, AccumulationWithoutSyncEqualsDdpOnBothMicroBatches) {
+  Net plain = makeNet();
+  ddp::DistributedDataParallel<Net> ddpModel(plain, group());
+  auto ddpOptimizer = adamw()(plain->parameters());
+  Sharded model;
+  auto optimizer = adamw()(model.net->parameters());
+  for (int s = 0; s < 2; ++s) {
+    auto [xa, ya] = batch(2 * s, group().rank());
+    auto [xb, yb] = batch(2 * s + 1, group().rank());
+    ddpOptimizer->zero_grad();
+    const torch::Tensor out = ddpModel(torch::cat({xa, xb}));
+    (torch::mse_loss(out.narrow(0, 0, kBatch), ya) + torch::mse_loss(out.narrow(0, kBatch, kBatch), yb)).backward();
+    ddpOptimizer->step();
+
+    optimizer->zero_grad();
+    model.root->setRequiresGradientSync(false);
+    torch::mse_loss(model.forward(xa), ya).backward();
+    for (const auto& p : model.net->named_parameters()) {
+      EXPECT_FALSE(p.value().grad().defined()) << p.key() << ": reduced without gradient sync";
+      EXPECT_EQ(p.value().sizes(), model.net->named_parameters()[p.key()].sizes());
+    }
+    model.root->setRequiresGradientSync(true);
+    torch::mse_loss(model.forward(xb), yb).backward();
+    optimizer->step();
+  }
+  Params expected;
+  for (const auto& p : plain->named_parameters()) expected[p.key()] = p.value().detach().clone();
+  EXPECT_LE(maxDiff(model.fullParameters(), expected), 1e-5);
+}
+
+// clip_grad_norm_ over the shards: the global norm (DDP's on the full gradients) and the same
+// clipped steps.
+TEST(FullyShard, ClippingUsesTheGlobalNorm) {
+  Net plain = makeNet();
+  ddp::DistributedDataParallel<Net> ddpModel(plain, group());
+  auto ddpOptimizer = sgd()(plain->parameters());
+  Sharded model;
+  auto optimizer = sgd()(model.net->parameters());
+  double normDiff = 0;
+  for (int s = 0; s < kSteps; ++s) {
+    auto [x, y] = batch(s, group().rank());
+    ddpOptimizer->zero_grad();
+    torch::mse_loss(ddpModel(x), y).backward();
+    const double expected = ddp::clipGradNorm(plain->parameters(), 0.05).item<double>();
+    ddpOptimizer->step();
+    optimizer->zero_grad();
+    torch::mse_loss(model.forward(x), y).backward();
+    const double norm = ddp::clipGradNorm(model.net->parameters(), 0.05, group()).item<double>();
+    optimizer->step();
+    EXPECT_GT(expected, 0.05) << "the test means to clip";
+    normDiff = std::max(normDiff, std::abs(norm - expected) / expected);
+  }
+  EXPECT_LE(normDiff, 1e-6);
+  Params expected;
+  for (const auto& p : plain->named_parameters()) expected[p.key()] = p.value().detach().clone();
+  EXPECT_LE(maxDiff(model.fullParameters(), expected), 1e-5);
+}
+
+// ddp::FullyShard<Model>: the module and its unit in one; its forward is the module's.
+TEST(FullyShard, HolderRunsTheModulesForwardAsTheUnit) {
+  torch::manual_seed(9);
+  Block plain;
+  torch::manual_seed(9);
+  ddp::FullyShard<Block> sharded(Block(), group());
+  ddp::DistributedDataParallel<Block> ddpModel(plain, group());
+  auto [x, y] = batch(0, group().rank());
+  const torch::Tensor input = torch::randn({kBatch, 7});
+  ddpModel(input).pow(2).mean().backward();
+  sharded(input).pow(2).mean().backward();
+  EXPECT_TRUE(sharded.unit().isSharded());
+  const auto expected = plain->named_parameters();
+  for (const auto& p : sharded.module()->named_parameters()) {
+    const torch::Tensor g = expected[p.key()].grad();
+    const int64_t c = (g.size(0) + group().size() - 1) / group().size();
+    const int64_t start = std::min(g.size(0), group().rank() * c);
+    EXPECT_TRUE(torch::allclose(p.value().grad(), g.narrow(0, start, p.value().size(0)), 1e-6, 1e-7)) << p.key();
+  }
+}
+
+TEST(FullyShard, MisuseIsOneLine) {
+  Net net = makeNet();
+  auto unit = ddp::fullyShard(*net->block(0), group());
+  EXPECT_THROW((void)ddp::fullyShard(*net->block(0), group()), ddp::ConfigError);  // twice
+  // A parameter of the block's unit registered again under the root: shared by two units.
+  net->register_parameter("tied", net->block(0)->fc1->weight);
+  try {
+    (void)ddp::fullyShard(*net, group());
+    ADD_FAILURE() << "a parameter shared by two units was accepted";
+  } catch (const ddp::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("'tied'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("fc1.weight"), std::string::npos) << e.what();
+  }
+  struct Scalar : torch::nn::Module {
+    Scalar() { register_parameter("s", torch::ones({})); }
+  };
+  Scalar scalar;
+  EXPECT_THROW((void)ddp::fullyShard(scalar, group()), ddp::ConfigError);
+  std::vector<int> all;
+  for (int r = 0; r < group().size(); ++r) all.push_back(r);
+  ddp::ProcessGroup closed = *group().newGroup(all);
+  closed.destroy();
+  torch::nn::Linear layer(2, 2);
+  EXPECT_THROW((void)ddp::fullyShard(*layer, closed), ddp::ConfigError);
+}
+
+}  // namespace
+}  // namespace fsdp_test
