@@ -8,7 +8,8 @@
 #   3. peak RSS and the time to the first batch with 10 000 and with 100 000 files (the larger set:
 #      hard links to the pictures under new names, made once; the loaders index and read them alike).
 #
-#   BENCH_DIR=/tmp/ddp_images_bench TRAIN=50000 REPS=3 THREADS="1 2" BATCHES=60 bash bench/images/run.sh [build]
+#   BENCH_DIR=/tmp/ddp_images_bench TRAIN=50000 REPS=3 THREADS="1 2" BATCHES=60 \
+#   PARTS="loader tar rss train" bash bench/images/run.sh [build]
 #
 # The pictures (bench/images/make_images.py, from Debian's Fashion-MNIST: ~400 x 350, JPEG q90) are
 # made under BENCH_DIR/set once (about 25 min for 50 000 on 2 cores) and reused.
@@ -20,6 +21,7 @@ train=${TRAIN:-50000}
 reps=${REPS:-3}
 threads=${THREADS:-"1 2"}
 batches=${BATCHES:-60}
+parts=" ${PARTS:-loader tar rss train} "
 py=.venv/bin/python
 ours_bin=$build/bench/image_loader_bench
 [[ -x $ours_bin ]] || { echo "run.sh: no $ours_bin; cmake --build $build --target image_loader_bench" >&2; exit 2; }
@@ -51,6 +53,7 @@ field() { $py -c "import json, sys; print(json.loads(sys.argv[1])['$1'])" "$2"; 
 ours() { OMP_NUM_THREADS=1 "$ours_bin" "$1" --threads "$2" --batches "$batches"; }
 theirs() { OMP_NUM_THREADS=1 $py bench/images/torchvision_loader.py "$1" --workers "$2" --batches "$batches"; }
 
+if [[ $parts == *" loader "* ]]; then
 echo "images/s, ImageNet training transform at 224, batches of 64, $batches timed batches after 5 (files: $dir/set)"
 printf '%-4s %-8s %12s %14s %7s\n' rep threads "ours img/s" "torchvision" ratio
 for t in $threads; do
@@ -62,6 +65,9 @@ for t in $threads; do
   done
 done
 
+fi
+
+if [[ $parts == *" tar "* ]]; then
 echo
 echo "ours from the tar shards of the same pictures:"
 for t in $threads; do
@@ -69,6 +75,9 @@ for t in $threads; do
   printf '  threads %s: %.0f images/s\n' "$t" "$(field images_per_s "$r")"
 done
 
+fi
+
+if [[ $parts == *" rss "* ]]; then
 echo
 echo "peak RSS and time to the first batch, 2 loader threads, by the number of files:"
 printf '%-8s %-12s %12s %16s\n' files side "peak RSS MB" "first batch s"
@@ -79,11 +88,14 @@ for n in 10000 100000; do
   printf '%-8s %-12s %12.0f %16.2f\n' $n torchvision "$(field peak_rss_mb "$b")" "$(field first_batch_s "$b")"
 done
 
+fi
+
 # Training: resnet18 at TRAIN_SIZE on 2 CPU ranks, batches of 32 per rank, SGD, the streamed folder
 # with the ImageNet transform and 1 loader thread / worker per rank: ours (the worker) vs torchvision
 # under torchrun + DDP (bench/images/torchvision_train.py).
 size=${TRAIN_SIZE:-112}
 steps=${TRAIN_STEPS:-30}
+[[ $parts == *" train "* ]] || exit 0
 echo
 echo "training resnet18 at ${size}px, 2 ranks x 32, SGD, fp32, 1 loader thread per rank ($steps steps after 5):"
 printf '%-4s %12s %14s %7s\n' rep "ours img/s" "torchvision" ratio
