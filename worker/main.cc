@@ -170,11 +170,13 @@ ddp::ProcessGroup startGroup(const ddp::worker::WorkerConfig& config, std::optio
 void writeDdpSummary(const ddp::worker::WorkerConfig& config, const ddp::worker::TrainResult& result,
                      const ddp::ProcessGroup& group, const std::vector<ddp::worker::RankReport>& reports) {
   using namespace ddp::worker;
-  std::vector<double> rssMb, cudaMb, optimizerMb;
+  std::vector<double> rssMb, cudaMb, optimizerMb, parameterMb, gradientMb;
   int64_t copies = 0;
   for (const auto& r : reports) {
     rssMb.push_back(r.peakRssMb);
     optimizerMb.push_back(r.optimizerStateMb);
+    parameterMb.push_back(r.parameterMb);
+    gradientMb.push_back(r.gradientMb);
     cudaMb.push_back(r.gpu ? r.gpu->peakAllocatedMb : 0.0);
     copies += r.ownDataCopy ? 1 : 0;
   }
@@ -186,7 +188,10 @@ void writeDdpSummary(const ddp::worker::WorkerConfig& config, const ddp::worker:
   summary["peak_rss_mb_per_process"] = rssMb;
   summary["data_copies"] = copies;
   summary["zero"] = config.train.zero && group.size() > 1;
+  summary["sharding"] = shardingName(config.train.sharding);
   summary["optimizer_state_mb_per_process"] = optimizerMb;
+  summary["parameter_mb_per_process"] = parameterMb;
+  summary["gradient_mb_per_process"] = gradientMb;
   if (const nlohmann::json gpus = gpuSummary(reports); !gpus.empty()) {
     summary["gpus"] = gpus;
     summary["cuda_peak_allocated_mb_per_device"] = cudaMb;
@@ -230,6 +235,8 @@ int runDistributed(const ddp::worker::WorkerConfig& config, const ddp::LaunchEnv
   // Every rank's peak RSS, where its data came from and its GPU, to rank 0 (a collective).
   RankReport mine = measureRank(group.device(), dataOrigin != ddp::HostCopyOrigin::kMappedFromHostCopy);
   mine.optimizerStateMb = static_cast<double>(result.optimizerStateBytes) / (1024.0 * 1024.0);
+  mine.parameterMb = static_cast<double>(result.parameterBytes) / (1024.0 * 1024.0);
+  mine.gradientMb = static_cast<double>(result.gradientBytes) / (1024.0 * 1024.0);
   const std::vector<RankReport> reports = gatherRankReports(group, mine);
   if (group.rank() == 0) writeDdpSummary(config, result, group, reports);
   // No rank leaves while another still needs the store that rank 0 hosts.

@@ -66,6 +66,29 @@ TEST(Config, OverridesWinOverTheFileAndParseAsYaml) {
   EXPECT_FALSE(c.train.shuffle);
 }
 
+// train.zero is train.sharding: zero1's alias: either one sets both; set together they must agree;
+// the resolved config reads back as itself.
+TEST(Config, TrainZeroIsTheAliasOfShardingZero1) {
+  EXPECT_EQ(parseConfig("").train.sharding, Sharding::kNone);
+  const WorkerConfig zero = parseConfig("train: {zero: true}");
+  EXPECT_EQ(zero.train.sharding, Sharding::kZero1);
+  const WorkerConfig zero1 = parseConfig("", {"train.sharding=zero1"});
+  EXPECT_TRUE(zero1.train.zero);
+  const WorkerConfig full = parseConfig("train: {sharding: full}");
+  EXPECT_EQ(full.train.sharding, Sharding::kFull);
+  EXPECT_FALSE(full.train.zero);
+  EXPECT_EQ(parseConfig("train: {zero: true, sharding: zero1}").train.sharding, Sharding::kZero1);
+  EXPECT_EQ(parseConfig("train: {zero: false, sharding: full}").train.sharding, Sharding::kFull);
+  EXPECT_EQ(errorOf("train: {zero: true}", {"train.sharding=none"}),
+            "config: 'train.zero' is true but 'train.sharding' is none; train.zero: true is train.sharding: zero1, "
+            "set only train.sharding");
+  EXPECT_NE(errorOf("train: {zero: false, sharding: zero1}"), "<no error>");
+  for (const WorkerConfig& c : {zero, zero1, full}) {
+    EXPECT_EQ(dumpConfig(parseConfig(dumpConfig(c))), dumpConfig(c));
+    EXPECT_EQ(parseConfig(dumpConfig(c)).train.sharding, c.train.sharding);
+  }
+}
+
 TEST(Config, UnknownKeySuggestsTheNearestOne) {
   const std::string e = errorOf("trian:\n  lr: 0.1\n");
   EXPECT_NE(e.find("unknown key 'trian.lr'"), std::string::npos) << e;

@@ -197,6 +197,7 @@ std::vector<Field> trainFields(WorkerConfig& c) {
       bindField("train.nesterov", "boolean", c.train.nesterov),
       bindField("train.fused", "string", c.train.fused),
       bindField("train.zero", "boolean", c.train.zero),
+      bindChoice("train.sharding", c.train.sharding, parseSharding, shardingName, "none, zero1 or full"),
       bindChoice("train.lr_schedule", c.train.lrSchedule, ddp::parseLrDecay, ddp::lrDecayName,
                  "constant, step, cosine or linear"),
       bindField("train.warmup_steps", "integer", c.train.warmupSteps),
@@ -650,6 +651,32 @@ void validateZero(const WorkerConfig& c) {
           "steps each shard with LibTorch's SGD, Adam or AdamW; set train.fused: auto or false");
 }
 
+// train.sharding full: what fully sharded training does not run with (yet).
+void validateFullSharding(const WorkerConfig& c) {
+  if (c.train.sharding != Sharding::kFull) return;
+  const std::string key = "train.sharding";
+  require(c.mode != Mode::kDp, key,
+          "is full, which shards over the processes of mode ddp (or one of mode single); mode dp keeps whole "
+          "replicas on threads; use mode ddp");
+  require(!c.train.cudaGraph, key, "is full, whose all-gathers and frees per unit a CUDA graph does not capture; "
+          "set train.cuda_graph: false");
+  require(c.comm.hook == "none" && c.comm.ddp.compression == ddp::GradientCompression::kNone, key,
+          "is full, which reduce-scatters its gradients without DDP's communication hooks; set comm.hook: none "
+          "and comm.compression: none");
+  require(!c.model.syncBatchNorm, key,
+          "is full, which does not run with model.sync_batch_norm yet; set model.sync_batch_norm: false or "
+          "train.sharding: none");
+  require(c.model.name != "torchscript", key,
+          "is full, but a TorchScript model's forward cannot run its layers as sharded units; use "
+          "train.sharding: none or zero1");
+  require(c.train.unevenInputs == "pad", key,
+          "is full, whose forwards are collectives every rank joins; set train.uneven_inputs: pad");
+  require(c.checkpoint.everySteps == 0 && c.checkpoint.everyEpochs == 0 && c.resume.empty(), key,
+          "is full, but full-sharded training checkpoints are not in the library yet (only the export "
+          "model.pt is written); set checkpoint.every_steps: 0, checkpoint.every_epochs: 0 and resume: '', or "
+          "train.sharding: none or zero1");
+}
+
 // train.cuda_graph: what a captured step cannot hold (it reads nothing on the host, and its
 // shapes and collectives never change).
 void validateCudaGraph(const WorkerConfig& c) {
@@ -709,15 +736,28 @@ void validate(const WorkerConfig& c) {
   validateDp(c);
   validateRecipe(c.train);
   validateZero(c);
+  validateFullSharding(c);
   validateCudaGraph(c);
   require(!c.train.channelsLast || c.mode == Mode::kDdp || c.mode == Mode::kSingle, "train.channels_last",
           "is for mode ddp and single (one replica per process); mode dp copies its replicas contiguous");
   validateUnevenInputs(c);
 }
 
+// train.zero is train.sharding: zero1's alias: the one set decides; both set must agree.
+void resolveSharding(TrainConfig& t, const std::set<std::string>& set) {
+  const bool zeroSet = set.count("train.zero") > 0, shardingSet = set.count("train.sharding") > 0;
+  if (zeroSet && shardingSet && t.zero != (t.sharding == Sharding::kZero1)) {
+    DDP_THROW(ConfigError, "config: 'train.zero' is ", t.zero ? "true" : "false", " but 'train.sharding' is ",
+              shardingName(t.sharding), "; train.zero: true is train.sharding: zero1, set only train.sharding");
+  }
+  if (zeroSet && !shardingSet) t.sharding = t.zero ? Sharding::kZero1 : Sharding::kNone;
+  t.zero = t.sharding == Sharding::kZero1;
+}
+
 WorkerConfig build(const YAML::Node& root, const std::vector<std::string>& overrides,
                    const std::string& origin) {
   WorkerConfig config;
+  std::set<std::string> setKeys;  // the keys the file or an override set
   auto fields = fieldsOf(config);
   if (root && !root.IsNull()) {
     if (!root.IsMap()) DDP_THROW(ConfigError, "config", origin, ": the top level must be a map of keys");
@@ -729,6 +769,7 @@ WorkerConfig build(const YAML::Node& root, const std::vector<std::string>& overr
       if (f == nullptr) notASection(key, value, fields, origin);
       if (f == nullptr) unknownKey(key, fields, origin);
       setField(*f, value, origin);
+      setKeys.insert(f->key);
     }
   }
   for (const auto& o : overrides) {
@@ -746,12 +787,30 @@ WorkerConfig build(const YAML::Node& root, const std::vector<std::string>& overr
       DDP_THROW(ConfigError, "config: override '", o, "' has a malformed value: ", e.msg);
     }
     setField(*f, value, " (command-line override)");
+    setKeys.insert(f->key);
   }
+  resolveSharding(config.train, setKeys);
   validate(config);
   return config;
 }
 
 }  // namespace
+
+const char* shardingName(Sharding sharding) {
+  switch (sharding) {
+    case Sharding::kZero1: return "zero1";
+    case Sharding::kFull: return "full";
+    case Sharding::kNone: break;
+  }
+  return "none";
+}
+
+std::optional<Sharding> parseSharding(std::string_view name) {
+  for (const Sharding s : {Sharding::kNone, Sharding::kZero1, Sharding::kFull}) {
+    if (name == shardingName(s)) return s;
+  }
+  return std::nullopt;
+}
 
 std::string checkpointDir(const WorkerConfig& config) {
   return config.checkpoint.dir.empty() ? config.output.dir + "/checkpoints" : config.checkpoint.dir;

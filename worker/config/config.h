@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string_view>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,6 +18,14 @@
 namespace ddp::worker {
 
 enum class Mode { kDdp, kDp, kSingle, kEval, kGenerate };
+
+/// train.sharding: what each rank of mode ddp keeps of the model's training state. kNone: DDP (a
+/// whole copy of parameters, gradients and optimizer state); kZero1: the optimizer state sharded
+/// (ddp::ZeroRedundancyOptimizer, train.zero's alias); kFull: parameters, gradients and optimizer
+/// state sharded (ddp::fullyShard, FSDP2).
+enum class Sharding { kNone, kZero1, kFull };
+const char* shardingName(Sharding sharding);
+std::optional<Sharding> parseSharding(std::string_view name);
 
 struct ModelConfig {
   std::string name = "cnn";               // mlp | cnn (Fashion-MNIST CNN: conv32-pool-conv64-pool-fc128-fc10)
@@ -92,6 +102,9 @@ struct TrainConfig {
   double eps = 1e-8;                         // adam, adamw
   bool nesterov = false;                     // sgd (needs momentum > 0)
   bool zero = false;           // ZeRO stage 1 (ddp::ZeroRedundancyOptimizer): each rank keeps its shard's optimizer state
+  // none | zero1 (= train.zero: true) | full (ddp::fullyShard: parameters, gradients and optimizer
+  // state sharded); the two keys agree after parsing.
+  Sharding sharding = Sharding::kNone;
   std::string fused = "auto";  // adam, adamw: LibTorch's fused kernel (ddp::FusedAdamW): auto (on CUDA) | true | false
   // The learning rate per optimizer step (ddp::LrSchedule): warm-up, then the schedule.
   ddp::LrDecay lrSchedule = ddp::LrDecay::kConstant;  // constant | step | cosine | linear

@@ -191,8 +191,17 @@ at::Tensor GptImpl::hidden(const at::Tensor& idx) {
   const at::Tensor pos = at::arange(time, idx.options().dtype(at::kLong));
   at::Tensor x = transformer->wte->forward(idx) + transformer->wpe->forward(pos);
   x = maybeDropout(x, options_.dropout, is_training());
-  for (const auto& block : *transformer->h) x = block->as<GptBlockImpl>()->forward(x);
+  for (size_t i = 0; i < transformer->h->size(); ++i) {
+    auto* block = transformer->h[i]->as<GptBlockImpl>();
+    x = runUnit(i, [block](const at::Tensor& in) { return block->forward(in); }, x);
+  }
   return transformer->lnF->forward(x);
+}
+
+std::vector<torch::nn::Module*> GptImpl::unitModules() {
+  std::vector<torch::nn::Module*> blocks;
+  for (const auto& block : *transformer->h) blocks.push_back(block.get());
+  return blocks;
 }
 
 at::Tensor GptImpl::forward(const at::Tensor& idx) {

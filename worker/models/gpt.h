@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "ddp/state_dict.h"
+#include "worker/models/sharded_units.h"
 
 namespace ddp::worker {
 
@@ -118,10 +119,13 @@ TORCH_MODULE(GptTransformer);
 /// optimizer steps it once) and Module::to() cannot untie it. Initialised as nanoGPT: Linear and
 /// Embedding weights N(0, 0.02), biases 0, every c_proj.weight N(0, 0.02 / sqrt(2 n_layer)),
 /// LayerNorm weight 1 and bias 0. ConfigError (validateGptOptions) on bad options.
-class GptImpl : public torch::nn::Cloneable<GptImpl> {
+/// train.sharding full: each block one unit (wte, wpe and ln_f stay with the root).
+class GptImpl : public torch::nn::Cloneable<GptImpl>, public ShardedUnits {
  public:
   explicit GptImpl(GptOptions options);
   void reset() override;
+  /// The blocks transformer.h.0, h.1, ... in order.
+  std::vector<torch::nn::Module*> unitModules() override;
 
   /// Logits [B, T, vocab] of every position for tokens `idx` [B, T] (int64). ConfigError when
   /// T > block_size.

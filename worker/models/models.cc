@@ -32,10 +32,16 @@ void MlpImpl::reset() {
 at::Tensor MlpImpl::forward(at::Tensor x) {
   x = x.flatten(1);
   for (std::size_t i = 0; i < layers_.size(); ++i) {
-    x = layers_[i]->forward(x);
+    x = runUnit(i, [&](const at::Tensor& in) { return layers_[i]->forward(in); }, x);
     if (i + 1 < layers_.size()) x = F::relu(x);
   }
   return x;
+}
+
+std::vector<torch::nn::Module*> MlpImpl::unitModules() {
+  std::vector<torch::nn::Module*> units;
+  for (std::size_t i = 0; i + 1 < layers_.size(); ++i) units.push_back(layers_[i].get());
+  return units;
 }
 
 CnnImpl::CnnImpl(const InputSpec& input, bool batchNorm, const ProcessGroup* syncGroup)
@@ -65,15 +71,17 @@ void CnnImpl::reset() {
 }
 
 at::Tensor CnnImpl::forward(at::Tensor x) {
-  x = conv1_->forward(x);
+  x = runUnit(0, [&](const at::Tensor& in) { return conv1_->forward(in); }, x);
   if (batchNorm_) x = bn1_.forward(x);
   x = F::max_pool2d(F::relu(x), F::MaxPool2dFuncOptions(2));
-  x = conv2_->forward(x);
+  x = runUnit(1, [&](const at::Tensor& in) { return conv2_->forward(in); }, x);
   if (batchNorm_) x = bn2_.forward(x);
   x = F::max_pool2d(F::relu(x), F::MaxPool2dFuncOptions(2));
-  x = F::relu(fc1_->forward(x.flatten(1)));
+  x = F::relu(runUnit(2, [&](const at::Tensor& in) { return fc1_->forward(in); }, x.flatten(1)));
   return fc2_->forward(x);
 }
+
+std::vector<torch::nn::Module*> CnnImpl::unitModules() { return {conv1_.get(), conv2_.get(), fc1_.get()}; }
 
 torch::nn::AnyModule makeModel(const ModelConfig& config, const InputSpec& input, const ProcessGroup* group) {
   if (config.batchNorm && config.name != "cnn") {
@@ -110,6 +118,11 @@ StateDict modelStateDict(const torch::nn::Module& module) {
   // nanoGPT's keys include the LM head, the tied token embedding (registered once here).
   if (const auto* gpt = dynamic_cast<const GptImpl*>(&module)) return gptStateDict(*gpt);
   return stateDict(module);
+}
+
+StateDict withExportKeys(const torch::nn::Module& module, StateDict state) {
+  if (dynamic_cast<const GptImpl*>(&module) != nullptr) state["lm_head.weight"] = state.at("transformer.wte.weight");
+  return state;
 }
 
 void loadModelWeights(torch::nn::Module& module, const std::string& path) {

@@ -14,6 +14,7 @@
 #include "ddp/process_group.h"
 #include "ddp/state_dict.h"
 #include "worker/config/config.h"
+#include "worker/models/sharded_units.h"
 
 namespace ddp::worker {
 
@@ -25,12 +26,14 @@ struct InputSpec {
   int64_t classes = 10;
 };
 
-/// Flatten → fc1 → ReLU → ... → fc{n+1}, e.g. 784-512-256-10.
-class MlpImpl : public torch::nn::Cloneable<MlpImpl> {
+/// Flatten → fc1 → ReLU → ... → fc{n+1}, e.g. 784-512-256-10. train.sharding full: fc1..fc{n}
+/// one unit each (the output layer stays with the root).
+class MlpImpl : public torch::nn::Cloneable<MlpImpl>, public ShardedUnits {
  public:
   MlpImpl(const InputSpec& input, std::vector<int64_t> hidden);
   void reset() override;
   at::Tensor forward(at::Tensor x);
+  std::vector<torch::nn::Module*> unitModules() override;
 
  private:
   InputSpec input_;
@@ -41,12 +44,14 @@ TORCH_MODULE(Mlp);
 
 /// conv1(32, 3x3, pad 1) → [bn1] → ReLU → pool 2 → conv2(64) → [bn2] → ReLU → pool 2 →
 /// fc1(128) → ReLU → fc2. bn1/bn2 (BatchNorm2d) only with `batchNorm`; given `syncGroup`, they are
-/// ddp::SyncBatchNorm over that group (same parameter and buffer names).
-class CnnImpl : public torch::nn::Cloneable<CnnImpl> {
+/// ddp::SyncBatchNorm over that group (same parameter and buffer names). train.sharding full:
+/// conv1, conv2 and fc1 one unit each (fc2 and the BatchNorms stay with the root).
+class CnnImpl : public torch::nn::Cloneable<CnnImpl>, public ShardedUnits {
  public:
   explicit CnnImpl(const InputSpec& input, bool batchNorm = false, const ProcessGroup* syncGroup = nullptr);
   void reset() override;
   at::Tensor forward(at::Tensor x);
+  std::vector<torch::nn::Module*> unitModules() override;
 
  private:
   InputSpec input_;
@@ -69,6 +74,10 @@ torch::nn::AnyModule makeModel(const ModelConfig& config, const InputSpec& input
 /// The model's state dict as Python names it: the module's own, plus for gpt nanoGPT's tied
 /// "lm_head.weight" (what the export holds).
 StateDict modelStateDict(const torch::nn::Module& module);
+
+/// The export's keys from `state` (the module's own keys, e.g. ddp::fullStateDict's): gpt adds
+/// nanoGPT's tied "lm_head.weight", as modelStateDict does.
+StateDict withExportKeys(const torch::nn::Module& module, StateDict state);
 
 /// init.model_path / mode eval: a model file into `module` (ddp::loadModel; gpt: nanoGPT's keys, with
 /// or without lm_head.weight, "module." or "_orig_mod.").

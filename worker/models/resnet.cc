@@ -119,9 +119,14 @@ void ResNetImpl::reset() {
 at::Tensor ResNetImpl::forward(at::Tensor x) {
   x = F::relu(bn1_.forward(conv1_->forward(x)));
   x = F::max_pool2d(x, F::MaxPool2dFuncOptions(3).stride(2).padding(1));
-  x = layer4_->forward(layer3_->forward(layer2_->forward(layer1_->forward(x))));
+  torch::nn::Sequential* stages[4] = {&layer1_, &layer2_, &layer3_, &layer4_};
+  for (size_t i = 0; i < 4; ++i) x = runUnit(i, [&](const at::Tensor& in) { return (*stages[i])->forward(in); }, x);
   x = F::adaptive_avg_pool2d(x, F::AdaptiveAvgPool2dFuncOptions(1)).flatten(1);
   return fc_->forward(x);
+}
+
+std::vector<torch::nn::Module*> ResNetImpl::unitModules() {
+  return {layer1_.get(), layer2_.get(), layer3_.get(), layer4_.get()};
 }
 
 double resNetParameterCount(const std::string& depth, int64_t inChannels, int64_t classes) {

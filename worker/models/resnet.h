@@ -15,6 +15,7 @@
 #include <string>
 
 #include "ddp/process_group.h"
+#include "worker/models/sharded_units.h"
 
 namespace ddp::worker {
 
@@ -49,11 +50,13 @@ TORCH_MODULE(ResidualBlock);
 
 /// conv1 (7x7, stride 2) → bn1 → ReLU → max pool (3, stride 2) → layer1..layer4 → global average
 /// pool → fc. Any input of at least 32 x 32 (ImageNet's 224 x 224 as torchvision's).
-class ResNetImpl : public torch::nn::Cloneable<ResNetImpl> {
+/// train.sharding full: layer1..layer4 one unit each (conv1, bn1 and fc stay with the root).
+class ResNetImpl : public torch::nn::Cloneable<ResNetImpl>, public ShardedUnits {
  public:
   explicit ResNetImpl(ResNetOptions options, const ProcessGroup* syncGroup = nullptr);
   void reset() override;
   at::Tensor forward(at::Tensor x);
+  std::vector<torch::nn::Module*> unitModules() override;
 
  private:
   ResNetOptions options_;

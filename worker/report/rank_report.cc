@@ -11,8 +11,9 @@ namespace ddp::worker {
 namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
-// Per rank: rss, own copy, has gpu, total, allocated, reserved, then the strings' bytes.
-constexpr int64_t kNumbers = 7;
+// Per rank: rss, own copy, has gpu, total, allocated, reserved, optimizer state, parameters,
+// gradients, then the strings' bytes.
+constexpr int64_t kNumbers = 9;
 constexpr int64_t kDeviceBytes = 16;
 constexpr int64_t kNameBytes = 128;
 constexpr int64_t kBusBytes = 32;
@@ -52,6 +53,8 @@ std::vector<RankReport> gatherRankReports(ProcessGroup& group, const RankReport&
   slot[1] = mine.ownDataCopy ? 1 : 0;
   slot[2] = mine.gpu ? 1 : 0;
   slot[6] = mine.optimizerStateMb;
+  slot[7] = mine.parameterMb;
+  slot[8] = mine.gradientMb;
   if (mine.gpu) {
     slot[3] = mine.gpu->totalMb;
     slot[4] = mine.gpu->peakAllocatedMb;
@@ -72,6 +75,8 @@ std::vector<RankReport> gatherRankReports(ProcessGroup& group, const RankReport&
     report.peakRssMb = s[0];
     report.ownDataCopy = s[1] != 0;
     report.optimizerStateMb = s[6];
+    report.parameterMb = s[7];
+    report.gradientMb = s[8];
     report.device = getString(s + kNumbers, kDeviceBytes);
     if (s[2] != 0) {
       report.gpu = GpuUse{getString(s + kNumbers + kDeviceBytes, kNameBytes),

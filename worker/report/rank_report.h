@@ -24,6 +24,8 @@ struct GpuUse {
 struct RankReport {
   double peakRssMb = 0;
   double optimizerStateMb = 0;  // the optimizer state this rank holds (train.zero: its shard)
+  double parameterMb = 0;       // the parameters this rank holds (train.sharding full: its shards)
+  double gradientMb = 0;        // the gradients this rank holds (full: its sharded gradients)
   bool ownDataCopy = true;  // loaded the data itself (false: mapped its host's copy)
   std::string device;       // "cuda:0", "cpu"
   std::optional<GpuUse> gpu;

@@ -73,8 +73,9 @@ int64_t EagerStep::run(const std::vector<std::vector<int64_t>>& batches, data::B
   }
   // fp16: the true gradients (and one found-inf flag for every rank) before the norm is taken.
   if (s_.scaler != nullptr) s_.scaler->unscale_(s_.optimizer);
-  // The averaged gradients are equal on every rank, so are the norm and the clipping.
-  if (s_.config.train.clipGradNorm > 0) s_.gradNorm = clipGradNorm(s_.params, s_.config.train.clipGradNorm);
+  // The averaged gradients are equal on every rank, so are the norm and the clipping (sharded: the
+  // global norm, one all-reduce).
+  if (s_.config.train.clipGradNorm > 0) s_.gradNorm = parallelism.clipGradients(s_.params, s_.config.train.clipGradNorm);
   s_.lr = s_.schedule.apply(s_.optimizer, s_.result.steps);  // result.steps: this step's index
   if (s_.scaler != nullptr) scaledStep();
   else applyOrSkip(place.epoch);
@@ -119,7 +120,7 @@ void EagerStep::applyOrSkip(int64_t epoch) {
     return;
   }
   const int64_t step = s_.result.steps + 1;
-  if (allFinite(gradientsOf(s_.params))) {
+  if (s_.parallelism.allFiniteOnEveryRank(gradientsOf(s_.params))) {
     s_.optimizer.step();
     skippedInARow_ = 0;
   } else if (train.skipNonfiniteSteps && skippedInARow_ < kMaxSkippedInARow) {
@@ -144,7 +145,8 @@ void EagerStep::applyOrSkip(int64_t epoch) {
 // it (the run then stops at the next log step, with the step's number, before any checkpoint of it).
 void EagerStep::deviceCheckedStep() {
   c10::NoGradGuard noGrad;
-  const at::Tensor found = s_.nonfinite.flagStep(gradientsOf(s_.params), s_.result.steps + 1);
+  at::Tensor found = s_.nonfinite.flagStep(gradientsOf(s_.params), s_.result.steps + 1);
+  s_.parallelism.agreeOnFlag(found);
   if (s_.fused != nullptr) s_.fused->fusedStep(at::Tensor(), found, at::Tensor());
   else s_.optimizer.step();
 }

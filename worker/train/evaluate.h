@@ -4,6 +4,8 @@
 #include <c10/core/Device.h>
 #include <torch/nn/modules/container/any.h>
 
+#include <functional>
+
 #include "ddp/process_group.h"
 #include "worker/data/batch_loader.h"
 #include "worker/data/sample_source.h"
@@ -21,5 +23,12 @@ struct EvalCounts {
 /// `loading` (threads, pinning) makes the batches; its device is set to `device`.
 EvalCounts evaluate(torch::nn::AnyModule& model, const data::SampleSource& test, c10::Device device,
                     int64_t batchSize, ProcessGroup& group, data::LoaderOptions loading = {});
+
+/// The same through `forward` on `module` (in eval mode), whose forward is a collective (a fully
+/// sharded model): every rank runs as many forwards as the rank with the most batches, its missing
+/// ones on `filler` (counted nowhere).
+EvalCounts evaluateCollective(const std::function<at::Tensor(const at::Tensor&)>& forward, torch::nn::Module& module,
+                              const at::Tensor& filler, const data::SampleSource& test, c10::Device device,
+                              int64_t batchSize, ProcessGroup& group, data::LoaderOptions loading = {});
 
 }  // namespace ddp::worker

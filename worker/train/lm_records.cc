@@ -28,16 +28,18 @@ double knownPeakFlops(const std::string& gpuName) {
 
 std::unique_ptr<LanguageModelRecords> LanguageModelRecords::make(const WorkerConfig& config, const Datasets& data,
                                                                  torch::nn::Module& module, ProcessGroup& group,
-                                                                 c10::Device device) {
+                                                                 c10::Device device,
+                                                                 std::function<at::Tensor(const at::Tensor&)> forward) {
   auto* gpt = dynamic_cast<GptImpl*>(&module);
   if (gpt == nullptr || !data.tokens) return nullptr;
   Gpt holder(std::dynamic_pointer_cast<GptImpl>(gpt->shared_from_this()));
-  return std::unique_ptr<LanguageModelRecords>(new LanguageModelRecords(config, data, holder, group, device));
+  return std::unique_ptr<LanguageModelRecords>(new LanguageModelRecords(config, data, holder, group, device, std::move(forward)));
 }
 
 LanguageModelRecords::LanguageModelRecords(const WorkerConfig& config, const Datasets& data, Gpt model,
-                                           ProcessGroup& group, c10::Device device)
-    : config_(config), model_(std::move(model)), group_(group), device_(device),
+                                           ProcessGroup& group, c10::Device device,
+                                           std::function<at::Tensor(const at::Tensor&)> forward)
+    : config_(config), model_(std::move(model)), forward_(std::move(forward)), group_(group), device_(device),
       blockSize_(config.model.blockSize), val_(data.tokens->val) {
   peakFlops_ = config.output.peakFlops;
   if (peakFlops_ <= 0 && device.is_cuda()) {
@@ -87,7 +89,8 @@ double LanguageModelRecords::validationLoss(at::ScalarType autocast) {
     const int64_t rows = (k % steps) * valWindows_->rowsPerStep();
     const TokenBatch b = val_->batch(valWindows_->windowStarts(rows, 0), blockSize_);
     const Autocast mixed(device_.type(), autocast, /*enabled=*/autocast != at::kFloat);
-    const at::Tensor loss = lossOf(model_->forward(b.x.to(device_)), b.y.to(device_));
+    const at::Tensor x = b.x.to(device_);
+    const at::Tensor loss = lossOf(forward_ ? forward_(x) : model_->forward(x), b.y.to(device_));
     sum.add_(loss.detach().to(sum.device(), at::kFloat).reshape({1}));
   }
   group_.allReduce(sum, ReduceOp::kAvg);

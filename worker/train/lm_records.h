@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,8 +28,11 @@ double knownPeakFlops(const std::string& gpuName);
 class LanguageModelRecords {
  public:
   /// Null unless `module` is a gpt (data.name tokens).
+  /// `forward`: the model's forward for the validation loss (train.sharding full: through its root
+  /// unit, a collective); null: the module's own.
   static std::unique_ptr<LanguageModelRecords> make(const WorkerConfig& config, const Datasets& data,
-                                                    torch::nn::Module& module, ProcessGroup& group, c10::Device device);
+                                                    torch::nn::Module& module, ProcessGroup& group, c10::Device device,
+                                                    std::function<at::Tensor(const at::Tensor&)> forward = nullptr);
 
   /// tokens_per_s (and mfu when a peak is known) for a logged step at `samplesPerS` windows/s, all ranks.
   void addRates(nlohmann::json& record, double samplesPerS) const;
@@ -50,10 +54,11 @@ class LanguageModelRecords {
 
  private:
   LanguageModelRecords(const WorkerConfig& config, const Datasets& data, Gpt model, ProcessGroup& group,
-                       c10::Device device);
+                       c10::Device device, std::function<at::Tensor(const at::Tensor&)> forward);
 
   const WorkerConfig& config_;
   Gpt model_;
+  std::function<at::Tensor(const at::Tensor&)> forward_;  // null: model_->forward
   ProcessGroup& group_;
   c10::Device device_;
   int64_t blockSize_;

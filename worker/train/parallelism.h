@@ -6,11 +6,13 @@
 #include <c10/core/Device.h>
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "ddp/cuda_graph.h"
 #include "ddp/process_group.h"
+#include "ddp/state_dict.h"
 #include "worker/data/batch_loader.h"
 #include "worker/data/sample_source.h"
 #include "worker/data/tensor_dataset.h"
@@ -57,6 +59,27 @@ class Parallelism {
   virtual std::vector<c10::Device> cudaGenerators() const { return {}; }
   /// Adds what the parallelism knows to the run's result (a communication hook's statistics).
   virtual void describe(TrainResult&) const {}
+  /// This rank's bytes of parameters and gradients (result.parameterBytes, gradientBytes): the
+  /// module's tensors; train.sharding full: its shards.
+  virtual void describeMemory(TrainResult& result);
+  /// train.clip_grad_norm: clips the gradients of `params` to `maxNorm` by their norm, which it
+  /// returns (before clipping). Replicated gradients: this rank's norm is every rank's.
+  virtual at::Tensor clipGradients(const std::vector<at::Tensor>& params, double maxNorm);
+  /// Whether every tensor of `tensors` is finite on every rank. Replicated gradients and weights
+  /// are equal everywhere, so this rank's look is enough; sharded ones are agreed on (collective).
+  virtual bool allFiniteOnEveryRank(const std::vector<at::Tensor>& tensors);
+  /// A step's non-finite flag on the device, made the same on every rank where the ranks hold
+  /// different gradients (shards), so that every rank skips or applies the step alike.
+  virtual void agreeOnFlag(at::Tensor& /*flag*/) {}
+  /// The forward of evaluation and the validation loss (no gradient sync); null: the module's own.
+  virtual std::function<at::Tensor(const at::Tensor&)> evalForward() { return nullptr; }
+  /// The export's state dict (the keys Python loads), needed on rank 0 only (`writer`); others may
+  /// get an empty one. Collective where the parameters are sharded.
+  virtual StateDict exportState(bool writer);
+  /// output.dump_rank_params: this rank's parameters and buffers (full sharding: gathered, collective).
+  virtual StateDict rankState();
+  /// Whether a training checkpoint can hold this mode's state (full sharding: not yet).
+  virtual bool checkpoints() const { return true; }
 };
 
 }  // namespace ddp::worker

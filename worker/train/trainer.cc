@@ -13,6 +13,7 @@
 #include "ddp/checkpoint.h"
 #include "ddp/files.h"
 #include "ddp/state_dict.h"
+#include "worker/train/fully_sharded.h"
 #include "worker/train/training_loop.h"
 
 namespace ddp::worker {
@@ -171,6 +172,10 @@ TrainResult Trainer::run(const Datasets& data) {
   if (group_.rank() == 0 && !config_.init.modelPath.empty()) {
     loadModelWeights(module, config_.init.modelPath);
     spdlog::info("initial weights from {}", config_.init.modelPath);
+  }
+  if (config_.train.sharding == Sharding::kFull) {
+    FullyShardedParallelism parallelism(config_, group_, model, data.input);
+    return runTrainingLoop(config_, data, parallelism, group_.device());
   }
   DdpParallelism parallelism(config_, group_, model);
   return runTrainingLoop(config_, data, parallelism, group_.device());

@@ -37,18 +37,6 @@
 
 namespace ddp::worker {
 
-void Parallelism::backwardWithoutBatch(bool) {
-  DDP_THROW(Error, "train.uneven_inputs join: this mode has no ranks to join (it is for mode ddp)");
-}
-
-// Keeps each .grad tensor (it may alias a reducer bucket); zeroes it in place.
-void Parallelism::zeroGrad(const std::vector<at::Tensor>& params) {
-  c10::NoGradGuard noGrad;
-  for (const auto& p : params) {
-    if (p.grad().defined()) p.grad().zero_();
-  }
-}
-
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -211,7 +199,7 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
     board_ = std::make_unique<tensorboard::EventWriter>(config_.output.dir + "/tensorboard");
   }
   profile_.emplace(config_, device_, rank_, syncDebug_, bar_);
-  lm_ = LanguageModelRecords::make(config_, data_, module_, group_, device_);
+  lm_ = LanguageModelRecords::make(config_, data_, module_, group_, device_, parallelism_.evalForward());
   state_.emplace(StepState{config_, parallelism_, params_, *optimizer_, *schedule_, scaler_ ? &*scaler_ : nullptr,
                            fused, device_, autocastDtype(train_.precision), join_, rank_, result_, nonfinite_,
                            syncDebug_, sampleLog_ ? &*sampleLog_ : nullptr, bar_,
@@ -283,6 +271,7 @@ TrainResult TrainingRun::run() {
     result_.mfu = lm_->mfu(result_.samplesPerSecond).value_or(-1.0);
   }
   parallelism_.describe(result_);
+  parallelism_.describeMemory(result_);
   result_.optimizerStateBytes = std::max<int64_t>(0, optimizerStateBytes(*optimizer_));
   if (result_.stopSignal != 0) return result_;  // preempted: the checkpoint is the record
   finish();
@@ -497,8 +486,16 @@ bool TrainingRun::stopRequested(const TrainPosition& position) {
     if (stopFlag_.item<double>() <= 0) return false;
   }
   nonfinite_.check(result_, deviceSkips_);
-  result_.checkpointPath = checkpointer_.save(module_, *optimizer_, position, scaler_ ? &*scaler_ : nullptr);
   result_.stopSignal = stopSignal() != 0 ? stopSignal() : SIGTERM;
+  if (!parallelism_.checkpoints()) {
+    if (rank_ == 0) {
+      bar_.clear();
+      spdlog::warn("stopping after step {} on a signal; no checkpoint: full-sharded training checkpoints are not in "
+                   "the library yet (train.sharding full)", result_.steps);
+    }
+    return true;
+  }
+  result_.checkpointPath = checkpointer_.save(module_, *optimizer_, position, scaler_ ? &*scaler_ : nullptr);
   if (rank_ == 0) {
     bar_.clear();
     spdlog::warn("stopping after step {} on a signal; checkpoint {} (resume with resume=auto)", result_.steps,
@@ -521,7 +518,7 @@ void TrainingRun::finish() {
                  "train.loss_scale_init", result_.skippedSteps, result_.steps, train_.lossScale.initScale);
   }
   // Finite gradients can still overflow the weights (a huge train.lr) on the last step.
-  if (!allFinite(params_)) {
+  if (!parallelism_.allFiniteOnEveryRank(params_)) {
     throwDiverged(config_, "the weights are no longer finite after step " + std::to_string(result_.steps) +
                                ", the last one, so nothing is exported");
   }
@@ -544,11 +541,12 @@ void TrainingRun::finish() {
   const std::string& outDir = config_.output.dir;
   if (config_.output.dumpRankParams) {
     makeDirectories(outDir, "output.dir");
-    saveStateDict(stateDict(module_), outDir + "/rank" + std::to_string(rank_) + "_params.pt");
+    saveStateDict(parallelism_.rankState(), outDir + "/rank" + std::to_string(rank_) + "_params.pt");
   }
+  const StateDict exported = parallelism_.exportState(/*writer=*/rank_ == 0);  // collective when sharded
   if (rank_ == 0) {
     result_.exportPath = (std::filesystem::path(outDir) / config_.output.exportName).string();
-    exportTrainedModel(config_, modelStateDict(module_), result_.exportPath);
+    exportTrainedModel(config_, exported, result_.exportPath);
   }
 }
 
