@@ -6,6 +6,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/StorageImpl.h>
+#include <torch/version.h>
 
 #include <utility>
 
@@ -69,7 +70,11 @@ void FullyShardedUnit::Impl::startUnshard() {
   gathering = std::make_unique<Work>();
   if (layout.shardNumel() == 0) return;
   c10::NoGradGuard noGrad;
-  gatherInput = computeDtype == shardDtype ? shardFlat : shardFlat.to(computeDtype);
+  // LibTorch 1.13's Gloo has no bf16 all-gather ("Invalid scalar type"): there the shards are
+  // gathered in their own dtype and copyOut casts them (a cast per element commutes with a gather:
+  // the same values, twice the bytes on the wire).
+  const bool castAfterGather = TORCH_VERSION_MAJOR < 2 && group.backend() == Backend::kGloo;
+  gatherInput = computeDtype == shardDtype || castAfterGather ? shardFlat : shardFlat.to(computeDtype);
   *gathering = group.allGatherAsync(gathered, gatherInput, labelled("all_gather", *module));
 }
 

@@ -91,7 +91,7 @@ inline Params trainDdp(const MakeOptimizer& make) {
   for (int s = 0; s < kSteps; ++s) {
     auto [x, y] = batch(s, group().rank());
     optimizer->zero_grad();
-    torch::mse_loss(model(x), y).backward();
+    torch::mse_loss(model(x).to(y.scalar_type()), y).backward();
     optimizer->step();
   }
   Params out;
@@ -152,7 +152,7 @@ inline Params trainFsdp(const MakeOptimizer& make, ddp::FullyShardOptions option
   for (int s = 0; s < kSteps; ++s) {
     auto [x, y] = batch(s, group().rank());
     optimizer->zero_grad();
-    torch::mse_loss(model.forward(x), y).backward();
+    torch::mse_loss(model.forward(x).to(y.scalar_type()), y).backward();
     optimizer->step();
   }
   return options.paramDtype ? gatherShards(model) : model.fullParameters();
