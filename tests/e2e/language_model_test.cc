@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "ddp/state_dict.h"
+#include "tests/support/e2e_models.h"
 #include "tests/support/run_command.h"
 
 namespace ddp {
@@ -25,29 +26,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string corpusRoot;  // removed when the program exits
-
 // Char-level shards of docs/*.md (~150 k characters), made once per test program.
-const std::string& corpus() {
-  static const std::string dir = [] {
-    corpusRoot = test::makeTempDir("lm_corpus");
-    std::atexit([] { fs::remove_all(corpusRoot); });
-    const std::string out = corpusRoot + "/char";
-    std::vector<std::string> argv = {DDP_PYTHON, std::string(DDP_SOURCE_DIR) + "/scripts/prepare_text.py"};
-    std::vector<std::string> inputs;
-    for (const auto& e : fs::directory_iterator(std::string(DDP_SOURCE_DIR) + "/docs")) {
-      if (e.path().extension() == ".md") inputs.push_back(e.path().string());
-    }
-    std::sort(inputs.begin(), inputs.end());
-    argv.insert(argv.end(), inputs.begin(), inputs.end());
-    for (const char* a : {"--out", "", "--level", "char"}) argv.emplace_back(a);
-    argv[argv.size() - 3] = out;
-    const auto r = test::runCommand(argv, 120);
-    EXPECT_EQ(r.exitCode, 0) << r.output;
-    return out;
-  }();
-  return dir;
-}
+const std::string& corpus() { return test::docsCharCorpus("lm_corpus"); }
 
 int64_t vocabulary() {
   return nlohmann::json::parse(test::readFile(corpus() + "/meta.json"))["vocab_size"].get<int64_t>();
@@ -70,18 +50,6 @@ std::vector<std::string> gptJob(int nproc, const std::string& out, std::vector<s
 
 StateDict exported(const std::string& out) { return loadTensors(out + "/model.pt"); }
 
-double maxDifference(const StateDict& a, const StateDict& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (const auto& [key, t] : a) {
-    if (b.count(key) == 0) {
-      ADD_FAILURE() << key << " missing";
-      continue;
-    }
-    worst = std::max(worst, (t - b.at(key)).abs().max().item<double>());
-  }
-  return worst;
-}
 
 TEST(LanguageModel, TrainsAndRecordsValidationLossTokensPerSecondAndNanoGptKeys) {
   const std::string out = test::makeTempDir("lm_train");
@@ -188,7 +156,7 @@ void expectTwoRanksEqualOneProcess(const std::vector<std::string>& twoRankSettin
   ASSERT_EQ(r2.exitCode, 0) << r2.output;
   const auto r1 = test::runCommand(gptJob(1, one, b), 300);
   ASSERT_EQ(r1.exitCode, 0) << r1.output;
-  EXPECT_LE(maxDifference(exported(two), exported(one)), 1e-5);
+  EXPECT_LE(test::maxStateDifference(exported(two), exported(one)), 1e-5);
   fs::remove_all(two);
   fs::remove_all(one);
 }
@@ -217,7 +185,7 @@ void expectBitwiseResume(const std::string& sampling, const std::vector<std::str
   second.push_back("resume=auto");
   const auto r2 = test::runCommand(gptJob(2, split, second), 300);
   ASSERT_EQ(r2.exitCode, 0) << r2.output;
-  EXPECT_EQ(maxDifference(exported(straight), exported(split)), 0.0) << sampling;
+  EXPECT_EQ(test::maxStateDifference(exported(straight), exported(split)), 0.0) << sampling;
   fs::remove_all(straight);
   fs::remove_all(split);
 }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "ddp/state_dict.h"
+#include "tests/support/e2e_models.h"
 #include "tests/support/run_command.h"
 
 namespace ddp {
@@ -23,28 +24,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string corpusRoot;  // removed when the program exits
-
 // Char-level shards of docs/*.md, made once per test program (as e2e_language_model's).
-const std::string& corpus() {
-  static const std::string dir = [] {
-    corpusRoot = test::makeTempDir("sharding_corpus");
-    std::atexit([] { fs::remove_all(corpusRoot); });
-    const std::string out = corpusRoot + "/char";
-    std::vector<std::string> argv = {DDP_PYTHON, std::string(DDP_SOURCE_DIR) + "/scripts/prepare_text.py"};
-    std::vector<std::string> inputs;
-    for (const auto& e : fs::directory_iterator(std::string(DDP_SOURCE_DIR) + "/docs")) {
-      if (e.path().extension() == ".md") inputs.push_back(e.path().string());
-    }
-    std::sort(inputs.begin(), inputs.end());
-    argv.insert(argv.end(), inputs.begin(), inputs.end());
-    argv.insert(argv.end(), {"--out", out, "--level", "char"});
-    const auto r = test::runCommand(argv, 120);
-    EXPECT_EQ(r.exitCode, 0) << r.output;
-    return out;
-  }();
-  return dir;
-}
+const std::string& corpus() { return test::docsCharCorpus("sharding_corpus"); }
 
 std::string fashionMnistRoot() {
   const char* root = std::getenv("DDP_FASHION_MNIST_ROOT");
@@ -96,20 +77,6 @@ Job run(const std::vector<std::string>& argv, const std::string& out) {
   return job;
 }
 
-double maxDifference(const StateDict& a, const StateDict& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (const auto& [key, t] : a) {
-    if (b.count(key) == 0) {
-      ADD_FAILURE() << key << " missing";
-      continue;
-    }
-    EXPECT_EQ(t.sizes(), b.at(key).sizes()) << key;
-    EXPECT_EQ(t.scalar_type(), b.at(key).scalar_type()) << key;
-    worst = std::max(worst, (t - b.at(key)).abs().max().item<double>());
-  }
-  return worst;
-}
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
@@ -161,8 +128,8 @@ TEST(Sharding, GptFullEqualsDdpWithAdamWGroupsClippingAndAccumulation) {
   // nanoGPT's keys, the head tied, the same weights.
   ASSERT_EQ(full.exported.count("lm_head.weight"), 1u);
   EXPECT_TRUE(full.exported.at("lm_head.weight").equal(full.exported.at("transformer.wte.weight")));
-  EXPECT_LE(maxDifference(none.exported, full.exported), 1e-5);
-  EXPECT_LE(maxDifference(none.exported, zero1.exported), 1e-5);
+  EXPECT_LE(test::maxStateDifference(none.exported, full.exported), 1e-5);
+  EXPECT_LE(test::maxStateDifference(none.exported, zero1.exported), 1e-5);
   EXPECT_NEAR(full.summary["val_loss"].get<double>(), none.summary["val_loss"].get<double>(), 1e-5);
   EXPECT_NEAR(full.summary["final_loss"].get<double>(), none.summary["final_loss"].get<double>(), 1e-5);
 
@@ -198,7 +165,7 @@ TEST(Sharding, GptFullEqualsDdpWithSgdUnderBf16Autocast) {
   const Job full = run(gptJob(2, base + "/full", withFull), base + "/full");
   fs::remove_all(base);
   ASSERT_FALSE(none.exported.empty() || full.exported.empty());
-  EXPECT_LE(maxDifference(none.exported, full.exported), 1e-5);
+  EXPECT_LE(test::maxStateDifference(none.exported, full.exported), 1e-5);
   EXPECT_EQ(full.exported.at("transformer.wte.weight").scalar_type(), at::kFloat);  // fp32 master weights
 }
 
@@ -224,8 +191,8 @@ TEST(Sharding, CnnFullEqualsDdpOnTwoAndThreeRanks) {
   const Job full3 = run(cnnJob(3, base + "/f3", plus(three, "train.sharding=full")), base + "/f3");
   fs::remove_all(base);
   ASSERT_FALSE(none2.exported.empty() || full2.exported.empty() || none3.exported.empty() || full3.exported.empty());
-  EXPECT_LE(maxDifference(none2.exported, full2.exported), 1e-5);
-  EXPECT_LE(maxDifference(none3.exported, full3.exported), 1e-5);
+  EXPECT_LE(test::maxStateDifference(none2.exported, full2.exported), 1e-5);
+  EXPECT_LE(test::maxStateDifference(none3.exported, full3.exported), 1e-5);
   EXPECT_EQ(full3.summary["test_total"], 10000);
   EXPECT_EQ(full3.summary["test_correct"], none3.summary["test_correct"]);
   for (const auto& [job, world] : {std::pair<const Job*, int>{&full2, 2}, {&full3, 3}}) {

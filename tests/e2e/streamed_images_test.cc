@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ddp/state_dict.h"
+#include "tests/support/e2e_models.h"
 #include "tests/support/run_command.h"
 
 namespace ddp {
@@ -81,20 +82,6 @@ std::vector<std::string> imageJob(int nproc, const std::string& out, std::vector
 
 nlohmann::json summaryOf(const std::string& out) { return nlohmann::json::parse(test::readFile(out + "/summary.json")); }
 
-double maxDifference(const std::string& outA, const std::string& outB) {
-  const StateDict a = loadTensors(outA + "/model.pt");
-  const StateDict b = loadTensors(outB + "/model.pt");
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (const auto& [key, t] : a) {
-    if (b.count(key) == 0) {
-      ADD_FAILURE() << key << " missing";
-      continue;
-    }
-    worst = std::max(worst, (t - b.at(key)).abs().max().item<double>());
-  }
-  return worst;
-}
 
 TEST(StreamedImages, TrainWithTheImageNetRecipeAndSayTheyStreamed) {
   const std::string out = test::makeTempDir("streamed_run");
@@ -124,7 +111,7 @@ TEST(StreamedImages, EqualTheInMemoryPathOnTheSamePictures) {
   ASSERT_EQ(b.exitCode, 0) << b.output;
   EXPECT_EQ(summaryOf(streamed)["data_streamed"], true);
   EXPECT_EQ(summaryOf(memory).count("data_streamed"), 0u);
-  EXPECT_EQ(maxDifference(streamed, memory), 0.0);
+  EXPECT_EQ(test::maxExportDifference(streamed, memory), 0.0);
   fs::remove_all(streamed);
   fs::remove_all(memory);
 }
@@ -139,7 +126,7 @@ TEST(StreamedImages, TarShardsInImageFolderOrderEqualTheFolder) {
                                                        "data.val_files=" + imageSet() + "/val-*.tar"}),
                                   300);
   ASSERT_EQ(b.exitCode, 0) << b.output;
-  EXPECT_EQ(maxDifference(folder, shards), 0.0);
+  EXPECT_EQ(test::maxExportDifference(folder, shards), 0.0);
   EXPECT_EQ(summaryOf(folder)["test_accuracy"], summaryOf(shards)["test_accuracy"]);
   fs::remove_all(folder);
   fs::remove_all(shards);
@@ -165,7 +152,7 @@ TEST(StreamedImages, ResumeMidEpochIsBitwiseWithAnotherThreadCount) {
   const auto r2 = test::runCommand(imageJob(2, split, second), 300);
   ASSERT_EQ(r2.exitCode, 0) << r2.output;
   EXPECT_EQ(summaryOf(split)["steps"], 6);
-  EXPECT_EQ(maxDifference(straight, split), 0.0);
+  EXPECT_EQ(test::maxExportDifference(straight, split), 0.0);
   fs::remove_all(straight);
   fs::remove_all(split);
 }
