@@ -139,7 +139,11 @@ void OutputRelay::finish(std::chrono::milliseconds consoleLimit) {
 std::vector<std::string> OutputRelay::lastLines(int rank) const {
   const auto found = ranks_.find(rank);
   if (found == ranks_.end()) return {};
-  return std::vector<std::string>(found->second.tail.begin(), found->second.tail.end());
+  const RankOutput& output = found->second;
+  std::vector<std::string> lines(output.tail.begin(), output.tail.end());
+  const bool inTail = std::find(lines.begin(), lines.end(), output.uncaught) != lines.end();
+  if (!output.uncaught.empty() && !inTail) lines.front() = output.uncaught;  // the tail is full: it was pushed out
+  return lines;
 }
 
 void OutputRelay::hideFromConsole(int rank) { rankOutput(rank).hidden = true; }
@@ -222,6 +226,9 @@ void OutputRelay::addLine(RankOutput& output, std::string_view text, Lines& line
     }
     if (output.logFd >= 0) lines.raw.append(piece).push_back('\n');
     output.tail.emplace_back(piece.substr(0, kMaxTailLineBytes));
+    if (piece.find("what():") != std::string_view::npos || piece.rfind("terminate called", 0) == 0) {
+      output.uncaught = output.tail.back();
+    }
     if (output.tail.size() > options_.tailLines) output.tail.pop_front();
   } while (!text.empty());
 }

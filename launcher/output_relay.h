@@ -76,7 +76,9 @@ class OutputRelay {
   void finish(std::chrono::milliseconds consoleLimit = std::chrono::milliseconds::max());
 
   /// The last (up to tailLines) lines rank `rank` wrote, oldest first, stdout and stderr
-  /// mixed in the order read. Call after finish().
+  /// mixed in the order read. When the rank died of an uncaught C++ exception, whose message
+  /// ("  what():  ...") a backtrace of LibTorch's pushes out of the tail, that line comes first
+  /// in place of the oldest. Call after finish().
   std::vector<std::string> lastLines(int rank) const;
 
  private:
@@ -93,6 +95,9 @@ class OutputRelay {
     bool logBroken = false;
     bool hidden = false;      // not on the console (hideFromConsole)
     std::deque<std::string> tail;
+    // The last "terminate called ..." / "  what():  ..." line: std::terminate's report of an
+    // uncaught exception, the one line that says why, above a backtrace that may fill the tail.
+    std::string uncaught;
   };
 
   void loop();

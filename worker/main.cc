@@ -24,6 +24,7 @@
 
 #include "ddp/ddp.h"
 #include "common/error.h"
+#include "common/host_memory.h"
 #include "worker/config/config.h"
 #include "worker/config/config_agreement.h"
 #include "worker/dp/dp_trainer.h"
@@ -63,7 +64,7 @@ int runDataParallel(const ddp::worker::WorkerConfig& config, std::optional<int> 
   if (config.threads > 0) torch::set_num_threads(static_cast<int>(config.threads));
   const dp::DpPlacement placement = dp::resolveDpPlacement(config);
   const Datasets data = loadDatasets(config.data, config.seed);
-  checkModelFits(config.model, data.input, static_cast<int>(placement.devices.size()), hostMemoryBytes());
+  checkModelFits(config.model, data.input, static_cast<int>(placement.devices.size()), ddp::hostMemoryBytes());
   checkOutputPaths(config);
   std::vector<std::string> deviceNames;
   std::string deviceList;
@@ -161,7 +162,7 @@ ddp::ProcessGroup startGroup(const ddp::worker::WorkerConfig& config, std::optio
       data = loadDatasets(config.data, config.seed);
     }
     if (data.tokens) data.input.classes = data::checkedVocabulary(*data.tokens, config.model);
-    checkModelFits(config.model, data.input, start.localSize(), hostMemoryBytes());
+    checkModelFits(config.model, data.input, start.localSize(), ddp::hostMemoryBytes());
   };
   return ddp::initProcessGroup(init);
 }

@@ -179,6 +179,29 @@ TEST_F(OutputRelayTest, KeepsTheLastLinesOfEachRankForTheSummary) {
   EXPECT_TRUE(relay_.lastLines(7).empty());
 }
 
+// A rank killed by an uncaught exception prints std::terminate's two lines, then (LibTorch's
+// c10::Error) a backtrace longer than the tail: the summary keeps the line that says why.
+TEST_F(OutputRelayTest, TheMessageOfAnUncaughtExceptionStaysAboveItsBacktrace) {
+  Pipe err0;
+  Pipe err1;
+  relay_.add(err0.read, 0, true);
+  relay_.add(err1.read, 1, true);
+  relay_.start();
+  writeText(err0.write, "step 3\nterminate called after throwing an instance of 'c10::Error'\n"
+                        "  what():  DefaultCPUAllocator: can't allocate memory: you tried to allocate 16777216 bytes\n");
+  for (int i = 0; i < 12; ++i) writeText(err0.write, "frame #" + std::to_string(i) + ": 0x7f00 in libtorch_cpu.so\n");
+  ::close(err0.write);
+  writeText(err1.write, "  what():  short\nframe #0\n");  // in the tail already: nothing moves
+  ::close(err1.write);
+  relay_.finish();
+  EXPECT_EQ(relay_.lastLines(0),
+            (std::vector<std::string>{
+                "  what():  DefaultCPUAllocator: can't allocate memory: you tried to allocate 16777216 bytes",
+                "frame #8: 0x7f00 in libtorch_cpu.so", "frame #9: 0x7f00 in libtorch_cpu.so",
+                "frame #10: 0x7f00 in libtorch_cpu.so", "frame #11: 0x7f00 in libtorch_cpu.so"}));
+  EXPECT_EQ(relay_.lastLines(1), (std::vector<std::string>{"  what():  short", "frame #0"}));
+}
+
 // A relay whose stdout and stderr count as terminals (as isatty() would say), writing to files.
 OutputRelayOptions terminalOptions(int outFd, int errFd, bool stderrIsTerminal = true) {
   OutputRelayOptions options;

@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
+#include "common/host_memory.h"
 #include "worker/data/fashion_mnist.h"
 #include "ddp/data.h"
 #include "ddp/launch_env.h"
@@ -50,9 +51,7 @@ void checkSyntheticFits(const DataConfig& config, const data::SyntheticOptions& 
   const double n = static_cast<double>(opts.size);
   const double classes = static_cast<double>(opts.numClasses);
   const double bytes = 4.0 * (n * features + features * classes + n * classes) + 8.0 * n;
-  const long pages = ::sysconf(_SC_PHYS_PAGES);
-  const long pageSize = ::sysconf(_SC_PAGESIZE);
-  const double memory = pages > 0 && pageSize > 0 ? static_cast<double>(pages) * static_cast<double>(pageSize) : 0;
+  const double memory = hostMemoryBytes();
   if (memory <= 0 || bytes <= memory) return;
   const auto gib = [](double b) {
     char text[32];

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "common/host_memory.h"
 #include "ddp/launch_env.h"
 
 namespace ddp::worker::data {
@@ -21,12 +22,6 @@ std::string joined(const std::vector<std::string>& v) {
   std::string s;
   for (const auto& c : v) s += (s.empty() ? "" : ", ") + c;
   return s;
-}
-
-double hostMemoryBytes() {
-  const long pages = ::sysconf(_SC_PHYS_PAGES);
-  const long pageSize = ::sysconf(_SC_PAGESIZE);
-  return pages > 0 && pageSize > 0 ? static_cast<double>(pages) * static_cast<double>(pageSize) : 0;
 }
 
 // The decoded size of both splits as the in-memory path would hold them: uint8, 3 channels, at

@@ -79,10 +79,4 @@ void checkModelFits(const ModelConfig& config, const InputSpec& input, int ranks
             config.name == "gpt" ? "; use smaller model.n_layer / model.n_embd" : "; use smaller model.hidden widths");
 }
 
-double hostMemoryBytes() {
-  const long pages = ::sysconf(_SC_PHYS_PAGES);
-  const long pageSize = ::sysconf(_SC_PAGESIZE);
-  return pages > 0 && pageSize > 0 ? static_cast<double>(pages) * static_cast<double>(pageSize) : 0;
-}
-
 }  // namespace ddp::worker

@@ -20,7 +20,4 @@ constexpr double kTrainingBytesPerParameter = 4.0 * 4;
 /// `memoryBytes` (this host's RAM): one line with the parameter count and the sizes.
 void checkModelFits(const ModelConfig& config, const InputSpec& input, int ranksOnHost, double memoryBytes);
 
-/// This host's physical memory in bytes (sysconf), 0 if unknown.
-double hostMemoryBytes();
-
 }  // namespace ddp::worker
