@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <mutex>
@@ -18,6 +19,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "libddp/fsdp/sharded_parameter.h"
 #include "libddp/fsdp/unit.h"
 
 namespace ddp {
@@ -42,6 +44,8 @@ struct Registry {
   int depth = 0;                            // units inside their forward now
   std::vector<std::weak_ptr<Unit>> units;   // the units of the current forward, in forward order
   std::vector<std::weak_ptr<Unit>> ended;   // the same, in the order their forwards ended
+  std::vector<std::weak_ptr<Unit>> previous;    // `units` of the forward before: forward prefetch's order
+  std::vector<std::weak_ptr<Unit>> prefetched;  // the units this forward prefetched
   bool finalCallbackQueued = false;
 };
 
@@ -116,6 +120,39 @@ void preBackward(Unit& unit) {
   if (next && next->backward == Unit::Backward::kIdle) next->startUnshard();
 }
 
+// FSDP1's forward_prefetch: `unit` started its forward as the k-th of this forward; the unit that
+// came after the k-th in the forward before (when that was `unit` too) starts its all-gather now.
+// Every rank runs the same forwards, so every rank starts the same gathers in the same order.
+void forwardPrefetch(const std::shared_ptr<Unit>& unit, size_t k) {
+  Registry& r = registry();
+  std::shared_ptr<Unit> next;
+  {
+    std::lock_guard<std::recursive_mutex> lock(r.mutex);
+    if (k + 1 >= r.previous.size() || r.previous[k].lock() != unit) return;
+    next = r.previous[k + 1].lock();
+    if (!next || next == unit || next->unsharded || next->gathering) return;
+    r.prefetched.push_back(next);
+  }
+  next->startUnshard();
+}
+
+// The end of the outermost forward: a prefetched gather that no forward waited for (the model
+// took another path this time) is finished and freed here; kept, it would hand the next forward
+// the parameters from before the optimizer's step.
+void dropUnusedPrefetches() {
+  Registry& r = registry();
+  std::vector<std::shared_ptr<Unit>> unused;
+  {
+    std::lock_guard<std::recursive_mutex> lock(r.mutex);
+    for (const auto& weak : r.prefetched) {
+      auto unit = weak.lock();
+      if (unit && unit->gathering) unused.push_back(std::move(unit));
+    }
+    r.prefetched.clear();
+  }
+  for (const auto& unit : unused) unit->reshard();
+}
+
 // The parameters `module` brings to a new unit: its own and its submodules', but for those of
 // submodules that are units already (FSDP2's managed modules), each tensor once.
 void collectParameters(const torch::nn::Module& module, const std::string& prefix, bool top, Registry& r,
@@ -175,6 +212,10 @@ FullyShardedUnit fullyShard(torch::nn::Module& module, ProcessGroup group, Fully
                 "; a unit's parameters share one dtype and device (shard them as separate units)");
     }
   }
+  if (options.replicateParameters && options.reshardAfterForward.value_or(false)) {
+    DDP_THROW(ConfigError, "ddp::fullyShard(", module.name(), "): replicateParameters (ZeRO-2) keeps the gathered "
+              "parameters from forward to backward, but reshardAfterForward is true; leave reshardAfterForward unset");
+  }
   const int64_t id = r.nextId++;
   auto unit = std::shared_ptr<Unit>(new Unit(module, group, options, names, params, id), [](Unit* u) {
     Registry& reg = registry();
@@ -203,6 +244,7 @@ FullyShardedUnit::FullyShardedUnit(std::shared_ptr<Impl> impl) : impl_(std::move
 std::vector<at::Tensor> FullyShardedUnit::beforeForward(const std::vector<at::Tensor>& inputs) {
   Registry& r = registry();
   const bool grad = c10::GradMode::is_enabled();
+  size_t position = 0;  // among this forward's unit forwards
   {
     std::lock_guard<std::recursive_mutex> lock(r.mutex);
     impl_->rootOfForward = r.depth == 0;
@@ -211,14 +253,17 @@ std::vector<at::Tensor> FullyShardedUnit::beforeForward(const std::vector<at::Te
       for (const auto& weak : r.units) {
         if (auto unit = weak.lock()) unit->backward = Impl::Backward::kIdle;
       }
+      r.previous = std::move(r.units);
       r.units.clear();
       r.ended.clear();
     }
+    position = r.units.size();
     if (grad) r.units.push_back(impl_);
     ++r.depth;
   }
   try {
     impl_->unshard();
+    if (grad && impl_->options.forwardPrefetch) forwardPrefetch(impl_, position);
   } catch (...) {
     std::lock_guard<std::recursive_mutex> lock(r.mutex);
     --r.depth;
@@ -255,8 +300,11 @@ void FullyShardedUnit::afterForward(const std::vector<at::Tensor>& outputs) {
     --r.depth;
     if (grad) r.ended.push_back(impl_);
   }
-  // Without autograd no backward follows: free them unless the user asked to keep them.
-  const bool reshardNow = impl_->options.reshardAfterForward.value_or(grad ? !impl_->rootOfForward : true);
+  if (impl_->rootOfForward) dropUnusedPrefetches();
+  // Without autograd no backward follows: free them unless the user asked to keep them. ZeRO-2
+  // keeps them for its backward.
+  const bool keep = grad && impl_->options.replicateParameters;
+  const bool reshardNow = !keep && impl_->options.reshardAfterForward.value_or(grad ? !impl_->rootOfForward : true);
   if (reshardNow) impl_->reshard();
   if (!grad) return;
   std::weak_ptr<Impl> weak = impl_;
@@ -274,6 +322,7 @@ void FullyShardedUnit::abandonForward() {
     std::lock_guard<std::recursive_mutex> lock(r.mutex);
     --r.depth;
   }
+  if (impl_->rootOfForward) dropUnusedPrefetches();
   impl_->reshard();
 }
 
@@ -338,11 +387,11 @@ StateDict fullStateDict(const torch::nn::Module& model) {
     if (it == gathered.end()) {
       // From the shards in their own dtype (not paramDtype), in the order the parameters come:
       // the same on every rank.
-      at::Tensor full = at::empty({unit->layout.fullNumel()}, unit->shardFlat.options());
+      at::Tensor full = at::empty({unit->layout.fullNumel()}, unit->shardOptions());
       if (unit->layout.shardNumel() > 0) {
         CollectiveOptions options;
         options.label = "fullStateDict (" + unit->module->name() + ")";
-        unit->layout.copyOut(at::stack(unit->group.allGather(unit->shardFlat, options)), full);
+        unit->layout.copyOut(at::stack(unit->group.allGather(unit->packedShards(), options)), full);
       }
       it = gathered.emplace(unit.get(), full).first;
     }
@@ -383,7 +432,7 @@ void loadFullStateDict(torch::nn::Module& model, const StateDict& state) {
       continue;
     }
     unit->reshard();
-    unit->layout.copyShard(state.at(item.key()).to(unit->shardFlat.options()), unit->shardFlat, index);
+    unit->setShard(state.at(item.key()).to(unit->shardOptions()), index);
   }
   for (const auto& item : buffers) item.value().copy_(state.at(item.key()));
 }
@@ -391,6 +440,7 @@ void loadFullStateDict(torch::nn::Module& model, const StateDict& state) {
 void FullyShardedUnit::unshard() { impl_->unshard(); }
 void FullyShardedUnit::reshard() { impl_->reshard(); }
 bool FullyShardedUnit::isSharded() const { return !impl_->unsharded; }
+int64_t FullyShardedUnit::gatheredBytes() const { return static_cast<int64_t>(impl_->fullFlat.storage().nbytes()); }
 const std::vector<std::string>& FullyShardedUnit::parameterNames() const { return impl_->names; }
 std::vector<at::Tensor> FullyShardedUnit::parameters() const { return impl_->params; }
 std::vector<int64_t> FullyShardedUnit::fullShape(size_t i) const {
@@ -406,3 +456,18 @@ const FullyShardOptions& FullyShardedUnit::options() const { return impl_->optio
 ProcessGroup& FullyShardedUnit::group() const { return impl_->group; }
 
 }  // namespace ddp
+
+namespace ddp::fsdp {
+std::optional<ParameterShard> shardOfParameter(const at::Tensor& param) {
+  auto [unit, index] = ownerOf(param);
+  if (!unit) return std::nullopt;
+  const ParamLayout& layout = unit->layout[index];
+  ParameterShard out;
+  out.fullShape = layout.fullShape;
+  out.rowStart = std::min(layout.rows, static_cast<int64_t>(unit->group.rank()) * layout.chunkRows);
+  out.rows = layout.localRows;
+  out.gathered = unit->unsharded;
+  out.unit = unit->module->name();
+  return out;
+}
+}  // namespace ddp::fsdp

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """The PyTorch side of bench/fsdp: fsdp_memory_bench.cc's model and measurements with DDP,
-ZeroRedundancyOptimizer (ZeRO-1) and FSDP2's fully_shard (each block, then the root; a CPU
-DeviceMesh over Gloo). Run under torchrun; rank 0 prints one JSON line with the largest value over
+ZeroRedundancyOptimizer (ZeRO-1), FSDP2's fully_shard (each block, then the root; a CPU
+DeviceMesh over Gloo) and, for zero2, fully_shard with reshard_after_forward=False: PyTorch has no
+ZeRO-2 that keeps the gathered parameters between steps; this is its nearest (gathered from forward
+to the end of backward, then freed: its parameter bytes at the end of a step are the shards'). Run under torchrun; rank 0 prints one JSON line with the largest value over
 the ranks: this rank's bytes of parameters (FSDP2: the local shards), gradients and AdamW state,
 the largest RSS sampled after each forward, backward and step less the RSS before the model, the
 peak RSS growth and the step time.
 
-  torchrun --standalone --nproc_per_node=N fsdp2_memory.py --mode ddp|zero1|full [--width 768]
+  torchrun --standalone --nproc_per_node=N fsdp2_memory.py --mode ddp|zero1|zero2|full [--width 768]
            [--blocks 8] [--batch 16] [--steps 6]
 """
 import argparse
@@ -73,7 +75,7 @@ def optimizer_bytes(opt):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=["ddp", "zero1", "full"], required=True)
+    p.add_argument("--mode", choices=["ddp", "zero1", "zero2", "full"], required=True)
     p.add_argument("--width", type=int, default=768)
     p.add_argument("--blocks", type=int, default=8)
     p.add_argument("--batch", type=int, default=16)
@@ -85,11 +87,12 @@ def main():
     peak_before, start = rss_peak(), rss_now()
     model = Stack(a.width, a.blocks)
     parameters = sum(p.numel() for p in model.parameters())
-    if a.mode == "full":
+    if a.mode in ("full", "zero2"):
         mesh = init_device_mesh("cpu", (world,))
+        keep = {"reshard_after_forward": False} if a.mode == "zero2" else {}
         for b in model.blocks:
-            fully_shard(b, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard(b, mesh=mesh, **keep)
+        fully_shard(model, mesh=mesh, **keep)
         run = model
     else:
         run = DDP(model)

@@ -1,12 +1,13 @@
-// Issue 44 (6): what each rank holds with DDP, ZeRO-1 and fully sharded training, on one model, run
-// under ddp-launch: parameters, gradients and AdamW's state (bytes of this rank's tensors), the
+// Issue 44 (6): what each rank holds with DDP, ZeRO-1, ZeRO-2 and fully sharded training, on one
+// model, run under ddp-launch: parameters, gradients and AdamW's state (bytes of this rank's
+// tensors; zero2: each unit's whole parameters kept in its full buffer, the shards its rows), the
 // resident memory the training adds (the largest RSS sampled after each forward, backward and
 // optimizer step, less the RSS before the model was made: DDP's buckets and the gathered units
 // included), the peak RSS growth (getrusage: with the model's full construction, which every mode
 // pays once, as FSDP2 without a meta device) and the step time. Rank 0 prints one JSON line
 // with the largest value over the ranks; bench/fsdp/fsdp2_memory.py is the same in PyTorch.
 //
-//   ddp-launch --nproc_per_node=N fsdp_memory_bench --mode ddp|zero1|full [--width 768]
+//   ddp-launch --nproc_per_node=N fsdp_memory_bench --mode ddp|zero1|zero2|full [--width 768]
 //              [--blocks 8] [--batch 16] [--steps 6]
 #include <ddp/ddp.h>
 #include <torch/torch.h>
@@ -89,8 +90,8 @@ int main(int argc, char** argv) {
     else if (a == "--batch") batch = std::atol(argv[i + 1]);
     else if (a == "--steps") steps = std::atol(argv[i + 1]);
   }
-  if (mode != "ddp" && mode != "zero1" && mode != "full") {
-    std::fprintf(stderr, "fsdp_memory_bench: --mode is '%s'; use ddp, zero1 or full\n", mode.c_str());
+  if (mode != "ddp" && mode != "zero1" && mode != "zero2" && mode != "full") {
+    std::fprintf(stderr, "fsdp_memory_bench: --mode is '%s'; use ddp, zero1, zero2 or full\n", mode.c_str());
     return 2;
   }
   ddp::ProcessGroup group = ddp::initProcessGroup();
@@ -101,9 +102,12 @@ int main(int argc, char** argv) {
   std::unique_ptr<ddp::DistributedDataParallel<Stack>> replicated;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   const auto adamw = torch::optim::AdamWOptions(1e-4).weight_decay(0.1);
-  if (mode == "full") {
-    for (auto& b : model->blocks) model->units.push_back(ddp::fullyShard(*b, group));
-    model->units.push_back(ddp::fullyShard(*model, group));  // the root: the head
+  const bool sharded = mode == "full" || mode == "zero2";
+  if (sharded) {
+    ddp::FullyShardOptions options;
+    options.replicateParameters = mode == "zero2";
+    for (auto& b : model->blocks) model->units.push_back(ddp::fullyShard(*b, group, options));
+    model->units.push_back(ddp::fullyShard(*model, group, options));  // the root: the head
   } else {
     replicated = std::make_unique<ddp::DistributedDataParallel<Stack>>(model, group);
   }
@@ -117,7 +121,7 @@ int main(int argc, char** argv) {
     const at::Tensor x = torch::randn({batch, width});
     const auto t0 = std::chrono::steady_clock::now();
     optimizer->zero_grad();
-    const at::Tensor y = mode == "full" ? model->units.back().forward([&](const at::Tensor& h) { return model->forward(h); }, x)
+    const at::Tensor y = sharded ? model->units.back().forward([&](const at::Tensor& h) { return model->forward(h); }, x)
                                         : replicated->forward(x);
     sample();
     y.pow(2).mean().backward();
@@ -129,9 +133,11 @@ int main(int argc, char** argv) {
   const auto params = model->parameters();
   double total = 0;
   for (const auto& p : params) total += static_cast<double>(p.numel());
-  if (mode == "full") {  // the full count: the shards' shapes are this rank's
+  double kept = 0;  // zero2: the whole parameters each unit keeps
+  if (sharded) {  // the full count: the shards' shapes are this rank's
     total = 0;
     for (const auto& u : model->units) {
+      kept += static_cast<double>(u.gatheredBytes());
       for (size_t i = 0; i < u.parameters().size(); ++i) {
         double n = 1;
         for (int64_t d : u.fullShape(i)) n *= static_cast<double>(d);
@@ -139,7 +145,7 @@ int main(int argc, char** argv) {
       }
     }
   }
-  at::Tensor m = torch::tensor({bytesOf(params, false), bytesOf(params, true),
+  at::Tensor m = torch::tensor({mode == "zero2" ? kept : bytesOf(params, false), bytesOf(params, true),
                                 static_cast<double>(ddp::optimizerStateBytes(*optimizer)),
                                 training - rssStart, peakRssBytes() - rssBefore,
                                 seconds / static_cast<double>(steps - 1)},

@@ -58,8 +58,9 @@ struct CheckpointOptions {
   std::vector<c10::Device> cudaGenerators;
 };
 
-/// The checkpoint files a Checkpointer wrote into `dir` ("<dir>/ckpt-00000120.pt" for global step
-/// 120), oldest first; temporaries of interrupted writes are not listed. Empty when `dir` holds none
+/// The checkpoints a Checkpointer wrote into `dir` ("<dir>/ckpt-00000120.pt" for global step 120, or
+/// the directory "<dir>/ckpt-00000120" of a fully sharded model's), oldest first; temporaries of
+/// interrupted writes are not listed. Empty when `dir` holds none
 /// or does not exist. The newest need not verify: Checkpointer::resume() skips damaged ones.
 std::vector<std::string> listCheckpoints(const std::string& dir);
 
@@ -68,6 +69,21 @@ std::vector<std::string> listCheckpoints(const std::string& dir);
 /// archive), the fp16 loss scaler's state (GradScaler.state_dict()), position, the CPU generator and
 /// every rank's GPU generator; checksummed, written atomically by rank 0 (Python's torch.load reads
 /// it).
+///
+/// A model with fully sharded parameters (ddp::fullyShard) gets sharded checkpoints instead (as
+/// torch.distributed.checkpoint's): the directory "<dir>/ckpt-00000120/", where each rank writes
+/// "rank-0000r.pt" (its rows of every sharded parameter and of their optimizer state; rank 0 also
+/// the rest) and rank 0 "manifest.json" last (full shapes, each rank's rows, each file's size), then
+/// renames it into place; `dir` must be one directory every rank shares. Resume reshards: each rank
+/// reads, from the files that hold them, the rows it holds now, at the same world size or another
+/// (bitwise the saved values either way). A sharded checkpoint resumes an unsharded run (DDP,
+/// ZeroRedundancyOptimizer) and a one-file checkpoint a sharded run. Sharded checkpoints hold
+/// optimizer state by name: SGD, Adam, AdamW or FusedAdamW.
+/// A sharded checkpoint (a directory) as one file with every tensor whole, as an unsharded run
+/// writes it: for Python's torch.load, or to archive one file. Any run resumes from either. Reads
+/// every rank's file; not collective. CheckpointError naming a missing or damaged file.
+void consolidateCheckpoint(const std::string& shardedPath, const std::string& outPath);
+
 class Checkpointer {
  public:
   Checkpointer(ProcessGroup group, CheckpointOptions options = {});

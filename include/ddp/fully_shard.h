@@ -1,7 +1,8 @@
 // ddp::fullyShard: fully sharded data parallel with FSDP2's semantics
 // (torch.distributed.fsdp.fully_shard): each unit's parameters, gradients and optimizer state are
 // sharded on dim 0 over the group; a unit's parameters are gathered only around its forward and
-// its backward.
+// its backward. With FullyShardOptions::replicateParameters the same machinery is ZeRO-2: the
+// parameters stay gathered, the gradients and optimizer state sharded.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -36,6 +37,24 @@ struct FullyShardOptions {
   /// all-gather of the unit whose forward ended before its own, so that gather overlaps this
   /// unit's backward (on GPUs; CPU backends gain nothing). One more gathered unit in memory.
   bool backwardPrefetch = true;
+  /// FSDP1's forward_prefetch (FSDP2: set_modules_to_forward_prefetch, given the order): when this
+  /// unit's forward starts, it starts the all-gather of the unit whose forward came next in the
+  /// previous forward with autograd, so that gather overlaps this unit's forward. Nothing in the
+  /// first step (the order is not known yet), nor in forwards without autograd; the same values
+  /// either way. One more gathered unit in memory.
+  bool forwardPrefetch = true;
+  /// ZeRO-2 (DeepSpeed's ZeRO stage 2; FSDP1's ShardingStrategy.SHARD_GRAD_OP and FSDP2's
+  /// reshard_after_forward=False are the nearest, but free the gathered parameters after
+  /// backward): the parameters are gathered once per step, in the unit's first forward, and stay
+  /// in memory whole, the gradients and the optimizer state sharded. Outside forward and backward
+  /// the parameters' data are still the shards (the optimizer steps them, with the sharded .grad),
+  /// but the full buffer keeps its bytes and the next forward all-gathers into it; a backward
+  /// without gradient sync leaves the parameters gathered (FSDP2's set_reshard_after_backward(False)),
+  /// so accumulation communicates on the last micro-batch only. Per rank: the full parameters (the
+  /// shards are views of this rank's rows of them; with a paramDtype a copy in its own dtype),
+  /// 1/N of the gradients and optimizer state; per step one all-gather and one reduce-scatter per
+  /// unit, DDP's traffic. Requires reshardAfterForward unset or false.
+  bool replicateParameters = false;
   // FSDP2's MixedPrecisionPolicy. The shards, their gradients and the optimizer keep the
   // parameters' own dtype.
   /// param_dtype: the dtype of the all-gather and of the gathered parameters the forward and
@@ -137,14 +156,21 @@ class FullyShardedUnit {
   /// paramDtype when set, until reshard() or the next backward's end). Collective; nothing to do
   /// when already gathered. For the full values in their own dtype: fullStateDict().
   void unshard();
-  /// FSDP2's reshard(): frees the gathered parameters, their data becomes the shards again.
+  /// FSDP2's reshard(): frees the gathered parameters, their data becomes the shards again
+  /// (replicateParameters: the full buffer keeps its bytes, for the next gather).
   void reshard();
   /// Whether the parameters hold their shards now (false between unshard() and reshard()).
   bool isSharded() const;
+  /// The bytes the unit's full buffer holds now: the gathered parameters (in paramDtype, padded),
+  /// 0 once freed; under replicateParameters never freed (allocated by fullyShard, or with a
+  /// paramDtype by the first forward).
+  int64_t gatheredBytes() const;
   /// FSDP2's set_requires_gradient_sync: with false, backwards accumulate full (unsharded)
   /// gradients without communicating and leave the sharded .grad as it was; the first backward
   /// with true reduce-scatters their sum with its own (gradient accumulation over micro-batches,
   /// DDP's no_sync). `recurse`: the units of the module's submodules too. Not during a backward.
+  /// Under replicateParameters the parameters stay gathered meanwhile, their .grad unset until
+  /// the synced backward restores the sharded one.
   void setRequiresGradientSync(bool requiresSync, bool recurse = true);
 
   /// The unit's parameters as the module names them (those of child units left out), in order.
@@ -178,7 +204,7 @@ class FullyShardedUnit {
 /// root. Every rank must hold the same initial values (build the model from the same seed, or load
 /// them before). Throws ConfigError for a destroyed group, a module already sharded, a parameter
 /// another unit holds (a parameter shared by two units, named), or parameters of several dtypes
-/// or devices, or with no dimension.
+/// or devices, or with no dimension, or replicateParameters with reshardAfterForward true.
 [[nodiscard]]
 FullyShardedUnit fullyShard(torch::nn::Module& module, ProcessGroup group, FullyShardOptions options = {});
 

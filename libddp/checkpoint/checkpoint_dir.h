@@ -3,17 +3,36 @@
 
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace ddp::checkpoint {
 
+constexpr const char* kShardedCheckpointFormat = "ddp-launch-sharded-checkpoint/1";
+constexpr const char* kShardedManifest = "manifest.json";
+
 /// "<dir>/ckpt-00000120.pt" for global step 120.
 std::string checkpointPath(const std::string& dir, int64_t globalStep);
 
-/// Checkpoint files in `dir`, oldest first (by step). Temporary files of
-/// interrupted writes are not listed.
+/// "<dir>/ckpt-00000120" for global step 120: a sharded checkpoint's directory
+/// (libddp/checkpoint/sharded_checkpoint.h).
+std::string shardedCheckpointPath(const std::string& dir, int64_t globalStep);
+
+/// Whether `path` is a sharded checkpoint's directory (not whether it is complete).
+bool isShardedCheckpoint(const std::string& path);
+
+/// A sharded checkpoint's manifest; CheckpointError when it is missing (an interrupted write),
+/// damaged or of another format.
+nlohmann::json readManifest(const std::string& dir);
+
+/// Checks a sharded checkpoint without reading its tensors: the manifest, and every rank's file
+/// present with the size the manifest records. CheckpointError naming what is wrong.
+void verifyShardedCheckpoint(const std::string& path);
+
+/// Checkpoints in `dir` (files, and sharded checkpoints' directories with their manifest), oldest
+/// first (by step). Temporaries of interrupted writes are not listed.
 std::vector<std::string> listCheckpoints(const std::string& dir);
 
 /// The newest checkpoint that loads and verifies; each one skipped is reported

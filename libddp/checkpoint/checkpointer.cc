@@ -22,6 +22,7 @@
 #include "ddp/files.h"
 #include "libddp/checkpoint/checkpoint_dir.h"
 #include "libddp/checkpoint/optimizer_state.h"
+#include "libddp/checkpoint/sharded_checkpoint.h"
 #include "libddp/checkpoint/state_dict_loader.h"
 #include "libddp/checkpoint/training_checkpoint.h"
 #include "ddp/state_dict.h"
@@ -339,6 +340,14 @@ void loadModel(torch::nn::Module& module, const std::string& path) { checkpoint:
 
 std::vector<std::string> listCheckpoints(const std::string& dir) { return checkpoint::listCheckpoints(dir); }
 
+void consolidateCheckpoint(const std::string& shardedPath, const std::string& outPath) {
+  if (!checkpoint::isShardedCheckpoint(shardedPath)) {
+    DDP_THROW(ConfigError, "ddp::consolidateCheckpoint: '", shardedPath,
+              "' is not a sharded checkpoint's directory (a one-file checkpoint is whole already)");
+  }
+  checkpoint::saveTrainingCheckpoint(checkpoint::loadTrainingStateFor(shardedPath, nullptr), outPath);
+}
+
 Checkpointer::Checkpointer(ProcessGroup group, CheckpointOptions options)
     : group_(std::move(group)), options_(std::move(options)) {
   if (options_.dir.empty()) DDP_THROW(ConfigError, "ddp::CheckpointOptions::dir", " is empty; name a directory for the checkpoints");
@@ -350,8 +359,15 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
   internal::checkLive(group_, "Checkpointer::save");
   ProcessGroup group = group_.withLabel("Checkpointer::save");
   const std::string& dir = options_.dir;
-  const std::string path = checkpoint::checkpointPath(dir, position.globalStep);
+  // A fully sharded model's checkpoint is sharded: a directory, each rank writing its rows.
+  const bool shardedModel = checkpoint::holdsShardedParameters(module);
+  const std::string path = shardedModel ? checkpoint::shardedCheckpointPath(dir, position.globalStep)
+                                        : checkpoint::checkpointPath(dir, position.globalStep);
   if (position.globalStep == lastSavedStep_) return path;  // this very step is on disk already
+  if (shardedModel && dynamic_cast<ZeroRedundancyOptimizer*>(&optimizer) != nullptr) {
+    DDP_THROW(ConfigError, "ddp::Checkpointer::save: a ZeroRedundancyOptimizer over fully sharded parameters; "
+              "fully sharded parameters are sharded already: step them with the optimizer itself");
+  }
   // Read on every rank (a collective-free read of the scale, which waits for the device).
   if (scaler != nullptr && group.rank() != 0) (void)scaler->stateDict();
   std::vector<at::Tensor> cudaRng;
@@ -363,30 +379,51 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
   // ZeRO: the shards of the optimizer state, from every rank (collective).
   std::optional<checkpoint::NamedTensors> sharded;
   if (auto* zero = dynamic_cast<ZeroRedundancyOptimizer*>(&optimizer)) sharded = gatherShardedState(group, *zero, module);
+  auto trainingState = [&] {
+    checkpoint::TrainingState state;
+    for (auto& [key, tensor] : stateDict(module)) state.model.emplace_back(key, tensor);
+    state.optimizer = sharded ? std::move(*sharded) : optimizerState(optimizer, module);
+    state.epoch = position.epoch;
+    state.stepInEpoch = position.stepInEpoch;
+    state.globalStep = position.globalStep;
+    state.samples = position.samples;
+    state.worldSize = group.size();
+    if (position.epochSamples >= 0) state.epochSamples = position.epochSamples;
+    state.seed = static_cast<int64_t>(options_.seed);
+    state.sampleOrder = options_.sampleOrder;
+    state.cpuRng = checkpoint::cpuRngState();
+    state.cudaRng = cudaRng;
+    state.config = options_.config;
+    if (scaler != nullptr) {
+      if (const auto st = scaler->stateDict()) {
+        state.scaler = checkpoint::ScalerState{st->scale, st->growthFactor, st->backoffFactor, st->growthInterval,
+                                               st->growthTracker};
+      }
+    }
+    return state;
+  };
+  if (shardedModel) {
+    const checkpoint::TrainingState state = trainingState();
+    for (const auto& [key, value] : state.optimizer) {
+      if (key == kArchiveKey) {  // the same on every rank: all throw
+        DDP_THROW(ConfigError, "ddp::Checkpointer::save: a fully sharded model's checkpoint holds its optimizer state "
+                  "by parameter name, which needs SGD, Adam, AdamW or ddp::FusedAdamW");
+      }
+    }
+    checkpoint::saveShardedCheckpoint(group, state, module, dir);  // collective, agreed
+    if (group.rank() == 0) {
+      checkpoint::pruneCheckpoints(dir, options_.keepLast);
+      spdlog::info("checkpoint {} ({} ranks' shards; epoch {} step {})", path, group.size(), position.epoch,
+                   position.stepInEpoch);
+    }
+    lastSavedStep_ = position.globalStep;
+    return path;
+  }
   std::string error;
   if (group.rank() == 0) {
     try {
       makeDirectories(dir, "ddp::CheckpointOptions::dir");
-      checkpoint::TrainingState state;
-      for (auto& [key, tensor] : stateDict(module)) state.model.emplace_back(key, tensor);
-      state.optimizer = sharded ? std::move(*sharded) : optimizerState(optimizer, module);
-      state.epoch = position.epoch;
-      state.stepInEpoch = position.stepInEpoch;
-      state.globalStep = position.globalStep;
-      state.samples = position.samples;
-      state.worldSize = group.size();
-      if (position.epochSamples >= 0) state.epochSamples = position.epochSamples;
-      state.seed = static_cast<int64_t>(options_.seed);
-      state.sampleOrder = options_.sampleOrder;
-      state.cpuRng = checkpoint::cpuRngState();
-      state.cudaRng = std::move(cudaRng);
-      state.config = options_.config;
-      if (scaler != nullptr) {
-        if (const auto st = scaler->stateDict()) {
-          state.scaler = checkpoint::ScalerState{st->scale, st->growthFactor, st->backoffFactor, st->growthInterval,
-                                                 st->growthTracker};
-        }
-      }
+      const checkpoint::TrainingState state = trainingState();
       try {
         checkpoint::saveTrainingCheckpoint(state, path);
       } catch (const CheckpointError& e) {
@@ -439,13 +476,28 @@ TrainPosition Checkpointer::resumeFrom(const std::string& path, torch::nn::Modul
                                        torch::optim::Optimizer& optimizer, GradScaler* scaler) {
   internal::checkLive(group_, "Checkpointer::resume");
   ProcessGroup group = group_.withLabel("Checkpointer::resume");
+  // A sharded checkpoint (a directory) or one file, shaped for this module: the rows of its fully
+  // sharded parameters, whatever world size wrote it (each rank reads the files it needs).
   checkpoint::TrainingState state;
-  if (!path.empty()) state = checkpoint::loadTrainingCheckpoint(path);
+  std::string error;
+  if (!path.empty()) {
+    try {
+      state = checkpoint::loadTrainingStateFor(path, &module);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
   const int64_t step = path.empty() ? -1 : state.globalStep;
-  // Every rank must continue from the same step, or the collectives mismatch.
-  at::Tensor steps = at::tensor({step, int64_t{1}}, at::kLong).to(group.collectiveDevice());
+  // Every rank must continue from the same step, or the collectives mismatch; a rank that could not
+  // read its part fails them all.
+  at::Tensor steps = at::tensor({step, int64_t{1}, error.empty() ? int64_t{0} : int64_t{1}}, at::kLong)
+                         .to(group.collectiveDevice());
   group.allReduce(steps);
   steps = steps.cpu();
+  if (!error.empty()) throw CheckpointError(error);
+  if (steps[2].item<int64_t>() > 0) {
+    DDP_THROW(CheckpointError, "resume: another rank could not read '", path, "' (its log says why)");
+  }
   if (steps[0].item<int64_t>() != step * steps[1].item<int64_t>()) {
     DDP_THROW(CommError, "resume: ranks found different checkpoints (rank ", group.rank(), " has step ", step,
               " from '", path.empty() ? "<none>" : path, "'); point every rank at the same ", "ddp::CheckpointOptions::dir");

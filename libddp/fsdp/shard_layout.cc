@@ -39,6 +39,11 @@ at::Tensor ShardLayout::fullView(const at::Tensor& fullFlat, size_t i) const {
   return fullFlat.narrow(0, p.offset * world_, p.paddedNumel() * world_).view(padded).narrow(0, 0, p.rows);
 }
 
+at::Tensor ShardLayout::shardViewInFull(const at::Tensor& fullFlat, size_t i) const {
+  const ParamLayout& p = params_[i];
+  return fullFlat.narrow(0, p.offset * world_ + rank_ * p.paddedNumel(), p.localRows * p.rowNumel).view(p.localShape());
+}
+
 void ShardLayout::copyShard(const at::Tensor& full, const at::Tensor& shardFlat, size_t i) const {
   const ParamLayout& p = params_[i];
   if (p.localRows == 0 || p.rowNumel == 0) return;

@@ -40,6 +40,8 @@ class ShardLayout {
   at::Tensor shardView(const at::Tensor& shardFlat, size_t i) const;
   /// Parameter i's full tensor inside the flat full buffer.
   at::Tensor fullView(const at::Tensor& fullFlat, size_t i) const;
+  /// This rank's rows of parameter i inside the flat full buffer (its unpadded local shard there).
+  at::Tensor shardViewInFull(const at::Tensor& fullFlat, size_t i) const;
   /// Copies this rank's rows of `full` (parameter i's full value) into its shard.
   void copyShard(const at::Tensor& full, const at::Tensor& shardFlat, size_t i) const;
   /// The all-gather's copy-out: `gathered` is (world, S), row r being rank r's shard buffer.

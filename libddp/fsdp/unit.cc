@@ -43,18 +43,35 @@ FullyShardedUnit::Impl::Impl(torch::nn::Module& m, ProcessGroup g, FullyShardOpt
   shardDtype = bufferOptions.dtype().toScalarType();
   computeDtype = options.paramDtype.value_or(shardDtype);
   reduceDtype = options.reduceDtype.value_or(shardDtype);
-  shardFlat = at::zeros({layout.shardNumel()}, bufferOptions);  // padding stays zero, as FSDP2's
+  shardsInFull = options.replicateParameters && computeDtype == shardDtype;
   fullFlat = at::empty({layout.fullNumel()}, bufferOptions.dtype(computeDtype));
+  if (!shardsInFull) shardFlat = at::zeros({layout.shardNumel()}, bufferOptions);  // padding stays zero, as FSDP2's
   for (size_t i = 0; i < params.size(); ++i) {
-    layout.copyShard(params[i].detach(), shardFlat, i);
-    shardViews.push_back(layout.shardView(shardFlat, i));
+    shardViews.push_back(shardsInFull ? layout.shardViewInFull(fullFlat, i) : layout.shardView(shardFlat, i));
     fullViews.push_back(layout.fullView(fullFlat, i));
+    setShard(params[i].detach(), i);
   }
   for (size_t i = 0; i < params.size(); ++i) {
     params[i].mutable_grad() = at::Tensor();
     params[i].set_data(shardViews[i]);
   }
-  fsdp::setStorageBytes(fullFlat, 0);
+  if (!shardsInFull) fsdp::setStorageBytes(fullFlat, 0);
+}
+
+at::Tensor FullyShardedUnit::Impl::packedShards() const {
+  if (!shardsInFull) return shardFlat;
+  const at::Tensor packed = at::zeros({layout.shardNumel()}, shardOptions());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const fsdp::ParamLayout& p = layout[i];
+    if (p.localRows > 0) packed.narrow(0, p.offset, p.localRows * p.rowNumel).copy_(shardViews[i].reshape({-1}));
+  }
+  return packed;
+}
+
+void FullyShardedUnit::Impl::setShard(const at::Tensor& full, size_t i) {
+  const fsdp::ParamLayout& p = layout[i];
+  if (p.localRows == 0 || p.rowNumel == 0) return;
+  shardViews[i].copy_(full.reshape(p.fullShape).narrow(0, group.rank() * p.chunkRows, p.localRows));
 }
 
 FullyShardedUnit::Impl::~Impl() = default;
@@ -74,7 +91,8 @@ void FullyShardedUnit::Impl::startUnshard() {
   // gathered in their own dtype and copyOut casts them (a cast per element commutes with a gather:
   // the same values, twice the bytes on the wire).
   const bool castAfterGather = TORCH_VERSION_MAJOR < 2 && group.backend() == Backend::kGloo;
-  gatherInput = computeDtype == shardDtype || castAfterGather ? shardFlat : shardFlat.to(computeDtype);
+  const at::Tensor shards = packedShards();
+  gatherInput = computeDtype == shardDtype || castAfterGather ? shards : shards.to(computeDtype);
   *gathering = group.allGatherAsync(gathered, gatherInput, labelled("all_gather", *module));
 }
 
@@ -94,7 +112,7 @@ void FullyShardedUnit::Impl::reshard() {
   finishUnshard();  // a prefetch nobody used: its collective still completes on every rank
   if (!unsharded) return;
   for (size_t i = 0; i < params.size(); ++i) params[i].set_data(shardViews[i]);
-  fsdp::setStorageBytes(fullFlat, 0);
+  if (!options.replicateParameters) fsdp::setStorageBytes(fullFlat, 0);
   unsharded = false;
 }
 
@@ -102,17 +120,23 @@ void FullyShardedUnit::Impl::preBackward() {
   // Again after kPostBackward when the unit ran forward twice: FSDP2 gathers and reduces per use.
   if (backward == Backward::kPreBackward) return;
   unshard();
-  setAside.assign(params.size(), at::Tensor());
+  if (!holdingAside) setAside.assign(params.size(), at::Tensor());
   for (size_t i = 0; i < params.size(); ++i) {
-    setAside[i] = params[i].grad();
+    if (!holdingAside) setAside[i] = params[i].grad();
     params[i].mutable_grad() = at::Tensor();
   }
+  holdingAside = false;
   backward = Backward::kPreBackward;
 }
 
 void FullyShardedUnit::Impl::postBackward() {
   if (backward == Backward::kPostBackward) return;
   if (backward == Backward::kIdle) {  // no gradient reached its outputs: nothing to reduce
+    if (holdingAside) {  // the sharded gradients held over backwards without sync come back
+      for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = setAside[i];
+      setAside.clear();
+      holdingAside = false;
+    }
     reshard();
     backward = Backward::kPostBackward;
     return;
@@ -131,11 +155,17 @@ void FullyShardedUnit::Impl::postBackward() {
           accumulated[i] = full;
         }
       }
-      params[i].mutable_grad() = setAside[i];
+      params[i].mutable_grad() = options.replicateParameters ? at::Tensor() : setAside[i];
+    }
+    backward = Backward::kPostBackward;
+    if (options.replicateParameters) {
+      // FSDP2's set_reshard_after_backward(False): the next micro-batch's forward needs no
+      // all-gather; the sharded gradients wait in setAside (the parameters are whole meanwhile).
+      holdingAside = true;
+      return;
     }
     setAside.clear();
     reshard();
-    backward = Backward::kPostBackward;
     return;
   }
   std::vector<bool> hasGrad(params.size(), false);
@@ -151,7 +181,7 @@ void FullyShardedUnit::Impl::postBackward() {
   }
   if (any && layout.shardNumel() > 0) {
     // FSDP2's foreach_reduce: each rank's padded chunks side by side, one reduce-scatter (avg).
-    const at::Tensor input = at::empty({group.size(), layout.shardNumel()}, shardFlat.options().dtype(reduceDtype));
+    const at::Tensor input = at::empty({group.size(), layout.shardNumel()}, shardOptions().dtype(reduceDtype));
     for (size_t i = 0; i < params.size(); ++i) {
       layout.packGradient(params[i].grad(), input, i);
       params[i].mutable_grad() = at::Tensor();  // frees the full gradient

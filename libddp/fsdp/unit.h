@@ -30,13 +30,21 @@ struct FullyShardedUnit::Impl {
   /// All-gathers the shards into the full buffer (allocated again) and points every parameter's
   /// data at its full view. Collective; nothing when already unsharded.
   void unshard();
+  /// This rank's padded shards as one flat tensor (S elements, padding zero): shardFlat, or when
+  /// the shards live in the full buffer, a packed copy of them. The all-gather's input.
+  at::Tensor packedShards() const;
+  /// Copies this rank's rows of `full` (parameter i's full value) into its shard.
+  void setShard(const at::Tensor& full, size_t i);
+  /// The shards' dtype and device.
+  at::TensorOptions shardOptions() const { return fullFlat.options().dtype(shardDtype); }
   /// unshard() in two halves: start the all-gather (async), then wait for it and point the
   /// parameters at the full views. FSDP2's backward prefetch starts a unit's all-gather while the
   /// unit before it still computes.
   void startUnshard();
   void finishUnshard();
   /// Points the parameters back at their shards and frees the full buffer's bytes (its storage
-  /// object stays: autograd's saved tensors may hold views of it until the next unshard()).
+  /// object stays: autograd's saved tensors may hold views of it until the next unshard()); under
+  /// replicateParameters the bytes stay, for the next all-gather.
   void reshard();
   /// The first gradient reaching the unit's outputs (of each of its forwards, when it ran more
   /// than one): unshard, and set the sharded gradients aside so that autograd accumulates full
@@ -44,6 +52,8 @@ struct FullyShardedUnit::Impl {
   void preBackward();
   /// The unit's backward is done: reduce-scatter (average) the full gradients into sharded ones
   /// (added to those set aside), free the full gradients, reshard. Once per preBackward().
+  /// Without gradient sync under replicateParameters: the parameters stay gathered and the
+  /// sharded gradients set aside (held) until the synced backward.
   void postBackward();
 
   enum class Backward { kIdle, kPreBackward, kPostBackward };
@@ -55,11 +65,16 @@ struct FullyShardedUnit::Impl {
   std::vector<at::Tensor> params;
   int64_t id;
   fsdp::ShardLayout layout;
-  at::Tensor shardFlat;  // this rank's padded shards (S elements): the all-gather's input
+  at::Tensor shardFlat;  // this rank's padded shards (S elements): the all-gather's input; undefined
+                         // when shardsInFull
   at::Tensor fullFlat;   // the padded full parameters (world × S), bytes freed while sharded
+  // replicateParameters without a paramDtype: the shards are views of this rank's rows of the
+  // full buffer, which is never freed (ZeRO-2's 4 P + 12 P / N: no copy of them beside it).
+  bool shardsInFull = false;
   std::vector<at::Tensor> shardViews, fullViews;
   std::vector<at::Tensor> setAside;     // the sharded gradients during backward
   std::vector<at::Tensor> accumulated;  // full gradients of backwards without gradient sync
+  bool holdingAside = false;  // setAside kept over backwards without sync (replicateParameters)
   bool requiresGradientSync = true;
   bool unsharded = false;
   at::ScalarType shardDtype = at::kFloat;    // the parameters' own: shards, sharded gradients

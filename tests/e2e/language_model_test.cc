@@ -193,6 +193,44 @@ void expectBitwiseResume(const std::string& sampling, const std::vector<std::str
 TEST(LanguageModel, ResumeIsBitwiseWithRandomWindows) { expectBitwiseResume("random"); }
 TEST(LanguageModel, ResumeIsBitwiseWithSequentialWindows) { expectBitwiseResume("sequential"); }
 TEST(LanguageModel, ResumeIsBitwiseWithShardedAdamWState) { expectBitwiseResume("sequential", {"train.zero=true"}); }
+TEST(LanguageModel, ResumeIsBitwiseFullySharded) { expectBitwiseResume("sequential", {"train.sharding=full"}); }
+TEST(LanguageModel, ResumeIsBitwiseWithZeroTwo) { expectBitwiseResume("random", {"train.sharding=zero2"}); }
+
+// A fully sharded run's checkpoint (a directory of each rank's rows, ddp::Checkpointer) resumes a
+// DDP run on the same windows, which ends where the sharded run does within float rounding, and
+// a sharded run of 3 ranks (resharded, continuing with the next windows).
+TEST(LanguageModel, ShardedCheckpointResumesDdpAndAnotherWorldSize) {
+  const std::string straight = test::makeTempDir("lm_full_straight");
+  const std::string split = test::makeTempDir("lm_full_split");
+  const std::vector<std::string> common = {"data.sampling=sequential", "eval.enabled=false",
+                                           "checkpoint.every_steps=4", "train.sharding=full"};
+  auto all = common;
+  all.push_back("train.max_steps=8");
+  const auto r = test::runCommand(gptJob(2, straight, all), 300);
+  ASSERT_EQ(r.exitCode, 0) << r.output;
+  auto first = common;
+  first.push_back("train.max_steps=4");
+  const auto r1 = test::runCommand(gptJob(2, split, first), 300);
+  ASSERT_EQ(r1.exitCode, 0) << r1.output;
+  const std::string saved = split + "/checkpoints/ckpt-00000004";
+  ASSERT_TRUE(fs::exists(saved + "/manifest.json")) << r1.output;
+  ASSERT_TRUE(fs::exists(saved + "/rank-00001.pt"));
+  const auto asDdp = test::runCommand(
+      gptJob(2, split, {"data.sampling=sequential", "eval.enabled=false", "train.max_steps=8", "resume=" + saved,
+                        "train.sharding=none"}),
+      300);
+  ASSERT_EQ(asDdp.exitCode, 0) << asDdp.output;
+  EXPECT_NE(asDdp.output.find("resumed from " + saved), std::string::npos) << asDdp.output;
+  EXPECT_LE(test::maxStateDifference(exported(straight), exported(split)), 1e-5);
+  const auto three = test::runCommand(
+      gptJob(3, split, {"data.sampling=sequential", "eval.enabled=false", "train.max_steps=8", "resume=" + saved,
+                        "train.sharding=full"}),
+      300);
+  ASSERT_EQ(three.exitCode, 0) << three.output;
+  EXPECT_NE(three.output.find("was written by 2 ranks, this job has 3"), std::string::npos) << three.output;
+  fs::remove_all(straight);
+  fs::remove_all(split);
+}
 
 struct BadLm {
   std::string name;

@@ -1,8 +1,9 @@
-// Issue 44 item 4 through the real programs: train.sharding none | zero1 | full. The reference of
-// `full` (ddp::fullyShard: the GPT's blocks, the CNN's layers, then the root) is the same job with
-// `none` (DDP, whose parity with PyTorch is tested elsewhere): the exported weights within 1e-5 in
-// fp32, with AdamW's two weight-decay groups, SGD, clipping by the global norm and accumulation;
-// summary.json's bytes per rank from the shapes (FSDP2's padding); misuse as one line, exit 2.
+// Issue 44 item 4 through the real programs: train.sharding none | zero1 | zero2 | full. The
+// reference of `full` and `zero2` (ddp::fullyShard: the GPT's blocks, the CNN's layers, then the
+// root; zero2 keeping the whole parameters) is the same job with `none` (DDP, whose parity with
+// PyTorch is tested elsewhere): the exported weights within 1e-5 in fp32, with AdamW's two
+// weight-decay groups, SGD, clipping by the global norm and accumulation; summary.json's bytes per
+// rank from the shapes (FSDP2's padding); misuse as one line, exit 2.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -105,8 +106,9 @@ double sum(const std::vector<double>& v) {
 }
 
 // AdamW with nanoGPT's two groups (decay on matrices only), clipping to 0.5 (the gradients' norm is
-// above it: clipping acts), two micro-batches per step; and zero1 beside them for the bytes.
-TEST(Sharding, GptFullEqualsDdpWithAdamWGroupsClippingAndAccumulation) {
+// above it: clipping acts), two micro-batches per step; zero2 as well, and zero1 beside them for the
+// bytes.
+TEST(Sharding, GptFullAndZero2EqualDdpWithAdamWGroupsClippingAndAccumulation) {
   const std::vector<std::string> recipe = {"train.optimizer=adamw", "train.lr=0.003", "train.weight_decay=0.1",
                                            "train.clip_grad_norm=0.5", "train.accumulate_steps=2"};
   auto with = [&](std::vector<std::string> extra) {
@@ -117,26 +119,34 @@ TEST(Sharding, GptFullEqualsDdpWithAdamWGroupsClippingAndAccumulation) {
   const Job none = run(gptJob(2, base + "/none", with({})), base + "/none");
   const Job zero1 = run(gptJob(2, base + "/zero1", with({"train.sharding=zero1"})), base + "/zero1");
   const Job full = run(gptJob(2, base + "/full", with({"train.sharding=full"})), base + "/full");
+  const Job zero2 = run(gptJob(2, base + "/zero2", with({"train.sharding=zero2"})), base + "/zero2");
   fs::remove_all(base);
-  ASSERT_FALSE(none.exported.empty() || zero1.exported.empty() || full.exported.empty());
+  ASSERT_FALSE(none.exported.empty() || zero1.exported.empty() || full.exported.empty() || zero2.exported.empty());
   // Each block a unit, then the root; 30 048 parameters, of which rank 0 holds its padded shards.
   const auto [wholeMb, shardMb] = parameterMb(none.exported, 2);
   const std::string units = "train.sharding full: 3 units (2 of the model's, then the root); rank 0 holds " +
                             std::to_string(static_cast<int64_t>(shardMb * kMiB / 4)) + " of the " +
                             std::to_string(static_cast<int64_t>(wholeMb * kMiB / 4)) + " parameters";
   EXPECT_NE(full.output.find(units), std::string::npos) << units << " not in:\n" << full.output;
+  const std::string zero2Units = "train.sharding zero2: 3 units" + units.substr(units.find(" ("));
+  EXPECT_NE(zero2.output.find(zero2Units), std::string::npos) << zero2Units << " not in:\n" << zero2.output;
   // nanoGPT's keys, the head tied, the same weights.
   ASSERT_EQ(full.exported.count("lm_head.weight"), 1u);
   EXPECT_TRUE(full.exported.at("lm_head.weight").equal(full.exported.at("transformer.wte.weight")));
   EXPECT_LE(test::maxStateDifference(none.exported, full.exported), 1e-5);
   EXPECT_LE(test::maxStateDifference(none.exported, zero1.exported), 1e-5);
-  EXPECT_NEAR(full.summary["val_loss"].get<double>(), none.summary["val_loss"].get<double>(), 1e-5);
-  EXPECT_NEAR(full.summary["final_loss"].get<double>(), none.summary["final_loss"].get<double>(), 1e-5);
+  EXPECT_LE(test::maxStateDifference(none.exported, zero2.exported), 1e-5);
+  ASSERT_EQ(zero2.exported.count("lm_head.weight"), 1u);
+  for (const Job* job : {&full, &zero2}) {
+    EXPECT_NEAR(job->summary["val_loss"].get<double>(), none.summary["val_loss"].get<double>(), 1e-5);
+    EXPECT_NEAR(job->summary["final_loss"].get<double>(), none.summary["final_loss"].get<double>(), 1e-5);
+  }
 
   EXPECT_EQ(none.summary["sharding"], "none");
   EXPECT_EQ(zero1.summary["sharding"], "zero1");
   EXPECT_EQ(zero1.summary["zero"], true);  // train.zero's alias
   EXPECT_EQ(full.summary["sharding"], "full");
+  EXPECT_EQ(zero2.summary["sharding"], "zero2");
   EXPECT_LT(shardMb, 0.51 * wholeMb);
   for (int r = 0; r < 2; ++r) {
     // none and zero1 keep every parameter and gradient; full its padded shards of both.
@@ -145,6 +155,11 @@ TEST(Sharding, GptFullEqualsDdpWithAdamWGroupsClippingAndAccumulation) {
     EXPECT_DOUBLE_EQ(perRank(zero1.summary, "parameter_mb_per_process")[r], wholeMb);
     EXPECT_DOUBLE_EQ(perRank(full.summary, "parameter_mb_per_process")[r], shardMb);
     EXPECT_DOUBLE_EQ(perRank(full.summary, "gradient_mb_per_process")[r], shardMb);
+    // zero2: the whole parameters (padded: the 2 ranks' shards side by side; the shards are their
+    // rows), the gradients sharded.
+    EXPECT_DOUBLE_EQ(perRank(zero2.summary, "parameter_mb_per_process")[r], 2 * shardMb);
+    EXPECT_DOUBLE_EQ(perRank(zero2.summary, "gradient_mb_per_process")[r], shardMb);
+    EXPECT_LT(perRank(zero2.summary, "optimizer_state_mb_per_process")[r], 1.01 * wholeMb);
     // AdamW's two moments: whole under none, a share under zero1 and full.
     EXPECT_DOUBLE_EQ(perRank(none.summary, "optimizer_state_mb_per_process")[r], 2 * wholeMb);
     EXPECT_LT(perRank(full.summary, "optimizer_state_mb_per_process")[r], 1.01 * wholeMb);
@@ -152,6 +167,7 @@ TEST(Sharding, GptFullEqualsDdpWithAdamWGroupsClippingAndAccumulation) {
   }
   // The shards of the moments (unpadded) partition DDP's.
   EXPECT_DOUBLE_EQ(sum(perRank(full.summary, "optimizer_state_mb_per_process")), 2 * wholeMb);
+  EXPECT_DOUBLE_EQ(sum(perRank(zero2.summary, "optimizer_state_mb_per_process")), 2 * wholeMb);
   EXPECT_DOUBLE_EQ(sum(perRank(zero1.summary, "optimizer_state_mb_per_process")), 2 * wholeMb);
 }
 
@@ -172,8 +188,8 @@ TEST(Sharding, GptFullEqualsDdpWithSgdUnderBf16Autocast) {
 // The CNN per layer: 2 ranks over shm (clipping, accumulation), then 3 over Gloo, where the shards
 // are uneven (conv1's 32 rows: 11, 11, 10) and so are the test set's slices in batches (3333,
 // 3333, 3334 images in batches of 1111: 3, 3 and 4 forwards, which the sharded model needs on
-// every rank): the same weights and the same test accuracy as DDP.
-TEST(Sharding, CnnFullEqualsDdpOnTwoAndThreeRanks) {
+// every rank): the same weights and the same test accuracy as DDP; zero2 as well.
+TEST(Sharding, CnnFullAndZero2EqualDdpOnTwoAndThreeRanks) {
   if (!fs::exists(fashionMnistRoot() + "/train-images-idx3-ubyte.gz")) {
     GTEST_SKIP() << "Debian package dataset-fashion-mnist is not installed (scripts/setup.sh installs it)";
   }
@@ -189,16 +205,30 @@ TEST(Sharding, CnnFullEqualsDdpOnTwoAndThreeRanks) {
   const Job full2 = run(cnnJob(2, base + "/f2", plus(two, "train.sharding=full")), base + "/f2");
   const Job none3 = run(cnnJob(3, base + "/n3", three), base + "/n3");
   const Job full3 = run(cnnJob(3, base + "/f3", plus(three, "train.sharding=full")), base + "/f3");
+  const Job zero22 = run(cnnJob(2, base + "/z2", plus(two, "train.sharding=zero2")), base + "/z2");
+  const Job zero23 = run(cnnJob(3, base + "/z3", plus(three, "train.sharding=zero2")), base + "/z3");
   fs::remove_all(base);
-  ASSERT_FALSE(none2.exported.empty() || full2.exported.empty() || none3.exported.empty() || full3.exported.empty());
+  ASSERT_FALSE(none2.exported.empty() || full2.exported.empty() || none3.exported.empty() || full3.exported.empty() ||
+               zero22.exported.empty() || zero23.exported.empty());
   EXPECT_LE(test::maxStateDifference(none2.exported, full2.exported), 1e-5);
   EXPECT_LE(test::maxStateDifference(none3.exported, full3.exported), 1e-5);
+  EXPECT_LE(test::maxStateDifference(none2.exported, zero22.exported), 1e-5);
+  EXPECT_LE(test::maxStateDifference(none3.exported, zero23.exported), 1e-5);
   EXPECT_EQ(full3.summary["test_total"], 10000);
   EXPECT_EQ(full3.summary["test_correct"], none3.summary["test_correct"]);
+  EXPECT_EQ(zero23.summary["test_correct"], none3.summary["test_correct"]);
   for (const auto& [job, world] : {std::pair<const Job*, int>{&full2, 2}, {&full3, 3}}) {
     const double shardMb = parameterMb(none3.exported, world).second;
     for (int r = 0; r < world; ++r) {
       EXPECT_DOUBLE_EQ(perRank(job->summary, "parameter_mb_per_process")[r], shardMb) << "world " << world;
+    }
+  }
+  // zero2: the whole parameters (padded), of which the shards are rows.
+  for (const auto& [job, world] : {std::pair<const Job*, int>{&zero22, 2}, {&zero23, 3}}) {
+    const double shardMb = parameterMb(none3.exported, world).second;
+    for (int r = 0; r < world; ++r) {
+      EXPECT_DOUBLE_EQ(perRank(job->summary, "parameter_mb_per_process")[r], world * shardMb) << "world " << world;
+      EXPECT_DOUBLE_EQ(perRank(job->summary, "gradient_mb_per_process")[r], shardMb) << "world " << world;
     }
   }
   EXPECT_DOUBLE_EQ(perRank(none3.summary, "parameter_mb_per_process")[2], parameterMb(none3.exported, 3).first);
@@ -226,10 +256,11 @@ TEST_P(ShardingMisuse, OneLineExitTwo) {
 INSTANTIATE_TEST_SUITE_P(
     Table, ShardingMisuse,
     ::testing::Values(
-        Misuse{"UnknownValue", {"train.sharding=zero3"}, "'train.sharding' is 'zero3'; use none, zero1 or full"},
+        Misuse{"UnknownValue", {"train.sharding=zero3"}, "'train.sharding' is 'zero3'; use none, zero1, zero2 or full"},
         Misuse{"ZeroAliasDisagrees", {"train.zero=true", "train.sharding=full"},
                "'train.zero' is true but 'train.sharding' is full; train.zero: true is train.sharding: zero1"},
         Misuse{"ModeDp", {"train.sharding=full", "mode=dp"}, "mode dp keeps whole replicas on threads; use mode ddp"},
+        Misuse{"Zero2ModeDp", {"train.sharding=zero2", "mode=dp"}, "'train.sharding' is zero2, which shards over"},
         Misuse{"CudaGraph", {"train.sharding=full", "train.cuda_graph=true"}, "set train.cuda_graph: false"},
         Misuse{"CommHook", {"train.sharding=full", "comm.hook=fp16"}, "without DDP's communication hooks"},
         Misuse{"Compression", {"train.sharding=full", "comm.compression=bf16"}, "comm.compression: none"},
@@ -238,13 +269,7 @@ INSTANTIATE_TEST_SUITE_P(
                "does not run with model.sync_batch_norm yet"},
         Misuse{"TorchScript", {"train.sharding=full", "model.name=torchscript", "model.path=/nonexistent.pt"},
                "a TorchScript model's forward cannot run its layers as sharded units"},
-        Misuse{"Join", {"train.sharding=full", "train.uneven_inputs=join"}, "set train.uneven_inputs: pad"},
-        Misuse{"CheckpointSteps", {"train.sharding=full", "checkpoint.every_steps=2"},
-               "full-sharded training checkpoints are not in the library yet"},
-        Misuse{"CheckpointEpochs", {"train.sharding=full", "checkpoint.every_epochs=1"},
-               "full-sharded training checkpoints are not in the library yet"},
-        Misuse{"Resume", {"train.sharding=full", "resume=auto"},
-               "full-sharded training checkpoints are not in the library yet"}),
+        Misuse{"Join", {"train.sharding=full", "train.uneven_inputs=join"}, "set train.uneven_inputs: pad"}),
     [](const ::testing::TestParamInfo<Misuse>& info) { return info.param.name; });
 
 }  // namespace

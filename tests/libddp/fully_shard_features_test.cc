@@ -36,75 +36,88 @@ TEST(FullyShard, ReshardAfterForwardFreesTheGatheredBytes) {
 }
 
 // A unit whose forward runs twice in one step (block 0 applied twice): gathered and reduced for
-// each use, as FSDP2, and still DDP's result.
+// each use, as FSDP2, and still DDP's result; under ZeRO-2 too.
 TEST(FullyShard, UnitRunTwiceInOneForward) {
-  Net plain = makeNet();
-  plain->runBlock = [&](size_t i, const torch::Tensor& x) {
-    return i == 0 ? plain->block(0)->forward(plain->block(0)->forward(x)) : plain->block(i)->forward(x);
-  };
-  ddp::DistributedDataParallel<Net> ddpModel(plain, group());
-  auto ddpOptimizer = sgd()(plain->parameters());
-  Sharded model;
-  auto runBlock = model.net->runBlock;
-  model.net->runBlock = [&](size_t i, const torch::Tensor& x) { return i == 0 ? runBlock(0, runBlock(0, x)) : runBlock(i, x); };
-  auto optimizer = sgd()(model.net->parameters());
-  for (int s = 0; s < kSteps; ++s) {
-    auto [x, y] = batch(s, group().rank());
-    ddpOptimizer->zero_grad();
-    torch::mse_loss(ddpModel(x), y).backward();
-    ddpOptimizer->step();
-    optimizer->zero_grad();
-    torch::mse_loss(model.forward(x), y).backward();
-    optimizer->step();
+  for (const ddp::FullyShardOptions& options : {ddp::FullyShardOptions{}, zero2()}) {
+    SCOPED_TRACE(options.replicateParameters ? "zero2" : "full");
+    Net plain = makeNet();
+    plain->runBlock = [&](size_t i, const torch::Tensor& x) {
+      return i == 0 ? plain->block(0)->forward(plain->block(0)->forward(x)) : plain->block(i)->forward(x);
+    };
+    ddp::DistributedDataParallel<Net> ddpModel(plain, group());
+    auto ddpOptimizer = sgd()(plain->parameters());
+    Sharded model(options);
+    auto runBlock = model.net->runBlock;
+    model.net->runBlock = [&](size_t i, const torch::Tensor& x) { return i == 0 ? runBlock(0, runBlock(0, x)) : runBlock(i, x); };
+    auto optimizer = sgd()(model.net->parameters());
+    for (int s = 0; s < kSteps; ++s) {
+      auto [x, y] = batch(s, group().rank());
+      ddpOptimizer->zero_grad();
+      torch::mse_loss(ddpModel(x), y).backward();
+      ddpOptimizer->step();
+      optimizer->zero_grad();
+      torch::mse_loss(model.forward(x), y).backward();
+      optimizer->step();
+    }
+    Params expected;
+    for (const auto& p : plain->named_parameters()) expected[p.key()] = p.value().detach().clone();
+    EXPECT_LE(maxDiff(model.fullParameters(), expected), 1e-5);
   }
-  Params expected;
-  for (const auto& p : plain->named_parameters()) expected[p.key()] = p.value().detach().clone();
-  EXPECT_LE(maxDiff(model.fullParameters(), expected), 1e-5);
 }
 
 // The export: fullStateDict gathers DDP's state dict (keys, shapes, values); loading it into a
-// fresh sharded model gives each rank its rows back, and a bad dict changes nothing.
+// fresh sharded model gives each rank its rows back, and a bad dict changes nothing; under ZeRO-2
+// too, where the next forward computes with the loaded values.
 TEST(FullyShard, FullStateDictIsDdpsAndLoadsBack) {
-  Net plain = makeNet();
-  ddp::DistributedDataParallel<Net> ddpModel(plain, group());
-  auto ddpOptimizer = sgd()(plain->parameters());
-  Sharded model;
-  auto optimizer = sgd()(model.net->parameters());
-  for (int s = 0; s < kSteps; ++s) {
-    auto [x, y] = batch(s, group().rank());
-    ddpOptimizer->zero_grad();
-    torch::mse_loss(ddpModel(x), y).backward();
-    ddpOptimizer->step();
-    optimizer->zero_grad();
-    torch::mse_loss(model.forward(x), y).backward();
-    optimizer->step();
-  }
-  const ddp::StateDict full = ddp::fullStateDict(*model.net);
-  const ddp::StateDict expected = ddp::stateDict(*plain);
-  ASSERT_EQ(full.size(), expected.size());
-  double d = 0;
-  for (const auto& [key, t] : expected) {
-    ASSERT_EQ(full.count(key), 1u) << key;
-    ASSERT_EQ(full.at(key).sizes(), t.sizes()) << key;
-    d = std::max(d, (full.at(key) - t).abs().max().item<double>());
-  }
-  EXPECT_LE(d, 1e-5);
+  for (const ddp::FullyShardOptions& options : {ddp::FullyShardOptions{}, zero2()}) {
+    SCOPED_TRACE(options.replicateParameters ? "zero2" : "full");
+    Net plain = makeNet();
+    ddp::DistributedDataParallel<Net> ddpModel(plain, group());
+    auto ddpOptimizer = sgd()(plain->parameters());
+    Sharded model(options);
+    auto optimizer = sgd()(model.net->parameters());
+    for (int s = 0; s < kSteps; ++s) {
+      auto [x, y] = batch(s, group().rank());
+      ddpOptimizer->zero_grad();
+      torch::mse_loss(ddpModel(x), y).backward();
+      ddpOptimizer->step();
+      optimizer->zero_grad();
+      torch::mse_loss(model.forward(x), y).backward();
+      optimizer->step();
+    }
+    const ddp::StateDict full = ddp::fullStateDict(*model.net);
+    const ddp::StateDict expected = ddp::stateDict(*plain);
+    ASSERT_EQ(full.size(), expected.size());
+    double d = 0;
+    for (const auto& [key, t] : expected) {
+      ASSERT_EQ(full.count(key), 1u) << key;
+      ASSERT_EQ(full.at(key).sizes(), t.sizes()) << key;
+      d = std::max(d, (full.at(key) - t).abs().max().item<double>());
+    }
+    EXPECT_LE(d, 1e-5);
 
-  Sharded fresh;
-  ddp::loadFullStateDict(*fresh.net, full);
-  for (const auto& [key, t] : ddp::fullStateDict(*fresh.net)) EXPECT_TRUE(torch::equal(t, full.at(key))) << key;
-  for (const auto& p : fresh.net->named_parameters()) {
-    const int64_t c = (full.at(p.key()).size(0) + group().size() - 1) / group().size();
-    const int64_t start = std::min(full.at(p.key()).size(0), group().rank() * c);
-    EXPECT_TRUE(torch::equal(p.value(), full.at(p.key()).narrow(0, start, p.value().size(0)))) << p.key();
+    Sharded fresh(options);
+    auto [x0, y0] = batch(0, group().rank());
+    torch::mse_loss(fresh.forward(x0), y0).backward();  // ZeRO-2: the initial values stay gathered
+    ddp::loadFullStateDict(*fresh.net, full);
+    {
+      torch::NoGradGuard noGrad;
+      EXPECT_TRUE(torch::allclose(fresh.forward(x0), plain->forward(x0), 1e-6, 1e-7)) << "the loaded values compute";
+    }
+    for (const auto& [key, t] : ddp::fullStateDict(*fresh.net)) EXPECT_TRUE(torch::equal(t, full.at(key))) << key;
+    for (const auto& p : fresh.net->named_parameters()) {
+      const int64_t c = (full.at(p.key()).size(0) + group().size() - 1) / group().size();
+      const int64_t start = std::min(full.at(p.key()).size(0), group().rank() * c);
+      EXPECT_TRUE(torch::equal(p.value(), full.at(p.key()).narrow(0, start, p.value().size(0)))) << p.key();
+    }
+    ddp::StateDict missing = full;
+    missing.erase("blocks.1.fc2.bias");
+    EXPECT_THROW(ddp::loadFullStateDict(*fresh.net, missing), ddp::ConfigError);
+    ddp::StateDict reshaped = full;
+    reshaped["head.weight"] = torch::zeros({7, 3});
+    EXPECT_THROW(ddp::loadFullStateDict(*fresh.net, reshaped), ddp::ConfigError);
+    EXPECT_TRUE(torch::equal(ddp::fullStateDict(*fresh.net).at("head.weight"), full.at("head.weight")));
   }
-  ddp::StateDict missing = full;
-  missing.erase("blocks.1.fc2.bias");
-  EXPECT_THROW(ddp::loadFullStateDict(*fresh.net, missing), ddp::ConfigError);
-  ddp::StateDict reshaped = full;
-  reshaped["head.weight"] = torch::zeros({7, 3});
-  EXPECT_THROW(ddp::loadFullStateDict(*fresh.net, reshaped), ddp::ConfigError);
-  EXPECT_TRUE(torch::equal(ddp::fullStateDict(*fresh.net).at("head.weight"), full.at("head.weight")));
 }
 
 // Evaluation (no autograd): the same outputs as the unsharded model, and no backward follows, so

@@ -1,7 +1,7 @@
 // ddp::fullyShard (FSDP2's fully_shard) trains as DDP and as PyTorch's own FSDP2 do: the shards
 // have FSDP2's local shapes and rows, the sharded gradients are the rows of DDP's, and N steps of
-// SGD, AdamW, FusedAdamW, with parameters kept for backward, in bf16 or with backward prefetch
-// give DDP's and FSDP2's parameters. The helpers: fully_shard_test_support.h.
+// SGD, AdamW, FusedAdamW, with parameters kept for backward, in bf16 or with backward or forward
+// prefetch give DDP's and FSDP2's parameters. The helpers: fully_shard_test_support.h.
 #include "tests/libddp/fully_shard_test_support.h"
 
 namespace fsdp_test {
@@ -181,6 +181,77 @@ TEST(FullyShard, BackwardPrefetchStartsTheNextUnitsGather) {
   ddp::FullyShardOptions noPrefetch;
   noPrefetch.backwardPrefetch = false;
   EXPECT_EQ(maxDiff(trainFsdp(sgd(), noPrefetch), trainFsdp(sgd())), 0.0) << "prefetching changes no value";
+}
+
+// From the second step on (the order known), when block 0's forward starts, block 1's all-gather is
+// already under way (its full buffer allocated, its parameters still the shards); never in the first
+// step, nor without forwardPrefetch. The values are the same either way, with ZeRO-2 too.
+TEST(FullyShard, ForwardPrefetchStartsTheNextUnitsGatherFromTheSecondStep) {
+  for (bool prefetch : {true, false}) {
+    ddp::FullyShardOptions options;
+    options.forwardPrefetch = prefetch;
+    Sharded model(options);
+    std::optional<c10::Storage> lastBlock;  // block 1's full buffer, seen from inside its forward
+    std::vector<size_t> bytesAtBlock0;
+    std::vector<int64_t> gatheredAtBlock0;
+    std::vector<bool> shardedAtBlock0;
+    model.net->runBlock = [&](size_t i, const torch::Tensor& x) {
+      return model.blocks[i].forward([&](const torch::Tensor& h) {
+        if (i == 0) {
+          bytesAtBlock0.push_back(lastBlock ? lastBlock->nbytes() : 0);
+          gatheredAtBlock0.push_back(model.blocks[1].gatheredBytes());
+          shardedAtBlock0.push_back(model.blocks[1].isSharded());
+        }
+        if (i == 1) lastBlock = model.net->block(1)->fc1->weight.storage();
+        return model.net->block(i)->forward(h);
+      }, x);
+    };
+    auto optimizer = sgd()(model.net->parameters());
+    for (int s = 0; s < 3; ++s) {
+      auto [x, y] = batch(s, group().rank());
+      optimizer->zero_grad();
+      torch::mse_loss(model.forward(x), y).backward();
+      optimizer->step();
+      EXPECT_EQ(lastBlock->nbytes(), 0u);
+    }
+    ASSERT_EQ(bytesAtBlock0.size(), 3u);
+    EXPECT_EQ(gatheredAtBlock0[0], 0) << "the first step knows no order";
+    for (int s = 1; s < 3; ++s) {
+      EXPECT_EQ(bytesAtBlock0[s] > 0, prefetch) << "prefetch " << prefetch << ", step " << s;
+      EXPECT_EQ(gatheredAtBlock0[s] > 0, prefetch) << "prefetch " << prefetch << ", step " << s;
+      EXPECT_TRUE(shardedAtBlock0[s]) << "gathering, not yet waited for";
+    }
+  }
+  ddp::FullyShardOptions off;
+  off.forwardPrefetch = false;
+  EXPECT_EQ(maxDiff(trainFsdp(adamw(), off), trainFsdp(adamw())), 0.0) << "prefetching changes no value";
+  EXPECT_EQ(maxDiff(trainFsdp(adamw(), zero2(off)), trainFsdp(adamw(), zero2())), 0.0) << "nor under ZeRO-2";
+}
+
+// A forward that skips the unit it prefetched: the gather is dropped at the end of that forward,
+// and the unit's next forward gathers the values as they are then (changed in between), not the
+// prefetched ones.
+TEST(FullyShard, ForwardPrefetchOfASkippedUnitIsDropped) {
+  Sharded model;
+  bool skip = false;
+  auto runBlock = model.net->runBlock;
+  model.net->runBlock = [&](size_t i, const torch::Tensor& x) { return i == 1 && skip ? x : runBlock(i, x); };
+  auto [x, y] = batch(0, group().rank());
+  torch::mse_loss(model.forward(x), y).backward();
+  skip = true;  // block 1 is prefetched at block 0's forward, then not run
+  torch::mse_loss(model.forward(x), y).backward();
+  EXPECT_TRUE(model.blocks[1].isSharded());
+  EXPECT_EQ(model.blocks[1].gatheredBytes(), 0) << "the unused gather is freed";
+  {
+    torch::NoGradGuard noGrad;
+    for (auto& p : model.net->block(1)->parameters()) p.mul_(0.5);  // the shards change
+  }
+  skip = false;
+  const torch::Tensor out = model.forward(x);
+  Net plain = makeNet();
+  ddp::loadFullStateDict(*plain, ddp::fullStateDict(*model.net));
+  torch::NoGradGuard noGrad;
+  EXPECT_TRUE(torch::allclose(out, plain->forward(x), 1e-6, 1e-7)) << "block 1 computed with stale parameters";
 }
 
 }  // namespace

@@ -158,6 +158,13 @@ inline Params trainFsdp(const MakeOptimizer& make, ddp::FullyShardOptions option
   return options.paramDtype ? gatherShards(model) : model.fullParameters();
 }
 
+// ZeRO-2 on the same machinery: parameters gathered once per step and kept, gradients and
+// optimizer state sharded.
+inline ddp::FullyShardOptions zero2(ddp::FullyShardOptions options = {}) {
+  options.replicateParameters = true;
+  return options;
+}
+
 inline double maxDiff(const Params& a, const Params& b) {
   EXPECT_EQ(a.size(), b.size());
   double d = 0;

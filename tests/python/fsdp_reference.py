@@ -7,8 +7,10 @@ Usage: fsdp_reference.py INIT.pt WORLD STEPS
 INIT.pt (torch.save of a dict): the model's parameters by their names, "x.<step>.<rank>" and
 "y.<step>.<rank>" the batches. Prints JSON on stdout: for each run ("sgd", "adamw", "adamw_keep" =
 AdamW with reshard_after_forward=False, "sgd_bf16" = SGD with
-MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)) the final full parameters by name (flattened) and, per
-rank, each parameter's local shard shape (DTensor.to_local())."""
+MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32), "sgd_keep" and "sgd_bf16_keep" the
+same with reshard_after_forward=False: FSDP2's nearest to the C++ side's ZeRO-2, replicateParameters)
+the final full parameters by name (flattened) and, per rank, each parameter's local shard shape
+(DTensor.to_local())."""
 import json
 import multiprocessing as mp
 import os
@@ -55,6 +57,10 @@ RUNS = {
                    {"reshard_after_forward": False}),
     "sgd_bf16": (lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
                  {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)}),
+    "sgd_keep": (lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9), {"reshard_after_forward": False}),
+    "sgd_bf16_keep": (lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+                      {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+                       "reshard_after_forward": False}),
 }
 
 

@@ -83,7 +83,13 @@ TEST(Config, TrainZeroIsTheAliasOfShardingZero1) {
             "config: 'train.zero' is true but 'train.sharding' is none; train.zero: true is train.sharding: zero1, "
             "set only train.sharding");
   EXPECT_NE(errorOf("train: {zero: false, sharding: zero1}"), "<no error>");
-  for (const WorkerConfig& c : {zero, zero1, full}) {
+  const WorkerConfig zero2 = parseConfig("", {"train.sharding=zero2"});
+  EXPECT_EQ(zero2.train.sharding, Sharding::kZero2);
+  EXPECT_FALSE(zero2.train.zero);
+  EXPECT_EQ(errorOf("train: {zero: true, sharding: zero2}"),
+            "config: 'train.zero' is true but 'train.sharding' is zero2; train.zero: true is train.sharding: zero1, "
+            "set only train.sharding");
+  for (const WorkerConfig& c : {zero, zero1, zero2, full}) {
     EXPECT_EQ(dumpConfig(parseConfig(dumpConfig(c))), dumpConfig(c));
     EXPECT_EQ(parseConfig(dumpConfig(c)).train.sharding, c.train.sharding);
   }

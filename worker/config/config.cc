@@ -197,7 +197,7 @@ std::vector<Field> trainFields(WorkerConfig& c) {
       bindField("train.nesterov", "boolean", c.train.nesterov),
       bindField("train.fused", "string", c.train.fused),
       bindField("train.zero", "boolean", c.train.zero),
-      bindChoice("train.sharding", c.train.sharding, parseSharding, shardingName, "none, zero1 or full"),
+      bindChoice("train.sharding", c.train.sharding, parseSharding, shardingName, "none, zero1, zero2 or full"),
       bindChoice("train.lr_schedule", c.train.lrSchedule, ddp::parseLrDecay, ddp::lrDecayName,
                  "constant, step, cosine or linear"),
       bindField("train.warmup_steps", "integer", c.train.warmupSteps),
@@ -651,30 +651,27 @@ void validateZero(const WorkerConfig& c) {
           "steps each shard with LibTorch's SGD, Adam or AdamW; set train.fused: auto or false");
 }
 
-// train.sharding full: what fully sharded training does not run with (yet).
+// train.sharding full and zero2 (both ddp::fullyShard): what they do not run with (yet).
 void validateFullSharding(const WorkerConfig& c) {
-  if (c.train.sharding != Sharding::kFull) return;
+  if (c.train.sharding != Sharding::kFull && c.train.sharding != Sharding::kZero2) return;
   const std::string key = "train.sharding";
+  const std::string is = std::string("is ") + shardingName(c.train.sharding);
   require(c.mode != Mode::kDp, key,
-          "is full, which shards over the processes of mode ddp (or one of mode single); mode dp keeps whole "
+          is + ", which shards over the processes of mode ddp (or one of mode single); mode dp keeps whole "
           "replicas on threads; use mode ddp");
-  require(!c.train.cudaGraph, key, "is full, whose all-gathers and frees per unit a CUDA graph does not capture; "
+  require(!c.train.cudaGraph, key, is + ", whose all-gathers and frees per unit a CUDA graph does not capture; "
           "set train.cuda_graph: false");
   require(c.comm.hook == "none" && c.comm.ddp.compression == ddp::GradientCompression::kNone, key,
-          "is full, which reduce-scatters its gradients without DDP's communication hooks; set comm.hook: none "
+          is + ", which reduce-scatters its gradients without DDP's communication hooks; set comm.hook: none "
           "and comm.compression: none");
   require(!c.model.syncBatchNorm, key,
-          "is full, which does not run with model.sync_batch_norm yet; set model.sync_batch_norm: false or "
+          is + ", which does not run with model.sync_batch_norm yet; set model.sync_batch_norm: false or "
           "train.sharding: none");
   require(c.model.name != "torchscript", key,
-          "is full, but a TorchScript model's forward cannot run its layers as sharded units; use "
+          is + ", but a TorchScript model's forward cannot run its layers as sharded units; use "
           "train.sharding: none or zero1");
   require(c.train.unevenInputs == "pad", key,
-          "is full, whose forwards are collectives every rank joins; set train.uneven_inputs: pad");
-  require(c.checkpoint.everySteps == 0 && c.checkpoint.everyEpochs == 0 && c.resume.empty(), key,
-          "is full, but full-sharded training checkpoints are not in the library yet (only the export "
-          "model.pt is written); set checkpoint.every_steps: 0, checkpoint.every_epochs: 0 and resume: '', or "
-          "train.sharding: none or zero1");
+          is + ", whose forwards are collectives every rank joins; set train.uneven_inputs: pad");
 }
 
 // train.cuda_graph: what a captured step cannot hold (it reads nothing on the host, and its
@@ -799,6 +796,7 @@ WorkerConfig build(const YAML::Node& root, const std::vector<std::string>& overr
 const char* shardingName(Sharding sharding) {
   switch (sharding) {
     case Sharding::kZero1: return "zero1";
+    case Sharding::kZero2: return "zero2";
     case Sharding::kFull: return "full";
     case Sharding::kNone: break;
   }
@@ -806,7 +804,7 @@ const char* shardingName(Sharding sharding) {
 }
 
 std::optional<Sharding> parseSharding(std::string_view name) {
-  for (const Sharding s : {Sharding::kNone, Sharding::kZero1, Sharding::kFull}) {
+  for (const Sharding s : {Sharding::kNone, Sharding::kZero1, Sharding::kZero2, Sharding::kFull}) {
     if (name == shardingName(s)) return s;
   }
   return std::nullopt;

@@ -21,9 +21,10 @@ enum class Mode { kDdp, kDp, kSingle, kEval, kGenerate };
 
 /// train.sharding: what each rank of mode ddp keeps of the model's training state. kNone: DDP (a
 /// whole copy of parameters, gradients and optimizer state); kZero1: the optimizer state sharded
-/// (ddp::ZeroRedundancyOptimizer, train.zero's alias); kFull: parameters, gradients and optimizer
-/// state sharded (ddp::fullyShard, FSDP2).
-enum class Sharding { kNone, kZero1, kFull };
+/// (ddp::ZeroRedundancyOptimizer, train.zero's alias); kZero2: gradients and optimizer state
+/// sharded, parameters whole (ddp::fullyShard with replicateParameters, DeepSpeed's stage 2);
+/// kFull: parameters, gradients and optimizer state sharded (ddp::fullyShard, FSDP2).
+enum class Sharding { kNone, kZero1, kZero2, kFull };
 const char* shardingName(Sharding sharding);
 std::optional<Sharding> parseSharding(std::string_view name);
 

@@ -72,9 +72,13 @@ void checkInputPaths(const WorkerConfig& config) {
   if (config.mode == Mode::kGenerate) {
     refuseSpecialFile("generate.model_path", config.generate.modelPath, "a model file torch.save or our export wrote");
   }
-  if (!config.resume.empty() && config.resume != "auto" && isDirectory(config.resume)) {
+  // A sharded checkpoint (train.sharding full / zero2) is a directory with its manifest.
+  if (!config.resume.empty() && config.resume != "auto" && isDirectory(config.resume) &&
+      !std::filesystem::exists(std::filesystem::path(config.resume) / "manifest.json")) {
     DDP_THROW(ConfigError, "config: 'resume' is the directory '", config.resume,
-              "'; give a checkpoint file in it, or resume=auto to take the newest valid one in checkpoint.dir");
+              "', not a checkpoint; give a checkpoint file in it (ckpt-<step>.pt) or a sharded checkpoint's "
+              "directory (ckpt-<step>/ with its manifest.json), or resume=auto to take the newest valid one in "
+              "checkpoint.dir");
   }
   if (!config.init.modelPath.empty() && isDirectory(config.init.modelPath)) {
     DDP_THROW(ConfigError, "config: 'init.model_path' is the directory '", config.init.modelPath,

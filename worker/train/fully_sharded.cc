@@ -16,7 +16,7 @@ FullyShardedParallelism::FullyShardedParallelism(const WorkerConfig& config, con
   torch::nn::Module& root = *model_.ptr();
   auto* sharded = dynamic_cast<ShardedUnits*>(&root);
   if (sharded == nullptr) {
-    DDP_THROW(ConfigError, "config: 'train.sharding' is full but model '", config.model.name,
+    DDP_THROW(ConfigError, "config: 'train.sharding' is ", shardingName(config.train.sharding), " but model '", config.model.name,
               "' has no units to shard; use train.sharding: none or zero1");
   }
   if (group_.size() > 1) {
@@ -27,8 +27,10 @@ FullyShardedParallelism::FullyShardedParallelism(const WorkerConfig& config, con
     group_.broadcast(state);
   }
   // FSDP2's defaults: each unit reshards after its forward (the root keeps its parameters for its
-  // backward), the next unit's all-gather prefetched in backward.
-  const FullyShardOptions options;
+  // backward), the next unit's all-gather prefetched in forward and backward. zero2: every unit
+  // keeps them, gathered once per step.
+  FullyShardOptions options;
+  options.replicateParameters = config.train.sharding == Sharding::kZero2;
   std::vector<FullyShardedUnit> children;
   for (torch::nn::Module* unit : sharded->unitModules()) children.push_back(fullyShard(*unit, group_, options));
   sharded->setUnits(children);
@@ -44,8 +46,9 @@ FullyShardedParallelism::FullyShardedParallelism(const WorkerConfig& config, con
         whole += numel;
       }
     }
-    spdlog::info("train.sharding full: {} units ({} of the model's, then the root); rank 0 holds {} of the {} "
-                 "parameters (padded shards)", units_.size(), children.size(), shards, whole);
+    spdlog::info("train.sharding {}: {} units ({} of the model's, then the root); rank 0 holds {} of the {} "
+                 "parameters (padded shards{})", shardingName(config.train.sharding), units_.size(), children.size(),
+                 shards, whole, options.replicateParameters ? ", and the whole parameters between steps" : "");
   }
 }
 
@@ -72,13 +75,14 @@ EvalCounts FullyShardedParallelism::evaluate(const data::SampleSource& test) {
 }
 
 // This rank's padded shards (FSDP2's all-gather input) and its sharded gradients, which are views
-// of one reduce-scatter output of the same size per unit.
+// of one reduce-scatter output of the same size per unit; zero2: the whole parameters kept (each
+// unit's padded full buffer, whose rows the shards are: no paramDtype here).
 void FullyShardedParallelism::describeMemory(TrainResult& result) {
   for (const FullyShardedUnit& unit : units_) {
     const std::vector<at::Tensor> params = unit.parameters();
     if (params.empty()) continue;
     const int64_t bytes = unit.shardedNumel() * static_cast<int64_t>(params.front().element_size());
-    result.parameterBytes += bytes;
+    result.parameterBytes += unit.options().replicateParameters ? unit.gatheredBytes() : bytes;
     bool hasGrad = false;
     for (const auto& p : params) hasGrad = hasGrad || p.grad().defined();
     if (hasGrad) result.gradientBytes += bytes;

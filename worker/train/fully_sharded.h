@@ -1,6 +1,7 @@
-// train.sharding full in mode ddp / single: no DDP engine; the model's units (models/sharded_units.h:
-// the GPT's blocks, the MLP's and CNN's layers, the ResNet's stages), then the model itself as the
-// root, sharded with ddp::fullyShard (FSDP2), and trained by the one loop of training_loop.h.
+// train.sharding full and zero2 in mode ddp / single: no DDP engine; the model's units
+// (models/sharded_units.h: the GPT's blocks, the MLP's and CNN's layers, the ResNet's stages), then
+// the model itself as the root, sharded with ddp::fullyShard (FSDP2; zero2: its replicateParameters,
+// DeepSpeed's ZeRO stage 2), and trained by the one loop of training_loop.h.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -19,7 +20,8 @@ namespace ddp::worker {
 /// Every forward (training, evaluation, the validation loss) runs through the root unit: a
 /// collective that every rank joins alike. The optimizer, built on module().parameters() after
 /// this constructor, steps the shards; mixed precision is the loop's autocast on the gathered fp32
-/// parameters (no paramDtype), so the shards, gradients and optimizer state stay fp32.
+/// parameters (no paramDtype), so the shards, gradients and optimizer state stay fp32. zero2: the
+/// units keep their gathered parameters between steps (replicateParameters), the rest the same.
 class FullyShardedParallelism final : public Parallelism {
  public:
   /// Starts every rank from rank 0's values (DDP's constructor does the same; init.model_path is
@@ -43,7 +45,6 @@ class FullyShardedParallelism final : public Parallelism {
   std::function<at::Tensor(const at::Tensor&)> evalForward() override;
   StateDict exportState(bool writer) override;
   StateDict rankState() override;
-  bool checkpoints() const override { return false; }
 
  private:
   at::Tensor rootForward(const at::Tensor& x);

@@ -78,8 +78,6 @@ class Parallelism {
   virtual StateDict exportState(bool writer);
   /// output.dump_rank_params: this rank's parameters and buffers (full sharding: gathered, collective).
   virtual StateDict rankState();
-  /// Whether a training checkpoint can hold this mode's state (full sharding: not yet).
-  virtual bool checkpoints() const { return true; }
 };
 
 }  // namespace ddp::worker

@@ -173,7 +173,7 @@ TrainResult Trainer::run(const Datasets& data) {
     loadModelWeights(module, config_.init.modelPath);
     spdlog::info("initial weights from {}", config_.init.modelPath);
   }
-  if (config_.train.sharding == Sharding::kFull) {
+  if (config_.train.sharding == Sharding::kFull || config_.train.sharding == Sharding::kZero2) {
     FullyShardedParallelism parallelism(config_, group_, model, data.input);
     return runTrainingLoop(config_, data, parallelism, group_.device());
   }

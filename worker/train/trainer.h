@@ -33,7 +33,7 @@ struct TrainResult {
   // comm.hook powersgd: gradient elements per rank before and after compression (PowerSGD's
   // compression_stats over the compressed iterations); 0 otherwise.
   int64_t optimizerStateBytes = 0;  // this rank's optimizer state (train.zero: its shard)
-  int64_t parameterBytes = 0;       // this rank's parameters (train.sharding full: its padded shards)
+  int64_t parameterBytes = 0;       // this rank's parameters (full: its padded shards; zero2: + the whole ones)
   int64_t gradientBytes = 0;        // this rank's gradients (full: its sharded gradients)
   int64_t gradientElements = 0;
   int64_t gradientElementsSent = 0;

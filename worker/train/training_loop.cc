@@ -487,14 +487,6 @@ bool TrainingRun::stopRequested(const TrainPosition& position) {
   }
   nonfinite_.check(result_, deviceSkips_);
   result_.stopSignal = stopSignal() != 0 ? stopSignal() : SIGTERM;
-  if (!parallelism_.checkpoints()) {
-    if (rank_ == 0) {
-      bar_.clear();
-      spdlog::warn("stopping after step {} on a signal; no checkpoint: full-sharded training checkpoints are not in "
-                   "the library yet (train.sharding full)", result_.steps);
-    }
-    return true;
-  }
   result_.checkpointPath = checkpointer_.save(module_, *optimizer_, position, scaler_ ? &*scaler_ : nullptr);
   if (rank_ == 0) {
     bar_.clear();
