@@ -21,6 +21,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "bench/fsdp/mlp_stack.h"
+
 namespace {
 
 // Resident now (/proc/self/statm), sampled around the steps.
@@ -39,34 +41,8 @@ double peakRssBytes() {
   return static_cast<double>(usage.ru_maxrss) * 1024.0;
 }
 
-// An MLP block with a residual (the shape of a transformer's MLP): x + fc2(gelu(fc1(x))).
-struct BlockImpl : torch::nn::Module {
-  explicit BlockImpl(int64_t width)
-      : fc1(register_module("fc1", torch::nn::Linear(width, 4 * width))),
-        fc2(register_module("fc2", torch::nn::Linear(4 * width, width))) {}
-  at::Tensor forward(const at::Tensor& x) { return x + fc2->forward(torch::gelu(fc1->forward(x))); }
-  torch::nn::Linear fc1, fc2;
-};
-TORCH_MODULE(Block);
-
-// blocks, then a head; with units, each block's forward goes through its unit.
-struct StackImpl : torch::nn::Module {
-  StackImpl(int64_t width, int64_t count) {
-    for (int64_t i = 0; i < count; ++i) blocks.push_back(register_module("block" + std::to_string(i), Block(width)));
-    head = register_module("head", torch::nn::Linear(width, width));
-  }
-  at::Tensor forward(at::Tensor x) {
-    for (size_t i = 0; i < blocks.size(); ++i) {
-      if (units.empty()) x = blocks[i]->forward(x);
-      else x = units[i].forward([&](const at::Tensor& h) { return blocks[i]->forward(h); }, x);
-    }
-    return head->forward(x);
-  }
-  std::vector<Block> blocks;
-  std::vector<ddp::FullyShardedUnit> units;
-  torch::nn::Linear head{nullptr};
-};
-TORCH_MODULE(Stack);
+using fsdp_bench::Block;
+using fsdp_bench::Stack;
 
 double bytesOf(const std::vector<at::Tensor>& tensors, bool grads) {
   double total = 0;
