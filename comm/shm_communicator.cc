@@ -50,21 +50,23 @@ struct Header {
   std::atomic<uint64_t> callBytes[kMaxRanks];
 };
 constexpr uint64_t kWriting = ~uint64_t{0};
-enum CallOp : uint64_t { kAllReduce = 1, kBroadcast = 2, kBarrier = 3 };
-// An all-reduce's call op carries its reduction: kAllReduce | (ReduceOp + 1) << 4, so a max on one
-// rank and a sum on another do not pair.
+enum CallOp : uint64_t { kAllReduce = 1, kBroadcast = 2, kBarrier = 3, kAllGather = 4, kReduceScatter = 5 };
+// A reduction's call op carries it: kAllReduce | (ReduceOp + 1) << 4, so a max on one rank and a
+// sum on another do not pair.
 uint64_t allReduceCall(ReduceOp op) { return kAllReduce | (static_cast<uint64_t>(op) + 1) << 4; }
+uint64_t reduceScatterCall(ReduceOp op) { return kReduceScatter | (static_cast<uint64_t>(op) + 1) << 4; }
 std::string lowerName(at::ScalarType type) {
   std::string out = c10::toString(type);
   for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return out;
 }
 std::string opName(uint64_t op) {
-  if ((op & 0xf) == kAllReduce) {
+  if ((op & 0xf) == kAllReduce || (op & 0xf) == kReduceScatter) {
+    const std::string name = (op & 0xf) == kAllReduce ? "all_reduce" : "reduce_scatter";
     const auto reduce = static_cast<ReduceOp>((op >> 4) - 1);
-    return reduce == ReduceOp::kSum ? "all_reduce" : std::string("all_reduce (") + reduceOpName(reduce) + ")";
+    return reduce == ReduceOp::kSum ? name : name + " (" + reduceOpName(reduce) + ")";
   }
-  return op == kBroadcast ? "broadcast" : "barrier";
+  return op == kBroadcast ? "broadcast" : op == kAllGather ? "all_gather" : "barrier";
 }
 
 // out = out (op) other, element-wise.
@@ -107,6 +109,7 @@ class ShmCommunicator final : public Communicator {
     header_ = reinterpret_cast<Header*>(base_);
     slots_ = base_ + alignUp(sizeof(Header));
     result_ = slots_ + options_.chunkBytes * static_cast<size_t>(options_.worldSize);
+    half_ = options_.chunkBytes / 2 / kAlign * kAlign;
   }
   ~ShmCommunicator() override { ::munmap(base_, bytes_); }
 
@@ -130,6 +133,28 @@ class ShmCommunicator final : public Communicator {
     });
   }
 
+  std::unique_ptr<PendingWork> allGather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                                         const CollectiveOptions& options) override {
+    outputs.assign(static_cast<size_t>(size()), at::Tensor());
+    for (at::Tensor& out : outputs) out = at::empty(input.sizes(), input.options().device(c10::kCPU));
+    return std::make_unique<DeferredWork>([this, outputs, input, options]() mutable {
+      const TimeoutScope scope(*this, options.timeout);
+      allGatherNow(outputs, input);
+    });
+  }
+
+  std::unique_ptr<PendingWork> reduceScatter(at::Tensor& output, const std::vector<at::Tensor>& inputs,
+                                             const ReduceScatterOptions& options) override {
+    if (static_cast<int>(inputs.size()) != size()) {
+      DDP_THROW(ConfigError, "shm reduce_scatter: ", inputs.size(), " inputs for ", size(), " ranks; pass one per rank");
+    }
+    output = at::empty(inputs.front().sizes(), inputs.front().options().device(c10::kCPU));
+    return std::make_unique<DeferredWork>([this, output, inputs, options]() mutable {
+      const TimeoutScope scope(*this, options.timeout);
+      reduceScatterNow(output, inputs, options.op);
+    });
+  }
+
   std::unique_ptr<PendingWork> barrier(const CollectiveOptions& options) override {
     return std::make_unique<DeferredWork>([this, options] {
       const TimeoutScope scope(*this, options.timeout);
@@ -138,11 +163,7 @@ class ShmCommunicator final : public Communicator {
   }
 
   /// The barrier at start-up (no options yet).
-  void barrierNow() {
-    announce(kBarrier, at::kByte, 0);
-    arrive("barrier");
-    checkPairing(kBarrier, at::kByte, 0);
-  }
+  void barrierNow() { pair(kBarrier, at::kByte, 0, "barrier"); }
 
  private:
   // The timeout of the collective in progress (0: the group's).
@@ -154,40 +175,95 @@ class ShmCommunicator final : public Communicator {
     ShmCommunicator& comm_;
   };
 
+  // Per chunk: copy in, arrive, reduce this rank's share into the result, arrive, copy out. No
+  // arrival after the copy-out: only an all-reduce writes the result, after its first arrival,
+  // which no rank passes before every rank has copied out.
   void allReduceNow(at::Tensor& tensor, ReduceOp op) {
     at::Tensor work = contiguousCpu(tensor, "all_reduce");
     char* data = static_cast<char*>(work.data_ptr());
     const size_t element = work.element_size();
     const size_t total = static_cast<size_t>(work.numel()) * element;
     const size_t chunkElems = options_.chunkBytes / element;
+    const uint64_t call = allReduceCall(op);
+    bool paired = fenceSlots(call, work.scalar_type(), total, "all_reduce");
     for (size_t offset = 0; offset < total; offset += chunkElems * element) {
       const size_t bytes = std::min(chunkElems * element, total - offset);
       const int64_t n = static_cast<int64_t>(bytes / element);
       std::memcpy(slot(rank()), data + offset, bytes);
-      if (offset == 0) announce(allReduceCall(op), work.scalar_type(), total);
-      arrive("all_reduce");
-      if (offset == 0) checkPairing(allReduceCall(op), work.scalar_type(), total);
+      firstOrNextArrival(paired, call, work.scalar_type(), total, "all_reduce");
       // This rank reduces elements [lo, hi) of the chunk, over every slot in rank order:
       // the same order on every rank, so the result is bitwise identical everywhere.
       const int64_t lo = n * rank() / size();
       const int64_t hi = n * (rank() + 1) / size();
       if (hi > lo) {
-        const auto opts = at::TensorOptions().dtype(work.scalar_type());
-        at::Tensor out = at::from_blob(result_ + lo * element, {hi - lo}, opts);
-        out.copy_(at::from_blob(slot(0) + lo * element, {hi - lo}, opts));
-        for (int r = 1; r < size(); ++r) reduceInto(out, at::from_blob(slot(r) + lo * element, {hi - lo}, opts), op);
+        at::Tensor out = at::from_blob(result_ + lo * element, {hi - lo}, work.options());
+        reduceSlots(out, [&](int r) { return slot(r) + lo * element; }, op);
       }
-      arrive("all_reduce");
+      arrive("all_reduce");  // the slots are free again, the result complete
       std::memcpy(data + offset, result_, bytes);
-      arrive("all_reduce");  // the slots and the result are reused next
     }
-    if (total == 0) {  // no chunk ran: still one pairing
-      announce(allReduceCall(op), work.scalar_type(), 0);
-      arrive("all_reduce");
-      checkPairing(allReduceCall(op), work.scalar_type(), 0);
-      arrive("all_reduce");
-    }
+    if (!paired) pair(call, work.scalar_type(), 0, "all_reduce");  // no chunk ran: still one pairing
     if (!work.is_same(tensor)) tensor.copy_(work);
+  }
+
+  // Per chunk of half a slot: copy in to this round's half, arrive, copy every rank's out. The
+  // halves alternate, so the next chunk's copy-in needs no arrival: the half it overwrites was
+  // last read before this round's arrival.
+  void allGatherNow(std::vector<at::Tensor>& outputs, const at::Tensor& input) {
+    const at::Tensor in = contiguousCpu(input, "all_gather");
+    const char* data = static_cast<const char*>(in.data_ptr());
+    const size_t element = in.element_size();
+    const size_t total = in.nbytes();
+    const size_t chunk = half_ / element * element;
+    outputs[rank()].copy_(in);
+    bool paired = false;
+    for (size_t offset = 0; offset < total; offset += chunk) {
+      const size_t bytes = std::min(chunk, total - offset);
+      const int h = nextHalf();
+      std::memcpy(slot(rank(), h), data + offset, bytes);
+      firstOrNextArrival(paired, kAllGather, in.scalar_type(), total, "all_gather");
+      for (int r = 0; r < size(); ++r) {
+        if (r != rank()) std::memcpy(static_cast<char*>(outputs[r].data_ptr()) + offset, slot(r, h), bytes);
+      }
+      halfInUse_ = h;
+    }
+    if (!paired) pair(kAllGather, in.scalar_type(), 0, "all_gather");
+  }
+
+  // Per chunk: each rank copies elements [offset, offset + n) of every input into its half slot
+  // (input q at q * c), arrives, and reduces part rank() of every slot in rank order: the order
+  // and the operations of allReduceNow, so the same bits as an all-reduce of the stacked inputs.
+  void reduceScatterNow(at::Tensor& output, const std::vector<at::Tensor>& inputs, ReduceOp op) {
+    std::vector<at::Tensor> parts;
+    for (const at::Tensor& t : inputs) parts.push_back(contiguousCpu(t, "reduce_scatter"));
+    const size_t element = output.element_size();
+    const int64_t numel = output.numel();
+    const size_t total = static_cast<size_t>(numel) * element * static_cast<size_t>(size());
+    const int64_t c = static_cast<int64_t>(half_ / (element * static_cast<size_t>(size())));
+    const uint64_t call = reduceScatterCall(op);
+    bool paired = false;
+    for (int64_t offset = 0; offset < numel; offset += c) {
+      const int64_t n = std::min(c, numel - offset);
+      const int h = nextHalf();
+      char* mine = slot(rank(), h);
+      for (int q = 0; q < size(); ++q) {
+        std::memcpy(mine + q * c * element, static_cast<const char*>(parts[q].data_ptr()) + offset * element,
+                    n * element);
+      }
+      firstOrNextArrival(paired, call, output.scalar_type(), total, "reduce_scatter");
+      at::Tensor out = output.view({-1}).narrow(0, offset, n);
+      reduceSlots(out, [&](int r) { return slot(r, h) + rank() * c * element; }, op);
+      halfInUse_ = h;
+    }
+    if (!paired) pair(call, output.scalar_type(), 0, "reduce_scatter");
+  }
+
+  // out = slot 0's n elements, then (op) each next rank's: in rank order, the same everywhere.
+  template <typename SlotData>
+  void reduceSlots(at::Tensor& out, SlotData slotData, ReduceOp op) {
+    const int64_t n = out.numel();
+    out.copy_(at::from_blob(slotData(0), {n}, out.options()));
+    for (int r = 1; r < size(); ++r) reduceInto(out, at::from_blob(slotData(r), {n}, out.options()), op);
   }
 
   void broadcastNow(at::Tensor& tensor, int root) {
@@ -195,25 +271,40 @@ class ShmCommunicator final : public Communicator {
     char* data = static_cast<char*>(work.data_ptr());
     const size_t total = work.nbytes();
     const size_t chunk = options_.chunkBytes * static_cast<size_t>(size());  // the slots, as one buffer
+    bool paired = fenceSlots(kBroadcast, work.scalar_type(), total, "broadcast");
     for (size_t offset = 0; offset < total; offset += chunk) {
       const size_t bytes = std::min(chunk, total - offset);
       if (rank() == root) std::memcpy(slots_, data + offset, bytes);
-      if (offset == 0) announce(kBroadcast, work.scalar_type(), total);
-      arrive("broadcast");
-      if (offset == 0) checkPairing(kBroadcast, work.scalar_type(), total);
+      firstOrNextArrival(paired, kBroadcast, work.scalar_type(), total, "broadcast");
       if (rank() != root) std::memcpy(data + offset, slots_, bytes);
       arrive("broadcast");
     }
-    if (total == 0) {
-      announce(kBroadcast, work.scalar_type(), 0);
-      arrive("broadcast");
-      checkPairing(kBroadcast, work.scalar_type(), 0);
-      arrive("broadcast");
-    }
+    if (!paired) pair(kBroadcast, work.scalar_type(), 0, "broadcast");
     if (!work.is_same(tensor)) tensor.copy_(work);
   }
 
   char* slot(int r) const { return slots_ + options_.chunkBytes * static_cast<size_t>(r); }
+  char* slot(int r, int half) const { return slot(r) + half_ * static_cast<size_t>(half); }
+  int nextHalf() const { return halfInUse_ == 0 ? 1 : 0; }
+
+  // A collective's first arrival: announced before it, the pairing checked after it.
+  void pair(uint64_t op, at::ScalarType dtype, size_t bytes, const char* name) {
+    announce(op, dtype, bytes);
+    arrive(name);
+    checkPairing(op, dtype, bytes);
+  }
+  void firstOrNextArrival(bool& paired, uint64_t op, at::ScalarType dtype, size_t bytes, const char* name) {
+    if (paired) return arrive(name);
+    pair(op, dtype, bytes, name);
+    paired = true;
+  }
+  // Before a collective that writes whole slots: a peer may still be reading the half of the last
+  // all-gather or reduce-scatter round; an arrival (the pairing one) waits it out. True if it ran.
+  bool fenceSlots(uint64_t op, at::ScalarType dtype, size_t bytes, const char* name) {
+    if (halfInUse_ < 0) return false;
+    pair(op, dtype, bytes, name);
+    return true;
+  }
 
   at::Tensor contiguousCpu(const at::Tensor& t, const char* op) const {
     if (!t.device().is_cpu()) DDP_THROW(ConfigError, "backend 'shm' is for CPU tensors (", op, " got ", t.device().str(), "); use nccl on GPUs");
@@ -261,6 +352,7 @@ class ShmCommunicator final : public Communicator {
 
   /// A reusable barrier: spin briefly, then sleep on the generation futex.
   void arrive(const char* op) {
+    halfInUse_ = -1;  // what this rank read before arriving, no peer overwrites before it arrives too
     const uint32_t gen = header_->generation.load(std::memory_order_acquire);
     header_->entered[rank()].store(gen + 1, std::memory_order_relaxed);
     if (header_->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(size())) {
@@ -319,6 +411,8 @@ class ShmCommunicator final : public Communicator {
   char* result_ = nullptr;
   std::chrono::milliseconds timeout_ = options_.timeout;  // the current collective's
   uint64_t calls_ = 0;  // collectives announced: equal on every rank while they pair
+  size_t half_ = 0;     // all-gather and reduce-scatter use the slots' halves in turn
+  int halfInUse_ = -1;  // the half this rank read after its last arrival (-1: none): peers may still read it
 };
 
 }  // namespace
@@ -327,6 +421,11 @@ std::unique_ptr<Communicator> makeShmCommunicator(const c10::intrusive_ptr<c10d:
                                                   const ShmOptions& options) {
   if (options.worldSize > kMaxRanks) {
     DDP_THROW(ConfigError, "backend 'shm' supports at most ", kMaxRanks, " ranks per host; use gloo");
+  }
+  // Half a slot holds one element of every rank's reduce-scatter part (at most 16 bytes each).
+  if (options.chunkBytes < 2 * std::max<size_t>(kAlign, 16 * static_cast<size_t>(options.worldSize))) {
+    DDP_THROW(ConfigError, "shm: a slot of ", options.chunkBytes, " bytes is too small for ", options.worldSize,
+              " ranks; give ShmOptions::chunkBytes at least ", 2 * std::max<size_t>(kAlign, 16 * options.worldSize));
   }
   const size_t bytes = alignUp(sizeof(Header)) + options.chunkBytes * static_cast<size_t>(options.worldSize + 1);
   std::string name;

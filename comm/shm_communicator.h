@@ -18,7 +18,8 @@ struct ShmOptions {
   int rank = 0;
   int worldSize = 1;
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // per collective
-  size_t chunkBytes = 4u << 20;  // per-rank slot; larger tensors go through in chunks
+  size_t chunkBytes = 4u << 20;  // per-rank slot; larger tensors go through in chunks (all-gather and
+                                 // reduce-scatter: of half a slot, the halves in turn)
 };
 
 /// Creates (rank 0) or opens (others) the job's segment, named through `store`;

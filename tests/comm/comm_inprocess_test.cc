@@ -137,6 +137,187 @@ TEST(Shm, ADifferentReductionDoesNotPair) {
   }
 }
 
+// Ranks as threads over one shm segment with `chunkBytes` slots (a HashStore, no network): small
+// slots put every size through many chunks.
+void runShmRanks(int world, size_t chunkBytes, const std::function<void(Communicator&)>& body) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world; ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        ShmOptions shm;
+        shm.rank = r;
+        shm.worldSize = world;
+        shm.chunkBytes = chunkBytes;
+        shm.timeout = std::chrono::seconds(30);
+        auto comm = makeShmCommunicator(store, shm);
+        body(*comm);
+        comm->barrier()->wait();
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+// Rank r's part k (k = 0 for an all-gather): integers 1..4, exact in every dtype and reduction.
+at::Tensor smallValues(int r, int k, int64_t n, at::ScalarType dtype) {
+  return at::arange(n, at::kLong).add(3 * k + r).remainder(4).add(1).to(dtype);
+}
+
+// Not integers: their sums round, so the order of summation shows in the bits.
+at::Tensor roundingValues(int r, int k, int64_t n, at::ScalarType dtype) {
+  return at::arange(n, at::kDouble).mul(0.7371 * (r + 1) + k).sin().mul(1000).to(dtype);
+}
+
+// The reduction over ranks of smallValues(r, k), in double, then in `dtype`.
+at::Tensor reducedSmallValues(int world, int k, int64_t n, ReduceOp op, at::ScalarType dtype) {
+  at::Tensor out = smallValues(0, k, n, at::kDouble);
+  for (int r = 1; r < world; ++r) {
+    const at::Tensor v = smallValues(r, k, n, at::kDouble);
+    if (op == ReduceOp::kSum) out = out.add(v);
+    if (op == ReduceOp::kProduct) out = out.mul(v);
+    if (op == ReduceOp::kMin) out = out.minimum(v);
+    if (op == ReduceOp::kMax) out = out.maximum(v);
+  }
+  return out.to(dtype);
+}
+
+std::vector<at::Tensor> partsOf(int r, int world, int64_t n, at::ScalarType dtype, bool rounding = false) {
+  std::vector<at::Tensor> parts;
+  for (int k = 0; k < world; ++k) parts.push_back(rounding ? roundingValues(r, k, n, dtype) : smallValues(r, k, n, dtype));
+  return parts;
+}
+
+class ShmSharding : public ::testing::TestWithParam<int> {};  // the world size
+
+// Native all-gather and reduce-scatter: 1 KiB slots, so 1000 and 4099 elements take many chunks
+// (37 fewer than one); every dtype the sharded engine uses, every reduction.
+TEST_P(ShmSharding, AllGatherAndReduceScatterOverManyChunksMatchTheFormula) {
+  const int world = GetParam();
+  runShmRanks(world, 1024, [world](Communicator& comm) {
+    const int r = comm.rank();
+    for (auto dtype : {at::kFloat, at::kDouble, at::kBFloat16, at::kLong}) {
+      for (int64_t n : {0, 1, 37, 1000, 4099}) {
+        std::vector<at::Tensor> gathered;
+        comm.allGather(gathered, smallValues(r, 0, n, dtype))->wait();
+        ASSERT_EQ(gathered.size(), static_cast<size_t>(world));
+        for (int q = 0; q < world; ++q) {
+          EXPECT_TRUE(gathered[q].equal(smallValues(q, 0, n, dtype))) << "from rank " << q << ", " << n << " " << dtype;
+        }
+        for (auto op : {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax}) {
+          at::Tensor mine;
+          comm.reduceScatter(mine, partsOf(r, world, n, dtype), op)->wait();
+          EXPECT_TRUE(mine.equal(reducedSmallValues(world, r, n, op, dtype)))
+              << reduceOpName(op) << " of " << n << " " << dtype << " on rank " << r;
+        }
+      }
+    }
+    // A shape other than 1-D comes back as it went.
+    std::vector<at::Tensor> gathered;
+    comm.allGather(gathered, smallValues(r, 0, 60, at::kFloat).reshape({3, 4, 5}))->wait();
+    EXPECT_TRUE(gathered[world - 1].equal(smallValues(world - 1, 0, 60, at::kFloat).reshape({3, 4, 5})));
+  });
+}
+
+// The sums of values that round: bitwise the all-reduce-based default's (the order over ranks is
+// the same), so sharded training gives the same bits as before.
+TEST_P(ShmSharding, ReduceScatterHasTheBitsOfTheAllReduceDefault) {
+  const int world = GetParam();
+  runShmRanks(world, 1024, [world](Communicator& comm) {
+    const int r = comm.rank();
+    for (auto dtype : {at::kFloat, at::kBFloat16, at::kDouble}) {
+      for (int64_t n : {1000, 4099}) {
+        for (auto op : {ReduceOp::kSum, ReduceOp::kProduct}) {
+          const auto parts = partsOf(r, world, n, dtype, /*rounding=*/true);
+          at::Tensor native, viaAllReduce;
+          comm.reduceScatter(native, parts, op)->wait();
+          comm.Communicator::reduceScatter(viaAllReduce, parts, op)->wait();
+          EXPECT_TRUE(native.equal(viaAllReduce)) << reduceOpName(op) << " of " << n << " " << dtype;
+        }
+        std::vector<at::Tensor> native, viaAllReduce;
+        comm.allGather(native, roundingValues(r, 0, n, dtype))->wait();
+        comm.Communicator::allGather(viaAllReduce, roundingValues(r, 0, n, dtype))->wait();
+        for (int q = 0; q < world; ++q) EXPECT_TRUE(native[q].equal(viaAllReduce[q])) << n << " " << dtype;
+      }
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, ShmSharding, ::testing::Values(2, 3));
+
+// All-gathers and reduce-scatters use the slots' halves in turn with one arrival per chunk; an
+// all-reduce or a broadcast after them must not overwrite a half a peer still reads.
+TEST(Shm, InterleavedCollectivesKeepTheirSlotsApart) {
+  runShmRanks(3, 1024, [](Communicator& comm) {
+    const int r = comm.rank();
+    for (int step = 0; step < 24; ++step) {
+      const int64_t n = 1 + (97 * step) % 700;
+      std::vector<at::Tensor> gathered;
+      comm.allGather(gathered, smallValues(r, step, n, at::kFloat))->wait();
+      for (int q = 0; q < 3; ++q) ASSERT_TRUE(gathered[q].equal(smallValues(q, step, n, at::kFloat))) << step;
+      at::Tensor summed = smallValues(r, step, n, at::kFloat);
+      if (step % 2 == 0) {
+        comm.allReduce(summed)->wait();
+        ASSERT_TRUE(summed.equal(reducedSmallValues(3, step, n, ReduceOp::kSum, at::kFloat))) << step;
+      }
+      at::Tensor mine;
+      comm.reduceScatter(mine, partsOf(r, 3, n, at::kDouble), ReduceOp::kMax)->wait();
+      ASSERT_TRUE(mine.equal(reducedSmallValues(3, r, n, ReduceOp::kMax, at::kDouble))) << step;
+      at::Tensor payload = r == step % 3 ? smallValues(r, step, 3 * n, at::kLong) : at::zeros({3 * n}, at::kLong);
+      if (step % 3 != 1) comm.broadcast(payload, step % 3)->wait();
+      if (step % 3 != 1) ASSERT_TRUE(payload.equal(smallValues(step % 3, step, 3 * n, at::kLong))) << step;
+      if (step % 5 == 0) comm.barrier()->wait();
+    }
+  });
+}
+
+// Larger than a whole slot at the default size (4 MiB): 1.5 M floats per rank.
+TEST(Shm, AllGatherAndReduceScatterLargerThanASlot) {
+  runRanks(3, [](Communicator& comm) {
+    const int r = comm.rank();
+    const int64_t n = 1'500'001;
+    std::vector<at::Tensor> gathered;
+    comm.allGather(gathered, smallValues(r, 0, n, at::kFloat))->wait();
+    for (int q = 0; q < 3; ++q) EXPECT_TRUE(gathered[q].equal(smallValues(q, 0, n, at::kFloat))) << q;
+    at::Tensor mine;
+    comm.reduceScatter(mine, partsOf(r, 3, n, at::kFloat), ReduceOp::kSum)->wait();
+    EXPECT_TRUE(mine.equal(reducedSmallValues(3, r, n, ReduceOp::kSum, at::kFloat)));
+  }, Backend::kShm);
+}
+
+TEST(Shm, AnAllGatherAgainstAReduceScatterDoesNotPair) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      ShmOptions shm;
+      shm.rank = r;
+      shm.worldSize = 2;
+      shm.timeout = std::chrono::seconds(30);
+      try {
+        auto comm = makeShmCommunicator(store, shm);
+        std::vector<at::Tensor> out;
+        at::Tensor mine;
+        if (r == 0) comm->allGather(out, at::ones({8}))->wait();
+        if (r == 1) comm->reduceScatter(mine, {at::ones({4}), at::ones({4})})->wait();
+      } catch (const CommError& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[r].find("do not pair"), std::string::npos) << "rank " << r << ": " << errors[r];
+    EXPECT_NE(errors[r].find("all_gather of 8 float"), std::string::npos) << "rank " << r << ": " << errors[r];
+    EXPECT_NE(errors[r].find("reduce_scatter of 8 float"), std::string::npos) << "rank " << r << ": " << errors[r];
+  }
+}
+
 TEST(Shm, ARankThatNeverComesIsATimeoutNotAHang) {
   std::string error;
   std::thread lonely([&] {
