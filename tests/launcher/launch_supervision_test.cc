@@ -136,8 +136,13 @@ TEST_F(LaunchSupervisionTest, RankThatExitsZeroWhileOthersRunOnEndsTheJob) {
 // ours, with a flight recorder, while it is in no collective).
 TEST_F(LaunchSupervisionTest, ARankThatWorksOnPastTheGraceIsLetFinish) {
   const LaunchResult result = run({"--nproc_per_node=2", "--early_exit_grace_s=1",
+                                   // The CPU time in the rank's own process (the launcher reads
+                                   // its /proc stat), not in `date` children: 20000 shell steps
+                                   // per look at the clock, so a loaded machine still shows it.
                                    earlyExitScript(dir_, "end=$(( $(date +%s) + 3 ))\n"
-                                                         "while [ $(date +%s) -lt $end ]; do :; done\n")});
+                                                         "while [ $(date +%s) -lt $end ]; do\n"
+                                                         "  i=0; while [ $i -lt 20000 ]; do i=$((i + 1)); done\n"
+                                                         "done\n")});
   EXPECT_EQ(result.code, 0) << result.err;
   EXPECT_NE(result.err.find("rank 1 exited with code 0 1 s ago; rank(s) 0 still work outside any collective"),
             std::string::npos)
