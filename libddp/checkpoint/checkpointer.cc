@@ -266,6 +266,35 @@ void restoreShardedState(ZeroRedundancyOptimizer& zero, const torch::nn::Module&
   (void)device;
 }
 
+// What a checkpoint holds of this rank: its model and optimizer entries (ZeRO's gathered shards
+// when given), the position, the generators and the scaler.
+checkpoint::TrainingState trainingState(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                        std::optional<checkpoint::NamedTensors>& sharded, const TrainPosition& position,
+                                        int worldSize, const CheckpointOptions& options,
+                                        const std::vector<at::Tensor>& cudaRng, const GradScaler* scaler) {
+  checkpoint::TrainingState state;
+  for (auto& [key, tensor] : stateDict(module)) state.model.emplace_back(key, tensor);
+  state.optimizer = sharded ? std::move(*sharded) : optimizerState(optimizer, module);
+  state.epoch = position.epoch;
+  state.stepInEpoch = position.stepInEpoch;
+  state.globalStep = position.globalStep;
+  state.samples = position.samples;
+  state.worldSize = worldSize;
+  if (position.epochSamples >= 0) state.epochSamples = position.epochSamples;
+  state.seed = static_cast<int64_t>(options.seed);
+  state.sampleOrder = options.sampleOrder;
+  state.cpuRng = checkpoint::cpuRngState();
+  state.cudaRng = cudaRng;
+  state.config = options.config;
+  if (scaler != nullptr) {
+    if (const auto st = scaler->stateDict()) {
+      state.scaler = checkpoint::ScalerState{st->scale, st->growthFactor, st->backoffFactor, st->growthInterval,
+                                             st->growthTracker};
+    }
+  }
+  return state;
+}
+
 // CheckpointOptions::cudaGenerators: one process's GPUs, in order (a replica without a CUDA
 // generator, a CPU one, keeps an empty slot so the order holds).
 std::vector<at::Tensor> ownCudaRngStates(const ProcessGroup& group, const std::vector<c10::Device>& devices) {
@@ -379,31 +408,9 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
   // ZeRO: the shards of the optimizer state, from every rank (collective).
   std::optional<checkpoint::NamedTensors> sharded;
   if (auto* zero = dynamic_cast<ZeroRedundancyOptimizer*>(&optimizer)) sharded = gatherShardedState(group, *zero, module);
-  auto trainingState = [&] {
-    checkpoint::TrainingState state;
-    for (auto& [key, tensor] : stateDict(module)) state.model.emplace_back(key, tensor);
-    state.optimizer = sharded ? std::move(*sharded) : optimizerState(optimizer, module);
-    state.epoch = position.epoch;
-    state.stepInEpoch = position.stepInEpoch;
-    state.globalStep = position.globalStep;
-    state.samples = position.samples;
-    state.worldSize = group.size();
-    if (position.epochSamples >= 0) state.epochSamples = position.epochSamples;
-    state.seed = static_cast<int64_t>(options_.seed);
-    state.sampleOrder = options_.sampleOrder;
-    state.cpuRng = checkpoint::cpuRngState();
-    state.cudaRng = cudaRng;
-    state.config = options_.config;
-    if (scaler != nullptr) {
-      if (const auto st = scaler->stateDict()) {
-        state.scaler = checkpoint::ScalerState{st->scale, st->growthFactor, st->backoffFactor, st->growthInterval,
-                                               st->growthTracker};
-      }
-    }
-    return state;
-  };
   if (shardedModel) {
-    const checkpoint::TrainingState state = trainingState();
+    const checkpoint::TrainingState state = trainingState(module, optimizer, sharded, position, group.size(), options_,
+                                                                cudaRng, scaler);
     for (const auto& [key, value] : state.optimizer) {
       if (key == kArchiveKey) {  // the same on every rank: all throw
         DDP_THROW(ConfigError, "ddp::Checkpointer::save: a fully sharded model's checkpoint holds its optimizer state "
@@ -423,7 +430,8 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
   if (group.rank() == 0) {
     try {
       makeDirectories(dir, "ddp::CheckpointOptions::dir");
-      const checkpoint::TrainingState state = trainingState();
+      const checkpoint::TrainingState state = trainingState(module, optimizer, sharded, position, group.size(), options_,
+                                                                cudaRng, scaler);
       try {
         checkpoint::saveTrainingCheckpoint(state, path);
       } catch (const CheckpointError& e) {

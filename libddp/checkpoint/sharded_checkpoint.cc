@@ -85,6 +85,40 @@ void agree(ProcessGroup& group, const std::string& error, const std::string& wha
   if (who < group.size()) DDP_THROW(CheckpointError, what, ": rank ", who, " failed (its log says why)");
 }
 
+// This rank's part of `from` into `to`, and (rank 0) the manifest's entry of each sharded
+// tensor into `tensors`: every entry of a sharded parameter is its rows; the rest is replicated,
+// written by rank 0 only. Returns the error ("" when none): every rank agrees on it after.
+std::string splitForRank(const NamedTensors& from, const std::map<std::string, fsdp::ParameterShard>& params, int rank,
+                         int world, NamedTensors& to, nlohmann::json& tensors) {
+  to.clear();
+  for (const auto& [key, tensor] : from) {
+    const fsdp::ParameterShard* shard = parameterOfKey(params, key, tensor.dim());
+    if (shard == nullptr) {
+      if (rank == 0) to.emplace_back(key, tensor);
+      continue;
+    }
+    if (shard->gathered) {
+      return "cannot checkpoint '" + key + "': the unit of " + shard->unit +
+             " is unsharded (unshard() without reshard()); call reshard() first";
+    }
+    if (tensor.size(0) != shard->rows) {
+      return "cannot checkpoint '" + key + "': it has " + std::to_string(tensor.size(0)) + " rows, but this rank's " +
+             "shard of its parameter has " + std::to_string(shard->rows) +
+             " (an optimizer built on the unsharded parameters? build it after ddp::fullyShard)";
+    }
+    to.emplace_back(key, tensor);
+    if (rank == 0) {
+      nlohmann::json rows = nlohmann::json::array();
+      for (int r = 0; r < world; ++r) {
+        const auto [start, end] = rowsOfRank(shard->fullShape[0], world, r);
+        rows.push_back({start, end});
+      }
+      tensors[key] = {{"shape", shard->fullShape}, {"rows", rows}};
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 bool holdsShardedParameters(const torch::nn::Module& module) {
@@ -102,43 +136,10 @@ std::string saveShardedCheckpoint(ProcessGroup& group, const TrainingState& stat
   const int rank = group.rank(), world = group.size();
   const auto params = shardedParameters(module);
 
-  // This rank's part, and (rank 0) the manifest's tensors: every entry of a sharded parameter is
-  // its rows; the rest is replicated, written by rank 0 only.
   TrainingState mine = state;
   nlohmann::json tensors = nlohmann::json::object();
-  std::string error;
-  auto split = [&](const NamedTensors& from, NamedTensors& to) {
-    to.clear();
-    for (const auto& [key, tensor] : from) {
-      const fsdp::ParameterShard* shard = parameterOfKey(params, key, tensor.dim());
-      if (shard == nullptr) {
-        if (rank == 0) to.emplace_back(key, tensor);
-        continue;
-      }
-      if (shard->gathered) {
-        error = "cannot checkpoint '" + key + "': the unit of " + shard->unit +
-                " is unsharded (unshard() without reshard()); call reshard() first";
-        return;
-      }
-      if (tensor.size(0) != shard->rows) {
-        error = "cannot checkpoint '" + key + "': it has " + std::to_string(tensor.size(0)) + " rows, but this rank's " +
-                "shard of its parameter has " + std::to_string(shard->rows) +
-                " (an optimizer built on the unsharded parameters? build it after ddp::fullyShard)";
-        return;
-      }
-      to.emplace_back(key, tensor);
-      if (rank == 0) {
-        nlohmann::json rows = nlohmann::json::array();
-        for (int r = 0; r < world; ++r) {
-          const auto [start, end] = rowsOfRank(shard->fullShape[0], world, r);
-          rows.push_back({start, end});
-        }
-        tensors[key] = {{"shape", shard->fullShape}, {"rows", rows}};
-      }
-    }
-  };
-  split(state.model, mine.model);
-  if (error.empty()) split(state.optimizer, mine.optimizer);
+  std::string error = splitForRank(state.model, params, rank, world, mine.model, tensors);
+  if (error.empty()) error = splitForRank(state.optimizer, params, rank, world, mine.optimizer, tensors);
   agree(group, error, "sharded checkpoint " + path);
 
   // Rank 0 makes the empty temporary directory; then every rank writes its file into it.
