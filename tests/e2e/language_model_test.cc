@@ -166,12 +166,10 @@ TEST(LanguageModel, TwoRanksWithShardedAdamWStateEqualOneProcess) {
   expectTwoRanksEqualOneProcess({"train.zero=true"});
 }
 
-// 8 steps at once equal 4, a checkpoint, and 4 more after resume=auto, bit for bit.
-void expectBitwiseResume(const std::string& sampling, const std::vector<std::string>& settings = {}) {
-  const std::string straight = test::makeTempDir("lm_straight");
-  const std::string split = test::makeTempDir("lm_split");
-  std::vector<std::string> common = {"data.sampling=" + sampling, "eval.enabled=false", "checkpoint.every_steps=4"};
-  common.insert(common.end(), settings.begin(), settings.end());
+// `straight` trains 8 steps at once, `split` the first 4 (with checkpoint.every_steps=4 in
+// `common`, a checkpoint at step 4).
+void trainWholeAndFirstHalf(const std::string& straight, const std::string& split,
+                            const std::vector<std::string>& common) {
   auto all = common;
   all.push_back("train.max_steps=8");
   const auto r = test::runCommand(gptJob(2, straight, all), 300);
@@ -180,6 +178,15 @@ void expectBitwiseResume(const std::string& sampling, const std::vector<std::str
   first.push_back("train.max_steps=4");
   const auto r1 = test::runCommand(gptJob(2, split, first), 300);
   ASSERT_EQ(r1.exitCode, 0) << r1.output;
+}
+
+// 8 steps at once equal 4, a checkpoint, and 4 more after resume=auto, bit for bit.
+void expectBitwiseResume(const std::string& sampling, const std::vector<std::string>& settings = {}) {
+  const std::string straight = test::makeTempDir("lm_straight");
+  const std::string split = test::makeTempDir("lm_split");
+  std::vector<std::string> common = {"data.sampling=" + sampling, "eval.enabled=false", "checkpoint.every_steps=4"};
+  common.insert(common.end(), settings.begin(), settings.end());
+  ASSERT_NO_FATAL_FAILURE(trainWholeAndFirstHalf(straight, split, common));
   auto second = common;
   second.push_back("train.max_steps=8");
   second.push_back("resume=auto");
@@ -204,16 +211,9 @@ TEST(LanguageModel, ShardedCheckpointResumesDdpAndAnotherWorldSize) {
   const std::string split = test::makeTempDir("lm_full_split");
   const std::vector<std::string> common = {"data.sampling=sequential", "eval.enabled=false",
                                            "checkpoint.every_steps=4", "train.sharding=full"};
-  auto all = common;
-  all.push_back("train.max_steps=8");
-  const auto r = test::runCommand(gptJob(2, straight, all), 300);
-  ASSERT_EQ(r.exitCode, 0) << r.output;
-  auto first = common;
-  first.push_back("train.max_steps=4");
-  const auto r1 = test::runCommand(gptJob(2, split, first), 300);
-  ASSERT_EQ(r1.exitCode, 0) << r1.output;
+  ASSERT_NO_FATAL_FAILURE(trainWholeAndFirstHalf(straight, split, common));
   const std::string saved = split + "/checkpoints/ckpt-00000004";
-  ASSERT_TRUE(fs::exists(saved + "/manifest.json")) << r1.output;
+  ASSERT_TRUE(fs::exists(saved + "/manifest.json"));
   ASSERT_TRUE(fs::exists(saved + "/rank-00001.pt"));
   const auto asDdp = test::runCommand(
       gptJob(2, split, {"data.sampling=sequential", "eval.enabled=false", "train.max_steps=8", "resume=" + saved,
