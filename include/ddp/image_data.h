@@ -132,6 +132,11 @@ struct ImageTransformOptions {
 RgbImage transformImage(const uint8_t* data, size_t size, const std::string& name, const ImageTransformOptions& options,
                         uint64_t seed, int64_t epoch, int64_t index);
 
+/// ToTensor + Normalize of one image: its HWC bytes into float32 CHW at `out` (3 x height x width
+/// floats), (x / 255 - mean[c]) / stddev[c] computed in float32 as PyTorch computes it. What
+/// ImageLoader does to each sample with `normalize`; for a loader of one's own.
+void normalizeImage(const RgbImage& image, float* out, const std::vector<float>& mean, const std::vector<float>& stddev);
+
 /// The samples of a data set: where each one's bytes are and its label. Two layouts:
 /// torchvision's ImageFolder (`root/<class>/<files>`, classes and files sorted), and WebDataset tar
 /// shards (members grouped by key: `<key>.jpg|.jpeg|.png` with `<key>.cls` holding the class index as

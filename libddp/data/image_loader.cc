@@ -42,8 +42,6 @@ struct ImageLoader::Impl {
   int64_t consumed = 0;               // batches next() has returned
   std::map<int64_t, std::shared_ptr<Slot>> slots;
   int64_t skipped = 0;
-  // ToTensor then Normalize, in float32 as PyTorch computes them: (x / 255 - mean) / std, per byte value.
-  float normalized[3][256] = {};
 
   at::Tensor newBatchTensor(int64_t rows) const {
     const int64_t s = options.transform.size;
@@ -57,11 +55,7 @@ struct ImageLoader::Impl {
     const int64_t plane = image.height * image.width;
     const uint8_t* px = image.pixels.data();
     if (options.normalize) {
-      float* out = images.data_ptr<float>() + row * 3 * plane;
-      for (int c = 0; c < 3; ++c) {
-        const float* lut = normalized[c];
-        for (int64_t p = 0; p < plane; ++p) out[c * plane + p] = lut[px[p * 3 + c]];
-      }
+      normalizeImage(image, images.data_ptr<float>() + row * 3 * plane, options.mean, options.stddev);
     } else {
       uint8_t* out = images.data_ptr<uint8_t>() + row * 3 * plane;
       for (int c = 0; c < 3; ++c) {
@@ -122,11 +116,6 @@ ImageLoader::ImageLoader(std::shared_ptr<const ImageDataset> dataset, ImageLoade
   options.prefetchBatches = std::max(0, options.prefetchBatches);
   impl_->data = std::move(dataset);
   impl_->options = std::move(options);
-  for (int c = 0; c < 3; ++c) {
-    const float mean = impl_->options.mean[static_cast<size_t>(c)];
-    const float stddev = impl_->options.stddev[static_cast<size_t>(c)];
-    for (int v = 0; v < 256; ++v) impl_->normalized[c][v] = (static_cast<float>(v) / 255.0f - mean) / stddev;
-  }
   for (int t = 0; t < impl_->options.threads; ++t) impl_->threads.emplace_back([this] { impl_->work(); });
 }
 

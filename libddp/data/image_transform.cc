@@ -374,4 +374,21 @@ RgbImage transformImage(const uint8_t* data, size_t size, const std::string& nam
   return out;
 }
 
+void normalizeImage(const RgbImage& image, float* out, const std::vector<float>& mean, const std::vector<float>& stddev) {
+  if (mean.size() != 3 || stddev.size() != 3) {
+    DDP_THROW(ConfigError, "ddp::normalizeImage: mean and stddev need 3 values (R, G, B), got ", mean.size(), " and ",
+              stddev.size());
+  }
+  // Per byte value, in float32 as ToTensor then Normalize compute it: (x / 255 - mean) / std.
+  float lut[3][256];
+  for (size_t c = 0; c < 3; ++c) {
+    for (int v = 0; v < 256; ++v) lut[c][v] = (static_cast<float>(v) / 255.0f - mean[c]) / stddev[c];
+  }
+  const int64_t plane = image.height * image.width;
+  const uint8_t* px = image.pixels.data();
+  for (int c = 0; c < 3; ++c) {
+    for (int64_t p = 0; p < plane; ++p) out[c * plane + p] = lut[c][px[p * 3 + c]];
+  }
+}
+
 }  // namespace ddp

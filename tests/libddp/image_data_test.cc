@@ -338,6 +338,23 @@ TEST_F(ImageDataTest, EvalTransformAndNormalizeAreTorchvisions) {
   }
 }
 
+// normalizeImage alone (what the worker's streamed loader calls): HWC bytes to CHW floats by the
+// formula (x / 255 - mean) / std in float32; anything but 3 means or deviations is one ConfigError.
+TEST(NormalizeImage, IsToTensorAndNormalizeByTheFormula) {
+  ddp::RgbImage image;
+  image.height = 1;
+  image.width = 2;
+  image.pixels = {0, 128, 255, 10, 20, 30};  // pixel 0: R G B, pixel 1: R G B
+  const std::vector<float> mean = {0.5f, 0.25f, 0.0f};
+  const std::vector<float> stddev = {0.5f, 2.0f, 1.0f};
+  std::vector<float> out(6, -1.0f);
+  ddp::normalizeImage(image, out.data(), mean, stddev);
+  const auto f = [&](int byte, size_t c) { return (static_cast<float>(byte) / 255.0f - mean[c]) / stddev[c]; };
+  const std::vector<float> want = {f(0, 0), f(10, 0), f(128, 1), f(20, 1), f(255, 2), f(30, 2)};  // CHW
+  EXPECT_EQ(out, want);
+  EXPECT_THROW(ddp::normalizeImage(image, out.data(), {0.5f, 0.5f}, stddev), ddp::ConfigError);
+}
+
 TEST_F(ImageDataTest, EveryRankSeesEverySampleOnceWithTorchvisionsCrops) {
   auto dataset = *folder_;
   for (int world : {2, 3}) {

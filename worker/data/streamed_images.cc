@@ -48,18 +48,6 @@ ImageTransformOptions transformOf(const DataConfig& config, bool train) {
   return t;
 }
 
-// RGB bytes (rows of width × 3) into float32 CHW, (x / 255 - mean) / std: ToTensor + Normalize.
-void normaliseInto(const RgbImage& image, float* out, const std::vector<float>& mean, const std::vector<float>& stddev) {
-  const int64_t plane = image.height * image.width;
-  for (int64_t c = 0; c < 3; ++c) {
-    const float m = mean[static_cast<size_t>(c)];
-    const float s = stddev[static_cast<size_t>(c)];
-    float* dst = out + c * plane;
-    const uint8_t* src = image.pixels.data() + c;
-    for (int64_t i = 0; i < plane; ++i) dst[i] = (static_cast<float>(src[3 * i]) / 255.0f - m) / s;
-  }
-}
-
 Batch decodeBatch(const StreamedImages& images, bool train, uint64_t seed, int64_t epoch,
                   const std::vector<int64_t>& items) {
   c10::NoGradGuard noGrad;
@@ -81,7 +69,7 @@ Batch decodeBatch(const StreamedImages& images, bool train, uint64_t seed, int64
       ++*images.skipped;
       continue;
     }
-    normaliseInto(image, pixels.data_ptr<float>() + kept * 3 * side * side, images.mean, images.stddev);
+    normalizeImage(image, pixels.data_ptr<float>() + kept * 3 * side * side, images.mean, images.stddev);
     labels.data_ptr<int64_t>()[kept] = dataset.label(index);
     ++kept;
   }
