@@ -92,6 +92,7 @@ void finalCallback() {
   }
   for (const auto& unit : units) unit->postBackward();
   for (const auto& unit : units) unit->backward = Unit::Backward::kIdle;
+  if (!units.empty()) units.front()->pool->drain();  // nothing kept past the backward
 }
 
 void preBackward(Unit& unit) {
@@ -306,6 +307,7 @@ void FullyShardedUnit::afterForward(const std::vector<at::Tensor>& outputs) {
   const bool keep = grad && impl_->options.replicateParameters;
   const bool reshardNow = !keep && impl_->options.reshardAfterForward.value_or(grad ? !impl_->rootOfForward : true);
   if (reshardNow) impl_->reshard();
+  if (impl_->rootOfForward) impl_->pool->drain();  // nothing kept past the forward
   if (!grad) return;
   std::weak_ptr<Impl> weak = impl_;
   for (const auto& output : outputs) {
@@ -324,6 +326,7 @@ void FullyShardedUnit::abandonForward() {
   }
   if (impl_->rootOfForward) dropUnusedPrefetches();
   impl_->reshard();
+  if (impl_->rootOfForward) impl_->pool->drain();
 }
 
 void FullyShardedUnit::setRequiresGradientSync(bool requiresSync, bool recurse) {
@@ -391,7 +394,7 @@ StateDict fullStateDict(const torch::nn::Module& model) {
       if (unit->layout.shardNumel() > 0) {
         CollectiveOptions options;
         options.label = "fullStateDict (" + unit->module->name() + ")";
-        unit->layout.copyOut(at::stack(unit->group.allGather(unit->packedShards(), options)), full);
+        unit->layout.copyOut(unit->group.allGather(unit->packedShards(), options), full);
       }
       it = gathered.emplace(unit.get(), full).first;
     }

@@ -51,12 +51,14 @@ void ShardLayout::copyShard(const at::Tensor& full, const at::Tensor& shardFlat,
   shardFlat.narrow(0, p.offset, numel).copy_(full.reshape({-1}).narrow(0, rank_ * p.chunkRows * p.rowNumel, numel));
 }
 
-void ShardLayout::copyOut(const at::Tensor& gathered, const at::Tensor& fullFlat) const {
+void ShardLayout::copyOut(const std::vector<at::Tensor>& gathered, const at::Tensor& fullFlat) const {
   for (const ParamLayout& p : params_) {
     if (p.paddedNumel() == 0) continue;
-    fullFlat.narrow(0, p.offset * world_, p.paddedNumel() * world_)
-        .view({world_, p.paddedNumel()})
-        .copy_(gathered.narrow(1, p.offset, p.paddedNumel()));
+    const at::Tensor full = fullFlat.narrow(0, p.offset * world_, p.paddedNumel() * world_);
+    for (int r = 0; r < world_; ++r) {
+      full.narrow(0, r * p.paddedNumel(), p.paddedNumel())
+          .copy_(gathered[r].reshape({-1}).narrow(0, p.offset, p.paddedNumel()));
+    }
   }
 }
 

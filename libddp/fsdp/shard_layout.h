@@ -44,8 +44,9 @@ class ShardLayout {
   at::Tensor shardViewInFull(const at::Tensor& fullFlat, size_t i) const;
   /// Copies this rank's rows of `full` (parameter i's full value) into its shard.
   void copyShard(const at::Tensor& full, const at::Tensor& shardFlat, size_t i) const;
-  /// The all-gather's copy-out: `gathered` is (world, S), row r being rank r's shard buffer.
-  void copyOut(const at::Tensor& gathered, const at::Tensor& fullFlat) const;
+  /// The all-gather's copy-out: gathered[r] is rank r's shard buffer (S elements), copied as it
+  /// is (no (world, S) stack of them first: one copy per element, as FSDP2's split_with_sizes_copy).
+  void copyOut(const std::vector<at::Tensor>& gathered, const at::Tensor& fullFlat) const;
   /// The reduce-scatter's copy-in: parameter i's full gradient (undefined: zeros) into row r of
   /// `input` (world, S) as rank r's padded chunk.
   void packGradient(const at::Tensor& grad, const at::Tensor& input, size_t i) const;

@@ -1,13 +1,15 @@
 #include "libddp/fsdp/unit.h"
 
 #include <ATen/ops/empty.h>
-#include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/StorageImpl.h>
+#include <c10/util/accumulate.h>
 #include <torch/version.h>
 
+#include <algorithm>
+#include <iterator>
 #include <utility>
 
 namespace ddp {
@@ -20,6 +22,55 @@ void setStorageBytes(const at::Tensor& tensor, size_t nbytes) {
   c10::DeviceGuard guard(device);
   storage->set_data_ptr_noswap(nbytes == 0 ? at::DataPtr(nullptr, device) : storage->allocator()->allocate(nbytes));
   storage->set_nbytes(nbytes);
+}
+
+std::shared_ptr<BufferPool> BufferPool::shared() {
+  static std::mutex mutex;
+  static std::weak_ptr<BufferPool> current;
+  std::lock_guard<std::mutex> lock(mutex);
+  std::shared_ptr<BufferPool> pool = current.lock();
+  if (!pool) {
+    pool = std::make_shared<BufferPool>();
+    current = pool;
+  }
+  return pool;
+}
+
+void BufferPool::setStorageBytes(const at::Tensor& tensor, size_t nbytes) {
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  if (storage->nbytes() == nbytes) return;
+  if (storage->device().type() != c10::kCPU) return fsdp::setStorageBytes(tensor, nbytes);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (storage->nbytes() > 0) {
+    const size_t old = storage->nbytes();
+    at::DataPtr bytes = storage->set_data_ptr(at::DataPtr(nullptr, storage->device()));
+    storage->set_nbytes(0);
+    if (bytes.get() != nullptr) kept_.emplace_back(old, std::move(bytes));
+    if (kept_.size() > kKept) kept_.pop_front();  // frees the oldest
+  }
+  if (nbytes == 0) return;
+  // The most recently kept buffer of this size, else new bytes.
+  auto it = std::find_if(kept_.rbegin(), kept_.rend(), [&](const auto& k) { return k.first == nbytes; });
+  if (it == kept_.rend()) {
+    storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
+  } else {
+    storage->set_data_ptr_noswap(std::move(it->second));
+    kept_.erase(std::next(it).base());
+  }
+  storage->set_nbytes(nbytes);
+}
+
+at::Tensor BufferPool::empty(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  if (options.device().type() != c10::kCPU) return at::empty(sizes, options);
+  at::Tensor out = at::empty({0}, options);
+  setStorageBytes(out, static_cast<size_t>(c10::multiply_integers(sizes)) * out.element_size());
+  return out.set_(out.storage(), 0, sizes);
+}
+
+void BufferPool::drain() {
+  std::deque<std::pair<size_t, at::DataPtr>> freed;
+  std::lock_guard<std::mutex> lock(mutex_);
+  freed.swap(kept_);
 }
 }  // namespace fsdp
 
@@ -83,7 +134,7 @@ void FullyShardedUnit::Impl::unshard() {
 
 void FullyShardedUnit::Impl::startUnshard() {
   if (unsharded || gathering) return;
-  fsdp::setStorageBytes(fullFlat, static_cast<size_t>(layout.fullNumel()) * fullFlat.element_size());
+  pool->setStorageBytes(fullFlat, static_cast<size_t>(layout.fullNumel()) * fullFlat.element_size());
   gathering = std::make_unique<Work>();
   if (layout.shardNumel() == 0) return;
   c10::NoGradGuard noGrad;
@@ -101,7 +152,7 @@ void FullyShardedUnit::Impl::finishUnshard() {
   c10::NoGradGuard noGrad;
   std::unique_ptr<Work> work = std::move(gathering);
   work->wait();
-  if (layout.shardNumel() > 0) layout.copyOut(at::stack(gathered), fullFlat);
+  if (layout.shardNumel() > 0) layout.copyOut(gathered, fullFlat);
   gathered.clear();
   gatherInput = at::Tensor();
   for (size_t i = 0; i < params.size(); ++i) params[i].set_data(fullViews[i]);
@@ -112,7 +163,7 @@ void FullyShardedUnit::Impl::reshard() {
   finishUnshard();  // a prefetch nobody used: its collective still completes on every rank
   if (!unsharded) return;
   for (size_t i = 0; i < params.size(); ++i) params[i].set_data(shardViews[i]);
-  if (!options.replicateParameters) fsdp::setStorageBytes(fullFlat, 0);
+  if (!options.replicateParameters) pool->setStorageBytes(fullFlat, 0);
   unsharded = false;
 }
 
@@ -179,16 +230,22 @@ void FullyShardedUnit::Impl::postBackward() {
     hasGrad[i] = params[i].grad().defined();
     any = any || hasGrad[i];
   }
+  // Resharded before the reduce-scatter (the full gradients are tensors of their own): its input
+  // then takes the bytes the full buffer gave back to the pool.
+  reshard();
   if (any && layout.shardNumel() > 0) {
     // FSDP2's foreach_reduce: each rank's padded chunks side by side, one reduce-scatter (avg).
-    const at::Tensor input = at::empty({group.size(), layout.shardNumel()}, shardOptions().dtype(reduceDtype));
+    const at::Tensor input = pool->empty({group.size(), layout.shardNumel()}, shardOptions().dtype(reduceDtype));
     for (size_t i = 0; i < params.size(); ++i) {
       layout.packGradient(params[i].grad(), input, i);
       params[i].mutable_grad() = at::Tensor();  // frees the full gradient
     }
     ReduceScatterOptions average(ReduceOp::kAvg);
     average.label = labelled("reduce_scatter", *module).label;
+    // The rows are views of `input` (no per-rank copies); its bytes go back to the pool once the
+    // reduce-scatter is done (the output has bytes of its own).
     const at::Tensor output = group.reduceScatter(input.unbind(0), average);
+    pool->setStorageBytes(input, 0);
     for (size_t i = 0; i < params.size(); ++i) {
       if (!hasGrad[i]) continue;
       // A plain tensor on the output's bytes, not an autograd view: optimizers detach_() gradients.
@@ -202,7 +259,6 @@ void FullyShardedUnit::Impl::postBackward() {
   }
   for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = setAside[i];
   setAside.clear();
-  reshard();
   backward = Backward::kPostBackward;
 }
 

@@ -8,8 +8,11 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddp/fully_shard.h"
@@ -17,6 +20,35 @@
 #include "libddp/fsdp/shard_layout.h"
 
 namespace ddp {
+
+namespace fsdp {
+/// The bytes of the units' full buffers and reduce-scatter inputs between two uses, shared by the
+/// units of a process (FSDP2 on GPUs gets this from CUDA's caching allocator): what one unit's
+/// reshard() gives back is its reduce-scatter's input, then the next unit's full buffer, without
+/// the kernel's fresh pages. CPU only (CUDA's allocator caches already, and knows streams). It
+/// keeps at most kKept buffers, and none once a forward or a backward has ended (drain()): between
+/// steps it holds nothing.
+class BufferPool {
+ public:
+  // One: the next all-gather (a prefetch) takes it before any compute, so the peak stays as it
+  // was; two kept another unit's bytes through the compute (+1 block in the measured peak).
+  static constexpr size_t kKept = 1;
+
+  /// The pool of this process's units: made with the first unit, freed with the last.
+  static std::shared_ptr<BufferPool> shared();
+  /// fsdp::setStorageBytes through the pool: the storage's old bytes are kept (the storage object
+  /// keeps none: views of it cannot see them), its new ones are a kept buffer of that size if any.
+  void setStorageBytes(const at::Tensor& tensor, size_t nbytes);
+  /// A contiguous tensor whose bytes come from the pool; setStorageBytes(it, 0) gives them back.
+  at::Tensor empty(at::IntArrayRef sizes, const at::TensorOptions& options);
+  /// Frees the kept buffers.
+  void drain();
+
+ private:
+  std::mutex mutex_;
+  std::deque<std::pair<size_t, at::DataPtr>> kept_;  // by size in bytes, oldest first
+};
+}  // namespace fsdp
 
 struct FullyShardedUnit::Impl {
   /// Shards `params` (the module's tensors, named `names`) at once: their data becomes this
@@ -27,7 +59,7 @@ struct FullyShardedUnit::Impl {
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
 
-  /// All-gathers the shards into the full buffer (allocated again) and points every parameter's
+  /// All-gathers the shards into the full buffer (its bytes from `pool`) and points every parameter's
   /// data at its full view. Collective; nothing when already unsharded.
   void unshard();
   /// This rank's padded shards as one flat tensor (S elements, padding zero): shardFlat, or when
@@ -42,16 +74,16 @@ struct FullyShardedUnit::Impl {
   /// unit before it still computes.
   void startUnshard();
   void finishUnshard();
-  /// Points the parameters back at their shards and frees the full buffer's bytes (its storage
-  /// object stays: autograd's saved tensors may hold views of it until the next unshard()); under
-  /// replicateParameters the bytes stay, for the next all-gather.
+  /// Points the parameters back at their shards and gives the full buffer's bytes to `pool` (its
+  /// storage object stays: autograd's saved tensors may hold views of it until the next
+  /// unshard()); under replicateParameters the bytes stay, for the next all-gather.
   void reshard();
   /// The first gradient reaching the unit's outputs (of each of its forwards, when it ran more
   /// than one): unshard, and set the sharded gradients aside so that autograd accumulates full
   /// ones.
   void preBackward();
-  /// The unit's backward is done: reduce-scatter (average) the full gradients into sharded ones
-  /// (added to those set aside), free the full gradients, reshard. Once per preBackward().
+  /// The unit's backward is done: reshard, reduce-scatter (average) the full gradients into
+  /// sharded ones (added to those set aside), free the full gradients. Once per preBackward().
   /// Without gradient sync under replicateParameters: the parameters stay gathered and the
   /// sharded gradients set aside (held) until the synced backward.
   void postBackward();
@@ -67,7 +99,8 @@ struct FullyShardedUnit::Impl {
   fsdp::ShardLayout layout;
   at::Tensor shardFlat;  // this rank's padded shards (S elements): the all-gather's input; undefined
                          // when shardsInFull
-  at::Tensor fullFlat;   // the padded full parameters (world × S), bytes freed while sharded
+  at::Tensor fullFlat;   // the padded full parameters (world × S), no bytes while sharded
+  std::shared_ptr<fsdp::BufferPool> pool = fsdp::BufferPool::shared();
   // replicateParameters without a paramDtype: the shards are views of this rank's rows of the
   // full buffer, which is never freed (ZeRO-2's 4 P + 12 P / N: no copy of them beside it).
   bool shardsInFull = false;

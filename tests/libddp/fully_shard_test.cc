@@ -254,6 +254,28 @@ TEST(FullyShard, ForwardPrefetchOfASkippedUnitIsDropped) {
   EXPECT_TRUE(torch::allclose(out, plain->forward(x), 1e-6, 1e-7)) << "block 1 computed with stale parameters";
 }
 
+// A unit's reshard() hands its full buffer's bytes to the next gather of that size (FSDP2 gets this
+// from CUDA's caching allocator) instead of back to malloc: block 1 gathers into the bytes block 0
+// gave back, even with a fresh allocation of their size made in between, and holds its own values.
+TEST(FullyShard, AReshardedUnitsBytesAreTheNextGatherOfTheirSize) {
+  Sharded model;
+  const Params expected = model.fullParameters();
+  auto fullBytes = [&](size_t b) { return model.net->block(b)->fc1->weight.storage().data_ptr().get(); };
+  model.blocks[0].unshard();
+  const void* block0 = fullBytes(0);
+  const int64_t nbytes = model.blocks[0].gatheredBytes();
+  model.blocks[0].reshard();
+  EXPECT_EQ(model.blocks[0].gatheredBytes(), 0);
+  const torch::Tensor elsewhere = torch::empty({nbytes}, torch::kByte);  // malloc would hand it block 0's bytes
+  model.blocks[1].unshard();
+  EXPECT_EQ(fullBytes(1), block0);
+  EXPECT_NE(elsewhere.data_ptr(), block0);
+  for (const auto& p : model.net->block(1)->named_parameters()) {
+    EXPECT_TRUE(torch::equal(p.value(), expected.at("blocks.1." + p.key()))) << p.key();
+  }
+  model.blocks[1].reshard();
+}
+
 }  // namespace
 }  // namespace fsdp_test
 
