@@ -150,7 +150,9 @@ std::vector<std::string> globSorted(const std::string& pattern, const std::strin
 // TokenShard
 
 TokenShard::TokenShard(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a named pipe matched by the glob is refused below instead of blocking the open until
+  // something writes to it (no effect on a regular file).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     DDP_THROW(DataError, "token shard '", path, "': cannot open it (", std::strerror(errno), "): check the path");
   }

@@ -33,6 +33,7 @@ import json
 import os
 import pickle
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -80,9 +81,22 @@ def parse_args(argv):
     return args
 
 
+def printable(path):
+    """A path as text: bytes that are not UTF-8 (os.fsdecode's surrogates) as \\xNN escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
 def check_out(out):
     """--out must be new or an empty folder: prepare_text never mixes its shards with other files."""
+    if not out:
+        raise BadInput("--out is empty; name the new folder for the shards, e.g. --out data/mytext")
     if not os.path.lexists(out):
+        ancestor = os.path.dirname(os.path.abspath(out))
+        while not os.path.lexists(ancestor):
+            ancestor = os.path.dirname(ancestor)
+        if not os.path.isdir(ancestor):
+            raise BadInput(f"--out {printable(out)} lies under {printable(ancestor)}, which is a file, not a folder; "
+                           "choose another path")
         return
     if not os.path.isdir(out):
         raise BadInput(f"--out {out} exists and is not a folder; choose a new path")
@@ -101,6 +115,10 @@ def read_inputs(paths):
         if os.path.isdir(path):
             raise BadInput(f"input {path} is a folder; pass the files in it "
                            f"(e.g. $(find {path} -type f | sort))")
+        mode = os.stat(path).st_mode
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISSOCK(mode):
+            # /dev/zero would be read for ever; a terminal would wait for typing.
+            raise BadInput(f"input {path} is a device or socket, not a text file; pass the path of a text file")
         try:
             with open(path, "rb") as f:
                 data = f.read()
@@ -261,7 +279,8 @@ def prepare(args):
         else:
             written = write_nanogpt(staging, train, val, args.level, vocab_size, extra)
         meta = {"level": args.level, "vocab_size": vocab_size, "format": args.format,
-                "tokens": {"train": len(train), "val": len(val)}, **extra, "files": args.inputs}
+                "tokens": {"train": len(train), "val": len(val)}, **extra,
+                "files": [printable(p) for p in args.inputs]}
         with open(os.path.join(staging, "meta.json"), "w", encoding="utf-8") as f:
             json.dump(meta, f, ensure_ascii=False, indent=1)
             f.write("\n")
@@ -276,7 +295,7 @@ def prepare(args):
     shards = (f"{sum(w.startswith('train') for w in written)} train + "
               f"{sum(w.startswith('val') for w in written)} val shard(s)")
     print(f"prepare_text: {len(train):,} train + {len(val):,} val tokens, vocab {vocab_size:,} "
-          f"({args.level}), {shards} ({args.format}) in {args.out}, "
+          f"({args.level}), {shards} ({args.format}) in {printable(args.out)}, "
           f"{time.perf_counter() - started:.1f} s")
 
 

@@ -13,6 +13,61 @@
 namespace ddp::checkpoint {
 namespace fs = std::filesystem;
 
+namespace {
+
+bool nonNegativeInteger(const nlohmann::json& v) {
+  return v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0);
+}
+
+// What is wrong with a manifest's structure ("" when nothing): the files (plain names, sizes), the
+// world size they make, the step, and each sharded tensor's shape and rows tiling its dim 0 in rank
+// order. Every later read of the manifest relies on these, so an edited one is one clear error.
+std::string manifestProblem(const nlohmann::json& m) {
+  if (!m.is_object() || !m.contains("format") || m["format"] != kShardedCheckpointFormat) {
+    return std::string("not a ") + kShardedCheckpointFormat + " manifest";
+  }
+  if (!m.contains("files") || !m["files"].is_array() || m["files"].empty()) return "'files' is not a list of files";
+  for (const auto& f : m["files"]) {
+    if (!f.is_object() || !f.contains("name") || !f["name"].is_string() || !f.contains("bytes") ||
+        !nonNegativeInteger(f["bytes"])) {
+      return "a 'files' entry is not {\"name\": ..., \"bytes\": ...}";
+    }
+    const std::string name = f["name"].get<std::string>();
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
+      return "'files' names '" + name + "', not a file of the checkpoint's directory";
+    }
+    if (f.contains("checksum") && !f["checksum"].is_string()) return "a 'files' checksum is not a string";
+  }
+  const size_t world = m["files"].size();
+  if (!m.contains("world_size") || !nonNegativeInteger(m["world_size"]) || m["world_size"].get<uint64_t>() != world) {
+    return "'world_size' is not the number of files (" + std::to_string(world) + ")";
+  }
+  if (!m.contains("global_step") || !nonNegativeInteger(m["global_step"])) return "'global_step' is not a step";
+  if (!m.contains("tensors") || !m["tensors"].is_object()) return "'tensors' is not a map of tensors";
+  for (const auto& [key, t] : m["tensors"].items()) {
+    const std::string what = "tensor '" + key + "'";
+    if (!t.is_object() || !t.contains("shape") || !t["shape"].is_array() || t["shape"].empty() ||
+        !t.contains("rows") || !t["rows"].is_array() || t["rows"].size() != world) {
+      return what + " has no shape or not one row range per file";
+    }
+    for (const auto& d : t["shape"]) {
+      if (!nonNegativeInteger(d)) return what + " has a shape that is not a list of sizes";
+    }
+    uint64_t next = 0;  // the rows of rank r begin where rank r - 1's end
+    for (const auto& r : t["rows"]) {
+      if (!r.is_array() || r.size() != 2 || !nonNegativeInteger(r[0]) || !nonNegativeInteger(r[1]) ||
+          r[0].get<uint64_t>() != next || r[1].get<uint64_t>() < next) {
+        return what + "'s row ranges do not follow each other from row 0";
+      }
+      next = r[1].get<uint64_t>();
+    }
+    if (next != t["shape"][0].get<uint64_t>()) return what + "'s row ranges do not cover its " + std::to_string(t["shape"][0].get<uint64_t>()) + " rows";
+  }
+  return "";
+}
+
+}  // namespace
+
 nlohmann::json readManifest(const std::string& dir) {
   const std::string path = (fs::path(dir) / kShardedManifest).string();
   std::ifstream in(path);
@@ -21,14 +76,16 @@ nlohmann::json readManifest(const std::string& dir) {
               ": its write was interrupted)");
   }
   nlohmann::json manifest;
+  std::string problem;
   try {
     manifest = nlohmann::json::parse(in);
+    problem = manifestProblem(manifest);
   } catch (const nlohmann::json::exception& e) {
-    DDP_THROW(CheckpointError, "'", path, "' is damaged (", e.what(), ")");
+    problem = e.what();
   }
-  if (!manifest.is_object() || manifest.value("format", "") != kShardedCheckpointFormat ||
-      !manifest.contains("files") || !manifest["files"].is_array() || !manifest.contains("tensors")) {
-    DDP_THROW(CheckpointError, "'", path, "' is not a ", kShardedCheckpointFormat, " manifest");
+  if (!problem.empty()) {
+    DDP_THROW(CheckpointError, "'", path, "' is damaged (", problem, "): resume from another checkpoint ",
+              "(resume=auto skips this one) or restore its manifest");
   }
   return manifest;
 }
@@ -47,13 +104,13 @@ bool isShardedCheckpoint(const std::string& path) {
 void verifyShardedCheckpoint(const std::string& path) {
   const nlohmann::json manifest = readManifest(path);
   for (const auto& f : manifest["files"]) {
-    const std::string file = (fs::path(path) / f.value("name", "")).string();
+    const std::string file = (fs::path(path) / f["name"].get<std::string>()).string();
+    const auto want = f["bytes"].get<uintmax_t>();
     std::error_code ec;
     const auto bytes = fs::file_size(file, ec);
     if (ec) DDP_THROW(CheckpointError, "'", path, "' misses '", file, "' (", ec.message(), ")");
-    if (bytes != f.value("bytes", uintmax_t{0})) {
-      DDP_THROW(CheckpointError, "'", file, "' has ", bytes, " bytes, its manifest says ", f.value("bytes", uintmax_t{0}),
-                " (truncated or replaced)");
+    if (bytes != want) {
+      DDP_THROW(CheckpointError, "'", file, "' has ", bytes, " bytes, its manifest says ", want, " (truncated or replaced)");
     }
   }
 }
@@ -67,7 +124,8 @@ std::string checkpointPath(const std::string& dir, int64_t globalStep) {
 std::vector<std::string> listCheckpoints(const std::string& dir) {
   // Files "ckpt-00000120.pt", and sharded checkpoints' directories "ckpt-00000120/" once their
   // manifest is written (the last thing written).
-  static const std::regex kName(R"(ckpt-(\d+)\.pt)"), kDirName(R"(ckpt-(\d+))");
+  // At most 18 digits: a longer step is no checkpoint of ours (std::stoll would throw on it).
+  static const std::regex kName(R"(ckpt-(\d{1,18})\.pt)"), kDirName(R"(ckpt-(\d{1,18}))");
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {

@@ -24,7 +24,8 @@ std::string shardedCheckpointPath(const std::string& dir, int64_t globalStep);
 bool isShardedCheckpoint(const std::string& path);
 
 /// A sharded checkpoint's manifest; CheckpointError when it is missing (an interrupted write),
-/// damaged or of another format.
+/// damaged (not JSON; files, world size, step or a tensor's shape and rows missing, of the wrong
+/// type, or rows that do not tile the tensor's dim 0 in rank order) or of another format.
 nlohmann::json readManifest(const std::string& dir);
 
 /// Checks a sharded checkpoint without reading its tensors: the manifest, and every rank's file

@@ -324,6 +324,39 @@ std::vector<at::Tensor> gatherCudaRngStates(ProcessGroup& group, c10::Device dev
   return out;
 }
 
+// Bytes of a checkpoint: its file, or the files of a sharded checkpoint's directory (0: unknown).
+uintmax_t checkpointBytes(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) {
+    const auto bytes = std::filesystem::file_size(path, ec);
+    return ec ? 0 : bytes;
+  }
+  uintmax_t total = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(path, ec)) {
+    const auto bytes = entry.file_size(ec);
+    if (!ec) total += bytes;
+  }
+  return total;
+}
+
+// A save that met a full disk says why it needs room: the new checkpoint (one file or a sharded
+// directory) is written before the oldest is removed, so keepLast=N needs room for N+1. Any other
+// error goes on as it is.
+[[noreturn]] void rethrowSaveError(const CheckpointError& e, const std::string& dir, int64_t keep) {
+  if (std::string(e.what()).find(std::strerror(ENOSPC)) == std::string::npos) throw e;
+  const auto kept = checkpoint::listCheckpoints(dir);
+  const uintmax_t bytes = kept.empty() ? 0 : checkpointBytes(kept.back());
+  // KiB below a MiB: "checkpoints of 0 MiB" said nothing about a 0.4 MiB file.
+  const std::string size = bytes == 0                     ? std::string()
+                           : bytes < (uintmax_t{1} << 20) ? " of " + std::to_string((bytes + 1023) >> 10) + " KiB"
+                                                          : " of " + std::to_string(bytes >> 20) + " MiB";
+  DDP_THROW(CheckpointError, e.what(), "; ", "ddp::CheckpointOptions::keepLast", "=", keep,
+            keep > 0 ? " needs room for " + std::to_string(keep + 1) + " checkpoints" + size +
+                           " (the new one is written before the oldest is removed)"
+                     : " keeps every checkpoint" + size,
+            ": free space (or inodes: df -i) in ", dir, " or lower ", "ddp::CheckpointOptions::keepLast");
+}
+
 // The file's order of samples must be this run's, or the resumed epoch would continue at a position
 // of another permutation. Every rank read the same file (checked above): all throw alike.
 void checkSampleOrder(const CheckpointOptions& options, const checkpoint::TrainingState& state,
@@ -417,7 +450,11 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
                   "by parameter name, which needs SGD, Adam, AdamW or ddp::FusedAdamW");
       }
     }
-    checkpoint::saveShardedCheckpoint(group, state, module, dir);  // collective, agreed
+    try {
+      checkpoint::saveShardedCheckpoint(group, state, module, dir);  // collective, agreed
+    } catch (const CheckpointError& e) {
+      rethrowSaveError(e, dir, options_.keepLast);
+    }
     if (group.rank() == 0) {
       checkpoint::pruneCheckpoints(dir, options_.keepLast);
       spdlog::info("checkpoint {} ({} ranks' shards; epoch {} step {})", path, group.size(), position.epoch,
@@ -435,21 +472,7 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
       try {
         checkpoint::saveTrainingCheckpoint(state, path);
       } catch (const CheckpointError& e) {
-        // The new checkpoint is written before the oldest is removed: keepLast=N needs room for N+1.
-        if (std::string(e.what()).find(std::strerror(ENOSPC)) == std::string::npos) throw;
-        const auto kept = checkpoint::listCheckpoints(dir);
-        std::error_code ec;
-        const auto bytes = kept.empty() ? 0 : std::filesystem::file_size(kept.back(), ec);
-        const int64_t keep = options_.keepLast;
-        // KiB below a MiB: "checkpoints of 0 MiB" said nothing about a 0.4 MiB file.
-        const std::string size = ec || bytes == 0                ? std::string()
-                                 : bytes < (uintmax_t{1} << 20) ? " of " + std::to_string((bytes + 1023) >> 10) + " KiB"
-                                                                : " of " + std::to_string(bytes >> 20) + " MiB";
-        DDP_THROW(CheckpointError, e.what(), "; ", "ddp::CheckpointOptions::keepLast", "=", keep,
-                  keep > 0 ? " needs room for " + std::to_string(keep + 1) + " checkpoints" + size +
-                                 " (the new one is written before the oldest is removed)"
-                           : " keeps every checkpoint" + size,
-                  ": free space (or inodes: df -i) in ", dir, " or lower ", "ddp::CheckpointOptions::keepLast");
+        rethrowSaveError(e, dir, options_.keepLast);
       }
       checkpoint::pruneCheckpoints(dir, options_.keepLast);
       spdlog::info("checkpoint {} (epoch {} step {})", path, position.epoch, position.stepInEpoch);
@@ -493,6 +516,9 @@ TrainPosition Checkpointer::resumeFrom(const std::string& path, torch::nn::Modul
       state = checkpoint::loadTrainingStateFor(path, &module);
     } catch (const Error& e) {
       error = e.what();
+    } catch (const std::exception& e) {  // LibTorch's or the JSON reader's: still one agreed line
+      const std::string what = e.what();
+      error = "resume: cannot load '" + path + "': " + what.substr(0, what.find('\n'));
     }
   }
   const int64_t step = path.empty() ? -1 : state.globalStep;

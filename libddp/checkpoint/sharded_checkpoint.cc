@@ -3,6 +3,7 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
 #include <fcntl.h>
 #include <torch/nn/module.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <regex>
 #include <sstream>
 
 #include "common/error.h"
@@ -83,6 +85,20 @@ void agree(ProcessGroup& group, const std::string& error, const std::string& wha
   const int64_t who = first.cpu().item<int64_t>();
   if (!error.empty()) throw CheckpointError(error);
   if (who < group.size()) DDP_THROW(CheckpointError, what, ": rank ", who, " failed (its log says why)");
+}
+
+// Every rank's file's checksum, on every rank (rank r fills slot r: a sum is a gather). The
+// manifest records them, so a file swapped between ranks or copied from another checkpoint, of the
+// right size, is refused at load.
+std::vector<uint32_t> gatherChecksums(ProcessGroup& group, const TrainingState& mine) {
+  at::Tensor all = at::zeros({group.size()}, at::kLong);
+  all[group.rank()].fill_(static_cast<int64_t>(checksumOf(mine)));
+  all = all.to(group.collectiveDevice());
+  group.allReduce(all);
+  all = all.cpu();
+  std::vector<uint32_t> out;
+  for (int r = 0; r < group.size(); ++r) out.push_back(static_cast<uint32_t>(all[r].item<int64_t>()));
+  return out;
 }
 
 // This rank's part of `from` into `to`, and (rank 0) the manifest's entry of each sharded
@@ -168,6 +184,7 @@ std::string saveShardedCheckpoint(ProcessGroup& group, const TrainingState& stat
     error = e.what();
   }
   agree(group, error, "sharded checkpoint " + path);
+  const std::vector<uint32_t> checksums = gatherChecksums(group, mine);
 
   // Rank 0: every file arrived (a shared directory), the manifest, then the directory in place.
   if (rank == 0) {
@@ -182,7 +199,9 @@ std::string saveShardedCheckpoint(ProcessGroup& group, const TrainingState& stat
                     "ddp::CheckpointOptions::dir", " must be one directory every rank shares (a shared filesystem ",
                     "across hosts)");
         }
-        files.push_back({{"name", rankFileName(r)}, {"bytes", bytes}});
+        char checksum[24];
+        std::snprintf(checksum, sizeof checksum, "crc32:%08x", checksums[static_cast<size_t>(r)]);
+        files.push_back({{"name", rankFileName(r)}, {"bytes", bytes}, {"checksum", checksum}});
       }
       const nlohmann::json manifest = {{"format", kShardedCheckpointFormat},
                                        {"world_size", world},
@@ -205,38 +224,130 @@ std::string saveShardedCheckpoint(ProcessGroup& group, const TrainingState& stat
   return path;
 }
 
-TrainingState loadTrainingStateFor(const std::string& path, const torch::nn::Module* module) {
-  const bool sharded = isShardedCheckpoint(path);
-  nlohmann::json manifest;
-  std::vector<std::string> files{path};
-  if (sharded) {
-    verifyShardedCheckpoint(path);
-    manifest = readManifest(path);
-    files.clear();
-    for (const auto& f : manifest["files"]) files.push_back((fs::path(path) / f.value("name", "")).string());
-    if (files.empty()) DDP_THROW(CheckpointError, "'", path, "': its manifest lists no files");
-  }
-  // Files read once each, and only those holding rows this rank needs.
-  std::map<size_t, TrainingState> loaded;
-  auto fileState = [&](size_t r) -> const TrainingState& {
-    auto it = loaded.find(r);
-    if (it == loaded.end()) it = loaded.emplace(r, loadTrainingCheckpoint(files[r])).first;
-    return it->second;
-  };
-  TrainingState out = fileState(0);
-  const auto params = module != nullptr ? shardedParameters(*module) : std::map<std::string, fsdp::ParameterShard>{};
+namespace {
 
-  auto entryOf = [&](size_t r, const std::string& key, bool model) -> at::Tensor {
-    const TrainingState& st = fileState(r);
-    for (const auto& [k, t] : model ? st.model : st.optimizer) {
-      if (k == key) return t;
+// One file of a checkpoint, read once, its entries by key.
+struct RankFile {
+  TrainingState state;
+  std::map<std::string, at::Tensor> model, optimizer;
+};
+
+// The files of a checkpoint (a sharded directory's, or the one file), each read at its first use
+// and checked against the manifest: the step and world size it records, and its checksum where the
+// manifest holds one (a file swapped between ranks or copied from another checkpoint has the right
+// size but not the checksum).
+class CheckpointFiles {
+ public:
+  explicit CheckpointFiles(const std::string& path) : sharded_(isShardedCheckpoint(path)) {
+    if (!sharded_) {
+      refuseRankFile(path);
+      paths_ = {path};
+      return;
     }
-    return {};
-  };
+    verifyShardedCheckpoint(path);
+    manifest_ = readManifest(path);
+    for (const auto& f : manifest_["files"]) {
+      paths_.push_back((fs::path(path) / f["name"].get<std::string>()).string());
+      checksums_.push_back(f.value("checksum", std::string()));
+    }
+  }
+
+  size_t size() const { return paths_.size(); }
+  const std::string& path(size_t r) const { return paths_[r]; }
+  // The manifest's entry of a sharded tensor, nullptr for one that file 0 holds whole.
+  const nlohmann::json* saved(const std::string& key) const {
+    if (!sharded_) return nullptr;
+    const auto it = manifest_["tensors"].find(key);
+    return it == manifest_["tensors"].end() ? nullptr : &*it;
+  }
+
+  const RankFile& file(size_t r) {
+    auto it = files_.find(r);
+    if (it != files_.end()) return it->second;
+    RankFile f;
+    f.state = loadTrainingCheckpoint(paths_[r]);
+    if (sharded_) checkBelongs(r, f.state);
+    for (const auto& [key, t] : f.state.model) f.model.emplace(key, t);
+    for (const auto& [key, t] : f.state.optimizer) f.optimizer.emplace(key, t);
+    return files_.emplace(r, std::move(f)).first->second;
+  }
+
+ private:
+  // A rank's file given as the checkpoint: it holds that rank's rows only.
+  static void refuseRankFile(const std::string& path) {
+    static const std::regex kRankFile(R"(rank-\d{5}\.pt)");
+    const fs::path p(path);
+    std::error_code ec;
+    if (std::regex_match(p.filename().string(), kRankFile) && p.has_parent_path() &&
+        fs::exists(p.parent_path() / kShardedManifest, ec)) {
+      DDP_THROW(CheckpointError, "'", path, "' is one rank's part of the sharded checkpoint '", p.parent_path().string(),
+                "'; resume from that directory");
+    }
+  }
+
+  void checkBelongs(size_t r, const TrainingState& state) const {
+    const auto step = manifest_["global_step"].get<int64_t>();
+    const auto world = manifest_["world_size"].get<int64_t>();
+    if (state.globalStep != step || state.worldSize != world) {
+      DDP_THROW(CheckpointError, "'", paths_[r], "' was written at step ", state.globalStep, " by ", state.worldSize,
+                " ranks, but its manifest is of step ", step, " by ", world, " ranks: a file of another checkpoint; ",
+                "restore this checkpoint's own files or resume from another checkpoint");
+    }
+    char computed[24];
+    std::snprintf(computed, sizeof computed, "crc32:%08x", checksumOf(state));
+    if (!checksums_[r].empty() && checksums_[r] != computed) {
+      DDP_THROW(CheckpointError, "'", paths_[r], "' is not the file its manifest lists (checksum ", computed,
+                ", the manifest's ", checksums_[r], "): a rank's file swapped with another's or copied from another ",
+                "checkpoint; restore this checkpoint's own files or resume from another checkpoint");
+    }
+  }
+
+  bool sharded_;
+  nlohmann::json manifest_;
+  std::vector<std::string> paths_;
+  std::vector<std::string> checksums_;  // "" where the manifest holds none (written before it did)
+  std::map<size_t, RankFile> files_;
+};
+
+// The rows [want0, want1) of the sharded tensor `key` (the manifest's entry `saved`), from the
+// files that hold them; `first` is file 0's entry.
+at::Tensor assembleRows(CheckpointFiles& files, const nlohmann::json& saved, const std::string& key, bool model,
+                        const at::Tensor& first, int64_t want0, int64_t want1) {
+  std::vector<at::Tensor> pieces;
+  const auto& rows = saved["rows"];
+  for (size_t r = 0; r < rows.size() && r < files.size(); ++r) {
+    const int64_t start = rows[r][0].get<int64_t>(), end = rows[r][1].get<int64_t>();
+    const int64_t lo = std::max(start, want0), hi = std::min(end, want1);
+    if (lo >= hi) continue;
+    at::Tensor piece = first;
+    if (r != 0) {
+      const auto& entries = model ? files.file(r).model : files.file(r).optimizer;
+      const auto it = entries.find(key);
+      piece = it == entries.end() ? at::Tensor() : it->second;
+    }
+    if (!piece.defined() || piece.dim() == 0 || piece.size(0) != end - start) {
+      DDP_THROW(CheckpointError, "'", files.path(r), "' does not hold rows ", start, "..", end, " of '", key,
+                "' as its manifest says (damaged, or another checkpoint's file)");
+    }
+    pieces.push_back(piece.narrow(0, lo - start, hi - lo));
+  }
+  if (pieces.empty()) {
+    std::vector<int64_t> shape = saved["shape"].get<std::vector<int64_t>>();
+    shape[0] = 0;
+    return at::empty(shape, first.options());
+  }
+  return pieces.size() == 1 ? pieces[0].clone() : at::cat(pieces);
+}
+
+}  // namespace
+
+TrainingState loadTrainingStateFor(const std::string& path, const torch::nn::Module* module) {
+  CheckpointFiles files(path);
+  TrainingState out = files.file(0).state;
+  const auto params = module != nullptr ? shardedParameters(*module) : std::map<std::string, fsdp::ParameterShard>{};
   auto resolve = [&](NamedTensors& entries, bool model) {
     for (auto& [key, first] : entries) {
-      const nlohmann::json* saved = nullptr;
-      if (sharded && manifest["tensors"].contains(key)) saved = &manifest["tensors"][key];
+      const nlohmann::json* saved = files.saved(key);
       const std::vector<int64_t> fullShape =
           saved ? (*saved)["shape"].get<std::vector<int64_t>>() : first.sizes().vec();
       const fsdp::ParameterShard* target = parameterOfKey(params, key, static_cast<int64_t>(fullShape.size()));
@@ -251,26 +362,7 @@ TrainingState loadTrainingStateFor(const std::string& path, const torch::nn::Mod
         if (target != nullptr) first = first.narrow(0, want0, want1 - want0).clone();
         continue;
       }
-      std::vector<at::Tensor> pieces;
-      const auto& rows = (*saved)["rows"];
-      for (size_t r = 0; r < rows.size() && r < files.size(); ++r) {
-        const int64_t start = rows[r][0].get<int64_t>(), end = rows[r][1].get<int64_t>();
-        const int64_t lo = std::max(start, want0), hi = std::min(end, want1);
-        if (lo >= hi) continue;
-        const at::Tensor piece = r == 0 ? first : entryOf(r, key, model);
-        if (!piece.defined() || piece.dim() == 0 || piece.size(0) != end - start) {
-          DDP_THROW(CheckpointError, "'", files[r], "' does not hold rows ", start, "..", end, " of '", key,
-                    "' as its manifest says (damaged, or another checkpoint's file)");
-        }
-        pieces.push_back(piece.narrow(0, lo - start, hi - lo));
-      }
-      if (pieces.empty()) {
-        std::vector<int64_t> shape = fullShape;
-        shape[0] = 0;
-        first = at::empty(shape, first.options());
-      } else {
-        first = pieces.size() == 1 ? pieces[0].clone() : at::cat(pieces);
-      }
+      first = assembleRows(files, *saved, key, model, first, want0, want1);
     }
   };
   resolve(out.model, true);

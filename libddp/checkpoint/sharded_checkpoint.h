@@ -39,7 +39,9 @@ std::string saveShardedCheckpoint(ProcessGroup& group, const TrainingState& stat
 /// rank's rows of the full tensor, assembled from the files that hold them; every other entry is
 /// whole (module == nullptr: all whole, one unsharded checkpoint). The rest (position, generators,
 /// config) is rank 0's file's. Reads only the files it needs. CheckpointError naming the file for
-/// a missing or damaged file, and naming the key for a full shape that differs from the module's.
+/// a missing or damaged file or one that is not the file the manifest lists (another step's, another
+/// rank's: its step, world size and checksum), for one rank's file given as the checkpoint, and
+/// naming the key for a full shape that differs from the module's.
 TrainingState loadTrainingStateFor(const std::string& path, const torch::nn::Module* module);
 
 }  // namespace ddp::checkpoint

@@ -3,10 +3,13 @@
 #include <c10/core/GradMode.h>
 #include <torch/nn/module.h>
 
+#include <filesystem>
 #include <map>
 #include <sstream>
 
 #include "common/error.h"
+#include "libddp/checkpoint/checkpoint_dir.h"
+#include "libddp/checkpoint/sharded_checkpoint.h"
 #include "libddp/checkpoint/torch_file.h"
 #include "libddp/checkpoint/training_checkpoint.h"
 
@@ -74,6 +77,12 @@ void loadStateDictInto(torch::nn::Module& module,
 }
 
 std::vector<std::pair<std::string, at::Tensor>> modelFileEntries(const std::string& path) {
+  // A sharded training checkpoint (a directory with its manifest) is one of our checkpoints too:
+  // its model, every tensor whole.
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec) && std::filesystem::exists(std::filesystem::path(path) / kShardedManifest, ec)) {
+    return loadTrainingStateFor(path, nullptr).model;
+  }
   const PyValuePtr root = readTorchFile(path);
   if (root->kind != PyValue::Kind::kDict) {
     DDP_THROW(CheckpointError, "'", path, "' does not hold a dict; expected a state_dict (torch.save(model.state_dict(), path))");

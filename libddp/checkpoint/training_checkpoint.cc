@@ -181,6 +181,8 @@ TrainingState loadTrainingCheckpoint(const std::string& path) {
     if (name == "cpu") s.cpuRng = t;
     else s.cudaRng.push_back(t);
   }
+  // Every save writes it (the checksum covers it): without it the file is damaged, not a LibTorch error.
+  if (!s.cpuRng.defined()) DDP_THROW(CheckpointError, "'", path, "' is corrupt: section 'rng' has no 'cpu' generator");
   if (const PyValue* config = root->get("config")) s.config = config->text;
   if (const PyValue* scaler = root->get("scaler")) {
     ScalerState st;

@@ -290,6 +290,43 @@ TEST_F(Checkpoint, CorruptOrTruncatedFilesAreDetectedAndNamed) {
             std::string::npos);
 }
 
+// Damage that renames the generator's key (found by mutating files at random): a CheckpointError
+// naming the file, so resume=auto skips the file, not LibTorch's "tensor does not have a device".
+TEST_F(Checkpoint, ACheckpointWithoutItsCpuGeneratorIsCorrupt) {
+  const std::string d = dir_ + "/no_rng";
+  fs::create_directories(d);
+  TrainingState older = sampleState();
+  older.globalStep = 1;
+  saveTrainingCheckpoint(older, checkpointPath(d, 1));
+  const std::string damaged = checkpointPath(d, 2);
+  saveTrainingCheckpoint(sampleState(), damaged);
+  std::string bytes;
+  {
+    std::ifstream in(damaged, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  size_t pickleAt = 0, pickleSize = 0;
+  {
+    caffe2::serialize::PyTorchStreamReader reader(damaged);
+    pickleAt = reader.getRecordOffset("data.pkl");
+    pickleSize = std::get<1>(reader.getRecord("data.pkl"));
+  }
+  int renamed = 0;  // every "cpu" of the pickle (the generator's key, the storages' location) → "cpv"
+  for (size_t at = bytes.find("cpu", pickleAt); at != std::string::npos && at < pickleAt + pickleSize;
+       at = bytes.find("cpu", at + 3)) {
+    bytes[at + 2] = 'v';
+    ++renamed;
+  }
+  ASSERT_GT(renamed, 0);
+  std::ofstream(damaged, std::ios::binary | std::ios::trunc) << bytes;
+  const std::string m = errorOf([&] { loadTrainingCheckpoint(damaged); });
+  EXPECT_NE(m.find("'" + damaged + "' is corrupt"), std::string::npos) << m;
+  std::vector<std::string> skipped;
+  const auto latest = latestValidCheckpoint(d, [&](const std::string& p, const std::string&) { skipped.push_back(p); });
+  EXPECT_EQ(latest, std::optional<std::string>(checkpointPath(d, 1)));
+  EXPECT_EQ(skipped, std::vector<std::string>{damaged});
+}
+
 TEST_F(Checkpoint, LatestValidSkipsACorruptNewestAndPruneKeepsTheLastN) {
   const std::string d = dir_ + "/run";
   fs::create_directories(d);

@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
@@ -136,6 +137,20 @@ TEST(LanguageModel, GenerateWritesSamplesThatStartWithThePromptAndRepeatWithTheS
   EXPECT_NE(first[0], first[1]) << "each sample draws anew";
   EXPECT_EQ(generate("5"), first);
   EXPECT_NE(generate("6"), first);
+  // Data of another vocabulary (byte level, 256 tokens) than the model's: one line naming both, exit 2.
+  const std::string bytes = out + "/bytes";
+  fs::create_directories(bytes);
+  fs::copy_file(corpus() + "/train_000000.bin", bytes + "/train_000000.bin");
+  std::ofstream(bytes + "/meta.json") << R"({"level": "byte", "vocab_size": 256})";
+  auto argv = gptJob(1, out, {"mode=generate", "data.train_files=" + bytes + "/train_*.bin", "data.val_files="});
+  argv.erase(argv.begin(), argv.begin() + 2);
+  const auto other = test::runCommand(argv, 120);
+  EXPECT_EQ(other.exitCode, 2) << other.output;
+  EXPECT_NE(other.output.find("is a model of " + std::to_string(vocabulary()) + " tokens"), std::string::npos)
+      << other.output;
+  EXPECT_NE(other.output.find("beside data.train_files has 256: the model was trained on other data"),
+            std::string::npos)
+      << other.output;
   fs::remove_all(out);
 }
 
@@ -230,6 +245,29 @@ TEST(LanguageModel, ShardedCheckpointResumesDdpAndAnotherWorldSize) {
   EXPECT_NE(three.output.find("was written by 2 ranks, this job has 3"), std::string::npos) << three.output;
   fs::remove_all(straight);
   fs::remove_all(split);
+}
+
+// A prompt the model cannot take is one line, exit 2, before any model file is read: a character
+// whose token is past the model's vocabulary (a byte-level model.vocab_size of 128 and a non-ASCII
+// prompt would index past the embedding), or FILE: naming a named pipe (it would wait for a writer)
+// or a folder.
+TEST(LanguageModel, GenerateRefusesAPromptTheModelCannotTake) {
+  const std::string out = test::makeTempDir("lm_generate_prompt");
+  const std::string fifo = out + "/prompt.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const auto& [start, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"zz", "but the model's vocabulary has 2 tokens (model.vocab_size)"},
+           {"FILE:" + fifo, "which is not a file (a folder, a named pipe or a device)"},
+           {"FILE:" + out, "which is not a file (a folder, a named pipe or a device)"}}) {
+    SCOPED_TRACE(start);
+    auto argv = gptJob(1, out, {"mode=generate", "generate.start=" + start, "model.vocab_size=2",
+                                "generate.model_path=" + out + "/never_read.pt"});
+    argv.erase(argv.begin(), argv.begin() + 2);  // the worker alone: one process
+    const auto g = test::runCommand(argv, 60);
+    EXPECT_EQ(g.exitCode, 2) << g.output;
+    EXPECT_NE(g.output.find(expected), std::string::npos) << g.output;
+  }
+  fs::remove_all(out);
 }
 
 struct BadLm {

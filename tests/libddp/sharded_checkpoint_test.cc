@@ -8,13 +8,20 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "ddp/checkpoint.h"
 #include "ddp/state_dict.h"
+#include "libddp/checkpoint/checkpoint_dir.h"
+#include "libddp/checkpoint/sharded_checkpoint.h"
 #include "libddp/checkpoint/training_checkpoint.h"
 #include "tests/support/run_command.h"
 
@@ -101,6 +108,13 @@ TEST_F(ShardedCheckpoint, SameWorldSizeResumeIsBitwiseAndTheFilesAreEachRanksRow
   // Linear(7, 5): 5 rows over 2 ranks are 3 + 2 (torch.chunk); the buffer only in rank 0's file.
   const auto rank0 = ddp::checkpoint::loadTrainingCheckpoint((fs::path(sharded) / "rank-00000.pt").string());
   const auto rank1 = ddp::checkpoint::loadTrainingCheckpoint((fs::path(sharded) / "rank-00001.pt").string());
+  // The manifest names each file with the checksum it stores (loadTrainingCheckpoint verified it).
+  const auto manifest = ddp::checkpoint::readManifest(sharded);
+  for (int r = 0; r < 2; ++r) {
+    char expected[24];
+    std::snprintf(expected, sizeof expected, "crc32:%08x", ddp::checkpoint::checksumOf(r == 0 ? rank0 : rank1));
+    EXPECT_EQ(manifest["files"][r].value("checksum", ""), expected) << r;
+  }
   auto find = [](const ddp::checkpoint::NamedTensors& entries, const std::string& key) {
     for (const auto& [k, t] : entries) {
       if (k == key) return t;
@@ -230,6 +244,28 @@ TEST_F(ShardedCheckpoint, AnotherModelOrADamagedFileFailsEveryRankWithOneLine) {
   EXPECT_NE(truncated.output.find("has 1000 bytes, its manifest says"), std::string::npos) << truncated.output;
 }
 
+// A save that meets a full disk (a 4 KiB tmpfs, in a mount namespace of its own) fails with the line
+// a one-file save gives: what keepLast asks for, and where to free space.
+TEST_F(ShardedCheckpoint, AFullDiskSaysWhyASaveNeedsRoom) {
+  if (::geteuid() != 0 || std::system("unshare -m true") != 0) GTEST_SKIP() << "needs root and unshare -m";
+  const std::string mnt = path("full_disk");
+  fs::create_directories(mnt);
+  const std::string job = std::string(DDP_LAUNCH) + " --nproc_per_node=2 " + PROGRAM +
+                          " --mode full --steps 3 --save-at 3 --dir " + mnt;
+  ddp::test::CommandOptions options;
+  options.timeoutSeconds = 120;
+  options.extraEnv = {"DDP_TEST_BACKEND=shm"};
+  const auto r = runCommand(
+      {"/usr/bin/unshare", "-m", "/bin/sh", "-c", "mount -t tmpfs -o size=4k tmpfs " + mnt + " && exec " + job}, options);
+  EXPECT_NE(r.exitCode, 0);
+  EXPECT_FALSE(r.timedOut);
+  // The program keeps every checkpoint (keepLast 0).
+  EXPECT_NE(r.output.find("No space left on device; ddp::CheckpointOptions::keepLast=0 keeps every checkpoint: free "
+                          "space (or inodes: df -i) in " + mnt),
+            std::string::npos)
+      << r.output;
+}
+
 TEST_F(ShardedCheckpoint, AnInterruptedWriteIsNotResumedAndIsPruned) {
   const std::string ckpt = path("interrupted");
   launchOk(2, {"--mode", "full", "--steps", "2", "--save-at", "2", "--dir", ckpt});
@@ -243,6 +279,150 @@ TEST_F(ShardedCheckpoint, AnInterruptedWriteIsNotResumedAndIsPruned) {
   EXPECT_NE(r.output.find("resumed from " + (fs::path(ckpt) / "ckpt-00000002").string()), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(fs::path(ckpt) / ".ckpt-00000011.tmp"));  // a save prunes leftovers
   EXPECT_TRUE(fs::exists(fs::path(ckpt) / "ckpt-00000004" / "manifest.json"));
+}
+
+// Hand-made sharded checkpoints, in the layout saveShardedCheckpoint writes: step 7 of 3 ranks, the
+// sharded "w" [6, 2] holding 0..11 (rows 0-1, 2-3, 4-5 in rank 0's, 1's, 2's file: the last two
+// files of one size) and "b" [3] whole in rank 0's file. Each damage is one CheckpointError.
+class ShardedManifest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ddp::test::makeTempDir("sharded_manifest_test");
+    ckpt_ = (fs::path(dir_) / "ckpt-00000007").string();
+    fs::create_directories(ckpt_);
+    nlohmann::json files = nlohmann::json::array();
+    for (int r = 0; r < 3; ++r) {
+      const auto state = rankState(r, 7);
+      ddp::checkpoint::saveTrainingCheckpoint(state, file(r));
+      files.push_back({{"name", name(r)}, {"bytes", fs::file_size(file(r))}, {"checksum", checksum(state)}});
+    }
+    manifest_ = {{"format", ddp::checkpoint::kShardedCheckpointFormat}, {"world_size", 3}, {"global_step", 7},
+                 {"files", files}, {"tensors", {{"w", {{"shape", {6, 2}}, {"rows", {{0, 2}, {2, 4}, {4, 6}}}}}}}};
+    writeManifest(manifest_.dump());
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  static ddp::checkpoint::TrainingState rankState(int rank, int64_t step) {
+    ddp::checkpoint::TrainingState s;
+    s.model.emplace_back("w", torch::arange(4 * rank, 4 * rank + 4, torch::kFloat).reshape({2, 2}));
+    if (rank == 0) s.model.emplace_back("b", torch::tensor({1.f, 2.f, 3.f}));
+    s.globalStep = step;
+    s.worldSize = 3;
+    s.cpuRng = torch::zeros({4}, torch::kByte);
+    return s;
+  }
+  static std::string checksum(const ddp::checkpoint::TrainingState& s) {
+    char text[24];
+    std::snprintf(text, sizeof text, "crc32:%08x", ddp::checkpoint::checksumOf(s));
+    return text;
+  }
+  static std::string name(int r) { return "rank-0000" + std::to_string(r) + ".pt"; }
+  std::string file(int r) const { return (fs::path(ckpt_) / name(r)).string(); }
+  void writeManifest(const std::string& text) const {
+    std::ofstream((fs::path(ckpt_) / "manifest.json").string(), std::ios::trunc) << text;
+  }
+  // The CheckpointError's message of loading the checkpoint; "" when it loads.
+  std::string loadError() const {
+    try {
+      (void)ddp::checkpoint::loadTrainingStateFor(ckpt_, nullptr);
+    } catch (const ddp::CheckpointError& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  std::string dir_, ckpt_;
+  nlohmann::json manifest_;
+};
+
+TEST_F(ShardedManifest, TheHandMadeCheckpointLoadsWhole) {
+  const auto state = ddp::checkpoint::loadTrainingStateFor(ckpt_, nullptr);
+  ASSERT_EQ(state.model.size(), 2u);
+  EXPECT_EQ(state.model[0].first, "w");
+  EXPECT_TRUE(state.model[0].second.equal(torch::arange(12, torch::kFloat).reshape({6, 2})));
+  EXPECT_TRUE(state.model[1].second.equal(torch::tensor({1.f, 2.f, 3.f})));
+}
+
+// Everywhere a model file is read (eval.model_path, init.model_path, generate.model_path), a sharded
+// checkpoint's directory reads as its model, every tensor whole.
+TEST_F(ShardedManifest, ItsDirectoryIsAModelFile) {
+  const ddp::StateDict model = ddp::loadModelStateDict(ckpt_);
+  ASSERT_EQ(model.size(), 2u);
+  EXPECT_TRUE(model.at("w").equal(torch::arange(12, torch::kFloat).reshape({6, 2})));
+  EXPECT_TRUE(model.at("b").equal(torch::tensor({1.f, 2.f, 3.f})));
+}
+
+TEST_F(ShardedManifest, RankFilesSwappedAreRefused) {
+  ASSERT_EQ(fs::file_size(file(1)), fs::file_size(file(2)));  // the manifest's sizes still fit
+  fs::rename(file(1), file(1) + ".x");
+  fs::rename(file(2), file(1));
+  fs::rename(file(1) + ".x", file(2));
+  EXPECT_NE(loadError().find("is not the file its manifest lists"), std::string::npos) << loadError();
+}
+
+TEST_F(ShardedManifest, AFileOfAnotherCheckpointIsRefusedWithoutChecksumsToo) {
+  for (auto& f : manifest_["files"]) f.erase("checksum");  // a manifest written before checksums
+  writeManifest(manifest_.dump());
+  ddp::checkpoint::saveTrainingCheckpoint(rankState(1, 5), file(1));  // step 5's file, the same size
+  ASSERT_EQ(fs::file_size(file(1)), manifest_["files"][1]["bytes"].get<uintmax_t>());
+  EXPECT_NE(loadError().find("was written at step 5 by 3 ranks, but its manifest is of step 7"), std::string::npos)
+      << loadError();
+}
+
+TEST_F(ShardedManifest, AnEditedOrTruncatedManifestIsOneCheckpointErrorAndResumeAutoSkipsIt) {
+  // An older, valid one-file checkpoint beside it: resume=auto falls back to it.
+  const std::string older = (fs::path(dir_) / "ckpt-00000003.pt").string();
+  ddp::checkpoint::saveTrainingCheckpoint(rankState(0, 3), older);
+  const std::string good = manifest_.dump();
+  std::vector<std::string> damaged = {good.substr(0, good.size() / 2), "[]", "null"};
+  for (const auto& [pointer, value] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"/format", 1},
+           {"/files/1", "rank-00001.pt"},
+           {"/files/1/name", "../rank-00001.pt"},
+           {"/files/1/bytes", -5},
+           {"/world_size", 2},
+           {"/global_step", "seven"},
+           {"/tensors", nlohmann::json::array()},
+           {"/tensors/w/shape", nlohmann::json::array()},
+           {"/tensors/w/shape/0", 7},
+           {"/tensors/w/rows", {{0, 2}, {2, 4}}},
+           {"/tensors/w/rows/1", {3, 4}},
+           {"/tensors/w/rows/2/1", "6"}}) {
+    nlohmann::json m = manifest_;
+    m[nlohmann::json::json_pointer(pointer)] = value;
+    damaged.push_back(m.dump());
+  }
+  for (const auto& text : damaged) {
+    SCOPED_TRACE(text);
+    writeManifest(text);
+    EXPECT_NE(loadError().find("manifest.json' is damaged ("), std::string::npos) << loadError();
+    std::vector<std::string> skipped;
+    const auto found = ddp::checkpoint::latestValidCheckpoint(
+        dir_, [&](const std::string& p, const std::string&) { skipped.push_back(p); });
+    EXPECT_EQ(found, std::optional<std::string>(older));
+    EXPECT_EQ(skipped, std::vector<std::string>{ckpt_});
+  }
+}
+
+TEST_F(ShardedManifest, ARankFileGivenAsTheCheckpointIsRefused) {
+  std::string error;
+  try {
+    (void)ddp::checkpoint::loadTrainingStateFor(file(0), nullptr);
+  } catch (const ddp::CheckpointError& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("is one rank's part of the sharded checkpoint '" + ckpt_ + "'"), std::string::npos) << error;
+}
+
+TEST_F(ShardedManifest, AStepOfMoreDigitsThanAnInt64IsNotListed) {
+  const fs::path huge = fs::path(dir_) / "ckpt-99999999999999999999";
+  fs::create_directories(huge);
+  fs::copy_file(fs::path(ckpt_) / "manifest.json", huge / "manifest.json");
+  std::ofstream((fs::path(dir_) / "ckpt-99999999999999999999.pt").string()) << "x";
+  EXPECT_EQ(ddp::checkpoint::listCheckpoints(dir_), std::vector<std::string>{ckpt_});
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -229,6 +230,15 @@ TEST_F(TokenDataTest, EveryMalformedShardIsOneLineNamingTheFileAndTheFix) {
   // Through a glob: the first malformed file stops it.
   e = dataErrorOf([] { ddp::TokenData data(path("bad/e*.bin"), "data.train_files"); });
   EXPECT_TRUE(has(e, path("bad/empty.bin"))) << e;
+}
+
+// A named pipe the glob matches is refused at once: a blocking open would wait for ever for a writer.
+TEST_F(TokenDataTest, ANamedPipeIsRefusedWithoutWaitingForAWriter) {
+  const std::string fifo = path("pipe_000000.bin");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string e = dataErrorOf([&] { ddp::TokenData data(path("pipe_*.bin"), "data.train_files"); });
+  std::filesystem::remove(fifo);
+  EXPECT_TRUE(has(e, fifo) && has(e, "not a regular file")) << e;
 }
 
 TEST_F(TokenDataTest, AGlobMatchingNothingNamesThePatternAndTheSetting) {

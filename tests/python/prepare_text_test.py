@@ -306,12 +306,28 @@ class PrepareText(unittest.TestCase):
             ([good, "--level", "word"], ["--level"]),
             ([self.write("one.txt", "x"), "--val_fraction", "0.1"], ["1 token(s)", "no train"]),
             ([self.dir], [self.dir, "folder"]),
+            # A device is refused before it is read (/dev/zero would be read until memory runs out).
+            ([good, "/dev/null"], ["/dev/null", "device"]),
         ]
         for args, words in cases:
             with self.subTest(args=args):
                 self.assert_refused(args, *words)
+        r = self.run_script(good, "--out", "")
+        self.assertEqual((r.returncode, r.stdout), (2, ""), r.stderr)
+        self.assertEqual(r.stderr.splitlines(), [
+            "prepare_text: --out is empty; name the new folder for the shards, e.g. --out data/mytext"])
+        self.assert_refused([good], good, "is a file, not a folder", out=os.path.join(good, "x", "y"))
         # The byte level takes any bytes: the same Latin-1 file is fine there.
         self.prepare(latin1, "--out", os.path.join(self.dir, "bytes_ok"))
+
+    def test_file_names_that_are_not_utf8(self):
+        """meta.json lists such a name with \\xNN escapes (JSON cannot hold the raw bytes)."""
+        name = os.fsdecode(b"caf\xe9.txt")  # Latin-1 bytes in the name
+        path = self.write(name, "plenty of text here\n" * 10)
+        out = os.path.join(self.dir, os.fsdecode(b"out\xff"))
+        self.prepare(path, "--out", out)
+        self.assertEqual(load_json(os.path.join(out, "meta.json"))["files"],
+                         [os.path.join(self.dir, "caf\\xe9.txt")])
 
     def test_out_holding_other_files_is_left_alone(self):
         good = self.write("good.txt", "plenty of text here\n" * 10)

@@ -66,6 +66,35 @@ TEST(Config, OverridesWinOverTheFileAndParseAsYaml) {
   EXPECT_FALSE(c.train.shuffle);
 }
 
+// A string key takes an override's text where YAML would read something else from it: a glob
+// starting with '*' (an alias to YAML), '%' (a directive), '#...' (a comment), 'a: b' (a map).
+// `key=` and the null words stay the key's default; a message quoting a value is one line.
+TEST(Config, AStringOverrideKeepsItsText) {
+  const std::string lm = "model: {name: gpt}\ndata: {name: tokens, train_files: t.bin}\n";
+  const WorkerConfig c = parseConfig(lm, {"data.train_files=*.bin", "generate.start=%", "output.dir=#out",
+                                          "eval.model_path=The end: 42", "checkpoint.dir=", "resume=~",
+                                          "generate.model_path='quoted'"});
+  EXPECT_EQ(c.data.trainFiles, "*.bin");
+  EXPECT_EQ(c.generate.start, "%");
+  EXPECT_EQ(c.output.dir, "#out");
+  EXPECT_EQ(c.eval.modelPath, "The end: 42");
+  EXPECT_EQ(c.checkpoint.dir, "");
+  EXPECT_EQ(c.resume, "");
+  EXPECT_EQ(c.generate.modelPath, "quoted");  // YAML's quotes still unquote
+  const std::string e = errorOf("", {"train.lr=|\n  fast\n  slow"});
+  EXPECT_NE(e.find("'train.lr' (command-line override) must be a number, got 'fast\\nslow"), std::string::npos) << e;
+  EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+}
+
+// Below 1e-6 the logits divided by the temperature overflow float32 and sampling fails on NaN.
+TEST(Config, GenerateTemperatureHasAFloor) {
+  const std::string lm = "model: {name: gpt}\ndata: {name: tokens, train_files: t.bin}\nmode: generate\n";
+  EXPECT_NE(errorOf(lm, {"generate.temperature=1e-300"})
+                .find("'generate.temperature' must be a positive number, at least 1e-06"),
+            std::string::npos);
+  EXPECT_DOUBLE_EQ(parseConfig(lm, {"generate.temperature=1e-6"}).generate.temperature, 1e-6);
+}
+
 // train.zero is train.sharding: zero1's alias: either one sets both; set together they must agree;
 // the resolved config reads back as itself.
 TEST(Config, TrainZeroIsTheAliasOfShardingZero1) {

@@ -321,11 +321,17 @@ void notASection(const std::string& key, const YAML::Node& value, const std::vec
             " (got ", got, ")");
 }
 
+// Text for a one-line message: line breaks as \n.
+std::string oneLine(std::string text) {
+  for (size_t at = text.find('\n'); at != std::string::npos; at = text.find('\n', at + 2)) text.replace(at, 1, "\\n");
+  return text;
+}
+
 void setField(const Field& field, const YAML::Node& value, const std::string& origin) {
   try {
     field.set(value);
   } catch (const YAML::Exception&) {
-    std::string shown = value.IsScalar() ? "'" + value.Scalar() + "'" : "a " + std::string(value.IsSequence() ? "list" : value.IsMap() ? "map" : "null");
+    std::string shown = value.IsScalar() ? "'" + oneLine(value.Scalar()) + "'" : "a " + std::string(value.IsSequence() ? "list" : value.IsMap() ? "map" : "null");
     const char* article = field.type.find_first_of("aeiou") == 0 ? " must be an " : " must be a ";
     DDP_THROW(ConfigError, "config: '", field.key, "'", origin, article, field.type,
               ", got ", shown);
@@ -501,8 +507,9 @@ void validateLanguageModel(const WorkerConfig& c) {
           "with model.name gpt (training reports the validation loss: eval.interval), or mode generate");
   require(c.generate.numSamples >= 1, "generate.num_samples", "must be >= 1");
   require(c.generate.maxNewTokens >= 1, "generate.max_new_tokens", "must be >= 1");
-  require(c.generate.temperature > 0 && std::isfinite(c.generate.temperature), "generate.temperature",
-          "must be a positive number (nanoGPT's sample.py: 0.8)");
+  // Below it the logits divided by it overflow float32 and the softmax is NaN.
+  require(c.generate.temperature >= 1e-6 && std::isfinite(c.generate.temperature), "generate.temperature",
+          "must be a positive number, at least 1e-06 (nanoGPT's sample.py: 0.8)");
   require(c.generate.topK >= 0, "generate.top_k", "must be >= 0 (0 = every token)");
   require(c.train.unevenInputs == "pad", "train.uneven_inputs",
           "is join, but every rank has a full batch of windows at every step with data.name tokens; leave it pad");
@@ -751,6 +758,26 @@ void resolveSharding(TrainConfig& t, const std::set<std::string>& set) {
   t.zero = t.sharding == Sharding::kZero1;
 }
 
+// An override's value parses as YAML (numbers, lists, quotes), but a string key keeps its text where
+// YAML would read something else from it: a glob ('*.bin' is an alias to YAML), a prompt ('%', '#x'
+// and 'The end: 42' are a directive, a comment and a map). `key=` and the null words keep YAML's
+// meaning: the key's default.
+YAML::Node overrideValue(const Field& field, const std::string& text, const std::string& whole) {
+  const bool isString = field.type == "string";
+  YAML::Node value;
+  try {
+    value = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    if (isString) return YAML::Node(text);
+    DDP_THROW(ConfigError, "config: override '", oneLine(whole), "' has a malformed value: ", e.msg);
+  }
+  static const std::set<std::string> kNullWords = {"~", "null", "Null", "NULL"};
+  if (isString && !text.empty() && ((value.IsNull() && kNullWords.count(text) == 0) || value.IsMap())) {
+    return YAML::Node(text);
+  }
+  return value;
+}
+
 WorkerConfig build(const YAML::Node& root, const std::vector<std::string>& overrides,
                    const std::string& origin) {
   WorkerConfig config;
@@ -772,18 +799,12 @@ WorkerConfig build(const YAML::Node& root, const std::vector<std::string>& overr
   for (const auto& o : overrides) {
     const auto eq = o.find('=');
     if (eq == std::string::npos || eq == 0) {
-      DDP_THROW(ConfigError, "config: override '", o, "' must look like dotted.key=value, e.g. train.lr=0.1");
+      DDP_THROW(ConfigError, "config: override '", oneLine(o), "' must look like dotted.key=value, e.g. train.lr=0.1");
     }
     const std::string key = o.substr(0, eq);
     const Field* f = findField(fields, key);
     if (f == nullptr) unknownKey(key, fields, " (command-line override)");
-    YAML::Node value;
-    try {
-      value = YAML::Load(o.substr(eq + 1));
-    } catch (const YAML::Exception& e) {
-      DDP_THROW(ConfigError, "config: override '", o, "' has a malformed value: ", e.msg);
-    }
-    setField(*f, value, " (command-line override)");
+    setField(*f, overrideValue(*f, o.substr(eq + 1), o), " (command-line override)");
     setKeys.insert(f->key);
   }
   resolveSharding(config.train, setKeys);

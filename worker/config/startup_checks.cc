@@ -64,6 +64,10 @@ static void refuseSpecialFile(const std::string& key, const std::string& path, c
 }
 
 void checkInputPaths(const WorkerConfig& config) {
+  // A sharded checkpoint's directory (its manifest beside the rank files) is a model file too.
+  const auto shardedCheckpoint = [](const std::string& path) {
+    return std::filesystem::exists(std::filesystem::path(path) / "manifest.json");
+  };
   if (config.resume != "auto") refuseSpecialFile("resume", config.resume, "a checkpoint file, or resume=auto");
   refuseSpecialFile("init.model_path", config.init.modelPath, "a model file torch.save or our export wrote");
   if (config.mode == Mode::kEval) {
@@ -71,6 +75,10 @@ void checkInputPaths(const WorkerConfig& config) {
   }
   if (config.mode == Mode::kGenerate) {
     refuseSpecialFile("generate.model_path", config.generate.modelPath, "a model file torch.save or our export wrote");
+    if (isDirectory(config.generate.modelPath) && !shardedCheckpoint(config.generate.modelPath)) {
+      DDP_THROW(ConfigError, "config: 'generate.model_path' is the directory '", config.generate.modelPath,
+                "'; give the model file in it, e.g. ", config.generate.modelPath, "/model.pt");
+    }
   }
   // A sharded checkpoint (train.sharding full / zero2) is a directory with its manifest.
   if (!config.resume.empty() && config.resume != "auto" && isDirectory(config.resume) &&
@@ -80,11 +88,11 @@ void checkInputPaths(const WorkerConfig& config) {
               "directory (ckpt-<step>/ with its manifest.json), or resume=auto to take the newest valid one in "
               "checkpoint.dir");
   }
-  if (!config.init.modelPath.empty() && isDirectory(config.init.modelPath)) {
+  if (!config.init.modelPath.empty() && isDirectory(config.init.modelPath) && !shardedCheckpoint(config.init.modelPath)) {
     DDP_THROW(ConfigError, "config: 'init.model_path' is the directory '", config.init.modelPath,
               "'; give the model file in it, e.g. ", config.init.modelPath, "/model.pt");
   }
-  if (config.mode == Mode::kEval && isDirectory(config.eval.modelPath)) {
+  if (config.mode == Mode::kEval && isDirectory(config.eval.modelPath) && !shardedCheckpoint(config.eval.modelPath)) {
     DDP_THROW(ConfigError, "config: 'eval.model_path' is the directory '", config.eval.modelPath,
               "'; give the model file in it, e.g. ", config.eval.modelPath, "/model.pt");
   }

@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "ddp/files.h"
+#include "ddp/state_dict.h"
 #include "worker/data/datasets.h"
 #include "worker/models/gpt.h"
 #include "worker/models/models.h"
@@ -33,11 +34,45 @@ size_t utf8Length(const std::string& text, size_t i) {
 std::string startText(const GenerateConfig& g) {
   if (g.start.rfind("FILE:", 0) != 0) return g.start;
   const std::string path = g.start.substr(5);
+  // A folder reads as empty text, a named pipe blocks for a writer, a device (/dev/zero) never ends.
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (!ec && std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+    DDP_THROW(ConfigError, "config: 'generate.start' names '", path, "', which is not a file (a folder, a named pipe ",
+              "or a device); give FILE:<path of a text file>, or the prompt itself");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) DDP_THROW(ConfigError, "config: 'generate.start' names the file '", path, "', which cannot be read");
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+// A prompt token the model has no embedding for (byte level with a model.vocab_size under 256, e.g.
+// 128 for ASCII text) would index past its table.
+void checkStartFitsModel(const std::vector<int64_t>& start, int64_t modelVocabulary) {
+  for (size_t i = 0; i < start.size(); ++i) {
+    if (start[i] < modelVocabulary) continue;
+    DDP_THROW(ConfigError, "config: 'generate.start' holds token ", start[i], " (prompt token ", i,
+              "), but the model's vocabulary has ", modelVocabulary, " tokens (model.vocab_size): its training data ",
+              "had no such character; start with characters of that text");
+  }
+}
+
+// A model trained on other data: its embedding has another number of tokens than the meta.json
+// that would decode its samples (whose vocabulary sized the model here).
+void checkModelVocabulary(const StateDict& weights, int64_t vocabulary, const std::string& metaPath,
+                          const std::string& path) {
+  const std::string wte = "transformer.wte.weight";
+  for (const auto& [key, t] : weights) {
+    const bool isWte = key == wte || (key.size() > wte.size() && key.compare(key.size() - wte.size() - 1,
+                                                                             std::string::npos, "." + wte) == 0);
+    if (!isWte || t.dim() != 2 || t.size(0) == vocabulary) continue;
+    DDP_THROW(ConfigError, "generate: '", path, "' is a model of ", t.size(0), " tokens (", key, "), but '", metaPath,
+              "' beside data.train_files has ", vocabulary, ": the model was trained on other data; point ",
+              "data.train_files at that data (its meta.json decodes the samples), or set model.vocab_size=", t.size(0),
+              " if it was trained with a padded vocabulary");
+  }
 }
 
 }  // namespace
@@ -102,16 +137,19 @@ int runGenerateMode(const WorkerConfig& config, ProcessGroup& group) {
   const Vocabulary vocabulary(data.tokens->metaPath);
   InputSpec input = data.input;
   input.classes = config.model.vocabSize > 0 ? config.model.vocabSize : vocabulary.size();
+  const std::vector<int64_t> start = vocabulary.encode(startText(config.generate));
+  if (start.empty()) DDP_THROW(ConfigError, "config: 'generate.start' is empty; give at least one character");
+  checkStartFitsModel(start, input.classes);
   auto model = makeModel(config.model, input);
   const std::string path = config.generate.modelPath.empty()
                                ? (std::filesystem::path(config.output.dir) / config.output.exportName).string()
                                : config.generate.modelPath;
-  loadModelWeights(*model.ptr(), path);
+  auto& gpt = dynamic_cast<GptImpl&>(*model.ptr());
+  StateDict weights = loadModelStateDict(path);
+  if (config.model.vocabSize == 0) checkModelVocabulary(weights, input.classes, data.tokens->metaPath, path);
+  loadGptStateDict(gpt, std::move(weights));
   model.ptr()->to(device);
   model.ptr()->eval();
-  auto& gpt = dynamic_cast<GptImpl&>(*model.ptr());
-  const std::vector<int64_t> start = vocabulary.encode(startText(config.generate));
-  if (start.empty()) DDP_THROW(ConfigError, "config: 'generate.start' is empty; give at least one character");
   torch::manual_seed(config.seed);
   const at::Tensor idx = at::tensor(start, at::TensorOptions().dtype(at::kLong)).unsqueeze(0).to(device);
   const auto topK = config.generate.topK > 0 ? std::optional<int64_t>(config.generate.topK) : std::nullopt;
