@@ -38,7 +38,9 @@ struct Entry {
 
 class Fd {
  public:
-  explicit Fd(const std::string& path) : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {}
+  // O_NONBLOCK: a named pipe is refused (not a regular file) instead of blocking the open until
+  // something writes to it; no effect on a regular file.
+  explicit Fd(const std::string& path) : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)) {}
   ~Fd() {
     if (fd_ >= 0) ::close(fd_);
   }
@@ -126,7 +128,10 @@ std::vector<TarMember> tarMembers(const std::string& shard) {
   Fd fd(shard);
   if (fd.get() < 0) DDP_THROW(DataError, "data: cannot open tar shard '", shard, "' (", std::strerror(errno), ")");
   struct stat st {};
-  ::fstat(fd.get(), &st);
+  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    DDP_THROW(DataError, "data: tar shard '", shard, "' is not a regular file: point data.train_files / data.val_files "
+              "at the .tar files");
+  }
   const int64_t fileSize = st.st_size;
   std::vector<TarMember> members;
   std::string longName;
@@ -319,11 +324,10 @@ std::vector<uint8_t> ImageDataset::read(int64_t index) const {
   Fd fd(path);
   if (fd.get() < 0) DDP_THROW(DataError, "data: cannot read image '", name(index), "' (", std::strerror(errno), ")");
   int64_t size = e.size;
-  if (size < 0) {
-    struct stat st {};
-    if (::fstat(fd.get(), &st) != 0) DDP_THROW(DataError, "data: cannot read image '", path, "' (", std::strerror(errno), ")");
-    size = st.st_size;
-  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) DDP_THROW(DataError, "data: cannot read image '", path, "' (", std::strerror(errno), ")");
+  if (!S_ISREG(st.st_mode)) DDP_THROW(DataError, "data: image '", path, "' is not a regular file");
+  if (size < 0) size = st.st_size;
   std::vector<uint8_t> bytes(static_cast<size_t>(size));
   if (readAt(fd.get(), bytes.data(), size, e.offset) != size) {
     DDP_THROW(DataError, "data: cannot read image '", name(index), "' (", size, " bytes expected)");

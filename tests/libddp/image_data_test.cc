@@ -12,7 +12,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -497,6 +501,12 @@ TEST_F(ImageDataTest, MalformedSetsAreOneLineNamingTheFile) {
   const std::string notTar = dataErrorOf([&] { ddp::ImageDataset::tarShards(*dir_ + "/bad/notatar.tar"); });
   EXPECT_TRUE(has(notTar, "notatar.tar' is not a tar file")) << notTar;
   EXPECT_TRUE(has(dataErrorOf([&] { ddp::ImageDataset::tarShards(*dir_ + "/none-*.tar"); }), "no tar shard matches"));
+  // A named pipe the glob matches is refused at once (a blocking open would wait for a writer forever).
+  const std::string fifo = *dir_ + "/bad/pipe-000.tar";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  const std::string pipe = dataErrorOf([&] { ddp::ImageDataset::tarShards(*dir_ + "/bad/pipe-*.tar"); });
+  std::remove(fifo.c_str());
+  EXPECT_TRUE(has(pipe, "pipe-000.tar' is not a regular file")) << pipe;
 }
 
 }  // namespace
