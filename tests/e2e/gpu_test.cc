@@ -407,24 +407,13 @@ TEST_F(Gpu, GptTrainsInBf16ReportsMfuAndGeneratesOnTheGpu) {
     EXPECT_GT(summary["mfu"].get<double>(), 0);
     EXPECT_LT(summary["mfu"].get<double>(), 1);
   }
-  const std::string script =
-      "import array, json, sys, torch\n"
-      "sys.path.insert(0, '" + std::string(DDP_SOURCE_DIR) + "/tests/python')\n"
-      "from gpt_reference import Gpt\n"
-      "cfg = dict(n_layer=2, n_head=2, n_embd=64, block_size=32, vocab_size=" + std::to_string(gptVocabulary()) +
-      ", dropout=0.0, bias=True)\n"
-      "sd = torch.load('" + dir + "/model.pt', map_location='cpu')\n"
-      "assert all(v.dtype == torch.float32 for v in sd.values()), 'the export is fp32'\n"
-      "m = Gpt(cfg); m.load_state_dict(sd, strict=True); m.eval()\n"
-      // llm.c's shard: a 256 x int32 header, then uint16 tokens (read with array: no numpy needed).
-      "a = array.array('H'); a.frombytes(open('" + gptCorpus() + "/val_000000.bin', 'rb').read()[1024:])\n"
-      "t = torch.tensor(a, dtype=torch.int64)\n"
-      "w = torch.stack([t[i * 32:i * 32 + 33] for i in range(64)])\n"
-      "with torch.no_grad(): logits, loss = m(w[:, :-1], w[:, 1:])\n"
-      "print(json.dumps({'loss': loss.item()}))\n";
-  const auto py = test::runCommand({DDP_PYTHON, "-c", script}, test::stdoutOnly());
-  ASSERT_EQ(py.exitCode, 0) << py.output;
-  EXPECT_NEAR(nlohmann::json::parse(py.output)["loss"].get<double>(), summary["val_loss"].get<double>(), 0.05);
+  for (const auto& [key, tensor] : loadTensors(dir + "/model.pt")) {
+    EXPECT_EQ(tensor.scalar_type(), at::kFloat) << key << ": the export is fp32";
+  }
+  const double reference = test::referenceGptLoss(
+      dir + "/model.pt", gptCorpus() + "/val_000000.bin",
+      "n_layer=2, n_head=2, n_embd=64, block_size=32, vocab_size=" + std::to_string(gptVocabulary()), 32, 64);
+  EXPECT_NEAR(reference, summary["val_loss"].get<double>(), 0.05);
 
   const auto generate = [&](const std::string& seed) {
     auto argv = gptOnGpu(dir, {"mode=generate", "generate.start=The", "generate.num_samples=2",

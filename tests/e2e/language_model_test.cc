@@ -83,20 +83,10 @@ TEST(LanguageModel, TrainsAndRecordsValidationLossTokensPerSecondAndNanoGptKeys)
   // The export loads into nanoGPT's GPT (our reference after its model.py) with strict=True, and
   // its loss on the validation windows (rows 0..31 of the val shard: eval.iters 4 × 2 ranks × 4)
   // is the val_loss the job reported.
-  const std::string script =
-      "import json, sys, numpy as np, torch\n"
-      "sys.path.insert(0, '" + std::string(DDP_SOURCE_DIR) + "/tests/python')\n"
-      "from gpt_reference import Gpt\n"
-      "cfg = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=" + std::to_string(vocabulary()) +
-      ", dropout=0.0, bias=True)\n"
-      "m = Gpt(cfg); m.load_state_dict(torch.load('" + out + "/model.pt'), strict=True); m.eval()\n"
-      "t = torch.from_numpy(np.fromfile('" + corpus() + "/val_000000.bin', dtype=np.uint16, offset=1024).astype(np.int64))\n"
-      "w = torch.stack([t[i * 32:i * 32 + 33] for i in range(32)])\n"
-      "with torch.no_grad(): logits, loss = m(w[:, :-1], w[:, 1:])\n"
-      "print(json.dumps({'loss': loss.item()}))\n";
-  const auto py = test::runCommand({DDP_PYTHON, "-c", script}, test::stdoutOnly());
-  ASSERT_EQ(py.exitCode, 0) << py.output;
-  EXPECT_NEAR(nlohmann::json::parse(py.output)["loss"].get<double>(), summary["val_loss"].get<double>(), 1e-5);
+  const double reference = test::referenceGptLoss(
+      out + "/model.pt", corpus() + "/val_000000.bin",
+      "n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=" + std::to_string(vocabulary()), 32, 32);
+  EXPECT_NEAR(reference, summary["val_loss"].get<double>(), 1e-5);
   fs::remove_all(out);
 }
 

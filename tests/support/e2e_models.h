@@ -6,7 +6,10 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -55,6 +58,34 @@ inline double maxStateDifference(const StateDict& a, const StateDict& b) {
     worst = std::max(worst, (t - b.at(key)).abs().max().item<double>());
   }
   return worst;
+}
+
+/// The loss of the GPT export `modelPath` in the Python reference (tests/python/gpt_reference.py,
+/// after nanoGPT's model.py; loaded with strict=True on the CPU, fp32) on the first `windows`
+/// windows of `block` + 1 tokens, `block` apart, of the llm.c shard `valShard`; `modelArgs` is the
+/// rest of its config ("n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=93"). NaN, with a
+/// failure, if the script fails.
+inline double referenceGptLoss(const std::string& modelPath, const std::string& valShard, const std::string& modelArgs,
+                               int64_t block, int64_t windows) {
+  const std::string b = std::to_string(block);
+  const std::string script =
+      "import array, json, sys, torch\n"
+      "sys.path.insert(0, '" + std::string(DDP_SOURCE_DIR) + "/tests/python')\n"
+      "from gpt_reference import Gpt\n"
+      "m = Gpt(dict(" + modelArgs + ", dropout=0.0, bias=True))\n"
+      "m.load_state_dict(torch.load('" + modelPath + "', map_location='cpu'), strict=True); m.eval()\n"
+      // llm.c's shard: a 256 x int32 header, then uint16 tokens (read with array: no numpy needed).
+      "a = array.array('H'); a.frombytes(open('" + valShard + "', 'rb').read()[1024:])\n"
+      "t = torch.tensor(a, dtype=torch.int64)\n"
+      "w = torch.stack([t[i * " + b + ":i * " + b + " + " + b + " + 1] for i in range(" + std::to_string(windows) + ")])\n"
+      "with torch.no_grad(): logits, loss = m(w[:, :-1], w[:, 1:])\n"
+      "print(json.dumps({'loss': loss.item()}))\n";
+  const auto py = runCommand({DDP_PYTHON, "-c", script}, stdoutOnly());
+  if (py.exitCode != 0) {
+    ADD_FAILURE() << py.output;
+    return std::nan("");
+  }
+  return nlohmann::json::parse(py.output)["loss"].get<double>();
 }
 
 /// maxStateDifference of the model.pt two jobs exported into their output dirs.
