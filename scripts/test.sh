@@ -9,9 +9,18 @@ cd "$(dirname "$0")/.."
 if [[ $(id -u) -eq 0 ]]; then export DDP_REQUIRE_CLUSTER_TESTS=${DDP_REQUIRE_CLUSTER_TESTS:-1}; fi
 flavours=${DDP_TORCH:-all}
 [[ $flavours == all ]] && flavours="pip debian"
+# The tests labelled "once" (tests/CMakeLists.txt, DDP_TESTS_ONCE: what does not depend on the
+# LibTorch build) run in the first build's pass only; DDP_TEST_ALL=1 runs them in every pass.
+once=()
 for flavour in $flavours; do
-  echo "=== LibTorch build: $flavour ==="
+  echo "=== LibTorch build: $flavour (at ${SECONDS} s) ==="
   DDP_TORCH=$flavour DDP_BUILD_TESTS=ON bash scripts/build.sh "$@"
+  echo "=== $flavour built (at ${SECONDS} s); its tests: ==="
   build_dir=${DDP_BUILD_DIR:-$([[ $flavour == pip ]] && echo build || echo build-debian)}
-  (cd "$build_dir" && ctest --output-on-failure --timeout 900)
+  # In parallel, one test per core (DDP_TEST_JOBS overrides): most tests wait on processes and
+  # sockets more than they compute, and CI must fit its time (tests/CMakeLists.txt: COST puts the
+  # long ones first).
+  (cd "$build_dir" && ctest --output-on-failure --timeout 900 -j"${DDP_TEST_JOBS:-$(nproc)}" "${once[@]}")
+  echo "=== $flavour tested (at ${SECONDS} s) ==="
+  [[ ${DDP_TEST_ALL:-0} == 1 ]] || once=(-LE once)
 done
