@@ -8,11 +8,17 @@ if(DDP_USE_CCACHE)
   if(DDP_CCACHE)
     # Paths under the source tree are hashed relative to it, so a fresh clone elsewhere (CI) reuses
     # what an earlier build of the same sources compiled (a user's CCACHE_BASEDIR wins).
-    if(DEFINED ENV{CCACHE_BASEDIR})
-      set(CMAKE_CXX_COMPILER_LAUNCHER ${DDP_CCACHE})
-    else()
-      set(CMAKE_CXX_COMPILER_LAUNCHER ${CMAKE_COMMAND} -E env CCACHE_BASEDIR=${PROJECT_SOURCE_DIR} ${DDP_CCACHE})
+    set(_ddp_ccache_env)
+    if(NOT DEFINED ENV{CCACHE_BASEDIR})
+      list(APPEND _ddp_ccache_env CCACHE_BASEDIR=${PROJECT_SOURCE_DIR})
     endif()
+    # Files compiled with a precompiled header (DDP_USE_PCH: libddp, the worker, the tests) are
+    # cached only with this sloppiness (ccache's manual, "Precompiled headers"); without it ccache
+    # passes them through uncached (its statistics: could_not_use_precompiled_header).
+    if(NOT DEFINED ENV{CCACHE_SLOPPINESS})
+      list(APPEND _ddp_ccache_env CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime)
+    endif()
+    set(CMAKE_CXX_COMPILER_LAUNCHER ${CMAKE_COMMAND} -E env ${_ddp_ccache_env} ${DDP_CCACHE})
   endif()
 endif()
 
