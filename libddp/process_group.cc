@@ -395,7 +395,7 @@ struct ProcessGroup::Impl final {
 // and then finds every other rank's number there: a rank whose key is missing met this barrier with
 // some other collective (it never called destroy()), a different number means the ranks' sequences
 // drifted apart. Then a second barrier, so that rank 0, which serves the store, leaves last. Costs
-// two store writes, one store check and two barriers.
+// two store writes, two store checks and two barriers.
 void ProcessGroup::Impl::destroyCollectively(const std::string& where) {
   comm::Communicator& c = live("destroy()");
   const bool check = store && size_ > 1;
@@ -406,6 +406,12 @@ void ProcessGroup::Impl::destroyCollectively(const std::string& where) {
   if (check) {
     store->set(destroyKey(rank_), std::vector<uint8_t>(mine.begin(), mine.end()));
     store->set(arrived[rank_], std::vector<uint8_t>{1});
+    // c10d's TCPStore::set() sends without waiting for a reply, so without this round trip a rank
+    // could pass the barrier and check before the store had read another rank's set() from its
+    // socket, and report a mismatch that is not one (seen under torchrun's agent store, 1 run in 15
+    // on a loaded machine). The store answers one connection's requests in order: once this check
+    // returns, this rank's keys are in.
+    store->check({arrived[rank_]});
   }
   // Who is not in destroy() with this rank, and what the store knows of them. Never throws.
   auto elsewhere = [&]() -> std::string {
