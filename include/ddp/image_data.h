@@ -46,11 +46,19 @@ struct ImageHeader {
 /// DataError thrown for anything else.
 ImageHeader readImageHeader(const uint8_t* data, size_t size, const std::string& name);
 
+/// Pillow's limit: 2 * Image.MAX_IMAGE_PIXELS (1024 * 1024 * 1024 // 4 // 3 = 89478485).
+inline constexpr int64_t kMaxImagePixels = 2 * 89478485;
+
 struct ImageDecodeOptions {
   /// > 0 (both): a JPEG is decoded at the smallest DCT scale among 1/8, 1/4, 1/2 (libjpeg-turbo's
   /// scaled IDCT, Pillow's Image.draft) whose size is still >= minHeight x minWidth; 0: full size.
   int64_t minHeight = 0;
   int64_t minWidth = 0;
+  /// An image whose header claims more pixels (width x height) is refused with a DataError before
+  /// anything is allocated: Pillow's decompression-bomb limit (2 x Image.MAX_IMAGE_PIXELS, where
+  /// Pillow raises DecompressionBombError), which a corrupt header of a few bytes would otherwise
+  /// turn into a multi-gigabyte allocation. 0: no limit (Pillow's MAX_IMAGE_PIXELS = None).
+  int64_t maxPixels = kMaxImagePixels;
 };
 
 /// Decodes a JPEG (TurboJPEG, accurate DCT, fancy upsampling: Pillow's defaults) or a PNG (libpng)
@@ -125,6 +133,7 @@ struct ImageTransformOptions {
   /// output on both sides: several times faster on large photos, but the bytes then differ from
   /// Pillow's full-size decode + resize (as with DALI or FFCV). false: exactly torchvision's bytes.
   bool dctScaling = true;
+  int64_t maxPixels = kMaxImagePixels;  // ImageDecodeOptions::maxPixels
 };
 
 /// One sample through the transform: the decoded, cropped, resized (and flipped) RGB image. The

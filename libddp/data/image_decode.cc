@@ -3,6 +3,7 @@
 #include <png.h>
 #include <turbojpeg.h>
 
+#include <algorithm>
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
@@ -35,6 +36,17 @@ ImageHeader jpegHeader(const uint8_t* data, size_t size, const std::string& name
   return {true, height, width};
 }
 
+// Before a pixel buffer is sized from a header: Pillow's Image._decompression_bomb_check.
+void checkPixels(const ImageHeader& header, const std::string& name, int64_t maxPixels) {
+  const int64_t pixels = std::max<int64_t>(1, header.width) * std::max<int64_t>(1, header.height);
+  if (maxPixels > 0 && pixels > maxPixels) {
+    DDP_THROW(DataError, "data: image '", name, "' says it is ", header.width, " x ", header.height, " (", pixels,
+              " pixels), over the limit of ", maxPixels, " (Pillow's decompression-bomb limit): a corrupt header or "
+              "a decompression bomb; if the image is real, raise data.max_image_pixels (ImageDecodeOptions::maxPixels), 0 "
+              "for no limit");
+  }
+}
+
 // Pillow opens Adobe CMYK JPEGs as "CMYK;I" (inverted back) and converts with MULDIV255(255 - c, 255 - k):
 // on the raw (inverted) bytes libjpeg returns, that is MULDIV255(c, k).
 uint8_t mulDiv255(unsigned a, unsigned b) {
@@ -45,6 +57,7 @@ uint8_t mulDiv255(unsigned a, unsigned b) {
 RgbImage decodeJpeg(const uint8_t* data, size_t size, const std::string& name, const ImageDecodeOptions& options) {
   int colorspace = 0;
   const ImageHeader header = jpegHeader(data, size, name, &colorspace);
+  checkPixels(header, name, options.maxPixels);
   int num = 1, denom = 1;
   if (options.minHeight > 0 && options.minWidth > 0) {
     for (int d : {8, 4, 2}) {  // smallest first
@@ -205,7 +218,10 @@ ImageHeader readImageHeader(const uint8_t* data, size_t size, const std::string&
 
 RgbImage decodeImage(const uint8_t* data, size_t size, const std::string& name, const ImageDecodeOptions& options) {
   if (isJpeg(data, size)) return decodeJpeg(data, size, name, options);
-  if (isPng(data, size)) return decodePng(data, size, name);
+  if (isPng(data, size)) {
+    checkPixels(readImageHeader(data, size, name), name, options.maxPixels);
+    return decodePng(data, size, name);
+  }
   DDP_THROW(DataError, "data: '", name, "' is neither a JPEG nor a PNG (", size, " bytes)");
 }
 

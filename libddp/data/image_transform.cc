@@ -341,6 +341,7 @@ RgbImage transformImage(const uint8_t* data, size_t size, const std::string& nam
   const bool scaled = options.dctScaling && header.jpeg && plan.region.height >= 2 * plan.outH &&
                       plan.region.width >= 2 * plan.outW;
   ImageDecodeOptions decodeOptions;
+  decodeOptions.maxPixels = options.maxPixels;
   if (scaled) {
     decodeOptions.minHeight = (H * plan.outH + plan.region.height - 1) / plan.region.height;
     decodeOptions.minWidth = (W * plan.outW + plan.region.width - 1) / plan.region.width;

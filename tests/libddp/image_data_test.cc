@@ -509,4 +509,34 @@ TEST_F(ImageDataTest, MalformedSetsAreOneLineNamingTheFile) {
   EXPECT_TRUE(has(pipe, "pipe-000.tar' is not a regular file")) << pipe;
 }
 
+// Pillow's decompression-bomb rule (Image._decompression_bomb_check): more than 2 * MAX_IMAGE_PIXELS
+// = 178956970 pixels is refused at open; tests/python/image_reference.py checks that Pillow refuses
+// these two files. The limit is the header's width x height against maxPixels, > refused, = decoded.
+TEST_F(ImageDataTest, AHeaderOverPillowsPixelLimitIsRefusedBeforeDecoding) {
+  EXPECT_EQ(ddp::kMaxImagePixels, 2 * (1024 * 1024 * 1024 / 4 / 3));
+  for (const std::string name : {"bomb.png", "bomb.jpg"}) {
+    const std::string path = *dir_ + "/bad/bomb/" + name;
+    const std::string error = dataErrorOf([&] { ddp::decodeImageFile(path); });
+    EXPECT_TRUE(has(error, "image '" + path + "' says it is 20000 x 20000 (400000000 pixels), over the limit of "
+                           "178956970")) << error;
+    EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+    // Through the transform (what the loader runs) as well.
+    const auto bytes = readBytes(path);
+    ddp::ImageTransformOptions t;
+    t.size = 16;
+    const std::string transformed = dataErrorOf([&] { ddp::transformImage(bytes.data(), bytes.size(), path, t, 1, 0, 0); });
+    EXPECT_TRUE(has(transformed, "over the limit of 178956970")) << transformed;
+  }
+  for (const std::string name : {"a/good.jpg", "b/good.png"}) {  // 40 x 30
+    const std::string path = *dir_ + "/bad/decode/" + name;
+    ddp::ImageDecodeOptions o;
+    o.maxPixels = 40 * 30 - 1;
+    EXPECT_TRUE(has(dataErrorOf([&] { ddp::decodeImageFile(path, o); }), "(1200 pixels), over the limit of 1199"));
+    o.maxPixels = 40 * 30;
+    EXPECT_EQ(ddp::decodeImageFile(path, o).pixels.size(), 40u * 30u * 3u);
+    o.maxPixels = 0;  // no limit
+    EXPECT_EQ(ddp::decodeImageFile(path, o).pixels.size(), 40u * 30u * 3u);
+  }
+}
+
 }  // namespace

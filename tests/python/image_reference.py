@@ -11,7 +11,8 @@ writes the test images (no torch needed):
                                  <key>.cls, one extra .json member the loader must ignore)
   DIR/longnames/{ustar,gnu,pax}.tar  member paths over 100 bytes in each tar format
   DIR/bad/...                    a truncated JPEG, a corrupt PNG, an empty class folder, a text file
-                                 named .jpg, tar shards with an unlabelled image, a bad label, no tar.
+                                 named .jpg, tar shards with an unlabelled image, a bad label, no tar,
+                                 a PNG and a JPEG whose headers claim 20000 x 20000 (bomb/)
 
     image_reference.py answer < request.json
 reads {"dir", "decode": [{"file", "out", "denom"}],
@@ -235,6 +236,26 @@ def make(d):
     os.makedirs(os.path.join(bad, "text", "a"))
     with open(os.path.join(bad, "text", "a", "notes.jpg"), "w") as f:
         f.write("not a picture\n")
+    # Headers that claim 20000 x 20000 pixels (4e8, over Pillow's decompression-bomb limit of
+    # 2 * MAX_IMAGE_PIXELS) in a few hundred bytes: a PNG with a valid IHDR and one row of IDAT, a JPEG
+    # whose SOF0 says so. Pillow refuses both at open; the loader must too, before allocating 1.2 GB.
+    os.makedirs(os.path.join(bad, "bomb"))
+    side = 20000
+    ihdr = side.to_bytes(4, "big") + side.to_bytes(4, "big") + bytes([8, 2, 0, 0, 0])
+    with open(os.path.join(bad, "bomb", "bomb.png"), "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr)
+                + png_chunk(b"IDAT", zlib.compress(bytes(1 + 3 * side))) + png_chunk(b"IEND", b""))
+    jpg = bytearray(open(os.path.join(bad, "decode", "a", "good.jpg"), "rb").read())
+    sof = jpg.index(b"\xff\xc0")  # Pillow writes baseline JPEGs: length(2) precision(1) height(2) width(2)
+    jpg[sof + 5:sof + 9] = side.to_bytes(2, "big") + side.to_bytes(2, "big")
+    with open(os.path.join(bad, "bomb", "bomb.jpg"), "wb") as f:
+        f.write(bytes(jpg))
+    for name in ("bomb.png", "bomb.jpg"):
+        try:
+            Image.open(os.path.join(bad, "bomb", name))
+        except Image.DecompressionBombError:
+            continue
+        raise AssertionError(f"Pillow opened bad/bomb/{name}: the file is not over its limit")
     # Tar shards: an image without its .cls, a .cls that is not a number, not a tar at all.
     jpg = open(os.path.join(bad, "decode", "a", "good.jpg"), "rb").read()
     with tarfile.open(os.path.join(bad, "nolabel.tar"), "w") as tar:

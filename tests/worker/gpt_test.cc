@@ -25,6 +25,7 @@
 #include "ddp/fused_optim.h"
 #include "ddp/state_dict.h"
 #include "tests/support/run_command.h"
+#include "worker/train/generate_mode.h"
 
 namespace ddp::worker {
 namespace {
@@ -484,6 +485,22 @@ TEST(Gpt, CloneComputesTheSameWithItsOwnWeightsAndDropoutFollowsTheMode) {
   EXPECT_FALSE(torch::equal(copy->forward(x), want));
   model->train();
   EXPECT_FALSE(torch::equal(model->forward(x), model->forward(x)));
+}
+
+// mode generate's decoding: a model.vocab_size padded past the data's (nanoGPT pads GPT-2's 50257 to
+// 50304) can sample a token the data never had; it has no text at either level (a byte level once
+// wrapped it into byte t % 256).
+TEST(Vocabulary, TokensPastTheDataVocabularyHaveNoTextAndAreCounted) {
+  const std::string dir = test::makeTempDir("vocabulary");
+  std::ofstream(dir + "/byte.json") << R"({"level": "byte", "vocab_size": 256})";
+  std::ofstream(dir + "/char.json") << R"({"level": "char", "vocab_size": 3, "itos": ["a", "b", "\u00e9"]})";
+  int64_t outside = -1;
+  EXPECT_EQ(Vocabulary(dir + "/byte.json").decode({72, 105, 256, 328, -1, 33}, &outside), "Hi!");
+  EXPECT_EQ(outside, 3);
+  EXPECT_EQ(Vocabulary(dir + "/char.json").decode({0, 1, 2, 3, 72}, &outside), "ab\xc3\xa9");
+  EXPECT_EQ(outside, 2);
+  EXPECT_EQ(Vocabulary(dir + "/byte.json").decode({255}, &outside), "\xff");
+  EXPECT_EQ(outside, 0);
 }
 
 }  // namespace

@@ -173,6 +173,7 @@ std::vector<Field> dataFields(WorkerConfig& c) {
       bindField("data.memory_budget_mb", "integer", c.data.memoryBudgetMb),
       bindField("data.skip_bad_images", "boolean", c.data.skipBadImages),
       bindField("data.jpeg_dct_scaling", "boolean", c.data.jpegDctScaling),
+      bindField("data.max_image_pixels", "integer", c.data.maxImagePixels),
   };
 }
 
@@ -438,6 +439,7 @@ void validateImageStream(const WorkerConfig& c) {
           "is '" + d.trainTransform + "'; use none (resize to data.image_size) or imagenet (RandomResizedCrop + flip, "
           "evaluation Resize + CenterCrop)");
   require(d.memoryBudgetMb >= 0, "data.memory_budget_mb", "must be >= 0 (0 = a quarter of this host's memory)");
+  require(d.maxImagePixels >= 0, "data.max_image_pixels", "must be >= 0 (0 = no limit)");
   const bool images = d.name == "image_folder";
   require(images || d.stream == "auto", "data.stream", "streams data.name image_folder; this job reads " + d.name);
   require(images || d.trainTransform == "none", "data.train_transform",

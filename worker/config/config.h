@@ -79,6 +79,7 @@ struct DataConfig {
   int64_t memoryBudgetMb = 0;           // auto's budget for decoded images (0 = a quarter of the host's memory)
   bool skipBadImages = false;           // a corrupt image is logged and left out instead of ending the job
   bool jpegDctScaling = true;           // decode large JPEGs at 1/2, 1/4, 1/8 scale when the crop allows
+  int64_t maxImagePixels = 2 * 89478485;  // larger headers refused (Pillow's decompression-bomb limit); 0 = none
 };
 
 struct TrainConfig {

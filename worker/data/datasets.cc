@@ -97,6 +97,7 @@ Datasets loadImageFolder(const DataConfig& config) {
   }
   data::ImageFolderOptions o;
   o.resize = config.imageSize;
+  o.maxPixels = config.maxImagePixels;
   if (!config.mean.empty()) o.mean = config.mean;
   if (!config.stddev.empty()) o.stddev = config.stddev;
   o.threads = config.numWorkers > 0 ? static_cast<int>(config.numWorkers)

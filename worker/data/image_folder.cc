@@ -25,9 +25,11 @@ bool isImageFile(const fs::path& p) {
 
 }  // namespace
 
-DecodedImage decodeImage(const std::string& path) {
+DecodedImage decodeImage(const std::string& path, int64_t maxPixels) {
   // The library's decoder (TurboJPEG, libpng): the bytes of Pillow's convert("RGB"), as streamed images get.
-  ddp::RgbImage image = ddp::decodeImageFile(path);
+  ddp::ImageDecodeOptions options;
+  options.maxPixels = maxPixels;
+  ddp::RgbImage image = ddp::decodeImageFile(path, options);
   return {image.height, image.width, std::move(image.pixels)};
 }
 
@@ -73,7 +75,7 @@ TensorDataset loadImageFolderSplit(const std::string& splitDir, const std::vecto
   auto work = [&] {
     for (size_t i = nextFile++; i < files.size(); i = nextFile++) {
       try {
-        decoded[i] = decodeImage(files[i].first);
+        decoded[i] = decodeImage(files[i].first, options.maxPixels);
       } catch (const std::exception& e) {
         errors[i] = e.what();
       }

@@ -16,6 +16,7 @@ struct ImageFolderOptions {
   std::vector<float> mean = {0, 0, 0};    // per channel (RGB), after x / 255 (Normalize)
   std::vector<float> stddev = {1, 1, 1};
   int threads = 1;              // images decoded in parallel
+  int64_t maxPixels = 2 * 89478485;  // ddp::ImageDecodeOptions::maxPixels
 };
 
 /// One split: every file under root/<split>/<class>/ (sorted by name) decoded to RGB (as
@@ -35,6 +36,6 @@ struct DecodedImage {
   int64_t width = 0;
   std::vector<uint8_t> rgb;
 };
-DecodedImage decodeImage(const std::string& path);
+DecodedImage decodeImage(const std::string& path, int64_t maxPixels);
 
 }  // namespace ddp::worker::data

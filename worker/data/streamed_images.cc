@@ -40,6 +40,7 @@ ImageTransformOptions transformOf(const DataConfig& config, bool train) {
   ImageTransformOptions t;
   t.size = config.imageSize;
   t.dctScaling = config.jpegDctScaling;
+  t.maxPixels = config.maxImagePixels;
   if (config.trainTransform == "imagenet") {
     t.kind = train ? ImageTransformKind::kTrain : ImageTransformKind::kEval;
   } else {

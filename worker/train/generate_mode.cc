@@ -118,12 +118,15 @@ std::vector<int64_t> Vocabulary::encode(const std::string& text) const {
   return tokens;
 }
 
-std::string Vocabulary::decode(const std::vector<int64_t>& tokens) const {
+std::string Vocabulary::decode(const std::vector<int64_t>& tokens, int64_t* outside) const {
   std::string text;
+  int64_t left = 0;
   for (const int64_t t : tokens) {
-    if (level_ == "byte") text += static_cast<char>(t);
-    else if (t >= 0 && t < static_cast<int64_t>(itos_.size())) text += itos_[static_cast<size_t>(t)];
+    if (level_ == "byte" && t >= 0 && t < 256) text += static_cast<char>(t);
+    else if (level_ == "char" && t >= 0 && t < static_cast<int64_t>(itos_.size())) text += itos_[static_cast<size_t>(t)];
+    else ++left;
   }
+  if (outside != nullptr) *outside = left;
   return text;
 }
 
@@ -157,7 +160,12 @@ int runGenerateMode(const WorkerConfig& config, ProcessGroup& group) {
   for (int64_t s = 0; s < config.generate.numSamples; ++s) {
     const at::Tensor out = gpt.generate(idx, config.generate.maxNewTokens, config.generate.temperature, topK).cpu();
     const std::vector<int64_t> tokens(out.data_ptr<int64_t>(), out.data_ptr<int64_t>() + out.numel());
-    const std::string text = vocabulary.decode(tokens);
+    int64_t outside = 0;
+    const std::string text = vocabulary.decode(tokens, &outside);
+    if (outside > 0) {
+      spdlog::warn("sample {}: {} of its tokens lie past the data's vocabulary of {} (model.vocab_size {}) and have no "
+                   "text; they are left out", s + 1, outside, vocabulary.size(), input.classes);
+    }
     std::printf("%s\n---------------\n", text.c_str());  // sample.py's separator
     samples.push_back(text);
   }

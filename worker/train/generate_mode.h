@@ -20,8 +20,10 @@ class Vocabulary {
   explicit Vocabulary(const std::string& metaPath);
   /// `text` as tokens; ConfigError naming a character the vocabulary lacks.
   std::vector<int64_t> encode(const std::string& text) const;
-  /// Tokens as text (byte level: the bytes; char level: the characters).
-  std::string decode(const std::vector<int64_t>& tokens) const;
+  /// Tokens as text (byte level: the bytes; char level: the characters). A token outside the
+  /// vocabulary (a model.vocab_size padded past the data's, as nanoGPT pads GPT-2's 50257 to 50304)
+  /// has no text: it is left out and counted in `*outside`.
+  std::string decode(const std::vector<int64_t>& tokens, int64_t* outside = nullptr) const;
   int64_t size() const { return size_; }
 
  private:
