@@ -174,6 +174,9 @@ TokenShard::TokenShard(const std::string& path) : path_(path) {
   }
   map_ = map;
   mapBytes_ = static_cast<size_t>(st.st_size);
+  device_ = static_cast<uint64_t>(st.st_dev);
+  inode_ = static_cast<uint64_t>(st.st_ino);
+  mtimeNs_ = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
   try {
     const auto* base = static_cast<const unsigned char*>(map_);
     const Layout layout = layoutOf(path, base, st.st_size);
@@ -202,6 +205,9 @@ TokenShard& TokenShard::operator=(TokenShard&& other) noexcept {
     size_ = std::exchange(other.size_, 0);
     format_ = other.format_;
     bytesPerToken_ = other.bytesPerToken_;
+    device_ = other.device_;
+    inode_ = other.inode_;
+    mtimeNs_ = other.mtimeNs_;
   }
   return *this;
 }
@@ -265,6 +271,22 @@ void TokenShard::advise(TokenSampling sampling) const {
   (void)::madvise(map_, mapBytes_, sampling == TokenSampling::kRandom ? MADV_RANDOM : MADV_SEQUENTIAL);
 }
 
+void TokenShard::checkUnchanged() const {
+  struct stat st {};
+  // Gone, or another file under the name (a rename over it): the mapping still holds the one opened.
+  if (::stat(path_.c_str(), &st) != 0 || static_cast<uint64_t>(st.st_dev) != device_ ||
+      static_cast<uint64_t>(st.st_ino) != inode_) {
+    return;
+  }
+  const int64_t mtimeNs = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  if (static_cast<size_t>(st.st_size) == mapBytes_ && mtimeNs == mtimeNs_) return;
+  DDP_THROW(DataError, "token shard '", path_, "' was changed in place while this job read it (", mapBytes_,
+            " bytes when opened, ", st.st_size, " now", mtimeNs == mtimeNs_ ? "" : ", modified since",
+            "): its windows would be other tokens, or past a shortened end a SIGBUS; write new shards to another "
+            "folder, or to a temporary name renamed over the old one (as scripts/prepare_text.py does), and "
+            "resume from the last checkpoint");
+}
+
 // ---------------------------------------------------------------------------------------------
 // TokenData
 
@@ -304,10 +326,15 @@ TokenBatch TokenData::batch(const std::vector<int64_t>& starts, int64_t blockSiz
   TokenBatch batch{at::empty({rows, blockSize}, options), at::empty({rows, blockSize}, options)};
   int64_t* x = batch.x.data_ptr<int64_t>();
   int64_t* y = batch.y.data_ptr<int64_t>();
+  size_t checked = shards_.size();  // the shard last checked unchanged (sequential windows share one)
   for (int64_t i = 0; i < rows; ++i) {
     const int64_t start = starts[static_cast<size_t>(i)];
     const size_t s = shardOf(start);
     const TokenShard& shard = shards_[s];
+    if (s != checked) {
+      shard.checkUnchanged();
+      checked = s;
+    }
     const int64_t offset = start - shardStarts_[s];
     if (offset + blockSize + 1 > shard.size()) {
       DDP_THROW(ConfigError, "ddp::TokenData::batch: the window of ", blockSize + 1, " tokens at ", start,

@@ -95,6 +95,12 @@ class TokenShard {
   /// Tells the kernel how the pages will be read (madvise): random → MADV_RANDOM (no read-ahead
   /// for windows scattered over the file), sequential → MADV_SEQUENTIAL.
   void advise(TokenSampling sampling) const;
+  /// DataError naming the file when a program has changed it in place since it was mapped (its size
+  /// or modification time differ: nanoGPT's prepare.py and np.memmap rewrite shards in place): the
+  /// windows would read other tokens, and a page past a shortened end would end the process with
+  /// SIGBUS. A file replaced by a rename or deleted is fine (the mapping keeps the old one). One
+  /// stat(2); TokenData::batch calls it for each shard a batch reads.
+  void checkUnchanged() const;
 
  private:
   void release() noexcept;
@@ -106,6 +112,8 @@ class TokenShard {
   int64_t size_ = 0;
   TokenFormat format_ = TokenFormat::kRawUint16;
   int bytesPerToken_ = 2;
+  uint64_t device_ = 0, inode_ = 0;  // the file mapped, as fstat saw it at open
+  int64_t mtimeNs_ = 0;
 };
 
 /// x: the windows' first blockSize tokens, y: the same shifted by one (the next-token targets);
@@ -143,7 +151,8 @@ class TokenData {
   void checkBlockSize(int64_t blockSize, const std::string& setting = "the block size") const;
 
   /// The windows of blockSize + 1 tokens at `starts` (positions in the whole sequence), as x and y
-  /// [starts.size(), blockSize]. ConfigError for a window that crosses a shard's end.
+  /// [starts.size(), blockSize]. ConfigError for a window that crosses a shard's end; DataError for a
+  /// shard changed in place since it was opened (TokenShard::checkUnchanged).
   TokenBatch batch(const std::vector<int64_t>& starts, int64_t blockSize) const;
 
  private:

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -239,6 +240,64 @@ TEST_F(TokenDataTest, ANamedPipeIsRefusedWithoutWaitingForAWriter) {
   const std::string e = dataErrorOf([&] { ddp::TokenData data(path("pipe_*.bin"), "data.train_files"); });
   std::filesystem::remove(fifo);
   EXPECT_TRUE(has(e, fifo) && has(e, "not a regular file")) << e;
+}
+
+// A shard rewritten in place under a running job (nanoGPT's prepare.py does, np.memmap mode w+)
+// is one line naming it; before, a window past a shortened end was a SIGBUS that ended the
+// process. A shard renamed over or deleted is no change to the mapping: its old tokens are read.
+TEST_F(TokenDataTest, AShardChangedInPlaceIsOneLineAndARenameOrDeleteIsNot) {
+  namespace fs = std::filesystem;
+  const std::vector<int64_t> tokens = tokensOf("train.bin");  // raw uint16: 2500 tokens, 5000 bytes
+  const fs::path folder = path("changed");
+  fs::create_directories(folder);
+  const std::string shard = (folder / "train.bin").string();
+  auto fresh = [&] {
+    fs::copy_file(path("train.bin"), shard, fs::copy_options::overwrite_existing);
+    return ddp::TokenData(shard, "data.train_files");
+  };
+  const std::vector<int64_t> starts = {100, 2400};  // the second window lies in the file's second page
+  auto expectOriginal = [&](const ddp::TokenData& data) {
+    const ddp::TokenBatch b = data.batch(starts, 16);
+    EXPECT_EQ(rowOf(b.x, 0), slice(tokens, 100, 16));
+    EXPECT_EQ(rowOf(b.y, 1), slice(tokens, 2401, 16));
+  };
+
+  // Cut to 2000 bytes in place: the window at token 2400 (byte 4800) would be past the end.
+  {
+    const ddp::TokenData data = fresh();
+    expectOriginal(data);
+    ASSERT_EQ(::truncate(shard.c_str(), 2000), 0);
+    const std::string e = dataErrorOf([&] { data.batch(starts, 16); });
+    EXPECT_TRUE(has(e, "token shard '" + shard + "' was changed in place while this job read it (5000 bytes when "
+                       "opened, 2000 now")) << e;
+    EXPECT_TRUE(has(e, "renamed over the old one")) << e;
+  }
+  // The same size, other tokens: the modification time tells (set a second later explicitly: a rewrite
+  // within the clock's tick of the copy could keep the time, a real one comes later).
+  {
+    const ddp::TokenData data = fresh();
+    struct stat before {};
+    ASSERT_EQ(::stat(shard.c_str(), &before), 0);
+    FILE* f = std::fopen(shard.c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    const std::vector<unsigned char> zeros(5000, 0);
+    ASSERT_EQ(std::fwrite(zeros.data(), 1, zeros.size(), f), zeros.size());
+    std::fclose(f);
+    const struct timespec times[2] = {before.st_atim, {before.st_mtim.tv_sec + 1, before.st_mtim.tv_nsec}};
+    ASSERT_EQ(::utimensat(AT_FDCWD, shard.c_str(), times, 0), 0);
+    const std::string e = dataErrorOf([&] { data.batch(starts, 16); });
+    EXPECT_TRUE(has(e, "(5000 bytes when opened, 5000 now, modified since)")) << e;
+  }
+  // Renamed over, then deleted: the job keeps reading the file it opened.
+  {
+    const ddp::TokenData data = fresh();
+    const std::string other = (folder / "next.bin").string();
+    fs::copy_file(path("gpt2.bin"), other, fs::copy_options::overwrite_existing);
+    fs::rename(other, shard);
+    expectOriginal(data);
+    fs::remove(shard);
+    expectOriginal(data);
+  }
 }
 
 TEST_F(TokenDataTest, AGlobMatchingNothingNamesThePatternAndTheSetting) {
