@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <system_error>
 #include <utility>
 
 #include "common/error.h"
@@ -226,12 +227,19 @@ ImageDataset ImageDataset::folder(const std::string& root) {
     const fs::path classDir = fs::path(root) / impl->classes[c];
     std::map<std::string, std::vector<std::string>> byFolder;
     byFolder[classDir.string()];
-    for (const auto& entry : fs::recursive_directory_iterator(classDir, fs::directory_options::follow_directory_symlink)) {
-      if (!entry.is_regular_file()) continue;
-      const std::string ext = lower(entry.path().extension().string());
-      if (ext == ".jpg" || ext == ".jpeg" || ext == ".png") {
-        byFolder[entry.path().parent_path().string()].push_back(entry.path().filename().string());
+    try {
+      for (const auto& entry : fs::recursive_directory_iterator(classDir, fs::directory_options::follow_directory_symlink)) {
+        if (!entry.is_regular_file()) continue;
+        const std::string ext = lower(entry.path().extension().string());
+        if (ext == ".jpg" || ext == ".jpeg" || ext == ".png") {
+          byFolder[entry.path().parent_path().string()].push_back(entry.path().filename().string());
+        }
       }
+    } catch (const fs::filesystem_error& e) {
+      const bool loop = e.code() == std::errc::too_many_symbolic_link_levels;
+      DDP_THROW(DataError, "data: cannot list class folder '", classDir.string(), "' (", e.code().message(), " at '",
+                e.path1().string(), "'): ", loop ? "a symbolic link under it leads back to a folder above it; remove "
+                "the link or point it outside the class folder" : "check that the folders are readable");
     }
     size_t before = impl->entries.size();
     for (auto& [folder, names] : byFolder) {

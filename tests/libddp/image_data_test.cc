@@ -507,6 +507,15 @@ TEST_F(ImageDataTest, MalformedSetsAreOneLineNamingTheFile) {
   const std::string pipe = dataErrorOf([&] { ddp::ImageDataset::tarShards(*dir_ + "/bad/pipe-*.tar"); });
   std::remove(fifo.c_str());
   EXPECT_TRUE(has(pipe, "pipe-000.tar' is not a regular file")) << pipe;
+  // A link back up the tree: the walk (symbolic links followed, as torchvision's os.walk(followlinks=True))
+  // ends in ELOOP, named with the class folder and what to do.
+  fs::create_directories(*dir_ + "/bad/loop/a");
+  fs::copy_file(*dir_ + "/bad/decode/a/good.jpg", *dir_ + "/bad/loop/a/good.jpg");
+  fs::create_directory_symlink("..", *dir_ + "/bad/loop/a/up");
+  const std::string loop = dataErrorOf([&] { ddp::ImageDataset::folder(*dir_ + "/bad/loop"); });
+  EXPECT_TRUE(has(loop, "cannot list class folder '" + *dir_ + "/bad/loop/a' (Too many levels of symbolic links at '"))
+      << loop;
+  EXPECT_TRUE(has(loop, "a symbolic link under it leads back to a folder above it")) << loop;
 }
 
 // Pillow's decompression-bomb rule (Image._decompression_bomb_check): more than 2 * MAX_IMAGE_PIXELS
