@@ -8,7 +8,11 @@ grayscale JPEGs, 12x10, with a learnable colour per class. DIR/good_reference_{t
 orders and decodes them; DIR/good_resized_{train,test}.pt: the same x resized to 8x8 as
 torchvision's Resize on tensors (bilinear, antialias=True), rounded back to uint8.
 DIR/broken/...: a class folder whose .png is not an image. DIR/empty/...: a class folder with no
-image. DIR/mismatch/...: test lacks a class.
+image. DIR/mismatch/...: test lacks a class. DIR/nested/train/{ant,bee}/: images at the top of a
+class folder, in sub-folders that sort differently as folders and as whole paths ('a/' before
+'a.b/', but 'a.b/z' before 'a/z'), and in a folder reached through a symbolic link;
+DIR/nested_reference.pt: {"x", "y"} in the order torchvision's ImageFolder lists them (its own
+make_dataset: sorted(os.walk(followlinks=True)), then sorted names).
 """
 import os
 import sys
@@ -69,6 +73,29 @@ def reference(root, split):
     return torch.stack(xs), torch.tensor(ys)
 
 
+def write_nested(out):
+    train = os.path.join(out, "nested", "train")
+    linked = os.path.join(out, "nested_linked")  # outside the split: reached only through the link
+    for d in ("ant/a", "ant/a.b", "bee"):
+        os.makedirs(os.path.join(train, d))
+    os.makedirs(linked)
+    image("ant", 0, "RGB").save(os.path.join(train, "ant", "top.png"))
+    image("ant", 1, "L").save(os.path.join(train, "ant", "a", "z.png"))
+    image("ant", 2, "RGB").save(os.path.join(train, "ant", "a.b", "z.jpg"), quality=90)
+    image("ant", 3, "P").save(os.path.join(linked, "in_link.png"))
+    os.symlink(linked, os.path.join(train, "ant", "link"))
+    image("bee", 0, "RGB").save(os.path.join(train, "bee", "b.png"))
+    from torchvision.datasets.folder import find_classes, make_dataset
+    _, index = find_classes(train)
+    xs, ys = [], []
+    for path, label in make_dataset(train, index, extensions=(".png", ".jpg", ".jpeg")):
+        with Image.open(path) as img:
+            xs.append(torch.from_numpy(np.array(img.convert("RGB"))).permute(2, 0, 1).contiguous())
+        ys.append(label)
+    assert len(xs) == 5, "the linked folder's image is one of torchvision's samples"
+    torch.save({"x": torch.stack(xs), "y": torch.tensor(ys)}, os.path.join(out, "nested_reference.pt"))
+
+
 def main():
     out = sys.argv[1]
     good = os.path.join(out, "good")
@@ -86,6 +113,7 @@ def main():
     os.makedirs(os.path.join(out, "empty", "train", "dog"))
     os.makedirs(os.path.join(out, "empty", "test", "dog"))
     write_tree(os.path.join(out, "mismatch"), {"train": CLASSES, "test": CLASSES[:2]}, per_class=2)
+    write_nested(out)
 
 
 if __name__ == "__main__":

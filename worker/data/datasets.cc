@@ -84,16 +84,17 @@ Datasets loadImageFolder(const DataConfig& config) {
   namespace fs = std::filesystem;
   const std::string trainDir = (fs::path(config.root) / "train").string();
   const std::string testDir = data::imageFolderEvalDir(config.root);
-  const auto classes = data::imageFolderClasses(trainDir);
-  const auto testClasses = data::imageFolderClasses(testDir);
-  if (classes != testClasses) {
+  // The library lists both splits: torchvision's ImageFolder order, linked folders followed.
+  const ImageDataset train = ImageDataset::folder(trainDir), test = ImageDataset::folder(testDir);
+  const std::vector<std::string>& classes = train.classes();
+  if (classes != test.classes()) {
     auto join = [](const std::vector<std::string>& v) {
       std::string s;
       for (const auto& c : v) s += (s.empty() ? "" : ", ") + c;
       return s;
     };
     DDP_THROW(DataError, "data: ", trainDir, " has classes [", join(classes), "] but ", testDir, " has [",
-              join(testClasses), "]; both splits need the same class folders");
+              join(test.classes()), "]; both splits need the same class folders");
   }
   data::ImageFolderOptions o;
   o.resize = config.imageSize;
@@ -102,8 +103,8 @@ Datasets loadImageFolder(const DataConfig& config) {
   if (!config.stddev.empty()) o.stddev = config.stddev;
   o.threads = config.numWorkers > 0 ? static_cast<int>(config.numWorkers)
                                     : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  d.train = data::loadImageFolderSplit(trainDir, classes, o);
-  d.test = data::loadImageFolderSplit(testDir, classes, o);
+  d.train = data::loadImageFolderSplit(train, o);
+  d.test = data::loadImageFolderSplit(test, o);
   if (d.train.images.sizes().slice(1) != d.test.images.sizes().slice(1)) {
     DDP_THROW(DataError, "data: the train images are ", d.train.images.size(3), "x", d.train.images.size(2),
               " but the test images are ", d.test.images.size(3), "x", d.test.images.size(2),

@@ -1,10 +1,11 @@
-// torchvision's ImageFolder layout: root/train/<class>/*.png|jpg, root/test/<class>/..., classes
-// the sorted folder names; PNG through libpng, JPEG through libjpeg-turbo (what Pillow uses).
+// torchvision's ImageFolder layout decoded into memory: root/train/<class>/*.png|jpg,
+// root/test/<class>/..., listed by the library (ddp::ImageDataset::folder: torchvision's order,
+// linked folders followed) and decoded by it (libpng, libjpeg-turbo: what Pillow uses).
 #pragma once
 
+#include <ddp/image_data.h>
+
 #include <cstdint>
-#include <string>
-#include <utility>
 #include <vector>
 
 #include "worker/data/tensor_dataset.h"
@@ -16,26 +17,13 @@ struct ImageFolderOptions {
   std::vector<float> mean = {0, 0, 0};    // per channel (RGB), after x / 255 (Normalize)
   std::vector<float> stddev = {1, 1, 1};
   int threads = 1;              // images decoded in parallel
-  int64_t maxPixels = 2 * 89478485;  // ddp::ImageDecodeOptions::maxPixels
+  int64_t maxPixels = ddp::kMaxImagePixels;  // ddp::ImageDecodeOptions::maxPixels
 };
 
-/// One split: every file under root/<split>/<class>/ (sorted by name) decoded to RGB (as
-/// ImageFolder's loader: Image.convert("RGB")), uint8 [N, 3, H, W], labels = the class's index in
-/// `classes`. Without resize every image must have the first one's size. Throws ddp::DataError
-/// naming the file for an unreadable or undecodable image, a size mismatch, or a class folder
-/// without images.
-TensorDataset loadImageFolderSplit(const std::string& splitDir, const std::vector<std::string>& classes,
-                                   const ImageFolderOptions& options);
-
-/// The class names of a split: its sub-directories, sorted. Throws DataError when none.
-std::vector<std::string> imageFolderClasses(const std::string& splitDir);
-
-/// Decodes one PNG or JPEG file to RGB bytes (height * width * 3, row-major, interleaved).
-struct DecodedImage {
-  int64_t height = 0;
-  int64_t width = 0;
-  std::vector<uint8_t> rgb;
-};
-DecodedImage decodeImage(const std::string& path, int64_t maxPixels);
+/// Every sample of `set` decoded to RGB (as ImageFolder's loader: Image.convert("RGB")), uint8
+/// [N, 3, H, W] in the set's order, labels the set's. Without resize every image must have the
+/// first one's size. Throws ddp::DataError naming the file for an unreadable or undecodable image
+/// or a size mismatch.
+TensorDataset loadImageFolderSplit(const ddp::ImageDataset& set, const ImageFolderOptions& options);
 
 }  // namespace ddp::worker::data
