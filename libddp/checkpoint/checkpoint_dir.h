@@ -8,7 +8,17 @@
 #include <string>
 #include <vector>
 
+#include "ddp/error.h"
+
 namespace ddp::checkpoint {
+
+/// The CheckpointError of a checkpoint whose own files are damaged (its manifest, a rank's file
+/// unreadable or not the one the manifest lists), as against one that does not fit the model:
+/// Checkpointer::resume goes on to the next older checkpoint past it.
+class DamagedCheckpoint : public CheckpointError {
+ public:
+  using CheckpointError::CheckpointError;
+};
 
 constexpr const char* kShardedCheckpointFormat = "ddp-launch-sharded-checkpoint/1";
 constexpr const char* kShardedManifest = "manifest.json";
@@ -36,10 +46,12 @@ void verifyShardedCheckpoint(const std::string& path);
 /// first (by step). Temporaries of interrupted writes are not listed.
 std::vector<std::string> listCheckpoints(const std::string& dir);
 
-/// The newest checkpoint that loads and verifies; each one skipped is reported
-/// through `onSkip(path, reason)`. nullopt when there is none.
+/// The newest checkpoint that loads and verifies, older than `olderThan` where that is one of the
+/// listed checkpoints; each one skipped is reported through `onSkip(path, reason)`. nullopt when
+/// there is none.
 std::optional<std::string> latestValidCheckpoint(
-    const std::string& dir, const std::function<void(const std::string&, const std::string&)>& onSkip);
+    const std::string& dir, const std::function<void(const std::string&, const std::string&)>& onSkip,
+    const std::string& olderThan = "");
 
 /// Deletes all but the newest `keepLast` checkpoints, and leftovers of interrupted writes.
 void pruneCheckpoints(const std::string& dir, int64_t keepLast);

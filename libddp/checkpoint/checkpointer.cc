@@ -1,26 +1,21 @@
 // ddp::saveModel / loadModel (the rank-0 export) and ddp::Checkpointer (training checkpoints).
 #include <ATen/ops/empty.h>
-#include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 #include <spdlog/spdlog.h>
 #include <torch/nn/module.h>
-#include <torch/optim/sgd.h>
-#include <torch/serialize/archive.h>
 
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <map>
 #include <optional>
-#include <sstream>
 
 #include "libddp/internal.h"
 #include "common/error.h"
 #include "ddp/ddp.h"
-#include "ddp/fused_optim.h"
 #include "ddp/files.h"
 #include "libddp/checkpoint/checkpoint_dir.h"
+#include "libddp/checkpoint/checkpointer_optimizer.h"
 #include "libddp/checkpoint/optimizer_state.h"
 #include "libddp/checkpoint/sharded_checkpoint.h"
 #include "libddp/checkpoint/state_dict_loader.h"
@@ -30,242 +25,6 @@
 namespace ddp {
 namespace {
 
-// Optimizers other than SGD travel as their own torch::serialize archive in one uint8 tensor.
-constexpr const char* kArchiveKey = "torch_archive";
-
-checkpoint::NamedTensors namedParameters(const torch::nn::Module& module) {
-  checkpoint::NamedTensors out;
-  for (const auto& item : module.named_parameters(true)) out.emplace_back(item.key(), item.value());
-  return out;
-}
-
-// ddp::FusedAdamW's state under Adam's keys ("exp_avg.<name>", ..., "step.<name>" as int64): a
-// checkpoint of AdamW resumes into FusedAdamW and back.
-checkpoint::NamedTensors fusedAdamState(const FusedAdamW& optimizer, const torch::nn::Module& module) {
-  checkpoint::NamedTensors out;
-  for (const auto& [name, param] : namedParameters(module)) {
-    const FusedAdamWState* st = optimizer.stateOf(param);
-    if (st == nullptr) continue;
-    out.emplace_back("exp_avg." + name, st->expAvg.detach().cpu().clone());
-    out.emplace_back("exp_avg_sq." + name, st->expAvgSq.detach().cpu().clone());
-    if (st->maxExpAvgSq.defined()) out.emplace_back("max_exp_avg_sq." + name, st->maxExpAvgSq.detach().cpu().clone());
-    out.emplace_back("step." + name, at::scalar_tensor(static_cast<int64_t>(st->step.item<float>()), at::kLong));
-  }
-  return out;
-}
-
-void restoreFusedAdamState(FusedAdamW& optimizer, const torch::nn::Module& module, const checkpoint::NamedTensors& saved,
-                           const std::string& path) {
-  std::map<std::string, std::map<std::string, at::Tensor>> perParam;  // name → prefix → tensor
-  const auto params = namedParameters(module);
-  std::map<std::string, at::Tensor> byName(params.begin(), params.end());
-  for (const auto& [key, value] : saved) {
-    bool known = false;
-    for (const char* prefix : {"exp_avg.", "exp_avg_sq.", "max_exp_avg_sq.", "step."}) {
-      if (key.rfind(prefix, 0) != 0) continue;
-      const std::string name = key.substr(std::string(prefix).size());
-      if (byName.count(name) == 0) {
-        DDP_THROW(CheckpointError, "'", path, "' has optimizer state for unknown parameter '", name, "'");
-      }
-      perParam[name][prefix] = value;
-      known = true;
-      break;
-    }
-    if (!known) {
-      DDP_THROW(CheckpointError, path, " holds state of another optimizer than Adam/AdamW ('", key,
-                "'); resume with the optimizer that wrote it");
-    }
-  }
-  for (auto& [name, entries] : perParam) {
-    const at::Tensor& param = byName.at(name);
-    for (const char* required : {"exp_avg.", "exp_avg_sq.", "step."}) {
-      if (entries.count(required) == 0) {
-        DDP_THROW(CheckpointError, "'", path, "' has incomplete Adam state for '", name, "' (no ", required, name, ")");
-      }
-    }
-    for (const char* moment : {"exp_avg.", "exp_avg_sq.", "max_exp_avg_sq."}) {
-      if (entries.count(moment) && !entries[moment].sizes().equals(param.sizes())) {
-        DDP_THROW(CheckpointError, "'", path, "' has Adam state of the wrong shape for '", name, "'");
-      }
-    }
-    FusedAdamWState st;
-    st.expAvg = entries["exp_avg."].to(param.device(), param.scalar_type()).clone();
-    st.expAvgSq = entries["exp_avg_sq."].to(param.device(), param.scalar_type()).clone();
-    if (entries.count("max_exp_avg_sq.")) {
-      st.maxExpAvgSq = entries["max_exp_avg_sq."].to(param.device(), param.scalar_type()).clone();
-    }
-    st.step = entries["step."].to(param.device(), at::kFloat).reshape({}).clone();
-    optimizer.setStateOf(param, std::move(st));
-  }
-}
-
-checkpoint::NamedTensors optimizerState(torch::optim::Optimizer& optimizer, const torch::nn::Module& module) {
-  if (const auto* fused = dynamic_cast<const FusedAdamW*>(&optimizer)) return fusedAdamState(*fused, module);
-  if (auto* sgd = dynamic_cast<torch::optim::SGD*>(&optimizer)) {
-    return checkpoint::sgdMomentumBuffers(*sgd, namedParameters(module));  // readable by name in Python
-  }
-  if (checkpoint::isAdam(optimizer)) return checkpoint::adamMoments(optimizer, namedParameters(module));
-  torch::serialize::OutputArchive archive;
-  optimizer.save(archive);
-  std::ostringstream bytes;
-  archive.save_to(bytes);
-  const std::string data = bytes.str();
-  at::Tensor blob = at::empty({static_cast<int64_t>(data.size())}, at::kByte);
-  std::memcpy(blob.data_ptr(), data.data(), data.size());
-  return {{kArchiveKey, blob}};
-}
-
-// ZeroRedundancyOptimizer: every rank's shard of the state by name (its local optimizer's entries,
-// the unsharded optimizer's names), broadcast by each rank in turn: names, then dtype and shape per
-// entry, then the tensors. Collective; every rank ends with the whole state (rank 0 writes it).
-checkpoint::NamedTensors gatherShardedState(ProcessGroup& group, ZeroRedundancyOptimizer& zero,
-                                            const torch::nn::Module& module) {
-  torch::optim::Optimizer& local = zero.localOptimizer();
-  if (dynamic_cast<torch::optim::SGD*>(&local) == nullptr && !checkpoint::isAdam(local)) {
-    DDP_THROW(ConfigError, "ddp::Checkpointer: a ZeroRedundancyOptimizer's checkpoint needs SGD, Adam or AdamW as its "
-              "optimizer class (their state is saved by name)");
-  }
-  const checkpoint::NamedTensors mine = optimizerState(local, module);
-  checkpoint::NamedTensors all;
-  const auto on = at::TensorOptions().device(group.collectiveDevice());
-  for (int r = 0; r < group.size(); ++r) {
-    const bool sender = group.rank() == r;
-    std::string names;
-    std::vector<int64_t> meta;
-    if (sender) {
-      for (const auto& [key, t] : mine) {
-        names += key + '\n';
-        meta.push_back(static_cast<int64_t>(t.scalar_type()));
-        meta.push_back(t.dim());
-        for (int64_t d : t.sizes()) meta.push_back(d);
-      }
-    }
-    at::Tensor sizes = at::tensor({static_cast<int64_t>(names.size()), static_cast<int64_t>(meta.size())}, at::kLong).to(group.collectiveDevice());
-    group.broadcast(sizes, r);
-    sizes = sizes.cpu();
-    at::Tensor nameBytes = at::zeros({sizes[0].item<int64_t>()}, at::kByte);
-    at::Tensor metaValues = at::zeros({sizes[1].item<int64_t>()}, at::kLong);
-    if (sender) {
-      std::memcpy(nameBytes.data_ptr(), names.data(), names.size());
-      std::memcpy(metaValues.data_ptr(), meta.data(), meta.size() * sizeof(int64_t));
-    }
-    nameBytes = nameBytes.to(group.collectiveDevice());
-    metaValues = metaValues.to(group.collectiveDevice());
-    group.broadcast(nameBytes, r);
-    group.broadcast(metaValues, r);
-    nameBytes = nameBytes.cpu();
-    metaValues = metaValues.cpu();
-    const std::string text(static_cast<const char*>(nameBytes.data_ptr()), static_cast<size_t>(nameBytes.numel()));
-    const int64_t* m = metaValues.data_ptr<int64_t>();
-    size_t at = 0, pos = 0;
-    for (size_t entry = 0; pos < text.size(); ++entry) {
-      const size_t end = text.find('\n', pos);
-      const std::string key = text.substr(pos, end - pos);
-      pos = end + 1;
-      const auto dtype = static_cast<at::ScalarType>(m[at++]);
-      const int64_t dims = m[at++];
-      std::vector<int64_t> shape(m + at, m + at + dims);
-      at += static_cast<size_t>(dims);
-      at::Tensor t = sender ? mine[entry].second.contiguous().to(group.collectiveDevice())
-                            : at::empty(shape, on.dtype(dtype));
-      group.broadcast(t, r);
-      all.emplace_back(key, t.cpu());
-    }
-  }
-  return all;
-}
-
-// The entries of `saved` for the parameters this rank owns, and those parameters by name.
-void restoreShardedState(ZeroRedundancyOptimizer& zero, const torch::nn::Module& module,
-                         const checkpoint::NamedTensors& saved, const std::string& path, c10::Device device);
-
-void restoreOptimizerState(torch::optim::Optimizer& optimizer, const torch::nn::Module& module,
-                           const checkpoint::NamedTensors& saved, const std::string& path, c10::Device device) {
-  if (auto* zero = dynamic_cast<ZeroRedundancyOptimizer*>(&optimizer)) {
-    restoreShardedState(*zero, module, saved, path, device);
-    return;
-  }
-  if (auto* fused = dynamic_cast<FusedAdamW*>(&optimizer)) {
-    restoreFusedAdamState(*fused, module, saved, path);
-    return;
-  }
-  if (auto* sgd = dynamic_cast<torch::optim::SGD*>(&optimizer)) {
-    for (const auto& [key, value] : saved) {
-      if (key == kArchiveKey) {
-        DDP_THROW(CheckpointError, path, " holds the state of another optimizer than SGD; resume with the "
-                  "optimizer that wrote it");
-      }
-    }
-    if (checkpoint::holdsAdamMoments(saved)) {
-      DDP_THROW(CheckpointError, path, " holds Adam/AdamW state, but this optimizer is SGD; resume with the "
-                "optimizer that wrote it");
-    }
-    checkpoint::restoreSgdMomentumBuffers(*sgd, namedParameters(module), saved, path);
-    return;
-  }
-  if (checkpoint::isAdam(optimizer) && !saved.empty() && saved.front().first != kArchiveKey) {
-    if (!checkpoint::holdsAdamMoments(saved)) {
-      DDP_THROW(CheckpointError, path, " holds SGD momentum buffers, but this optimizer is Adam/AdamW; resume "
-                "with the optimizer that wrote it");
-    }
-    checkpoint::restoreAdamMoments(optimizer, namedParameters(module), saved, path);
-    return;
-  }
-  for (const auto& [key, value] : saved) {
-    if (key != kArchiveKey) continue;
-    const at::Tensor blob = value.contiguous();
-    std::istringstream bytes(std::string(static_cast<const char*>(blob.data_ptr()), static_cast<size_t>(blob.numel())));
-    torch::serialize::InputArchive archive;
-    archive.load_from(bytes, device);
-    try {
-      optimizer.load(archive);
-    } catch (const c10::Error& e) {
-      const std::string what = e.what_without_backtrace();
-      DDP_THROW(CheckpointError, path, ": its optimizer state does not fit this optimizer (",
-                what.substr(0, what.find('\n')), "); resume with the optimizer and model that wrote it");
-    }
-    return;
-  }
-  if (!saved.empty()) {
-    DDP_THROW(CheckpointError, path, " holds SGD momentum buffers, but this optimizer is not SGD; resume with "
-              "the optimizer that wrote it");
-  }
-}
-
-void restoreShardedState(ZeroRedundancyOptimizer& zero, const torch::nn::Module& module,
-                         const checkpoint::NamedTensors& saved, const std::string& path, c10::Device device) {
-  checkpoint::NamedTensors owned;
-  std::map<std::string, bool> mine;
-  for (const auto& item : module.named_parameters(true)) {
-    if (zero.owns(item.value())) {
-      owned.emplace_back(item.key(), item.value());
-      mine[item.key()] = true;
-    }
-  }
-  checkpoint::NamedTensors entries;
-  for (const auto& [key, value] : saved) {
-    const size_t dot = key.find('.');
-    if (dot != std::string::npos && mine.count(key.substr(dot + 1))) entries.emplace_back(key, value);
-  }
-  torch::optim::Optimizer& local = zero.localOptimizer();
-  if (auto* sgd = dynamic_cast<torch::optim::SGD*>(&local)) {
-    if (checkpoint::holdsAdamMoments(saved)) {
-      DDP_THROW(CheckpointError, path, " holds Adam/AdamW state, but this optimizer is SGD; resume with the "
-                "optimizer that wrote it");
-    }
-    checkpoint::restoreSgdMomentumBuffers(*sgd, owned, entries, path);
-  } else if (checkpoint::isAdam(local)) {
-    if (!entries.empty() && !checkpoint::holdsAdamMoments(entries)) {
-      DDP_THROW(CheckpointError, path, " holds SGD momentum buffers, but this optimizer is Adam/AdamW; resume "
-                "with the optimizer that wrote it");
-    }
-    checkpoint::restoreAdamMoments(local, owned, entries, path);
-  } else {
-    DDP_THROW(ConfigError, "ddp::Checkpointer: a ZeroRedundancyOptimizer resumes SGD, Adam or AdamW state only");
-  }
-  (void)device;
-}
-
 // What a checkpoint holds of this rank: its model and optimizer entries (ZeRO's gathered shards
 // when given), the position, the generators and the scaler.
 checkpoint::TrainingState trainingState(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
@@ -274,7 +33,7 @@ checkpoint::TrainingState trainingState(torch::nn::Module& module, torch::optim:
                                         const std::vector<at::Tensor>& cudaRng, const GradScaler* scaler) {
   checkpoint::TrainingState state;
   for (auto& [key, tensor] : stateDict(module)) state.model.emplace_back(key, tensor);
-  state.optimizer = sharded ? std::move(*sharded) : optimizerState(optimizer, module);
+  state.optimizer = sharded ? std::move(*sharded) : checkpoint::optimizerState(optimizer, module);
   state.epoch = position.epoch;
   state.stepInEpoch = position.stepInEpoch;
   state.globalStep = position.globalStep;
@@ -376,6 +135,51 @@ void checkSampleOrder(const CheckpointOptions& options, const checkpoint::Traini
   }
 }
 
+// The checkpoint at `path` ("" on every rank: none), read by every rank: all read it, or all
+// throw. A sharded checkpoint (a directory) or one file, shaped for `module`: the rows of its fully
+// sharded parameters, whatever world size wrote it (each rank reads the files it needs).
+checkpoint::TrainingState readAgreed(ProcessGroup& group, const std::string& path, const torch::nn::Module& module) {
+  checkpoint::TrainingState state;
+  std::string error;
+  bool damaged = false;  // its files, as against a model it does not fit
+  if (!path.empty()) {
+    try {
+      state = checkpoint::loadTrainingStateFor(path, &module);
+    } catch (const checkpoint::DamagedCheckpoint& e) {
+      error = e.what();
+      damaged = true;
+    } catch (const Error& e) {
+      error = e.what();
+    } catch (const std::exception& e) {  // LibTorch's or the JSON reader's: still one agreed line
+      const std::string what = e.what();
+      error = "resume: cannot load '" + path + "': " + what.substr(0, what.find('\n'));
+    }
+  }
+  const int64_t step = path.empty() ? -1 : state.globalStep;
+  // Every rank must continue from the same step, or the collectives mismatch; a rank that could not
+  // read its part fails them all.
+  const int64_t failed = error.empty() ? 0 : 1;
+  at::Tensor steps = at::tensor({step, int64_t{1}, failed, damaged ? failed : 0}, at::kLong).to(group.collectiveDevice());
+  group.allReduce(steps);
+  steps = steps.cpu();
+  // Damaged files on every rank that failed: resume() may go on to an older checkpoint, all ranks alike.
+  const bool allDamaged = steps[2].item<int64_t>() == steps[3].item<int64_t>();
+  if (!error.empty()) {
+    if (allDamaged) throw checkpoint::DamagedCheckpoint(error);
+    throw CheckpointError(error);
+  }
+  if (steps[2].item<int64_t>() > 0) {
+    const std::string why = "resume: another rank could not read '" + path + "' (its log says why)";
+    if (allDamaged) throw checkpoint::DamagedCheckpoint(why);
+    throw CheckpointError(why);
+  }
+  if (steps[0].item<int64_t>() != step * steps[1].item<int64_t>()) {
+    DDP_THROW(CommError, "resume: ranks found different checkpoints (rank ", group.rank(), " has step ", step,
+              " from '", path.empty() ? "<none>" : path, "'); point every rank at the same ", "ddp::CheckpointOptions::dir");
+  }
+  return state;
+}
+
 }  // namespace
 
 void saveModel(const torch::nn::Module& module, const std::string& path) {
@@ -440,12 +244,12 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
   }
   // ZeRO: the shards of the optimizer state, from every rank (collective).
   std::optional<checkpoint::NamedTensors> sharded;
-  if (auto* zero = dynamic_cast<ZeroRedundancyOptimizer*>(&optimizer)) sharded = gatherShardedState(group, *zero, module);
+  if (auto* zero = dynamic_cast<ZeroRedundancyOptimizer*>(&optimizer)) sharded = checkpoint::gatherShardedState(group, *zero, module);
   if (shardedModel) {
     const checkpoint::TrainingState state = trainingState(module, optimizer, sharded, position, group.size(), options_,
                                                                 cudaRng, scaler);
     for (const auto& [key, value] : state.optimizer) {
-      if (key == kArchiveKey) {  // the same on every rank: all throw
+      if (key == checkpoint::kArchiveKey) {  // the same on every rank: all throw
         DDP_THROW(ConfigError, "ddp::Checkpointer::save: a fully sharded model's checkpoint holds its optimizer state "
                   "by parameter name, which needs SGD, Adam, AdamW or ddp::FusedAdamW");
       }
@@ -491,57 +295,41 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
 
 std::optional<TrainPosition> Checkpointer::resume(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                                  GradScaler* scaler) {
-  const auto found = checkpoint::latestValidCheckpoint(options_.dir, [&](const std::string& p, const std::string& why) {
-    if (group_.rank() == 0) spdlog::warn("resume: skipping {}: {}", p, why);
-  });
-  if (!found) {
-    // Every rank must agree that there is nothing, or some would resume and some not.
-    resumeFrom("", module, optimizer, scaler);
-    if (group_.rank() == 0) spdlog::info("resume: no checkpoint in {}; starting from the beginning", options_.dir);
-    return std::nullopt;
+  std::string olderThan;  // the newest checkpoint whose files a rank found damaged: look past it
+  for (;;) {
+    const auto found = checkpoint::latestValidCheckpoint(
+        options_.dir,
+        [&](const std::string& p, const std::string& why) {
+          if (group_.rank() == 0) spdlog::warn("resume: skipping {}: {}", p, why);
+        },
+        olderThan);
+    if (!found) {
+      // Every rank must agree that there is nothing, or some would resume and some not.
+      resumeFrom("", module, optimizer, scaler);
+      if (group_.rank() == 0) spdlog::info("resume: no checkpoint in {}; starting from the beginning", options_.dir);
+      return std::nullopt;
+    }
+    try {
+      return resumeFrom(*found, module, optimizer, scaler);
+    } catch (const checkpoint::DamagedCheckpoint& e) {
+      // Agreed by every rank before anything was loaded: each says what it saw, and all go on.
+      spdlog::warn("resume: skipping {}: {}", *found, e.what());
+      olderThan = *found;
+    }
   }
-  return resumeFrom(*found, module, optimizer, scaler);
 }
 
 TrainPosition Checkpointer::resumeFrom(const std::string& path, torch::nn::Module& module,
                                        torch::optim::Optimizer& optimizer, GradScaler* scaler) {
   internal::checkLive(group_, "Checkpointer::resume");
   ProcessGroup group = group_.withLabel("Checkpointer::resume");
-  // A sharded checkpoint (a directory) or one file, shaped for this module: the rows of its fully
-  // sharded parameters, whatever world size wrote it (each rank reads the files it needs).
-  checkpoint::TrainingState state;
-  std::string error;
-  if (!path.empty()) {
-    try {
-      state = checkpoint::loadTrainingStateFor(path, &module);
-    } catch (const Error& e) {
-      error = e.what();
-    } catch (const std::exception& e) {  // LibTorch's or the JSON reader's: still one agreed line
-      const std::string what = e.what();
-      error = "resume: cannot load '" + path + "': " + what.substr(0, what.find('\n'));
-    }
-  }
-  const int64_t step = path.empty() ? -1 : state.globalStep;
-  // Every rank must continue from the same step, or the collectives mismatch; a rank that could not
-  // read its part fails them all.
-  at::Tensor steps = at::tensor({step, int64_t{1}, error.empty() ? int64_t{0} : int64_t{1}}, at::kLong)
-                         .to(group.collectiveDevice());
-  group.allReduce(steps);
-  steps = steps.cpu();
-  if (!error.empty()) throw CheckpointError(error);
-  if (steps[2].item<int64_t>() > 0) {
-    DDP_THROW(CheckpointError, "resume: another rank could not read '", path, "' (its log says why)");
-  }
-  if (steps[0].item<int64_t>() != step * steps[1].item<int64_t>()) {
-    DDP_THROW(CommError, "resume: ranks found different checkpoints (rank ", group.rank(), " has step ", step,
-              " from '", path.empty() ? "<none>" : path, "'); point every rank at the same ", "ddp::CheckpointOptions::dir");
-  }
+  checkpoint::TrainingState state = readAgreed(group, path, module);
   if (path.empty()) return {};
   checkSampleOrder(options_, state, path);
 
   const c10::Device device = group_.device();
   checkpoint::loadStateDictInto(module, state.model, path);
-  restoreOptimizerState(optimizer, module, state.optimizer, path, device);
+  checkpoint::restoreOptimizerState(optimizer, module, state.optimizer, path, device);
   if (scaler != nullptr && scaler->isEnabled()) {
     if (state.scaler) {
       const auto& st = *state.scaler;

@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -144,6 +146,45 @@ bool holdsShardedParameters(const torch::nn::Module& module) {
   return false;
 }
 
+namespace {
+
+// Moves the finished directory `from` to `to`. A checkpoint of the same step written before (a
+// resume from an older one) is replaced without a moment where neither is there: the two swap
+// names in one step (renameat2's RENAME_EXCHANGE), then the old one, now at `from`, is removed.
+// Where the filesystem cannot swap (EINVAL: NFS, some FUSE) the old one is moved aside first, to
+// a name pruneCheckpoints removes.
+void putInPlace(const std::string& from, const std::string& to) {
+  std::error_code ec;
+  auto renameOrThrow = [](const std::string& a, const std::string& b) {
+    std::error_code e;
+    fs::rename(a, b, e);
+    if (e) DDP_THROW(CheckpointError, "cannot rename '", a, "' to '", b, "': ", e.message());
+  };
+  if (!fs::exists(to, ec)) {
+    renameOrThrow(from, to);
+    return;
+  }
+  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_EXCHANGE) == 0) {
+    fs::remove_all(from, ec);
+    return;
+  }
+  if (errno != EINVAL && errno != ENOSYS) {
+    DDP_THROW(CheckpointError, "cannot put '", from, "' in place of '", to, "': ", std::strerror(errno));
+  }
+  const std::string aside = from + ".old";
+  fs::remove_all(aside, ec);
+  renameOrThrow(to, aside);
+  try {
+    renameOrThrow(from, to);
+  } catch (const CheckpointError&) {
+    fs::rename(aside, to, ec);  // the old one back
+    throw;
+  }
+  fs::remove_all(aside, ec);
+}
+
+}  // namespace
+
 std::string saveShardedCheckpoint(ProcessGroup& group, const TrainingState& state, const torch::nn::Module& module,
                                   const std::string& dir) {
   const std::string path = shardedCheckpointPath(dir, state.globalStep);
@@ -209,10 +250,7 @@ std::string saveShardedCheckpoint(ProcessGroup& group, const TrainingState& stat
                                        {"files", files},
                                        {"tensors", tensors}};
       writeFileAtomic((fs::path(temporary) / kShardedManifest).string(), manifest.dump(1));
-      std::error_code ec;
-      fs::remove_all(path, ec);  // this step written before (a resume from an older checkpoint)
-      fs::rename(temporary, path, ec);
-      if (ec) DDP_THROW(CheckpointError, "cannot rename '", temporary, "' to '", path, "': ", ec.message());
+      putInPlace(temporary, path);
       fsyncDirectory(dir);
     } catch (const Error& e) {
       error = e.what();
@@ -244,8 +282,12 @@ class CheckpointFiles {
       paths_ = {path};
       return;
     }
-    verifyShardedCheckpoint(path);
-    manifest_ = readManifest(path);
+    try {
+      verifyShardedCheckpoint(path);
+      manifest_ = readManifest(path);
+    } catch (const CheckpointError& e) {
+      throw DamagedCheckpoint(e.what());
+    }
     for (const auto& f : manifest_["files"]) {
       paths_.push_back((fs::path(path) / f["name"].get<std::string>()).string());
       checksums_.push_back(f.value("checksum", std::string()));
@@ -265,8 +307,15 @@ class CheckpointFiles {
     auto it = files_.find(r);
     if (it != files_.end()) return it->second;
     RankFile f;
-    f.state = loadTrainingCheckpoint(paths_[r]);
-    if (sharded_) checkBelongs(r, f.state);
+    try {
+      f.state = loadTrainingCheckpoint(paths_[r]);
+      if (sharded_) checkBelongs(r, f.state);
+    } catch (const CheckpointError& e) {
+      throw DamagedCheckpoint(e.what());
+    } catch (const std::exception& e) {  // LibTorch's reader on a damaged archive: its first line
+      const std::string what = e.what();
+      DDP_THROW(DamagedCheckpoint, "cannot read '", paths_[r], "': ", what.substr(0, what.find('\n')));
+    }
     for (const auto& [key, t] : f.state.model) f.model.emplace(key, t);
     for (const auto& [key, t] : f.state.optimizer) f.optimizer.emplace(key, t);
     return files_.emplace(r, std::move(f)).first->second;
@@ -326,7 +375,7 @@ at::Tensor assembleRows(CheckpointFiles& files, const nlohmann::json& saved, con
       piece = it == entries.end() ? at::Tensor() : it->second;
     }
     if (!piece.defined() || piece.dim() == 0 || piece.size(0) != end - start) {
-      DDP_THROW(CheckpointError, "'", files.path(r), "' does not hold rows ", start, "..", end, " of '", key,
+      DDP_THROW(DamagedCheckpoint, "'", files.path(r), "' does not hold rows ", start, "..", end, " of '", key,
                 "' as its manifest says (damaged, or another checkpoint's file)");
     }
     pieces.push_back(piece.narrow(0, lo - start, hi - lo));

@@ -10,6 +10,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -242,6 +243,41 @@ TEST_F(ShardedCheckpoint, AnotherModelOrADamagedFileFailsEveryRankWithOneLine) {
   auto truncated = launch(2, {"--mode", "full", "--steps", "3", "--resume", copy, "--dir", ckpt});
   EXPECT_NE(truncated.exitCode, 0);
   EXPECT_NE(truncated.output.find("has 1000 bytes, its manifest says"), std::string::npos) << truncated.output;
+}
+
+// resume=auto: the newest checkpoint with a damaged rank file (rank 1 names it) is skipped by both
+// ranks, the older one resumed, and the step saved again over the damaged directory: the run ends
+// in the bytes the undamaged checkpoint held (resume is bitwise), and nothing of the swap is left.
+TEST_F(ShardedCheckpoint, ResumeAutoGoesPastADamagedRankFileAndSavesItsStepAgain) {
+  const std::string ckpt = path("auto_damaged");
+  launchOk(2, {"--mode", "full", "--steps", "2", "--save-at", "2", "--dir", ckpt});
+  launchOk(2, {"--mode", "full", "--steps", "4", "--save-at", "4", "--resume", "auto", "--dir", ckpt});
+  const std::string newest = (fs::path(ckpt) / "ckpt-00000004").string();
+  const std::string before = path("auto_damaged_before.pt");
+  ddp::consolidateCheckpoint(newest, before);
+  {
+    std::fstream f((fs::path(newest) / "rank-00001.pt").string(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-200, std::ios::end);
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(-200, std::ios::end);
+    c = static_cast<char>(c ^ 0x5a);
+    f.write(&c, 1);
+  }
+  const auto r = launch(2, {"--mode", "full", "--steps", "4", "--save-at", "4", "--resume", "auto", "--dir", ckpt});
+  ASSERT_EQ(r.exitCode, 0) << r.output;
+  EXPECT_NE(r.output.find("resume: skipping " + newest + ": '" + newest + "/rank-00001.pt' is "),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("resumed from " + (fs::path(ckpt) / "ckpt-00000002").string()), std::string::npos)
+      << r.output;
+  const std::string after = path("auto_damaged_after.pt");
+  ddp::consolidateCheckpoint(newest, after);
+  expectSameState(after, before);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(ckpt)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"ckpt-00000002", "ckpt-00000004"}));
 }
 
 // A save that meets a full disk (a 4 KiB tmpfs, in a mount namespace of its own) fails with the line
