@@ -146,11 +146,10 @@ std::vector<std::string> listCheckpoints(const std::string& dir) {
 
 std::optional<std::string> latestValidCheckpoint(
     const std::string& dir, const std::function<void(const std::string&, const std::string&)>& onSkip,
-    const std::string& olderThan) {
+    const std::vector<std::string>& exclude) {
   const auto all = listCheckpoints(dir);
-  auto it = all.rbegin();
-  if (const auto older = std::find(all.rbegin(), all.rend(), olderThan); older != all.rend()) it = std::next(older);
-  for (; it != all.rend(); ++it) {
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (std::find(exclude.begin(), exclude.end(), *it) != exclude.end()) continue;
     try {
       // A sharded checkpoint's files are read by the ranks that need them, each verified then.
       if (isShardedCheckpoint(*it)) {

@@ -46,12 +46,11 @@ void verifyShardedCheckpoint(const std::string& path);
 /// first (by step). Temporaries of interrupted writes are not listed.
 std::vector<std::string> listCheckpoints(const std::string& dir);
 
-/// The newest checkpoint that loads and verifies, older than `olderThan` where that is one of the
-/// listed checkpoints; each one skipped is reported through `onSkip(path, reason)`. nullopt when
-/// there is none.
+/// The newest checkpoint that loads and verifies, leaving out those in `exclude`; each one skipped
+/// is reported through `onSkip(path, reason)`. nullopt when there is none.
 std::optional<std::string> latestValidCheckpoint(
     const std::string& dir, const std::function<void(const std::string&, const std::string&)>& onSkip,
-    const std::string& olderThan = "");
+    const std::vector<std::string>& exclude = {});
 
 /// Deletes all but the newest `keepLast` checkpoints, and leftovers of interrupted writes.
 void pruneCheckpoints(const std::string& dir, int64_t keepLast);

@@ -295,14 +295,14 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
 
 std::optional<TrainPosition> Checkpointer::resume(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                                  GradScaler* scaler) {
-  std::string olderThan;  // the newest checkpoint whose files a rank found damaged: look past it
+  std::vector<std::string> damaged;  // checkpoints whose files a rank found damaged: looked past
   for (;;) {
     const auto found = checkpoint::latestValidCheckpoint(
         options_.dir,
         [&](const std::string& p, const std::string& why) {
           if (group_.rank() == 0) spdlog::warn("resume: skipping {}: {}", p, why);
         },
-        olderThan);
+        damaged);
     if (!found) {
       // Every rank must agree that there is nothing, or some would resume and some not.
       resumeFrom("", module, optimizer, scaler);
@@ -314,7 +314,7 @@ std::optional<TrainPosition> Checkpointer::resume(torch::nn::Module& module, tor
     } catch (const checkpoint::DamagedCheckpoint& e) {
       // Agreed by every rank before anything was loaded: each says what it saw, and all go on.
       spdlog::warn("resume: skipping {}: {}", *found, e.what());
-      olderThan = *found;
+      damaged.push_back(*found);
     }
   }
 }
