@@ -12,9 +12,18 @@ bool unexplainedSigkill(const RankReport& rank) {
   return rank.status.signaled && rank.status.signal == SIGKILL && !rank.killedByLauncher;
 }
 
+// A stop signal to one worker that the launcher did not forward: someone's kill, a scheduler, a
+// container's stop (the launcher marks the workers it stops before it signals them).
+bool externalStopSignal(const RankReport& rank) {
+  const int s = rank.status.signal;
+  return rank.status.signaled && !rank.stoppedByLauncher && !rank.killedByLauncher &&
+         (s == SIGTERM || s == SIGINT || s == SIGHUP || s == SIGQUIT);
+}
+
 std::string killedBy(const RankReport& rank) {
   std::string text = "killed by " + rank.status.describe();
   if (unexplainedSigkill(rank)) text += ", possibly out of memory (check dmesg)";
+  if (externalStopSignal(rank)) text += ", sent from outside ddp-launch (a kill, a scheduler, a container stop)";
   return text;
 }
 

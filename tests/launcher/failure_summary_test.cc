@@ -45,6 +45,24 @@ TEST(FailureSummary, OnlyASigkillTheLauncherDidNotSendHintsAtMemory) {
   EXPECT_EQ(describeState(attempt.ranks[3], attempt), "ok");
 }
 
+// A stop signal that reached one worker without the launcher sending it says so; the same signal
+// the launcher sent while stopping the group does not.
+TEST(FailureSummary, AStopSignalTheLauncherDidNotSendSaysItCameFromOutside) {
+  const std::string outside = ", sent from outside ddp-launch (a kill, a scheduler, a container stop)";
+  for (int signal : {SIGTERM, SIGINT, SIGHUP, SIGQUIT}) {
+    const RankReport external = rankReport(1, ExitStatus::killedBy(signal));
+    EXPECT_EQ(describeFailure(external), "was killed by " + external.status.describe() + outside);
+  }
+  EXPECT_EQ(describeFailure(rankReport(1, ExitStatus::killedBy(SIGSEGV))), "was killed by SIGSEGV");
+  AttemptReport attempt;
+  attempt.ranks = {rankReport(0, ExitStatus::killedBy(SIGTERM), true, false),
+                   rankReport(1, ExitStatus::killedBy(SIGTERM))};
+  attempt.firstFailure = 1;
+  EXPECT_EQ(describeState(attempt.ranks[0], attempt),
+            "stopped by the launcher (still running when rank 1 failed; ended by SIGTERM)");
+  EXPECT_EQ(describeState(attempt.ranks[1], attempt), "killed by SIGTERM" + outside);
+}
+
 // Our worker writes its one-line error both to stderr and to TORCHELASTIC_ERROR_FILE: the summary
 // shows it once, as the error file, and the rank's other last lines as they were.
 TEST(FailureSummary, AnOutputLineThatIsTheErrorFileIsShownOnce) {
