@@ -79,6 +79,18 @@ double maxDifference(const ddp::StateDict& a, const ddp::StateDict& b) {
   return d;
 }
 
+// One byte `fromEnd` bytes before the end of `file` flipped, its size kept.
+void flipByte(const std::string& file, int fromEnd) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(-fromEnd, std::ios::end);
+  char c = 0;
+  f.read(&c, 1);
+  f.seekp(-fromEnd, std::ios::end);
+  c = static_cast<char>(c ^ 0x5a);
+  f.write(&c, 1);
+  ASSERT_TRUE(f.good()) << file;
+}
+
 // The model and optimizer entries of two one-file checkpoints are the same bytes.
 void expectSameState(const std::string& a, const std::string& b) {
   const auto x = ddp::checkpoint::loadTrainingCheckpoint(a);
@@ -223,15 +235,7 @@ TEST_F(ShardedCheckpoint, AnotherModelOrADamagedFileFailsEveryRankWithOneLine) {
   // One byte of rank 1's file flipped (its size kept): rank 1's checksum fails, rank 0 hears of it.
   const std::string copy = path("bad_copy");
   fs::copy(saved, copy, fs::copy_options::recursive);
-  {
-    std::fstream f((fs::path(copy) / "rank-00001.pt").string(), std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(-200, std::ios::end);
-    char c = 0;
-    f.read(&c, 1);
-    f.seekp(-200, std::ios::end);
-    c = static_cast<char>(c ^ 0x5a);
-    f.write(&c, 1);
-  }
+  flipByte((fs::path(copy) / "rank-00001.pt").string(), 200);
   auto damaged = launch(2, {"--mode", "full", "--steps", "3", "--resume", copy, "--dir", ckpt});
   EXPECT_NE(damaged.exitCode, 0);
   EXPECT_FALSE(damaged.timedOut);
@@ -255,15 +259,7 @@ TEST_F(ShardedCheckpoint, ResumeAutoGoesPastADamagedRankFileAndSavesItsStepAgain
   const std::string newest = (fs::path(ckpt) / "ckpt-00000004").string();
   const std::string before = path("auto_damaged_before.pt");
   ddp::consolidateCheckpoint(newest, before);
-  {
-    std::fstream f((fs::path(newest) / "rank-00001.pt").string(), std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(-200, std::ios::end);
-    char c = 0;
-    f.read(&c, 1);
-    f.seekp(-200, std::ios::end);
-    c = static_cast<char>(c ^ 0x5a);
-    f.write(&c, 1);
-  }
+  flipByte((fs::path(newest) / "rank-00001.pt").string(), 200);
   const auto r = launch(2, {"--mode", "full", "--steps", "4", "--save-at", "4", "--resume", "auto", "--dir", ckpt});
   ASSERT_EQ(r.exitCode, 0) << r.output;
   EXPECT_NE(r.output.find("resume: skipping " + newest + ": '" + newest + "/rank-00001.pt' is "),
