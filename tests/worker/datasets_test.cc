@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "ddp/image_data.h"
 #include "libddp/internal.h"
 #include "worker/data/gather_batch.h"
 
@@ -62,6 +63,11 @@ std::vector<RankResult> loadOnRanks(const DataConfig& config, int ranks) {
   }
   for (auto& t : threads) t.join();
   return results;
+}
+
+// The worker's config header keeps the library's image headers out, so it repeats the limit.
+TEST(ImageDecodeLimit, TheConfigsDefaultIsTheLibrarys) {
+  EXPECT_EQ(DataConfig{}.maxImagePixels, ddp::kMaxImagePixels);
 }
 
 TEST(OneCopyPerHost, OneRankLoadsTheOthersMapItsCopy) {
