@@ -165,7 +165,7 @@ std::optional<std::string> latestValidCheckpoint(
   return std::nullopt;
 }
 
-void pruneCheckpoints(const std::string& dir, int64_t keepLast) {
+void pruneCheckpoints(const std::string& dir, int64_t keepLast, const std::string& justWritten) {
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
@@ -174,7 +174,11 @@ void pruneCheckpoints(const std::string& dir, int64_t keepLast) {
   }
   if (keepLast <= 0) return;
   const auto all = listCheckpoints(dir);
-  for (size_t i = 0; i + static_cast<size_t>(keepLast) < all.size(); ++i) fs::remove_all(all[i], ec);
+  for (size_t i = 0; i + static_cast<size_t>(keepLast) < all.size(); ++i) {
+    if (justWritten.empty() || fs::path(all[i]).filename() != fs::path(justWritten).filename()) {
+      fs::remove_all(all[i], ec);
+    }
+  }
 }
 
 }  // namespace ddp::checkpoint

@@ -52,7 +52,8 @@ std::optional<std::string> latestValidCheckpoint(
     const std::string& dir, const std::function<void(const std::string&, const std::string&)>& onSkip,
     const std::vector<std::string>& exclude = {});
 
-/// Deletes all but the newest `keepLast` checkpoints, and leftovers of interrupted writes.
-void pruneCheckpoints(const std::string& dir, int64_t keepLast);
+/// Deletes all but the newest `keepLast` checkpoints, and leftovers of interrupted writes; never
+/// `justWritten`, which a run resumed from an older checkpoint writes below newer (damaged) ones.
+void pruneCheckpoints(const std::string& dir, int64_t keepLast, const std::string& justWritten = "");
 
 }  // namespace ddp::checkpoint

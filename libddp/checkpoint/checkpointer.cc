@@ -260,7 +260,7 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
       rethrowSaveError(e, dir, options_.keepLast);
     }
     if (group.rank() == 0) {
-      checkpoint::pruneCheckpoints(dir, options_.keepLast);
+      checkpoint::pruneCheckpoints(dir, options_.keepLast, path);
       spdlog::info("checkpoint {} ({} ranks' shards; epoch {} step {})", path, group.size(), position.epoch,
                    position.stepInEpoch);
     }
@@ -278,7 +278,7 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
       } catch (const CheckpointError& e) {
         rethrowSaveError(e, dir, options_.keepLast);
       }
-      checkpoint::pruneCheckpoints(dir, options_.keepLast);
+      checkpoint::pruneCheckpoints(dir, options_.keepLast, path);
       spdlog::info("checkpoint {} (epoch {} step {})", path, position.epoch, position.stepInEpoch);
     } catch (const Error& e) {
       error = e.what();

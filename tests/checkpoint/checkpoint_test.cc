@@ -349,6 +349,13 @@ TEST_F(Checkpoint, LatestValidSkipsACorruptNewestAndPruneKeepsTheLastN) {
   EXPECT_EQ(listCheckpoints(d), (std::vector<std::string>{checkpointPath(d, 20), checkpointPath(d, 30)}));
   EXPECT_FALSE(fs::exists(d + "/.ckpt-00000040.pt.tmp.999"));
   EXPECT_FALSE(latestValidCheckpoint(dir_ + "/nothing-here", nullptr).has_value());
+
+  // Resumed from 20, the run writes 25 below the damaged 30: keepLast=1 must not take 25.
+  TrainingState s = sampleState();
+  s.globalStep = 25;
+  saveTrainingCheckpoint(s, checkpointPath(d, 25));
+  pruneCheckpoints(d, 1, checkpointPath(d, 25));
+  EXPECT_EQ(listCheckpoints(d), (std::vector<std::string>{checkpointPath(d, 25), checkpointPath(d, 30)}));
 }
 
 }  // namespace
