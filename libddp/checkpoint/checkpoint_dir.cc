@@ -146,7 +146,7 @@ std::vector<std::string> listCheckpoints(const std::string& dir) {
 
 std::optional<std::string> latestValidCheckpoint(
     const std::string& dir, const std::function<void(const std::string&, const std::string&)>& onSkip,
-    const std::vector<std::string>& exclude) {
+    const std::vector<std::string>& exclude, OneFileCheck oneFile) {
   const auto all = listCheckpoints(dir);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     if (std::find(exclude.begin(), exclude.end(), *it) != exclude.end()) continue;
@@ -154,7 +154,7 @@ std::optional<std::string> latestValidCheckpoint(
       // A sharded checkpoint's files are read by the ranks that need them, each verified then.
       if (isShardedCheckpoint(*it)) {
         verifyShardedCheckpoint(*it);
-      } else {
+      } else if (oneFile == OneFileCheck::kRead) {
         loadTrainingCheckpoint(*it);
       }
       return *it;

@@ -46,11 +46,17 @@ void verifyShardedCheckpoint(const std::string& path);
 /// first (by step). Temporaries of interrupted writes are not listed.
 std::vector<std::string> listCheckpoints(const std::string& dir);
 
+/// How latestValidCheckpoint checks a one-file checkpoint: kRead reads and verifies it whole;
+/// kByItsReader takes it unread, for a caller that reads it next and goes on past it when it is
+/// damaged (Checkpointer::resume: each rank reads the file once, not twice). Sharded checkpoints
+/// are checked alike either way (manifest and file sizes; their tensors are read by their users).
+enum class OneFileCheck { kRead, kByItsReader };
+
 /// The newest checkpoint that loads and verifies, leaving out those in `exclude`; each one skipped
 /// is reported through `onSkip(path, reason)`. nullopt when there is none.
 std::optional<std::string> latestValidCheckpoint(
     const std::string& dir, const std::function<void(const std::string&, const std::string&)>& onSkip,
-    const std::vector<std::string>& exclude = {});
+    const std::vector<std::string>& exclude = {}, OneFileCheck oneFile = OneFileCheck::kRead);
 
 /// Deletes all but the newest `keepLast` checkpoints, and leftovers of interrupted writes; never
 /// `justWritten`, which a run resumed from an older checkpoint writes below newer (damaged) ones.

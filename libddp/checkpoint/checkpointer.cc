@@ -302,7 +302,7 @@ std::optional<TrainPosition> Checkpointer::resume(torch::nn::Module& module, tor
         [&](const std::string& p, const std::string& why) {
           if (group_.rank() == 0) spdlog::warn("resume: skipping {}: {}", p, why);
         },
-        damaged);
+        damaged, checkpoint::OneFileCheck::kByItsReader);  // read once, by readAgreed
     if (!found) {
       // Every rank must agree that there is nothing, or some would resume and some not.
       resumeFrom("", module, optimizer, scaler);

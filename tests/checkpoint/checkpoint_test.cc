@@ -8,6 +8,7 @@
 #include <caffe2/serialize/inline_container.h>
 #include <nlohmann/json.hpp>
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,7 +18,9 @@
 #include <fstream>
 
 #include "common/error.h"
+#include "ddp/checkpoint.h"
 #include "ddp/files.h"
+#include "ddp/process_group.h"
 #include "libddp/checkpoint/checkpoint_dir.h"
 #include "libddp/checkpoint/state_dict_loader.h"
 #include "libddp/checkpoint/training_checkpoint.h"
@@ -344,6 +347,8 @@ TEST_F(Checkpoint, LatestValidSkipsACorruptNewestAndPruneKeepsTheLastN) {
   EXPECT_EQ(*latest, checkpointPath(d, 20));
   EXPECT_EQ(skipped, std::vector<std::string>{checkpointPath(d, 30)});
   EXPECT_EQ(loadTrainingCheckpoint(*latest).globalStep, 20);
+  // Unread, for a caller that reads it next (Checkpointer::resume) and goes on past it if damaged.
+  EXPECT_EQ(latestValidCheckpoint(d, nullptr, {}, OneFileCheck::kByItsReader), checkpointPath(d, 30));
 
   pruneCheckpoints(d, 2);
   EXPECT_EQ(listCheckpoints(d), (std::vector<std::string>{checkpointPath(d, 20), checkpointPath(d, 30)}));
@@ -356,6 +361,46 @@ TEST_F(Checkpoint, LatestValidSkipsACorruptNewestAndPruneKeepsTheLastN) {
   saveTrainingCheckpoint(s, checkpointPath(d, 25));
   pruneCheckpoints(d, 1, checkpointPath(d, 25));
   EXPECT_EQ(listCheckpoints(d), (std::vector<std::string>{checkpointPath(d, 25), checkpointPath(d, 30)}));
+}
+
+// /proc/self/io's rchar: the bytes read(2) and its kin have given this process so far.
+int64_t bytesReadSoFar() {
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  int64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "rchar:") return value;
+  }
+  return -1;
+}
+
+// resume=auto read the newest one-file checkpoint whole to pick it, then again to load it: twice
+// the bytes, on every rank. Now once; a damaged one is still looked past (by the agreed read).
+TEST_F(Checkpoint, ResumeReadsAOneFileCheckpointOnceAndStillLooksPastADamagedOne) {
+  ProcessGroup group = initProcessGroup();  // a group of one (no launcher's environment)
+  const std::string d = dir_ + "/read-once";
+  torch::nn::Linear net(2048, 2048);  // 16 MiB of weights
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  Checkpointer(group, {d}).save(*net, sgd, {0, 1, 1, 8});
+  const std::string newest = Checkpointer(group, {d}).save(*net, sgd, {0, 2, 2, 16});
+  const auto bytes = static_cast<int64_t>(fs::file_size(newest));
+  auto resume = [&](int64_t* read) {
+    torch::nn::Linear fresh(2048, 2048);
+    torch::optim::SGD freshSgd(fresh->parameters(), 0.1);
+    const int64_t before = bytesReadSoFar();
+    const auto position = Checkpointer(group, {d}).resume(*fresh, freshSgd);
+    *read = bytesReadSoFar() - before;
+    EXPECT_TRUE(torch::equal(fresh->weight, net->weight));
+    return position.value_or(TrainPosition{}).globalStep;
+  };
+  int64_t read = 0;
+  EXPECT_EQ(resume(&read), 2);
+  EXPECT_GE(read, bytes) << "/proc/self/io does not count the checkpoint reader's bytes";
+  EXPECT_LT(read, bytes * 3 / 2) << "resume read " << read << " bytes for a " << bytes << "-byte checkpoint";
+
+  fs::resize_file(newest, bytes / 2);
+  EXPECT_EQ(resume(&read), 1);
+  group.destroy();
 }
 
 }  // namespace
