@@ -17,6 +17,7 @@
 #pragma once
 
 // One concept per header; this one includes them all.
+#include "ddp/activation_checkpoint.h"      // activationCheckpoint (torch.utils.checkpoint)
 #include "ddp/amp.h"                        // Autocast, GradScaler
 #include "ddp/checkpoint.h"                 // saveModel, loadModel, Checkpointer
 #include "ddp/clip_grad.h"                  // clipGradNorm

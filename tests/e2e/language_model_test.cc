@@ -171,6 +171,27 @@ TEST(LanguageModel, TwoRanksWithShardedAdamWStateEqualOneProcess) {
   expectTwoRanksEqualOneProcess({"train.zero=true"});
 }
 
+// train.activation_checkpointing: each block recomputed in backward under the forward's random
+// state, so with dropout too the model is the one trained without it, to the bit; fully sharded too.
+TEST(LanguageModel, ActivationCheckpointingTrainsTheSameModelToTheBit) {
+  for (const std::string sharding : {"none", "full"}) {
+    const std::string plain = test::makeTempDir("lm_plain");
+    const std::string checkpointed = test::makeTempDir("lm_recompute");
+    const std::vector<std::string> common = {"model.dropout=0.1", "train.max_steps=4", "eval.enabled=false",
+                                             "train.sharding=" + sharding};
+    const auto r1 = test::runCommand(gptJob(2, plain, common), 300);
+    ASSERT_EQ(r1.exitCode, 0) << r1.output;
+    auto on = common;
+    on.push_back("train.activation_checkpointing=true");
+    const auto r2 = test::runCommand(gptJob(2, checkpointed, on), 300);
+    ASSERT_EQ(r2.exitCode, 0) << r2.output;
+    EXPECT_NE(r2.output.find("the 2 units of model 'gpt' recompute their activations"), std::string::npos) << r2.output;
+    EXPECT_EQ(test::maxStateDifference(exported(checkpointed), exported(plain)), 0.0) << sharding;
+    fs::remove_all(plain);
+    fs::remove_all(checkpointed);
+  }
+}
+
 // `straight` trains 8 steps at once, `split` the first 4 (with checkpoint.every_steps=4 in
 // `common`, a checkpoint at step 4).
 void trainWholeAndFirstHalf(const std::string& straight, const std::string& split,

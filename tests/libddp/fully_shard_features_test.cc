@@ -1,6 +1,7 @@
 // ddp::fullyShard's other parts against DDP and by formula: reshardAfterForward frees the
 // gathered bytes, a unit run twice in a forward, the full state dict (export and load),
 // evaluation without autograd, accumulation without gradient sync, clipping by the global norm,
+// activation checkpointing inside units,
 // ddp::FullyShard<Model>, and misuse as one line. The helpers: fully_shard_test_support.h.
 #include "tests/libddp/fully_shard_test_support.h"
 
@@ -62,6 +63,37 @@ TEST(FullyShard, UnitRunTwiceInOneForward) {
     Params expected;
     for (const auto& p : plain->named_parameters()) expected[p.key()] = p.value().detach().clone();
     EXPECT_LE(maxDiff(model.fullParameters(), expected), 1e-5);
+  }
+}
+
+// ddp::activationCheckpoint inside each unit (FSDP2 with torch.utils.checkpoint, the usual pairing):
+// the recompute runs in the unit's backward on the gathered parameters, and its gradients leave the
+// checkpoint's node for the unit's reduce-scatter. N steps equal the plain units' to the bit, and DDP's.
+TEST(FullyShard, ActivationCheckpointedUnitsTrainAsWithout) {
+  for (const ddp::FullyShardOptions& options : {ddp::FullyShardOptions{}, zero2()}) {
+    SCOPED_TRACE(options.replicateParameters ? "zero2" : "full");
+    auto train = [&](bool checkpointed) {
+      Sharded model(options);
+      if (checkpointed) {
+        model.net->runBlock = [&model](size_t i, const torch::Tensor& x) {
+          return model.blocks[i].forward([&model, i](const torch::Tensor& h) {
+            auto block = model.net->block(i);
+            return ddp::activationCheckpoint(*block, [block](const torch::Tensor& t) { return block->forward(t); }, h);
+          }, x);
+        };
+      }
+      auto optimizer = sgd()(model.net->parameters());
+      for (int s = 0; s < kSteps; ++s) {
+        auto [x, y] = batch(s, group().rank());
+        optimizer->zero_grad();
+        torch::mse_loss(model.forward(x), y).backward();
+        optimizer->step();
+      }
+      return model.fullParameters();
+    };
+    const Params checkpointed = train(true);
+    EXPECT_EQ(maxDiff(checkpointed, train(false)), 0.0);
+    EXPECT_LE(maxDiff(checkpointed, trainDdp(sgd())), 1e-5);
   }
 }
 

@@ -210,6 +210,7 @@ std::vector<Field> trainFields(WorkerConfig& c) {
       bindField("train.precision", "string", c.train.precision),
       bindField("train.channels_last", "boolean", c.train.channelsLast),
       bindField("train.cuda_graph", "boolean", c.train.cudaGraph),
+      bindField("train.activation_checkpointing", "boolean", c.train.activationCheckpointing),
       bindField("train.loss_scale_init", "number", c.train.lossScale.initScale),
       bindField("train.loss_scale_growth_interval", "integer", c.train.lossScale.growthInterval),
   };
@@ -706,6 +707,19 @@ void validateCudaGraph(const WorkerConfig& c) {
           "steps Adam and AdamW with the fused kernel only; set train.fused: auto or true");
 }
 
+// train.activation_checkpointing: a recompute of each unit in backward, where it can run.
+void validateActivationCheckpointing(const WorkerConfig& c) {
+  if (!c.train.activationCheckpointing) return;
+  const std::string key = "train.activation_checkpointing";
+  require(c.mode != Mode::kDp, key, "is for mode ddp and single; mode dp's replicas are copies without it");
+  require(c.model.name != "torchscript", key,
+          "recomputes the units of the built-in models (gpt's blocks, mlp's and cnn's layers, resnet's stages); a "
+          "TorchScript model's forward has none; set it to false");
+  require(!c.model.syncBatchNorm, key,
+          "would all-reduce SyncBatchNorm's statistics again in backward; set model.sync_batch_norm: false");
+  require(!c.train.cudaGraph, key, "does not run inside a captured CUDA graph yet; set train.cuda_graph: false");
+}
+
 // train.uneven_inputs: pad, or join (mode ddp only, and what join cannot run with).
 void validateUnevenInputs(const WorkerConfig& c) {
   require(c.train.unevenInputs == "pad" || c.train.unevenInputs == "join", "train.uneven_inputs",
@@ -744,6 +758,7 @@ void validate(const WorkerConfig& c) {
   validateZero(c);
   validateFullSharding(c);
   validateCudaGraph(c);
+  validateActivationCheckpointing(c);
   require(!c.train.channelsLast || c.mode == Mode::kDdp || c.mode == Mode::kSingle, "train.channels_last",
           "is for mode ddp and single (one replica per process); mode dp copies its replicas contiguous");
   validateUnevenInputs(c);

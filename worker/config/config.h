@@ -121,6 +121,9 @@ struct TrainConfig {
   std::string precision = "fp32";  // fp32 | bf16 | fp16
   bool channelsLast = false;       // 4-D weights and input batches in channels_last (NHWC) memory
   bool cudaGraph = false;          // GPU: capture the whole step once (forward, backward, all-reduces, optimizer) and replay it
+  // ddp::activationCheckpoint around each unit (GPT: each block; MLP, CNN: each layer but the
+  // last; ResNet: each stage): its activations recomputed in backward instead of kept.
+  bool activationCheckpointing = false;
   ddp::GradScalerOptions lossScale;  // fp16: train.loss_scale_init (initScale), loss_scale_growth_interval
 };
 

@@ -32,7 +32,7 @@ void MlpImpl::reset() {
 at::Tensor MlpImpl::forward(at::Tensor x) {
   x = x.flatten(1);
   for (std::size_t i = 0; i < layers_.size(); ++i) {
-    x = runUnit(i, [&](const at::Tensor& in) { return layers_[i]->forward(in); }, x);
+    x = runUnit(i, [this, i](const at::Tensor& in) { return layers_[i]->forward(in); }, x);
     if (i + 1 < layers_.size()) x = F::relu(x);
   }
   return x;
@@ -71,13 +71,13 @@ void CnnImpl::reset() {
 }
 
 at::Tensor CnnImpl::forward(at::Tensor x) {
-  x = runUnit(0, [&](const at::Tensor& in) { return conv1_->forward(in); }, x);
+  x = runUnit(0, [this](const at::Tensor& in) { return conv1_->forward(in); }, x);
   if (batchNorm_) x = bn1_.forward(x);
   x = F::max_pool2d(F::relu(x), F::MaxPool2dFuncOptions(2));
-  x = runUnit(1, [&](const at::Tensor& in) { return conv2_->forward(in); }, x);
+  x = runUnit(1, [this](const at::Tensor& in) { return conv2_->forward(in); }, x);
   if (batchNorm_) x = bn2_.forward(x);
   x = F::max_pool2d(F::relu(x), F::MaxPool2dFuncOptions(2));
-  x = F::relu(runUnit(2, [&](const at::Tensor& in) { return fc1_->forward(in); }, x.flatten(1)));
+  x = F::relu(runUnit(2, [this](const at::Tensor& in) { return fc1_->forward(in); }, x.flatten(1)));
   return fc2_->forward(x);
 }
 

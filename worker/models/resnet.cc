@@ -120,7 +120,9 @@ at::Tensor ResNetImpl::forward(at::Tensor x) {
   x = F::relu(bn1_.forward(conv1_->forward(x)));
   x = F::max_pool2d(x, F::MaxPool2dFuncOptions(3).stride(2).padding(1));
   torch::nn::Sequential* stages[4] = {&layer1_, &layer2_, &layer3_, &layer4_};
-  for (size_t i = 0; i < 4; ++i) x = runUnit(i, [&](const at::Tensor& in) { return (*stages[i])->forward(in); }, x);
+  for (size_t i = 0; i < 4; ++i) {
+    x = runUnit(i, [stage = stages[i]->ptr()](const at::Tensor& in) { return stage->forward(in); }, x);
+  }
   x = F::adaptive_avg_pool2d(x, F::AdaptiveAvgPool2dFuncOptions(1)).flatten(1);
   return fc_->forward(x);
 }

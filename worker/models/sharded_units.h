@@ -8,9 +8,11 @@
 #include <torch/nn/module.h>
 
 #include <cstddef>
+#include <functional>
 #include <utility>
 #include <vector>
 
+#include "ddp/activation_checkpoint.h"
 #include "ddp/fully_shard.h"
 
 namespace ddp::worker {
@@ -31,16 +33,29 @@ class ShardedUnits {
   void setUnits(std::vector<FullyShardedUnit> units) { units_ = std::move(units); }
   const std::vector<FullyShardedUnit>& units() const { return units_; }
 
+  /// train.activation_checkpointing: each unit's forward through ddp::activationCheckpoint, its
+  /// activations recomputed in backward (inside the unit when the model is sharded).
+  void setActivationCheckpointing(bool on) { checkpointed_ = on ? unitModules() : std::vector<torch::nn::Module*>{}; }
+  bool activationCheckpointing() const { return !checkpointed_.empty(); }
+
  protected:
-  /// `fn(x)` as unit i's forward when the model is sharded, else `fn(x)`.
+  /// `fn(x)` as unit i's forward when the model is sharded, else `fn(x)`; checkpointed, the call is
+  /// kept for the recompute in backward: `fn` must hold what it uses by value (no [&] of locals).
   template <typename Fn>
   at::Tensor runUnit(size_t i, Fn&& fn, const at::Tensor& x) {
+    if (i < checkpointed_.size()) {
+      auto body = [owner = checkpointed_[i], call = std::function<at::Tensor(const at::Tensor&)>(std::forward<Fn>(fn))](
+                      const at::Tensor& in) { return activationCheckpoint(*owner, call, in); };
+      if (i >= units_.size()) return body(x);
+      return units_[i].forward(body, x);
+    }
     if (i >= units_.size()) return fn(x);
     return units_[i].forward(std::forward<Fn>(fn), x);
   }
 
  private:
   std::vector<FullyShardedUnit> units_;
+  std::vector<torch::nn::Module*> checkpointed_;  // unit i's module, when checkpointed
 };
 
 }  // namespace ddp::worker

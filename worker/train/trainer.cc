@@ -13,6 +13,7 @@
 #include "ddp/checkpoint.h"
 #include "ddp/files.h"
 #include "ddp/state_dict.h"
+#include "worker/models/sharded_units.h"
 #include "worker/train/fully_sharded.h"
 #include "worker/train/training_loop.h"
 
@@ -172,6 +173,18 @@ TrainResult Trainer::run(const Datasets& data) {
   if (group_.rank() == 0 && !config_.init.modelPath.empty()) {
     loadModelWeights(module, config_.init.modelPath);
     spdlog::info("initial weights from {}", config_.init.modelPath);
+  }
+  if (config_.train.activationCheckpointing) {
+    auto* units = dynamic_cast<ShardedUnits*>(&module);
+    if (units == nullptr) {
+      DDP_THROW(ConfigError, "config: 'train.activation_checkpointing' recomputes a model's units, and model '",
+                config_.model.name, "' has none; set it to false");
+    }
+    units->setActivationCheckpointing(true);
+    if (group_.rank() == 0) {
+      spdlog::info("train.activation_checkpointing: the {} units of model '{}' recompute their activations in "
+                   "backward", units->unitModules().size(), config_.model.name);
+    }
   }
   if (config_.train.sharding == Sharding::kFull || config_.train.sharding == Sharding::kZero2) {
     FullyShardedParallelism parallelism(config_, group_, model, data.input);
