@@ -4,12 +4,16 @@
 #include <ATen/Context.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "comm/process_group.h"
 #include "libddp/internal.h"
 #include "worker/config/config.h"
 #include "worker/config/startup_checks.h"
 #include "worker/report/rank_report.h"
+#include "worker/train/metrics.h"
 
 namespace ddp::worker {
 namespace {
@@ -73,6 +77,18 @@ TEST(RankReports, StringsAndNumbersReachRankZero) {
   EXPECT_FALSE(cpu.gpu.has_value());
   EXPECT_GT(cpu.peakRssMb, 1.0);
   EXPECT_TRUE(gpuSummary(gatherRankReports(local, cpu)).empty());
+}
+
+// mode: generate at byte level: a sample's bytes need not be UTF-8 (here a cut-off 'é' and a lone
+// 0xB4). generated.json is still written, those bytes as U+FFFD (Python's errors="replace").
+TEST(Summaries, TextThatIsNotUtf8IsWrittenWithReplacementCharacters) {
+  const std::string path = (std::filesystem::temp_directory_path() / "ddp_summary_utf8.json").string();
+  writeSummary(path, {{"samples", nlohmann::json::array({std::string("Tao \xc3"), std::string("a\xb4" "b")})}});
+  std::ifstream in(path);
+  const nlohmann::json read = nlohmann::json::parse(in);
+  EXPECT_EQ(read["samples"][0], "Tao \xef\xbf\xbd");
+  EXPECT_EQ(read["samples"][1], "a\xef\xbf\xbd" "b");
+  std::filesystem::remove(path);
 }
 
 }  // namespace

@@ -87,7 +87,9 @@ void logDone(const TrainResult& result) {
 }
 
 void writeSummary(const std::string& path, const nlohmann::json& summary) {
-  writeFileAtomic(path, summary.dump(2) + "\n");
+  // Text a model generated at byte level need not be UTF-8 (a sample can end inside a character):
+  // such bytes are written as U+FFFD, as Python's bytes.decode(errors="replace"), not an exception.
+  writeFileAtomic(path, summary.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
 }  // namespace ddp::worker
