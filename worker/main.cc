@@ -50,6 +50,9 @@ constexpr const char* kUsage =
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
+// What the out-of-memory line tells the user to shrink: the configured model's size keys.
+std::string gSmallerModel = "a smaller model";
+
 /// Mode eval and dp run one process: its group is a group of one (no network) on `device`.
 ddp::ProcessGroup startGroupOfOne(const std::string& device, std::optional<int> legacyLocalRank) {
   ddp::InitOptions init;
@@ -76,8 +79,8 @@ int runDataParallel(const ddp::worker::WorkerConfig& config, std::optional<int> 
                placement.devices.size(), deviceList, placement.outputDevice.str(),
                config.model.name, config.data.name, describeSizes(data));
   ddp::makeDirectories(config.output.dir, "output.dir");
-  ddp::writeFileAtomic(config.output.dir + "/config.resolved.yaml", dumpConfig(config));
 
+  // The training loop writes config.resolved.yaml once every check passed.
   dp::DpTrainer trainer(config, placement, startGroupOfOne(placement.devices.front().str(), legacyLocalRank));
   const dp::DpResult dpResult = trainer.run(data);
   const TrainResult& result = dpResult.train;
@@ -221,8 +224,7 @@ int runDistributed(const ddp::worker::WorkerConfig& config, const ddp::LaunchEnv
     spdlog::info("mode {} world {} backend {} device {} model {} data {} {}",
                  modeName(config.mode), group.size(), ddp::backendName(group.backend()), group.device().str(),
                  config.model.name, config.data.name, describeSizes(data));
-    ddp::makeDirectories(config.output.dir, "output.dir");
-    ddp::writeFileAtomic(config.output.dir + "/config.resolved.yaml", dumpConfig(config));
+    ddp::makeDirectories(config.output.dir, "output.dir");  // the loop writes config.resolved.yaml
   }
 
   // From here on a SIGTERM finishes the step, saves a checkpoint and exits (before, it just kills).
@@ -265,6 +267,7 @@ int runWorker(std::vector<std::string> args) {
 
   const std::vector<std::string> overrides(args.begin() + 1, args.end());
   const WorkerConfig config = loadConfig(args[0], overrides);
+  gSmallerModel = smallerModelKeys(config.model);
   checkInputPaths(config);
   applyNumerics(config);
   checkOneProcessModes(config, env.worldSize);
@@ -311,7 +314,7 @@ static std::string inConfigTerms(std::string what) {
       {"ddp::CheckpointOptions::keepLast", "checkpoint.keep_last"},
       {"load it with ddp::loadModel instead of resuming", "use init.model_path instead of resume"},
       {"check that the model is built as the one that wrote it (same layers and sizes)",
-       "check model.name / model.hidden / model.batch_norm against the run that wrote it"},
+       "check model.name and the other model.* keys against the run that wrote it (its config.resolved.yaml)"},
   };
   for (const auto& [from, to] : kNames) {
     for (size_t at = what.find(from); at != std::string::npos; at = what.find(from, at + std::strlen(to))) {
@@ -358,17 +361,17 @@ int main(int argc, char** argv) {
     const bool outOfMemory = dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr ||
                              what.find("can't allocate memory") != std::string::npos;
     return fail(std::string("worker: ") + (outOfMemory ? "out of memory: " : "") + what +
-                    (outOfMemory ? "; use a smaller model (model.hidden) or train.batch_size" : ""),
+                    (outOfMemory ? "; use " + gSmallerModel + " or a smaller train.batch_size" : ""),
                 1);
   } catch (const std::bad_alloc&) {
-    return fail("worker: out of memory; use a smaller model (model.hidden) or train.batch_size", 1);
+    return fail("worker: out of memory; use " + gSmallerModel + " or a smaller train.batch_size", 1);
   } catch (const std::exception& e) {
     std::string what = inConfigTerms(e.what());
     what = what.substr(0, what.find("\nException raised from"));
     // LibTorch's allocator error relayed by another rank (the host's data copy) reads as rank 0's.
     const bool outOfMemory = what.find("can't allocate memory") != std::string::npos;
     return fail(std::string("worker: ") + (outOfMemory ? "out of memory: " : "") + what +
-                    (outOfMemory ? "; use a smaller model (model.hidden) or train.batch_size" : ""),
+                    (outOfMemory ? "; use " + gSmallerModel + " or a smaller train.batch_size" : ""),
                 1);
   }
 }

@@ -325,6 +325,8 @@ TrainPosition Checkpointer::resumeFrom(const std::string& path, torch::nn::Modul
   ProcessGroup group = group_.withLabel("Checkpointer::resume");
   checkpoint::TrainingState state = readAgreed(group, path, module);
   if (path.empty()) return {};
+  // Another model's checkpoint is named as such before its seed or sample order would differ too.
+  checkpoint::checkStateDictFits(module, state.model, path);
   checkSampleOrder(options_, state, path);
 
   const c10::Device device = group_.device();

@@ -38,16 +38,23 @@ std::string stripWrapperPrefix(std::string key) {
   return key;
 }
 
-void loadStateDictInto(torch::nn::Module& module,
-                       const std::vector<std::pair<std::string, at::Tensor>>& entries,
-                       const std::string& source) {
+namespace {
+
+std::map<std::string, at::Tensor> moduleTargets(const torch::nn::Module& module) {
   std::map<std::string, at::Tensor> targets;
   for (const auto& item : module.named_parameters(true)) targets[item.key()] = item.value();
   for (const auto& item : module.named_buffers(true)) targets[item.key()] = item.value();
+  return targets;
+}
 
+std::map<std::string, at::Tensor> givenEntries(const std::vector<std::pair<std::string, at::Tensor>>& entries) {
   std::map<std::string, at::Tensor> given;
   for (const auto& [key, value] : entries) given[stripWrapperPrefix(key)] = value;
+  return given;
+}
 
+void checkFits(const std::map<std::string, at::Tensor>& targets, const std::map<std::string, at::Tensor>& given,
+               const std::string& source) {
   std::vector<std::string> missing;
   std::vector<std::string> unexpected;
   std::vector<std::string> shapes;
@@ -70,6 +77,22 @@ void loadStateDictInto(torch::nn::Module& module,
     message += " check that the model is built as the one that wrote it (same layers and sizes)";
     throw CheckpointError(message);
   }
+}
+
+}  // namespace
+
+void checkStateDictFits(const torch::nn::Module& module,
+                        const std::vector<std::pair<std::string, at::Tensor>>& entries,
+                        const std::string& source) {
+  checkFits(moduleTargets(module), givenEntries(entries), source);
+}
+
+void loadStateDictInto(torch::nn::Module& module,
+                       const std::vector<std::pair<std::string, at::Tensor>>& entries,
+                       const std::string& source) {
+  std::map<std::string, at::Tensor> targets = moduleTargets(module);
+  const std::map<std::string, at::Tensor> given = givenEntries(entries);
+  checkFits(targets, given, source);
   c10::NoGradGuard noGrad;
   for (auto& [key, target] : targets) {
     target.copy_(given.at(key).to(target.device(), target.scalar_type()));

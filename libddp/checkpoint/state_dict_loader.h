@@ -25,6 +25,13 @@ void loadStateDictInto(torch::nn::Module& module,
                        const std::vector<std::pair<std::string, at::Tensor>>& entries,
                        const std::string& source);
 
+/// loadStateDictInto's check alone: CheckpointError (the same line) when `entries` do not fit
+/// `module`; changes nothing. Resume runs it before the file's seed and sample order are compared,
+/// so another model's checkpoint is named as such, not as a different seed.
+void checkStateDictFits(const torch::nn::Module& module,
+                        const std::vector<std::pair<std::string, at::Tensor>>& entries,
+                        const std::string& source);
+
 /// Reads a model file (a state_dict, or a checkpoint dict with a "model" /
 /// "state_dict" / "model_state_dict" entry) and loads it into `module`.
 void loadModelFile(torch::nn::Module& module, const std::string& path);

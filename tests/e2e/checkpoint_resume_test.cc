@@ -592,6 +592,7 @@ TEST(CheckpointErrors, DamagedFilesGiveTheDocumentedErrorAndExitNonZero) {
 // Issue 46 (5): a resume whose order of samples differs from the checkpoint's (seed, train.shuffle,
 // the training set's size) would repeat and skip samples of the interrupted epoch: refused in one
 // line naming the setting and both values, before anything is loaded; the same settings resume.
+// A checkpoint of another model is refused as that first.
 TEST(CheckpointErrors, AResumeWithAnotherSampleOrderIsRefused) {
   const std::string base = tempDir();
   auto args = [&](std::vector<std::string> extra) {
@@ -611,6 +612,16 @@ TEST(CheckpointErrors, AResumeWithAnotherSampleOrderIsRefused) {
     EXPECT_EQ(run.exitCode, 2) << change << ":\n" << run.output;
     EXPECT_NE(run.output.find(expected), std::string::npos) << change << ":\n" << run.output;
   }
+  // Another model's checkpoint differs in its seed too: it is named as another model, in the
+  // worker's keys (it read "written with seed 5").
+  const auto other = launch(2, args({"resume=auto", "train.max_steps=8", "seed=6", "model.hidden=[128]"}));
+  EXPECT_EQ(other.exitCode, 1) << other.output;
+  EXPECT_NE(other.output.find("fc1.weight [64, 784] in the file vs [128, 784] in the model"), std::string::npos)
+      << other.output;
+  EXPECT_NE(other.output.find("; check model.name and the other model.* keys against the run that wrote it"),
+            std::string::npos)
+      << other.output;
+  EXPECT_EQ(other.output.find("seed 5"), std::string::npos) << other.output;
   const auto same = launch(2, args({"resume=auto", "train.max_steps=8"}));
   EXPECT_EQ(same.exitCode, 0) << same.output;
   EXPECT_NE(same.output.find("resumed from"), std::string::npos) << same.output;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <future>
+#include <map>
 
 #include "tests/support/loopback.h"
 #include "tests/support/run_command.h"
@@ -106,6 +107,30 @@ TEST(WorkerCli, MetricsAndSummaryAreWritten) {
   EXPECT_EQ(summary["test_total"], 512);
   EXPECT_TRUE(std::filesystem::exists(summary["export_path"].get<std::string>()));
   EXPECT_TRUE(std::filesystem::exists(dir + "/config.resolved.yaml"));
+  std::filesystem::remove_all(dir);
+}
+
+// A config error that only the data or the step plan reveals (here a warm-up longer than the run)
+// comes after the output directory is known: the refused run must leave the finished run's
+// metrics, resolved config and summary there as they were (it truncated metrics.jsonl and
+// rewrote config.resolved.yaml). Checked for a DDP job and for mode dp.
+TEST(WorkerCli, ALateConfigErrorLeavesAFinishedRunsOutputsAsTheyWere) {
+  const std::string dir = tempDir();
+  ASSERT_EQ(launch(2, {kConfig, "output.dir=" + dir, "train.max_steps=10", "train.log_every=5"}).exitCode, 0);
+  std::map<std::string, std::string> before;
+  for (const char* name : {"metrics.jsonl", "config.resolved.yaml", "summary.json"}) {
+    before[name] = test::readFile(dir + "/" + name);
+    ASSERT_FALSE(before[name].empty()) << name;
+  }
+  for (const std::string& mode : {"ddp", "dp"}) {
+    const auto refused = launch(mode == "dp" ? 1 : 2, {kConfig, "output.dir=" + dir, "mode=" + mode,
+                                                       "train.lr_schedule=cosine", "train.warmup_steps=10",
+                                                       "train.max_steps=5"});
+    EXPECT_EQ(refused.exitCode, 2) << refused.output;
+    EXPECT_NE(refused.output.find("'train.warmup_steps' is 10 but the run has 5 optimizer steps"), std::string::npos)
+        << refused.output;
+    for (const auto& [name, bytes] : before) EXPECT_EQ(test::readFile(dir + "/" + name), bytes) << mode << " " << name;
+  }
   std::filesystem::remove_all(dir);
 }
 

@@ -14,6 +14,7 @@
 #include "worker/config/startup_checks.h"
 #include "worker/report/rank_report.h"
 #include "worker/train/metrics.h"
+#include "worker/train/optimizer_setup.h"
 
 namespace ddp::worker {
 namespace {
@@ -89,6 +90,23 @@ TEST(Summaries, TextThatIsNotUtf8IsWrittenWithReplacementCharacters) {
   EXPECT_EQ(read["samples"][0], "Tao \xef\xbf\xbd");
   EXPECT_EQ(read["samples"][1], "a\xef\xbf\xbd" "b");
   std::filesystem::remove(path);
+}
+
+// A run split by train.max_steps and resumed (nanoGPT's warm-up of 2000 iterations, a first part
+// shorter than that) sets train.decay_steps to the whole schedule: its warm-up is measured against
+// that, and the part's lr follows the documented warm-up lr·(k+1)/(W+1). Without decay_steps the
+// warm-up would outlast the run and is refused; a decay that ends inside the warm-up is too.
+TEST(Schedules, AWarmUpLongerThanASplitRunIsMeasuredAgainstDecaySteps) {
+  TrainConfig t;
+  t.lr = 0.01;
+  t.lrSchedule = LrDecay::kCosine;
+  t.warmupSteps = 50;
+  EXPECT_THROW(makeSchedule(t, 30), ConfigError);
+  t.decaySteps = 70;
+  const LrSchedule schedule = makeSchedule(t, 30);
+  for (const int64_t k : {0, 1, 29}) EXPECT_DOUBLE_EQ(schedule.at(k), 0.01 * static_cast<double>(k + 1) / 51.0) << k;
+  t.decaySteps = 50;
+  EXPECT_THROW(makeSchedule(t, 30), ConfigError);
 }
 
 }  // namespace

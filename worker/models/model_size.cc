@@ -64,6 +64,12 @@ double parameterCount(const ModelConfig& config, const InputSpec& input) {
   return count;
 }
 
+std::string smallerModelKeys(const ModelConfig& config) {
+  if (config.name == "gpt") return "smaller model.n_layer / model.n_embd";
+  if (config.name == "mlp") return "smaller model.hidden widths";
+  return "a smaller model.name";
+}
+
 void checkModelFits(const ModelConfig& config, const InputSpec& input, int ranksOnHost, double memoryBytes) {
   const double parameters = parameterCount(config, input);
   const double perRank = parameters * kTrainingBytesPerParameter;
@@ -76,7 +82,7 @@ void checkModelFits(const ModelConfig& config, const InputSpec& input, int ranks
             " parameters: training needs about ", gib(perRank), " per rank (weights, gradients, momentum, buckets)",
             ranksOnHost > 1 ? ", " + gib(needed) + " for the " + std::to_string(ranksOnHost) + " ranks on this host" : "",
             ", but this host has ", gib(memoryBytes),
-            config.name == "gpt" ? "; use smaller model.n_layer / model.n_embd" : "; use smaller model.hidden widths");
+            "; use ", smallerModelKeys(config));
 }
 
 }  // namespace ddp::worker

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "worker/config/config.h"
 #include "worker/models/models.h"
@@ -15,6 +16,11 @@ double parameterCount(const ModelConfig& config, const InputSpec& input);
 /// Bytes one training rank holds per parameter: weights, gradients, SGD momentum and the
 /// reducer's bucket copy, fp32 each.
 constexpr double kTrainingBytesPerParameter = 4.0 * 4;
+
+/// The config keys that make `config`'s model smaller, for the lines that say it does not fit:
+/// "smaller model.n_layer / model.n_embd" (gpt), "smaller model.hidden widths" (mlp), else
+/// "a smaller model.name".
+std::string smallerModelKeys(const ModelConfig& config);
 
 /// Throws ConfigError when `ranksOnHost` training ranks of this model need more than
 /// `memoryBytes` (this host's RAM): one line with the parameter count and the sizes.

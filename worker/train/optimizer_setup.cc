@@ -96,11 +96,13 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const TrainConfig& t, con
 }
 
 // train.lr_schedule over train.decay_steps, else the job's `jobSteps`; a warm-up that would take
-// the whole run is refused.
+// the whole run is refused. With train.decay_steps set the run is one part of a longer schedule
+// (split by max_steps, resumed): its warm-up is measured against that schedule, not this part.
 LrSchedule makeSchedule(const TrainConfig& t, int64_t jobSteps) {
-  if (t.warmupSteps > 0 && t.warmupSteps >= jobSteps) {
+  if (t.decaySteps == 0 && t.warmupSteps > 0 && t.warmupSteps >= jobSteps) {
     DDP_THROW(ConfigError, "config: 'train.warmup_steps' is ", t.warmupSteps, " but the run has ", jobSteps,
-              " optimizer steps (train.epochs, the data and train.max_steps); use fewer warm-up steps");
+              " optimizer steps (train.epochs, the data and train.max_steps); use fewer warm-up steps, or set "
+              "train.decay_steps to the steps of the whole schedule when this run is its first part");
   }
   const int64_t totalSteps = t.decaySteps > 0 ? t.decaySteps : jobSteps;
   if ((t.lrSchedule == LrDecay::kCosine || t.lrSchedule == LrDecay::kLinear) && t.warmupSteps >= totalSteps) {

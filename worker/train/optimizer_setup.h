@@ -27,7 +27,7 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const TrainConfig& t, con
                                                        bool decayMatricesOnly = false);
 
 /// train.lr_schedule over train.decay_steps, else the job's `jobSteps`; a warm-up that would take
-/// the whole run is a ConfigError.
+/// the whole run is a ConfigError (without train.decay_steps; with it, one that takes the decay).
 LrSchedule makeSchedule(const TrainConfig& t, int64_t jobSteps);
 
 /// train.precision → the autocast dtype (kFloat: fp32, no autocast).

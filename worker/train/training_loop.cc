@@ -77,6 +77,7 @@ class TrainingRun {
   void checkPrecision() const;
   void checkCudaSettings() const;
   void planSteps();
+  void openRecords();
   void runEpoch(int64_t epoch);
   TrainPosition positionAfter(const StepPlace& place) const;
   void saveIfDue(const TrainPosition& position, bool epochEnded);
@@ -187,19 +188,16 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
     if (graph == nullptr) DDP_THROW(ConfigError, "config: 'train.cuda_graph' is not available in this mode");
   }
   resumed_ = checkpointer_.resume(module_, *optimizer_, scaler_ ? &*scaler_ : nullptr);
-  // A resumed run appends to the metrics of the run it continues.
-  if (rank_ == 0) metrics_ = MetricsWriter(config_.output.dir + "/metrics.jsonl", resumed_.globalStep > 0);
   result_.steps = resumed_.globalStep;
   result_.samples = resumed_.samples;
   stopFlag_ = at::zeros({1}, at::TensorOptions().device(group_.collectiveDevice()));
   done_ = train_.maxSteps > 0 && result_.steps >= train_.maxSteps;
   planSteps();
-  if (config_.output.sampleLog) sampleLog_.emplace(config_.output.dir, rank_, world_);
-  if (rank_ == 0 && config_.output.tensorboard) {
-    board_ = std::make_unique<tensorboard::EventWriter>(config_.output.dir + "/tensorboard");
-  }
   profile_.emplace(config_, device_, rank_, syncDebug_, bar_);
   lm_ = LanguageModelRecords::make(config_, data_, module_, group_, device_, parallelism_.evalForward());
+  // Every check above may still refuse the config; only now are the run's files opened, so a
+  // refused run leaves a finished run's metrics and resolved config in output.dir as they were.
+  openRecords();
   state_.emplace(StepState{config_, parallelism_, params_, *optimizer_, *schedule_, scaler_ ? &*scaler_ : nullptr,
                            fused, device_, autocastDtype(train_.precision), join_, rank_, result_, nonfinite_,
                            syncDebug_, sampleLog_ ? &*sampleLog_ : nullptr, bar_,
@@ -207,6 +205,19 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
                            schedule_->at(result_.steps)});
   if (graph != nullptr) step_ = std::make_unique<GraphStep>(*state_, *graph, fused != nullptr ? nullptr : sgd, world_);
   else step_ = std::make_unique<EagerStep>(*state_);
+}
+
+// The run's records in output.dir: config.resolved.yaml and metrics.jsonl (rank 0; a resumed run
+// appends to the metrics of the run it continues), TensorBoard, the sample logs.
+void TrainingRun::openRecords() {
+  if (rank_ == 0) {
+    writeFileAtomic(config_.output.dir + "/config.resolved.yaml", dumpConfig(config_));
+    metrics_ = MetricsWriter(config_.output.dir + "/metrics.jsonl", resumed_.globalStep > 0);
+    if (config_.output.tensorboard) {
+      board_ = std::make_unique<tensorboard::EventWriter>(config_.output.dir + "/tensorboard");
+    }
+  }
+  if (config_.output.sampleLog) sampleLog_.emplace(config_.output.dir, rank_, world_);
 }
 
 // Whether this LibTorch can autocast the device to train.precision.
