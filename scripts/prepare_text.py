@@ -18,7 +18,10 @@ the stream are train, the rest val (nanoGPT's 90/10 split at the default).
 Formats (DIR/meta.json always: level, vocab_size, token counts, itos for char, encoding for gpt2):
   llmc     llm.c's shards: a 256 x int32 little-endian header (20240520, 1, token count, 0...) and
            the uint16 tokens; DIR/train_000000.bin, ... a new one every --shard_tokens tokens, and
-           DIR/val_000000.bin, ... alike.
+           DIR/val_000000.bin, ... alike. A last piece shorter than half of --shard_tokens joins
+           the shard before it: a tail of a few tokens would be a shard no window fits in (the
+           worker refuses one shorter than model.block_size + 1, llm.c's loader one shorter than a
+           step), so every shard but a split's only one holds at least --shard_tokens / 2 tokens.
   nanogpt  nanoGPT's DIR/train.bin and DIR/val.bin (raw uint16) and DIR/meta.pkl as
            shakespeare_char/prepare.py writes it ({vocab_size, itos, stoi}); byte level writes the
            256 bytes as Latin-1 characters there, gpt2 no meta.pkl (as nanoGPT's openwebtext).
@@ -220,10 +223,18 @@ def encode_gpt2(texts):
     return np.array(stream, dtype=np.uint16), {"encoding": "gpt2", "eot_token": eot, "vocab_size": enc.n_vocab}
 
 
+def llmc_pieces(n, shard_tokens):
+    """[start, end) of each shard of n tokens: every shard_tokens, a short tail joining the shard before it."""
+    starts = list(range(0, n, shard_tokens)) or [0]
+    if len(starts) > 1 and n - starts[-1] < shard_tokens / 2 and n - starts[-2] <= LLMC_MAX_SHARD:
+        starts.pop()
+    return list(zip(starts, starts[1:] + [n]))
+
+
 def write_llmc(folder, split, tokens, shard_tokens):
     names = []
-    for i, start in enumerate(range(0, len(tokens), shard_tokens)):
-        shard = tokens[start:start + shard_tokens]
+    for i, (start, end) in enumerate(llmc_pieces(len(tokens), shard_tokens)):
+        shard = tokens[start:end]
         header = np.zeros(LLMC_HEADER_INTS, dtype="<i4")
         header[:3] = (LLMC_MAGIC, LLMC_VERSION, len(shard))
         names.append(f"{split}_{i:06d}.bin")

@@ -62,6 +62,8 @@ TEST(LanguageModel, TrainsAndRecordsValidationLossTokensPerSecondAndNanoGptKeys)
   // Learning: well below the uniform guess's loss ln(vocab) after 20 steps.
   EXPECT_LT(summary["val_loss"].get<double>(), 0.8 * std::log(static_cast<double>(vocabulary()))) << summary.dump();
   EXPECT_GT(summary["tokens_per_s"].get<double>(), 0);
+  // A language model has no test set to classify: no test accuracy (it read 0 of 0).
+  EXPECT_FALSE(summary.contains("test_accuracy")) << summary.dump();
   // tokens/s = windows/s × block size (all ranks).
   EXPECT_NEAR(summary["tokens_per_s"].get<double>(), 32 * summary["samples_per_s"].get<double>(), 1e-6);
   EXPECT_FALSE(summary.contains("mfu")) << "no peak FLOP/s is known for a CPU";

@@ -161,12 +161,24 @@ class PrepareText(unittest.TestCase):
         self.assertEqual(n_train, 1110)
         train = self.llmc_split(out, "train")
         val = self.llmc_split(out, "val")
-        self.assertEqual([len(p) for p in train], [100] * 11 + [10])
-        self.assertEqual(len(train), math.ceil(n_train / 100))
-        self.assertEqual([len(p) for p in val], [100, 24])
+        # 1110 = 11 x 100 + 10: the tail of 10 (< 100 / 2) joins the 11th shard; val 124 = 100 + 24
+        # likewise. A tail of half a shard or more stays a shard of its own (1150 + 50 below).
+        self.assertEqual([len(p) for p in train], [100] * 10 + [110])
+        self.assertEqual(len(train), n_train // 100)
+        self.assertEqual([len(p) for p in val], [124])
         self.assert_same(np.concatenate(train + val).tolist(), text)
         for i, part in enumerate(train):  # each shard starts where the previous one stopped
             self.assert_same(part.tolist(), text[100 * i:100 * i + len(part)])
+        out2 = os.path.join(self.dir, "out2")
+        self.prepare(self.write("u.txt", text[:1200]), "--out", out2, "--shard_tokens", "100",
+                     "--val_fraction", "0.5")
+        self.assertEqual([len(p) for p in self.llmc_split(out2, "train")], [100] * 6)
+        out3 = os.path.join(self.dir, "out3")
+        longer = "".join(chr(ord("a") + i % 26) for i in range(1300)).encode()
+        self.prepare(self.write("v.txt", longer), "--out", out3, "--shard_tokens", "100",
+                     "--val_fraction", "0.5")  # 650 tokens each: the tail of 50 is half a shard
+        self.assertEqual([len(p) for p in self.llmc_split(out3, "train")], [100] * 6 + [50])
+        self.assertEqual([len(p) for p in self.llmc_split(out3, "val")], [100] * 6 + [50])
 
     # --- char level -------------------------------------------------------------------------------
 

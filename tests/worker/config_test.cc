@@ -95,6 +95,18 @@ TEST(Config, GenerateTemperatureHasAFloor) {
   EXPECT_DOUBLE_EQ(parseConfig(lm, {"generate.temperature=1e-6"}).generate.temperature, 1e-6);
 }
 
+// data.train_file is the tensors data set's; a language model reads data.train_files (a glob):
+// the single-file key is refused with the one it meant, not silently ignored.
+TEST(Config, ATensorsFileKeyWithTokenDataNamesTheGlobKeys) {
+  const std::string lm = "model: {name: gpt}\ndata: {name: tokens, train_files: t.bin}\n";
+  for (const std::string key : {"data.train_file", "data.test_file"}) {
+    const std::string e = errorOf(lm, {key + "=t.bin"});
+    EXPECT_NE(e.find("'" + key + "' names a tensors file"), std::string::npos) << e;
+    EXPECT_NE(e.find("data.train_files and data.val_files"), std::string::npos) << e;
+  }
+  EXPECT_NO_THROW(parseConfig(lm, {"data.val_files=v.bin"}));
+}
+
 // train.zero is train.sharding: zero1's alias: either one sets both; set together they must agree;
 // the resolved config reads back as itself.
 TEST(Config, TrainZeroIsTheAliasOfShardingZero1) {
@@ -131,6 +143,19 @@ TEST(Config, UnknownKeySuggestsTheNearestOne) {
   const std::string o = errorOf("", {"train.batchsize=3"});
   EXPECT_NE(o.find("unknown key 'train.batchsize'"), std::string::npos) << o;
   EXPECT_NE(o.find("'train.batch_size'"), std::string::npos) << o;
+  // A key's start, its last part without its section, a tie of near misses: the key meant (the
+  // fewest edits alone suggested generate.start, train.gamma, nothing and data.name).
+  const std::pair<std::string, std::string> meant[] = {{"generate.temp", "generate.temperature"},
+                                                       {"train.warmup", "train.warmup_steps"},
+                                                       {"n_layer", "model.n_layer"},
+                                                       {"data.sample", "data.sampling"},
+                                                       {"chekpoint.dir", "checkpoint.dir"}};
+  for (const auto& [typed, key] : meant) {
+    const std::string m = errorOf("", {typed + "=1"});
+    EXPECT_NE(m.find("unknown key '" + typed + "'"), std::string::npos) << m;
+    EXPECT_NE(m.find("(did you mean '" + key + "'?)"), std::string::npos) << m;
+  }
+  EXPECT_NE(errorOf("", {"zzzzzz=1"}).find("(see docs/configuration.md)"), std::string::npos);
 }
 
 TEST(Config, WrongTypeNamesTheKeyAndTheValue) {

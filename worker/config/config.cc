@@ -12,6 +12,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <tuple>
 #include <map>
 #include <set>
 #include <sstream>
@@ -294,17 +295,36 @@ std::size_t editDistance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
-[[noreturn]] void unknownKey(const std::string& key, const std::vector<Field>& fields,
-                             const std::string& origin) {
+// The key meant by an unknown `key`: first one it names by its last part in another section
+// (`n_layer`: model.n_layer, `chekpoint.dir`: checkpoint.dir) or begins (`generate.temp`:
+// generate.temperature), else one a few edits away; among several the fewest edits, then the
+// longest shared start (`data.sample`: data.sampling, not data.name). Empty: none is close.
+std::string closestKey(const std::string& key, const std::vector<Field>& fields) {
+  const auto leaf = [](const std::string& k) { return k.substr(k.rfind('.') + 1); };
+  const auto sharedStart = [&](const std::string& k) {
+    std::size_t n = 0;
+    while (n < k.size() && n < key.size() && k[n] == key[n]) ++n;
+    return n;
+  };
+  const std::size_t nearby = std::max<std::size_t>(2, key.size() / 3);
   std::string best;
-  std::size_t bestDistance = std::max<std::size_t>(2, key.size() / 3) + 1;
+  std::tuple<int, std::size_t, std::size_t> bestScore{2, 0, 0};  // (tier, edits, -shared start): lower wins
   for (const auto& f : fields) {
-    const std::size_t d = editDistance(key, f.key);
-    if (d < bestDistance) {
-      bestDistance = d;
+    const std::size_t edits = editDistance(key, f.key);
+    const bool named = leaf(f.key) == leaf(key) || (key.size() >= 4 && f.key.rfind(key, 0) == 0);
+    const int tier = named ? 0 : edits <= nearby ? 1 : 2;
+    const std::tuple<int, std::size_t, std::size_t> score{tier, edits, key.size() - sharedStart(f.key)};
+    if (tier < 2 && score < bestScore) {
+      bestScore = score;
       best = f.key;
     }
   }
+  return best;
+}
+
+[[noreturn]] void unknownKey(const std::string& key, const std::vector<Field>& fields,
+                             const std::string& origin) {
+  const std::string best = closestKey(key, fields);
   std::string hint = best.empty() ? " (see docs/configuration.md)"
                                   : " (did you mean '" + best + "'?)";
   DDP_THROW(ConfigError, "config: unknown key '", key, "'", origin, hint);
@@ -492,6 +512,9 @@ void validateLanguageModel(const WorkerConfig& c) {
   if (!gpt) return;
   require(!c.data.trainFiles.empty(), "data.train_files",
           "is needed with data.name tokens: a glob of token shards, e.g. data/fortunes/train_*.bin (scripts/prepare_text.py)");
+  require(c.data.trainFile.empty() && c.data.testFile.empty(), c.data.trainFile.empty() ? "data.test_file" : "data.train_file",
+          "names a tensors file (data.name tensors), which data.name tokens does not read; give the token shards as "
+          "data.train_files and data.val_files (globs)");
   require(c.data.sampling == "random" || c.data.sampling == "sequential", "data.sampling",
           "is '" + c.data.sampling + "'; use random (nanoGPT's random windows) or sequential (llm.c's order)");
   require(c.model.nLayer >= 1, "model.n_layer", "must be >= 1");

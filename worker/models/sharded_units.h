@@ -36,7 +36,6 @@ class ShardedUnits {
   /// train.activation_checkpointing: each unit's forward through ddp::activationCheckpoint, its
   /// activations recomputed in backward (inside the unit when the model is sharded).
   void setActivationCheckpointing(bool on) { checkpointed_ = on ? unitModules() : std::vector<torch::nn::Module*>{}; }
-  bool activationCheckpointing() const { return !checkpointed_.empty(); }
 
  protected:
   /// `fn(x)` as unit i's forward when the model is sharded, else `fn(x)`; checkpointed, the call is

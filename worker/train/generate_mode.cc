@@ -175,8 +175,8 @@ int runGenerateMode(const WorkerConfig& config, ProcessGroup& group) {
                {{"mode", "generate"}, {"model_path", std::filesystem::absolute(path).string()},
                 {"device", device.str()}, {"seed", config.seed}, {"temperature", config.generate.temperature},
                 {"top_k", config.generate.topK}, {"max_new_tokens", config.generate.maxNewTokens}, {"samples", samples}});
-  spdlog::info("generated {} samples of {} tokens with {} (output.dir/generated.json)", config.generate.numSamples,
-               config.generate.maxNewTokens, path);
+  spdlog::info("generated {} samples of {} tokens with {} (kept in {}/generated.json)", config.generate.numSamples,
+               config.generate.maxNewTokens, path, config.output.dir);
   return 0;
 }
 

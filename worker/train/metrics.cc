@@ -46,15 +46,17 @@ nlohmann::json trainingSummary(const WorkerConfig& config, const TrainResult& re
       {"train_seconds", result.trainSeconds},
       {"samples_per_s", result.samplesPerSecond},
       {"final_loss", result.finalLoss},
-      {"test_correct", result.testCorrect},
-      {"test_total", result.testTotal},
-      {"test_accuracy", result.testAccuracy},
       {"eval_seconds", result.evalSeconds},
       {"export_path", std::filesystem::absolute(result.exportPath).string()},
       {"comm_hook", config.comm.hook},
       {"gradient_elements", result.gradientElements},
       {"gradient_elements_sent", result.gradientElementsSent},
   };
+  if (result.testTotal > 0) {  // a test set was evaluated (not with eval.enabled false, nor for a GPT)
+    summary["test_correct"] = result.testCorrect;
+    summary["test_total"] = result.testTotal;
+    summary["test_accuracy"] = result.testAccuracy;
+  }
   if (config.model.name == "gpt") {
     summary["tokens_per_s"] = result.tokensPerSecond;
     summary["block_size"] = config.model.blockSize;
