@@ -92,7 +92,8 @@ class Checkpointer {
   std::string save(torch::nn::Module& module, torch::optim::Optimizer& optimizer, const TrainPosition& position,
                    const GradScaler* scaler = nullptr);
   /// Collective: loads the newest checkpoint of dir that verifies (skipping damaged ones) into the
-  /// module, optimizer and generators; nullopt when there is none. Ranks that found different
+  /// module, optimizer and generators; nullopt when there is none; CheckpointError, nothing
+  /// loaded, when every one there is damaged. Ranks that found different
   /// checkpoints get a CommError. Call after the module is on its device and the optimizer built.
   /// With a scaler, its saved state is restored (a file without one leaves it as it is, warning).
   std::optional<TrainPosition> resume(torch::nn::Module& module, torch::optim::Optimizer& optimizer,

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -296,16 +297,25 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
 std::optional<TrainPosition> Checkpointer::resume(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                                  GradScaler* scaler) {
   std::vector<std::string> damaged;  // checkpoints whose files a rank found damaged: looked past
+  std::vector<std::string> skipped;  // every one looked past, newest first
   for (;;) {
     const auto found = checkpoint::latestValidCheckpoint(
         options_.dir,
         [&](const std::string& p, const std::string& why) {
+          if (std::find(skipped.begin(), skipped.end(), p) == skipped.end()) skipped.push_back(p);
           if (group_.rank() == 0) spdlog::warn("resume: skipping {}: {}", p, why);
         },
         damaged, checkpoint::OneFileCheck::kByItsReader);  // read once, by readAgreed
     if (!found) {
       // Every rank must agree that there is nothing, or some would resume and some not.
       resumeFrom("", module, optimizer, scaler);
+      if (!skipped.empty()) {
+        // Damaged, all of them: starting from the beginning would train again what they hold, and
+        // its saves would sit among them. Nothing is loaded or removed; the user decides.
+        DDP_THROW(CheckpointError, "resume: every checkpoint in ", options_.dir, " is damaged (", skipped.size(),
+                  ", the newest ", skipped.front(), "; the warnings above say why): none was loaded; move them out of ",
+                  "ddp::CheckpointOptions::dir", " to start from the beginning, or repair the newest");
+      }
       if (group_.rank() == 0) spdlog::info("resume: no checkpoint in {}; starting from the beginning", options_.dir);
       return std::nullopt;
     }
@@ -315,6 +325,7 @@ std::optional<TrainPosition> Checkpointer::resume(torch::nn::Module& module, tor
       // Agreed by every rank before anything was loaded: each says what it saw, and all go on.
       spdlog::warn("resume: skipping {}: {}", *found, e.what());
       damaged.push_back(*found);
+      skipped.push_back(*found);
     }
   }
 }

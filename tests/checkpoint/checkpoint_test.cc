@@ -375,7 +375,8 @@ int64_t bytesReadSoFar() {
 }
 
 // resume=auto read the newest one-file checkpoint whole to pick it, then again to load it: twice
-// the bytes, on every rank. Now once; a damaged one is still looked past (by the agreed read).
+// the bytes, on every rank. Now once; a damaged one is still looked past (by the agreed read), and
+// when all are damaged resume is an error, not a fresh start.
 TEST_F(Checkpoint, ResumeReadsAOneFileCheckpointOnceAndStillLooksPastADamagedOne) {
   ProcessGroup group = initProcessGroup();  // a group of one (no launcher's environment)
   const std::string d = dir_ + "/read-once";
@@ -400,6 +401,25 @@ TEST_F(Checkpoint, ResumeReadsAOneFileCheckpointOnceAndStillLooksPastADamagedOne
 
   fs::resize_file(newest, bytes / 2);
   EXPECT_EQ(resume(&read), 1);
+
+  // Every checkpoint damaged: this used to start from the beginning, training again what they
+  // hold. Now one error naming the directory, the count and the newest; nothing loaded or removed
+  // (a second group cannot be made in this process, so this case lives here).
+  const std::string older = checkpointPath(d, 1);
+  fs::resize_file(older, fs::file_size(older) / 2);
+  torch::nn::Linear fresh(2048, 2048);
+  const at::Tensor untouched = fresh->weight.clone();
+  torch::optim::SGD freshSgd(fresh->parameters(), 0.1);
+  try {
+    Checkpointer(group, {d}).resume(*fresh, freshSgd);
+    ADD_FAILURE() << "resume started afresh past two damaged checkpoints";
+  } catch (const CheckpointError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("every checkpoint in " + d + " is damaged (2, the newest " + newest), std::string::npos)
+        << what;
+  }
+  EXPECT_TRUE(torch::equal(fresh->weight, untouched));
+  EXPECT_TRUE(fs::exists(older) && fs::exists(newest));
   group.destroy();
 }
 
