@@ -473,6 +473,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"TooManyThreads", [](const Fixture& f) { return worker({"threads=100000"}, f); }, "'threads' is 100000 but this machine has", 2},
         BadInput{"HugeModel", [](const Fixture& f) { return worker({"model.hidden=[100000000,100000000]"}, f); },
                  "has 1e+16 parameters: training needs about", 2},
+        // mode eval (and generate) build the model too: checked for its weights before it is made.
+        BadInput{"HugeModelToEvaluate", [](const Fixture& f) {
+                   return worker({"mode=eval", "eval.model_path=" + writeFile(f.dir + "/m.pt", "x"),
+                                  "model.hidden=[100000000,100000000]"}, f, 1);
+                 }, "has 1e+16 parameters: running it needs about 71.1 PiB (its weights and the file's copy)", 2},
         BadInput{"TimeoutBeyondRange", [](const Fixture& f) { return worker({"comm.timeout_s=1e10"}, f); },
                  "'comm.timeout_s' must be at most 604800 (7 days)", 2},
         // Training recipes (train.optimizer, schedules, clipping).

@@ -70,16 +70,19 @@ std::string smallerModelKeys(const ModelConfig& config) {
   return "a smaller model.name";
 }
 
-void checkModelFits(const ModelConfig& config, const InputSpec& input, int ranksOnHost, double memoryBytes) {
+void checkModelFits(const ModelConfig& config, const InputSpec& input, int ranksOnHost, double memoryBytes,
+                    ModelUse use) {
+  const bool training = use == ModelUse::kTraining;
   const double parameters = parameterCount(config, input);
-  const double perRank = parameters * kTrainingBytesPerParameter;
+  const double perRank = parameters * (training ? kTrainingBytesPerParameter : kInferenceBytesPerParameter);
   const double needed = perRank * ranksOnHost;
   if (memoryBytes <= 0 || needed <= memoryBytes) return;
   char count[32];
   std::snprintf(count, sizeof count, "%.3g", parameters);
   DDP_THROW(ConfigError, "config: model '", config.name, "'",
             config.name == "mlp" ? " with model.hidden=" + widths(config.hidden) : std::string(), " has ", count,
-            " parameters: training needs about ", gib(perRank), " per rank (weights, gradients, momentum, buckets)",
+            " parameters: ", training ? "training" : "running it", " needs about ", gib(perRank),
+            training ? " per rank (weights, gradients, momentum, buckets)" : " (its weights and the file's copy)",
             ranksOnHost > 1 ? ", " + gib(needed) + " for the " + std::to_string(ranksOnHost) + " ranks on this host" : "",
             ", but this host has ", gib(memoryBytes),
             "; use ", smallerModelKeys(config));

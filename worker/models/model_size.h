@@ -22,8 +22,16 @@ constexpr double kTrainingBytesPerParameter = 4.0 * 4;
 /// "a smaller model.name".
 std::string smallerModelKeys(const ModelConfig& config);
 
-/// Throws ConfigError when `ranksOnHost` training ranks of this model need more than
-/// `memoryBytes` (this host's RAM): one line with the parameter count and the sizes.
-void checkModelFits(const ModelConfig& config, const InputSpec& input, int ranksOnHost, double memoryBytes);
+/// Bytes a process that only runs the model (mode eval, generate) holds per parameter: the
+/// weights and the file's copy read to load them, fp32 each.
+constexpr double kInferenceBytesPerParameter = 4.0 * 2;
+
+/// What the model is built for: training (kTrainingBytesPerParameter) or running a trained one.
+enum class ModelUse { kTraining, kInference };
+
+/// Throws ConfigError when `ranksOnHost` processes of this model need more than `memoryBytes`
+/// (this host's RAM): one line with the parameter count and the sizes.
+void checkModelFits(const ModelConfig& config, const InputSpec& input, int ranksOnHost, double memoryBytes,
+                    ModelUse use = ModelUse::kTraining);
 
 }  // namespace ddp::worker

@@ -12,6 +12,8 @@
 #include "worker/data/gather_batch.h"
 #include "worker/train/evaluate.h"
 #include "worker/train/metrics.h"
+#include "common/host_memory.h"
+#include "worker/models/model_size.h"
 #include "worker/models/models.h"
 #include "worker/train/trainer.h"
 
@@ -20,6 +22,7 @@ namespace ddp::worker {
 int runEvalMode(const WorkerConfig& config, ProcessGroup& group) {
   const c10::Device device = group.device();
   const Datasets data = loadDatasets(config.data, config.seed);
+  checkModelFits(config.model, data.input, 1, hostMemoryBytes(), ModelUse::kInference);
   auto model = makeModel(config.model, data.input);
   // Loaded on the CPU (every tensor is mapped there), then moved: map_location done right.
   loadModel(*model.ptr(), config.eval.modelPath);

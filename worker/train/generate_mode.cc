@@ -17,6 +17,8 @@
 #include "ddp/state_dict.h"
 #include "worker/data/datasets.h"
 #include "worker/models/gpt.h"
+#include "common/host_memory.h"
+#include "worker/models/model_size.h"
 #include "worker/models/models.h"
 #include "worker/train/metrics.h"
 
@@ -143,6 +145,7 @@ int runGenerateMode(const WorkerConfig& config, ProcessGroup& group) {
   const std::vector<int64_t> start = vocabulary.encode(startText(config.generate));
   if (start.empty()) DDP_THROW(ConfigError, "config: 'generate.start' is empty; give at least one character");
   checkStartFitsModel(start, input.classes);
+  checkModelFits(config.model, input, 1, hostMemoryBytes(), ModelUse::kInference);
   auto model = makeModel(config.model, input);
   const std::string path = config.generate.modelPath.empty()
                                ? (std::filesystem::path(config.output.dir) / config.output.exportName).string()
