@@ -12,11 +12,11 @@
 #include <fstream>
 #include <functional>
 #include <limits>
-#include <tuple>
 #include <map>
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "common/error.h"
 

@@ -7,12 +7,12 @@
 
 #include <filesystem>
 
+#include "common/host_memory.h"
 #include "ddp/checkpoint.h"
 #include "ddp/files.h"
 #include "worker/data/gather_batch.h"
 #include "worker/train/evaluate.h"
 #include "worker/train/metrics.h"
-#include "common/host_memory.h"
 #include "worker/models/model_size.h"
 #include "worker/models/models.h"
 #include "worker/train/trainer.h"

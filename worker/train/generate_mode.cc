@@ -13,11 +13,11 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/host_memory.h"
 #include "ddp/files.h"
 #include "ddp/state_dict.h"
 #include "worker/data/datasets.h"
 #include "worker/models/gpt.h"
-#include "common/host_memory.h"
 #include "worker/models/model_size.h"
 #include "worker/models/models.h"
 #include "worker/train/metrics.h"
