@@ -67,7 +67,8 @@ int runDataParallel(const ddp::worker::WorkerConfig& config, std::optional<int> 
   if (config.threads > 0) torch::set_num_threads(static_cast<int>(config.threads));
   const dp::DpPlacement placement = dp::resolveDpPlacement(config);
   const Datasets data = loadDatasets(config.data, config.seed);
-  checkModelFits(config.model, data.input, static_cast<int>(placement.devices.size()), ddp::hostMemoryBytes());
+  checkTrainingFits(config, data.input, static_cast<int>(placement.devices.size()), 1, placement.devices.front().is_cpu(),
+                    ddp::memoryLimit());
   checkOutputPaths(config);
   std::vector<std::string> deviceNames;
   std::string deviceList;
@@ -165,7 +166,7 @@ ddp::ProcessGroup startGroup(const ddp::worker::WorkerConfig& config, std::optio
       data = loadDatasets(config.data, config.seed);
     }
     if (data.tokens) data.input.classes = data::checkedVocabulary(*data.tokens, config.model);
-    checkModelFits(config.model, data.input, start.localSize(), ddp::hostMemoryBytes());
+    checkTrainingFits(config, data.input, start.localSize(), start.size(), start.device().is_cpu(), ddp::memoryLimit());
   };
   return ddp::initProcessGroup(init);
 }

@@ -601,7 +601,7 @@ INSTANTIATE_TEST_SUITE_P(
                                                    writeFile(f.dir + "/two.yaml", "mode: ddp\n---\nmode: dp\n")};
                  }, "holds 2 YAML documents (separated by '---'); a config is one document", 2},
         BadInput{"SyntheticClassesBeyondMemory", [](const Fixture& f) { return worker({"data.synthetic_classes=100000000"}, f); },
-                 "and data.synthetic_classes=100000000 need about 1.25e+03 GiB to generate", 2},
+                 "and data.synthetic_classes=100000000 need about 1.22 TiB to generate", 2},
         BadInput{"SyntheticSamplesBeyondMemory", [](const Fixture& f) { return worker({"data.synthetic_train=2000000000"}, f); },
                  "config: data.synthetic_train=2000000000, data.synthetic_test=", 2},
         BadInput{"InfiniteBucket", [](const Fixture& f) { return worker({"comm.bucket_cap_mb=.inf"}, f); },

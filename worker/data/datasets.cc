@@ -51,16 +51,11 @@ void checkSyntheticFits(const DataConfig& config, const data::SyntheticOptions& 
   const double n = static_cast<double>(opts.size);
   const double classes = static_cast<double>(opts.numClasses);
   const double bytes = 4.0 * (n * features + features * classes + n * classes) + 8.0 * n;
-  const double memory = hostMemoryBytes();
-  if (memory <= 0 || bytes <= memory) return;
-  const auto gib = [](double b) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%.3g GiB", b / (1024.0 * 1024 * 1024));
-    return std::string(text);
-  };
+  const MemoryLimit memory = memoryLimit();
+  if (memory.bytes <= 0 || bytes <= memory.bytes) return;
   DDP_THROW(ConfigError, "config: data.synthetic_train=", config.syntheticTrain, ", data.synthetic_test=",
-            config.syntheticTest, " and data.synthetic_classes=", config.syntheticClasses, " need about ", gib(bytes),
-            " to generate (images, labelling rule, scores) but this host has ", gib(memory),
+            config.syntheticTest, " and data.synthetic_classes=", config.syntheticClasses, " need about ", formatBytes(bytes),
+            " to generate (images, labelling rule, scores) but ", describeMemory(memory),
             "; use fewer samples or classes");
 }
 

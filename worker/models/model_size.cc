@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -13,25 +14,18 @@ namespace {
 
 double linear(double in, double out) { return in * out + out; }
 
-// "23.5 GiB", "8.88 PiB": three digits in the largest unit that keeps the number >= 1.
-std::string gib(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  size_t unit = 0;
-  while (bytes >= 1024 && unit + 1 < sizeof units / sizeof units[0]) {
-    bytes /= 1024;
-    ++unit;
-  }
-  char text[64];
-  std::snprintf(text, sizeof text, "%.3g %s", bytes, units[unit]);
-  return text;
-}
-
 std::string widths(const std::vector<int64_t>& hidden) {
   std::ostringstream out;
   out << '[';
   for (size_t i = 0; i < hidden.size(); ++i) out << (i == 0 ? "" : ", ") << hidden[i];
   out << ']';
   return out.str();
+}
+
+std::string count(double parameters) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g", parameters);
+  return text;
 }
 
 }  // namespace
@@ -70,22 +64,72 @@ std::string smallerModelKeys(const ModelConfig& config) {
   return "a smaller model.name";
 }
 
-void checkModelFits(const ModelConfig& config, const InputSpec& input, int ranksOnHost, double memoryBytes,
-                    ModelUse use) {
-  const bool training = use == ModelUse::kTraining;
-  const double parameters = parameterCount(config, input);
-  const double perRank = parameters * (training ? kTrainingBytesPerParameter : kInferenceBytesPerParameter);
+TrainingMemory trainingMemory(const WorkerConfig& config, const InputSpec& input, int worldSize, bool onCpu) {
+  const TrainConfig& t = config.train;
+  const double world = std::max(1, worldSize);
+  const double optimizerValues = t.optimizer == "sgd" ? (t.momentum > 0 ? 1 : 0) : 2;
+  const bool bucket = worldSize > 1 && !config.comm.ddp.gradientAsBucketView &&
+                      (t.sharding == Sharding::kNone || t.sharding == Sharding::kZero1);
+  double weights = 1, gradients = 1, optimizer = optimizerValues;
+  if (t.sharding == Sharding::kZero1) optimizer /= world;
+  if (t.sharding == Sharding::kZero2) gradients /= world, optimizer /= world;
+  if (t.sharding == Sharding::kFull) weights /= world, gradients /= world, optimizer /= world;
+  const double perParameter = 4 * std::max(1.0, weights + gradients + optimizer + (bucket ? 1 : 0));
+  TrainingMemory memory;
+  memory.state = perParameter * parameterCount(config.model, input);
+  if (onCpu && config.model.name == "gpt") {
+    const ModelConfig& m = config.model;
+    const double c = static_cast<double>(m.nEmbd), layers = static_cast<double>(m.nLayer);
+    const double vocab = static_cast<double>(m.vocabSize > 0 ? m.vocabSize : input.classes);
+    // A block keeps its input, both LayerNorms' outputs, q/k/v, the attention's output, the residual,
+    // the MLP's 4C before and after GELU: 16 values a token and channel. bf16/fp16: at least 2 bytes.
+    const double blocks = t.activationCheckpointing ? (layers + 16) * c : 16 * layers * c;
+    const double bytes = t.precision == "fp32" ? 4 : 2;
+    memory.activations = static_cast<double>(t.batchSize) * static_cast<double>(m.blockSize) * bytes *
+                         (blocks + 2 * c + 2 * vocab);
+  }
+  return memory;
+}
+
+void checkTrainingFits(const WorkerConfig& config, const InputSpec& input, int ranksOnHost, int worldSize, bool onCpu,
+                       const MemoryLimit& memory) {
+  const TrainingMemory need = trainingMemory(config, input, worldSize, onCpu);
+  const double perRank = need.state + need.activations;
   const double needed = perRank * ranksOnHost;
-  if (memoryBytes <= 0 || needed <= memoryBytes) return;
-  char count[32];
-  std::snprintf(count, sizeof count, "%.3g", parameters);
+  if (memory.bytes <= 0 || needed <= memory.bytes) return;
+  const ModelConfig& m = config.model;
+  std::string parts = "weights, gradients, optimizer state";
+  std::string fix = smallerModelKeys(m);
+  if (need.activations > 0) {
+    std::ostringstream text;
+    text << ' ' << formatBytes(need.state) << "; the activations of " << config.train.batchSize << " windows of "
+         << m.blockSize << " tokens " << formatBytes(need.activations);
+    parts += text.str();
+  }
+  if (need.activations > need.state) {
+    fix = "a smaller train.batch_size (train.accumulate_steps keeps the batch)";
+    if (!config.train.activationCheckpointing) fix += ", train.activation_checkpointing: true";
+    fix += ", or smaller model.n_layer / model.n_embd / model.block_size";
+  } else if (config.train.sharding != Sharding::kFull && worldSize > 1) {
+    fix += ", or train.sharding: full";
+  }
+  DDP_THROW(ConfigError, "config: model '", m.name, "'",
+            m.name == "mlp" ? " with model.hidden=" + widths(m.hidden) : std::string(), " has ",
+            count(parameterCount(m, input)), " parameters: training needs about ", formatBytes(perRank),
+            " per rank (", parts, ")",
+            ranksOnHost > 1 ? ", " + formatBytes(needed) + " for the " + std::to_string(ranksOnHost) + " ranks on this host"
+                            : "",
+            ", but ", describeMemory(memory), "; use ", fix);
+}
+
+void checkInferenceFits(const ModelConfig& config, const InputSpec& input, const MemoryLimit& memory) {
+  const double parameters = parameterCount(config, input);
+  const double needed = parameters * kInferenceBytesPerParameter;
+  if (memory.bytes <= 0 || needed <= memory.bytes) return;
   DDP_THROW(ConfigError, "config: model '", config.name, "'",
-            config.name == "mlp" ? " with model.hidden=" + widths(config.hidden) : std::string(), " has ", count,
-            " parameters: ", training ? "training" : "running it", " needs about ", gib(perRank),
-            training ? " per rank (weights, gradients, momentum, buckets)" : " (its weights and the file's copy)",
-            ranksOnHost > 1 ? ", " + gib(needed) + " for the " + std::to_string(ranksOnHost) + " ranks on this host" : "",
-            ", but this host has ", gib(memoryBytes),
-            "; use ", smallerModelKeys(config));
+            config.name == "mlp" ? " with model.hidden=" + widths(config.hidden) : std::string(), " has ",
+            count(parameters), " parameters: running it needs about ", formatBytes(needed),
+            " (its weights and the file's copy), but ", describeMemory(memory), "; use ", smallerModelKeys(config));
 }
 
 }  // namespace ddp::worker

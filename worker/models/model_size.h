@@ -1,10 +1,12 @@
-// The size of the configured model, known before any tensor is allocated, so a model that
-// cannot fit fails with one line instead of an allocator error deep inside LibTorch.
+// The size of the configured model and of what training it keeps, known before any tensor is
+// allocated, so a job that cannot fit fails with one line instead of an allocator error deep
+// inside LibTorch or the kernel's OOM kill.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
+#include "common/host_memory.h"
 #include "worker/config/config.h"
 #include "worker/models/models.h"
 
@@ -12,10 +14,6 @@ namespace ddp::worker {
 
 /// Parameters makeModel(config, input) will create (as a double: absurd widths overflow int64).
 double parameterCount(const ModelConfig& config, const InputSpec& input);
-
-/// Bytes one training rank holds per parameter: weights, gradients, SGD momentum and the
-/// reducer's bucket copy, fp32 each.
-constexpr double kTrainingBytesPerParameter = 4.0 * 4;
 
 /// The config keys that make `config`'s model smaller, for the lines that say it does not fit:
 /// "smaller model.n_layer / model.n_embd" (gpt), "smaller model.hidden widths" (mlp), else
@@ -26,12 +24,31 @@ std::string smallerModelKeys(const ModelConfig& config);
 /// weights and the file's copy read to load them, fp32 each.
 constexpr double kInferenceBytesPerParameter = 4.0 * 2;
 
-/// What the model is built for: training (kTrainingBytesPerParameter) or running a trained one.
-enum class ModelUse { kTraining, kInference };
+/// What one training rank holds, in bytes: a lower bound, so that a job refused for it could
+/// never have run.
+struct TrainingMemory {
+  /// fp32 weights, gradients, the optimizer's state (SGD momentum: one value a parameter, Adam(W):
+  /// two) and the reducer's bucket copy (world > 1, unless comm.gradient_as_bucket_view), each
+  /// divided by the world where train.sharding shards it; full sharding never below the whole
+  /// weights, which every rank builds before sharding them.
+  double state = 0;
+  /// One micro-batch's activations that autograd keeps for the backward: a GPT on the CPU only
+  /// (16 values a token, channel and layer, 2 a token and vocabulary entry for the logits; with
+  /// train.activation_checkpointing one value a layer and one block's 16); 0 where not counted
+  /// (other models; on a GPU they take the GPU's memory, not the host's).
+  double activations = 0;
+};
 
-/// Throws ConfigError when `ranksOnHost` processes of this model need more than `memoryBytes`
-/// (this host's RAM): one line with the parameter count and the sizes.
-void checkModelFits(const ModelConfig& config, const InputSpec& input, int ranksOnHost, double memoryBytes,
-                    ModelUse use = ModelUse::kTraining);
+/// trainingMemory for `worldSize` ranks on `onCpu` (the ranks' device is the CPU).
+TrainingMemory trainingMemory(const WorkerConfig& config, const InputSpec& input, int worldSize, bool onCpu);
+
+/// Throws ConfigError when `ranksOnHost` training ranks need more than `memory` (this process's
+/// limit: the host's RAM or its cgroup's): one line with the parameter count, the sizes and the
+/// keys that shrink what dominates.
+void checkTrainingFits(const WorkerConfig& config, const InputSpec& input, int ranksOnHost, int worldSize, bool onCpu,
+                       const MemoryLimit& memory);
+
+/// The same for a process that only runs the model (mode eval, generate).
+void checkInferenceFits(const ModelConfig& config, const InputSpec& input, const MemoryLimit& memory);
 
 }  // namespace ddp::worker

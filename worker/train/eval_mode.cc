@@ -22,7 +22,7 @@ namespace ddp::worker {
 int runEvalMode(const WorkerConfig& config, ProcessGroup& group) {
   const c10::Device device = group.device();
   const Datasets data = loadDatasets(config.data, config.seed);
-  checkModelFits(config.model, data.input, 1, hostMemoryBytes(), ModelUse::kInference);
+  checkInferenceFits(config.model, data.input, memoryLimit());
   auto model = makeModel(config.model, data.input);
   // Loaded on the CPU (every tensor is mapped there), then moved: map_location done right.
   loadModel(*model.ptr(), config.eval.modelPath);

@@ -145,7 +145,7 @@ int runGenerateMode(const WorkerConfig& config, ProcessGroup& group) {
   const std::vector<int64_t> start = vocabulary.encode(startText(config.generate));
   if (start.empty()) DDP_THROW(ConfigError, "config: 'generate.start' is empty; give at least one character");
   checkStartFitsModel(start, input.classes);
-  checkModelFits(config.model, input, 1, hostMemoryBytes(), ModelUse::kInference);
+  checkInferenceFits(config.model, input, memoryLimit());
   auto model = makeModel(config.model, input);
   const std::string path = config.generate.modelPath.empty()
                                ? (std::filesystem::path(config.output.dir) / config.output.exportName).string()
