@@ -57,7 +57,22 @@ std::string describeFailure(const RankReport& rank) {
   return "was " + killedBy(rank);
 }
 
+// A rank the launcher was stopping that ended on its own with the first failure's code and error
+// line: it failed the same way (every rank refusing one bad config), it was not stuck.
+bool failedLikeTheFirst(const RankReport& rank, const AttemptReport& attempt) {
+  if (!rank.stoppedByLauncher || rank.status.signaled || !attempt.firstFailure || attempt.failedWhileStopping) {
+    return false;
+  }
+  const RankReport& first = attempt.ranks[*attempt.firstFailure];
+  return &first != &rank && !first.status.signaled && rank.status.code == first.status.code &&
+         !rank.errorFile.empty() && rank.errorFile == first.errorFile;
+}
+
 std::string describeState(const RankReport& rank, const AttemptReport& attempt) {
+  if (failedLikeTheFirst(rank, attempt)) {
+    return rank.status.describe() + ", the same error as rank " +
+           std::to_string(attempt.ranks[*attempt.firstFailure].rank);
+  }
   if (!rank.stoppedByLauncher) {
     if (rank.leftEarly) {
       return "exit code 0 while the others still ran " + formatSeconds(attempt.earlyExitGraceS) + " s later";
@@ -108,7 +123,7 @@ std::vector<std::string> formatFailureSummary(const AttemptReport& attempt) {
       // Our worker prints its error file's one line too: shown once, as the error file.
       if (line != rank.errorFile) lines.push_back(outputIndent + line);
     }
-    if (rank.stoppedByLauncher) stuck.push_back(rank.rank);
+    if (rank.stoppedByLauncher && !failedLikeTheFirst(rank, attempt)) stuck.push_back(rank.rank);
     if (rank.stoppedBySignal) stopped.push_back(rank.rank);
   }
   if (attempt.firstFailure && attempt.ranks[*attempt.firstFailure].leftEarly) {

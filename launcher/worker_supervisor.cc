@@ -39,6 +39,9 @@ using Clock = std::chrono::steady_clock;
 constexpr std::chrono::milliseconds kPollInterval{1000};
 // How often SupervisionOptions::stopRequested is asked.
 constexpr std::chrono::milliseconds kRequestPollInterval{100};
+// A repeat of the signal that began the stop within this long is one request delivered twice (the
+// worker's window is 2 s, as the launcher's forwarded copy may lag); one such copy is absorbed.
+constexpr std::chrono::milliseconds kSameRequest{1000};
 
 std::string workers(size_t count) { return std::to_string(count) + (count == 1 ? " worker" : " workers"); }
 
@@ -149,6 +152,8 @@ class WorkerSupervisor {
   Clock::time_point firstCleanExitAt_;
   std::optional<size_t> firstFailure_;  // index into workers_
   int launcherSignal_ = 0;              // forwarded signal that started the stop, if any
+  Clock::time_point signalAt_;          // when it came
+  bool copyNoted_ = false;              // one copy of it within kSameRequest was absorbed
   bool failedWhileStopping_ = false;    // firstFailure_ came during a signal's stop
   bool stopping_ = false;
   bool killed_ = false;                 // SIGKILL sent to every group
@@ -281,8 +286,16 @@ AttemptReport WorkerSupervisor::monitor() {
       spdlog::warn("received {}; forwarding it to {} (SIGKILL after {} s)", signalName(signal),
                    workers(running()), grace_.count());
       launcherSignal_ = signal;
+      signalAt_ = Clock::now();
       if (onSignal_) onSignal_(signal);
       beginStop(signal);
+    } else if (!killed_ && !copyNoted_ && signal == launcherSignal_ && Clock::now() - signalAt_ < kSameRequest) {
+      // `timeout` or a script that forwards it, and a signal to the whole process group (kill -- -PGID,
+      // a scheduler), deliver one request twice: a SIGKILL now would lose the checkpoint it asks for.
+      spdlog::warn("received {} again within {} ms: taken as a copy of the same request (a wrapper and the "
+                   "process group both signalled); send it once more to skip the grace period",
+                   signalName(signal), std::chrono::duration_cast<std::chrono::milliseconds>(kSameRequest).count());
+      copyNoted_ = true;
     } else if (!killed_) {
       spdlog::warn("received {} {}; sending SIGKILL to {}", signalName(signal),
                    launcherSignal_ != 0 ? "again" : "while stopping the workers", workers(running()));

@@ -85,6 +85,7 @@ int runDataParallel(const ddp::worker::WorkerConfig& config, std::optional<int> 
   dp::DpTrainer trainer(config, placement, startGroupOfOne(placement.devices.front().str(), legacyLocalRank));
   const dp::DpResult dpResult = trainer.run(data);
   const TrainResult& result = dpResult.train;
+  if (result.outputsKept) return 0;  // resumed at the run's end: the outputs are that run's
   const double rssMb = static_cast<double>(dp::peakRssBytes()) / kMiB;
   nlohmann::json summary = trainingSummary(config, result, 1, "dp", "none", placement.devices.front().str(),
                                            config.train.batchSize);
@@ -235,6 +236,10 @@ int runDistributed(const ddp::worker::WorkerConfig& config, const ddp::LaunchEnv
   if (result.stopSignal != 0) {
     group.destroy();
     return 128 + result.stopSignal;  // like a process killed by it, but with its work saved
+  }
+  if (result.outputsKept) {  // every rank knows it: no report to gather, no summary to rewrite
+    group.destroy();
+    return 0;
   }
   // Every rank's peak RSS, where its data came from and its GPU, to rank 0 (a collective).
   RankReport mine = measureRank(group.device(), dataOrigin != ddp::HostCopyOrigin::kMappedFromHostCopy);

@@ -296,16 +296,17 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
 
 std::optional<TrainPosition> Checkpointer::resume(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                                  GradScaler* scaler) {
-  std::vector<std::string> damaged;  // checkpoints whose files a rank found damaged: looked past
-  std::vector<std::string> skipped;  // every one looked past, newest first
+  // Every checkpoint looked past, newest first: not looked at (nor warned about) again when a
+  // later one turns out damaged too.
+  std::vector<std::string> skipped;
   for (;;) {
     const auto found = checkpoint::latestValidCheckpoint(
         options_.dir,
         [&](const std::string& p, const std::string& why) {
-          if (std::find(skipped.begin(), skipped.end(), p) == skipped.end()) skipped.push_back(p);
+          skipped.push_back(p);
           if (group_.rank() == 0) spdlog::warn("resume: skipping {}: {}", p, why);
         },
-        damaged, checkpoint::OneFileCheck::kByItsReader);  // read once, by readAgreed
+        skipped, checkpoint::OneFileCheck::kByItsReader);  // read once, by readAgreed
     if (!found) {
       // Every rank must agree that there is nothing, or some would resume and some not.
       resumeFrom("", module, optimizer, scaler);
@@ -324,7 +325,6 @@ std::optional<TrainPosition> Checkpointer::resume(torch::nn::Module& module, tor
     } catch (const checkpoint::DamagedCheckpoint& e) {
       // Agreed by every rank before anything was loaded: each says what it saw, and all go on.
       spdlog::warn("resume: skipping {}: {}", *found, e.what());
-      damaged.push_back(*found);
       skipped.push_back(*found);
     }
   }

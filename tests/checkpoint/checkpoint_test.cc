@@ -7,6 +7,8 @@
 #include <ATen/ops/scalar_tensor.h>
 #include <caffe2/serialize/inline_container.h>
 #include <nlohmann/json.hpp>
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
@@ -15,6 +17,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <fstream>
 
 #include "common/error.h"
@@ -400,7 +403,18 @@ TEST_F(Checkpoint, ResumeReadsAOneFileCheckpointOnceAndStillLooksPastADamagedOne
   EXPECT_LT(read, bytes * 3 / 2) << "resume read " << read << " bytes for a " << bytes << "-byte checkpoint";
 
   fs::resize_file(newest, bytes / 2);
+  // And a sharded checkpoint's directory whose manifest is not one, the newest of all: skipped
+  // once, not again on each turn past a damaged one-file checkpoint.
+  const std::string sharded = d + "/ckpt-00000009";
+  fs::create_directories(sharded);
+  std::ofstream(sharded + "/manifest.json") << "{}";
+  const auto warnings = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
+  spdlog::default_logger()->sinks().push_back(warnings);
   EXPECT_EQ(resume(&read), 1);
+  spdlog::default_logger()->sinks().pop_back();
+  int sayings = 0;
+  for (const std::string& line : warnings->last_formatted()) sayings += line.find("skipping " + sharded) != std::string::npos;
+  EXPECT_EQ(sayings, 1);
 
   // Every checkpoint damaged: this used to start from the beginning, training again what they
   // hold. Now one error naming the directory, the count and the newest; nothing loaded or removed
@@ -415,7 +429,7 @@ TEST_F(Checkpoint, ResumeReadsAOneFileCheckpointOnceAndStillLooksPastADamagedOne
     ADD_FAILURE() << "resume started afresh past two damaged checkpoints";
   } catch (const CheckpointError& e) {
     const std::string what = e.what();
-    EXPECT_NE(what.find("every checkpoint in " + d + " is damaged (2, the newest " + newest), std::string::npos)
+    EXPECT_NE(what.find("every checkpoint in " + d + " is damaged (3, the newest " + sharded), std::string::npos)
         << what;
   }
   EXPECT_TRUE(torch::equal(fresh->weight, untouched));

@@ -653,7 +653,7 @@ TEST(EvalMode, PythonGpuDataParallelCheckpointEvaluatesToPythonsAccuracy) {
                                "model.hidden=[64]", "data.name=fashion-mnist", "data.root=" + dataRoot,
                                "device=cpu", "eval.show=3", "output.dir=" + base + "/eval"});
   ASSERT_EQ(ours.exitCode, 0) << ours.output;
-  const auto summary = nlohmann::json::parse(test::readFile(base + "/eval/summary.json"));
+  const auto summary = nlohmann::json::parse(test::readFile(base + "/eval/eval.json"));
   EXPECT_EQ(summary["mode"], "eval");
   EXPECT_EQ(summary["test_total"], 10000);
   EXPECT_NEAR(summary["test_correct"].get<int64_t>(), expected["correct"].get<int64_t>(), 2);

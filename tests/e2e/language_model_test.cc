@@ -98,9 +98,10 @@ TEST(LanguageModel, GenerateWritesSamplesThatStartWithThePromptAndRepeatWithTheS
   const std::string out = test::makeTempDir("lm_generate");
   const auto r = test::runCommand(gptJob(1, out, {"train.max_steps=10", "eval.enabled=false"}), 300);
   ASSERT_EQ(r.exitCode, 0) << r.output;
-  const auto generate = [&](const std::string& seed) {
+  const auto generate = [&](const std::string& seed, const std::string& val = "") {
     auto argv = gptJob(1, out, {"mode=generate", "generate.start=The", "generate.num_samples=3",
                                 "generate.max_new_tokens=40", "seed=" + seed});
+    if (!val.empty()) argv.push_back("data.val_files=" + val);
     argv.erase(argv.begin(), argv.begin() + 2);  // the worker alone: one process
     const auto g = test::runCommand(argv, 120);
     EXPECT_EQ(g.exitCode, 0) << g.output;
@@ -129,6 +130,8 @@ TEST(LanguageModel, GenerateWritesSamplesThatStartWithThePromptAndRepeatWithTheS
   EXPECT_NE(first[0], first[1]) << "each sample draws anew";
   EXPECT_EQ(generate("5"), first);
   EXPECT_NE(generate("6"), first);
+  // Sampling reads no validation data: a val glob that matches nothing is no reason to refuse.
+  EXPECT_EQ(generate("5", "/nonexistent/val_*.bin"), first);
   // Data of another vocabulary (byte level, 256 tokens) than the model's: one line naming both, exit 2.
   const std::string bytes = out + "/bytes";
   fs::create_directories(bytes);
@@ -264,6 +267,19 @@ TEST(LanguageModel, ShardedCheckpointResumesDdpAndAnotherWorldSize) {
 // whose token is past the model's vocabulary (a byte-level model.vocab_size of 128 and a non-ASCII
 // prompt would index past the embedding), or FILE: naming a named pipe (it would wait for a writer)
 // or a folder.
+// Before any training there is no model to sample: one line that says to train first, exit 2.
+TEST(LanguageModel, GenerateWithoutATrainedModelSaysToTrainFirst) {
+  const std::string out = test::makeTempDir("lm_generate_none");
+  auto argv = gptJob(1, out + "/out", {"mode=generate"});
+  argv.erase(argv.begin(), argv.begin() + 2);
+  const auto g = test::runCommand(argv, 60);
+  EXPECT_EQ(g.exitCode, 2) << g.output;
+  EXPECT_NE(g.output.find("mode generate samples from a trained model, but '" + out + "/out/model.pt' does not exist "
+                          "(output.dir/model.pt); train first"), std::string::npos) << g.output;
+  EXPECT_FALSE(fs::exists(out + "/out/generated.json"));
+  fs::remove_all(out);
+}
+
 TEST(LanguageModel, GenerateRefusesAPromptTheModelCannotTake) {
   const std::string out = test::makeTempDir("lm_generate_prompt");
   const std::string fifo = out + "/prompt.fifo";
@@ -297,6 +313,12 @@ std::string badShard(const std::string& kind) {
   if (made.empty()) std::atexit([] { for (const auto& d : made) fs::remove_all(d); });
   const std::string dir = test::makeTempDir("lm_bad");
   made.push_back(dir);
+  if (kind == "nanogpt") {  // nanoGPT's prepare.py: raw uint16 train.bin and a pickled meta.pkl, no meta.json
+    std::vector<uint16_t> tokens(1000, 1);
+    std::ofstream(dir + "/train.bin", std::ios::binary).write(reinterpret_cast<const char*>(tokens.data()), 2000);
+    std::ofstream(dir + "/meta.pkl") << "a pickle the worker does not read";
+    return dir + "/train.bin";
+  }
   const std::string path = dir + "/train_000000.bin";
   std::vector<int32_t> header(256, 0);
   header[0] = 20240520;
@@ -334,6 +356,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadLm{"WrongVersion", {"data.train_files=" + badShard("version")}, "version"},
         BadLm{"CountDisagreesWithSize", {"data.train_files=" + badShard("count")}, "100"},
         BadLm{"NoShardMatches", {"data.train_files=/nonexistent/train_*.bin"}, "data.train_files"},
+        BadLm{"NanoGptMetaPickle", {"data.train_files=" + badShard("nanogpt")},
+              "(nanoGPT's meta.pkl there is not read); set model.vocab_size to its vocab_size"},
         BadLm{"GenerateWithAnImageModel", {"model.name=cnn", "data.name=fashion-mnist", "mode=generate"},
               "'mode' is generate, which writes text with a language model"}),
     [](const ::testing::TestParamInfo<BadLm>& info) { return info.param.name; });

@@ -36,7 +36,7 @@ TEST_P(PythonModelFile, EvaluatesToPythonsAccuracy) {
                                       "data.root=" + dataRoot, "device=cpu", "output.dir=" + base + "/eval"},
                                      300);
   ASSERT_EQ(ours.exitCode, 0) << ours.output;
-  const auto summary = nlohmann::json::parse(test::readFile(base + "/eval/summary.json"));
+  const auto summary = nlohmann::json::parse(test::readFile(base + "/eval/eval.json"));
   EXPECT_EQ(summary["test_total"], 10000);
   // Same weights, same data, same kernels: at most a rounding-level tie may flip.
   EXPECT_NEAR(summary["test_correct"].get<int64_t>(), expected["correct"].get<int64_t>(), 2);

@@ -98,6 +98,13 @@ TEST(FailureSummary, TableHasEveryRankItsLastLinesAndNamesTheStuckOnes) {
       << table;
   EXPECT_NE(table.find("ranks 6, 7 were still running when rank 5 failed"), std::string::npos) << table;
 
+  // Rank 6 ended with rank 5's code and error line (both refused one bad config): not stuck.
+  attempt.ranks[1].errorFile = attempt.ranks[2].errorFile = "worker: config: 'mode' is 'dp' but WORLD_SIZE=4";
+  attempt.ranks[2].status = ExitStatus::exited(7);
+  const std::string same = joined(formatFailureSummary(attempt));
+  EXPECT_NE(same.find("  6     1006  exit code 7, the same error as rank 5\n"), std::string::npos) << same;
+  EXPECT_NE(same.find("rank 7 was still running when rank 5 failed"), std::string::npos) << same;
+
   attempt.ranks.resize(2);  // nobody was stopped: nobody is called stuck
   EXPECT_EQ(joined(formatFailureSummary(attempt)).find("still running"), std::string::npos);
 }

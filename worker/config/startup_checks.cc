@@ -6,16 +6,20 @@
 #include <unistd.h>
 
 #include <ATen/Context.h>
+#include <spdlog/spdlog.h>
 
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "common/dir_lock.h"
 #include "common/error.h"
+#include "ddp/checkpoint.h"
 #include "ddp/files.h"
+#include "ddp/launch_env.h"
 
 namespace ddp::worker {
 namespace {
@@ -107,10 +111,28 @@ static void lockForThisJob(const std::string& dir, const char* setting) {
   if (!refused.empty()) DDP_THROW(ConfigError, "config: '", setting, "' ", dir, refused);
 }
 
+// A fresh run saving among an earlier run's checkpoints: keep_last would prune one run's by the
+// other's step numbers, and a later resume=auto would take whichever has the highest step.
+static void checkNoEarlierRun(const std::string& dir) {
+  const std::vector<std::string> earlier = listCheckpoints(dir);
+  if (earlier.empty()) return;
+  const std::string newest = std::filesystem::path(earlier.back()).filename().string();
+  if (launchEnv().restartCount > 0) {  // most likely this job's own, from before the restart
+    spdlog::warn("checkpoint.dir {} holds {} (and {} more) but resume is unset: this restart trains from the "
+                 "beginning; set resume=auto to continue from it", dir, newest, earlier.size() - 1);
+    return;
+  }
+  DDP_THROW(ConfigError, "config: checkpoint.dir ", dir, " holds an earlier run's checkpoints (", earlier.size(),
+            ", the newest ", newest, ") and this run starts fresh (resume is unset): its saves would mix with them "
+            "and checkpoint.keep_last would prune one run's; use resume=auto to continue that run, another "
+            "checkpoint.dir, or move them out");
+}
+
 void checkOutputPaths(const WorkerConfig& config) {
   makeDirectories(config.output.dir, "output.dir");
   lockForThisJob(config.output.dir, "output.dir");
-  probeFile(config.output.dir, "summary.json", "output.dir", "set output.dir to a writable directory");
+  probeFile(config.output.dir, config.mode == Mode::kEval ? "eval.json" : "summary.json", "output.dir",
+            "set output.dir to a writable directory");
   if (config.mode != Mode::kEval) {
     probeFile(config.output.dir, config.output.exportName, "output.export", "use a shorter file name");
   }
@@ -119,6 +141,7 @@ void checkOutputPaths(const WorkerConfig& config) {
     makeDirectories(dir, "checkpoint.dir");
     lockForThisJob(dir, "checkpoint.dir");
     probeFile(dir, "ckpt-00000000.pt", "checkpoint.dir", "set checkpoint.dir to a writable directory");
+    if (config.resume.empty()) checkNoEarlierRun(dir);
   } else if (config.resume == "auto" && std::filesystem::is_directory(checkpointDir(config))) {
     lockForThisJob(checkpointDir(config), "checkpoint.dir");  // not written, but another job's saves would race it
   }

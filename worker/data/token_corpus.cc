@@ -43,8 +43,14 @@ TokenCorpus loadTokenCorpus(const DataConfig& config) {
 int64_t checkedVocabulary(const TokenCorpus& corpus, const ModelConfig& model) {
   const int64_t vocab = model.vocabSize > 0 ? model.vocabSize : corpus.vocabSize;
   if (vocab <= 0) {
-    DDP_THROW(ConfigError, "config: model.vocab_size is 0 (the data set's) but no meta.json lies beside ",
-              corpus.train->shards().front().path(), "; set model.vocab_size (e.g. 50304 for GPT-2's tokens)");
+    const std::string first = corpus.train->shards().front().path();
+    const bool pickled = std::filesystem::exists(std::filesystem::path(first).parent_path() / "meta.pkl");
+    DDP_THROW(ConfigError, "config: model.vocab_size is 0 (the data set's) but no meta.json lies beside ", first,
+              pickled ? " (nanoGPT's meta.pkl there is not read); set model.vocab_size to its vocab_size (65 for "
+                        "nanoGPT's shakespeare_char), or prepare the text with scripts/prepare_text.py, which writes "
+                        "meta.json"
+                      : "; set model.vocab_size to the tokenizer's (50304 for GPT-2's tokens as nanoGPT pads them; "
+                        "a char-level set's number of characters)");
   }
   for (const auto* data : {corpus.train.get(), corpus.val.get()}) {
     if (data == nullptr) continue;

@@ -275,7 +275,7 @@ ddp::StateDict gptStateDict(const Gpt& model) { return gptStateDict(*model); }
 
 void loadGptStateDict(Gpt& model, ddp::StateDict state) { loadGptStateDict(*model, std::move(state)); }
 
-void loadGptStateDict(GptImpl& model, ddp::StateDict state) {
+void loadGptStateDict(GptImpl& model, ddp::StateDict state, const std::string& source) {
   static const std::string kHead = "lm_head.weight", kWte = "transformer.wte.weight";
   std::map<std::string, at::Tensor> given;
   std::vector<std::string> duplicated, missing, unexpected, shapes;
@@ -302,7 +302,8 @@ void loadGptStateDict(GptImpl& model, ddp::StateDict state) {
     if (!targets.count(key)) unexpected.push_back(key);
   }
   if (!duplicated.empty() || !missing.empty() || !unexpected.empty() || !shapes.empty()) {
-    std::string message = "the GPT state dict does not fit the model (" + describe(model.options()) + "):";
+    std::string message = (source.empty() ? std::string() : "'" + source + "': ") +
+                          "the GPT state dict does not fit the model (" + describe(model.options()) + "):";
     if (!missing.empty()) message += " missing keys: " + joinList(missing) + ";";
     if (!unexpected.empty()) message += " unexpected keys: " + joinList(unexpected) + ";";
     if (!shapes.empty()) message += " shape differences: " + joinList(shapes) + ";";

@@ -180,8 +180,9 @@ ddp::StateDict gptStateDict(const Gpt& model);
 /// Loads nanoGPT's state dict into `model` (converted to its devices and dtypes). Keys may carry
 /// "module." or "_orig_mod." prefixes (DDP, torch.compile); "lm_head.weight" may be absent, and
 /// when present must equal "transformer.wte.weight". One CheckpointError lists every missing,
-/// unexpected or misshaped key before anything changes.
-void loadGptStateDict(GptImpl& model, ddp::StateDict state);
+/// unexpected or misshaped key before anything changes; `source` (the file's path), when given,
+/// begins its line.
+void loadGptStateDict(GptImpl& model, ddp::StateDict state, const std::string& source = "");
 void loadGptStateDict(Gpt& model, ddp::StateDict state);
 
 }  // namespace ddp::worker

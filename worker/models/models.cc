@@ -127,7 +127,7 @@ StateDict withExportKeys(const torch::nn::Module& module, StateDict state) {
 
 void loadModelWeights(torch::nn::Module& module, const std::string& path) {
   if (auto* gpt = dynamic_cast<GptImpl*>(&module)) {
-    loadGptStateDict(*gpt, loadModelStateDict(path));
+    loadGptStateDict(*gpt, loadModelStateDict(path), path);
     return;
   }
   loadModel(module, path);

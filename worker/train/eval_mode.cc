@@ -45,8 +45,9 @@ int runEvalMode(const WorkerConfig& config, ProcessGroup& group) {
                    logits[i].softmax(0)[predicted[i]].item<double>(), first.labels[i].item<int64_t>());
     }
   }
+  // eval.json, not summary.json: output.dir is often the training run's, whose summary it would replace.
   makeDirectories(config.output.dir, "output.dir");
-  writeSummary(config.output.dir + "/summary.json",
+  writeSummary(config.output.dir + "/eval.json",
                {{"mode", "eval"},
                 {"model_path", std::filesystem::absolute(config.eval.modelPath).string()},
                 {"model", config.model.name},
@@ -55,6 +56,7 @@ int runEvalMode(const WorkerConfig& config, ProcessGroup& group) {
                 {"test_correct", counts.correct},
                 {"test_total", counts.total},
                 {"test_accuracy", counts.accuracy()}});
+  spdlog::info("kept in {}/eval.json", config.output.dir);
   return 0;
 }
 

@@ -134,10 +134,14 @@ std::string Vocabulary::decode(const std::vector<int64_t>& tokens, int64_t* outs
 
 int runGenerateMode(const WorkerConfig& config, ProcessGroup& group) {
   const c10::Device device = group.device();
-  const Datasets data = loadDatasets(config.data, config.seed);
+  DataConfig vocabularyOnly = config.data;  // sampling reads the vocabulary beside the training shards only
+  vocabularyOnly.valFiles.clear();
+  const Datasets data = loadDatasets(vocabularyOnly, config.seed);
   if (data.tokens->metaPath.empty()) {
     DDP_THROW(ConfigError, "mode generate decodes with the meta.json beside data.train_files, but there is none "
-              "beside ", data.tokens->train->shards().front().path(), "; prepare the data with scripts/prepare_text.py");
+              "beside ", data.tokens->train->shards().front().path(), "; prepare the data with scripts/prepare_text.py "
+              "(nanoGPT's meta.pkl is not read; for GPT-2's tokens decode the exported model's samples in Python "
+              "with tiktoken)");
   }
   const Vocabulary vocabulary(data.tokens->metaPath);
   InputSpec input = data.input;
@@ -151,9 +155,15 @@ int runGenerateMode(const WorkerConfig& config, ProcessGroup& group) {
                                ? (std::filesystem::path(config.output.dir) / config.output.exportName).string()
                                : config.generate.modelPath;
   auto& gpt = dynamic_cast<GptImpl&>(*model.ptr());
+  if (!std::filesystem::exists(path)) {
+    DDP_THROW(ConfigError, "mode generate samples from a trained model, but '", path, "' does not exist",
+              config.generate.modelPath.empty() ? " (output.dir/" + config.output.exportName + ")" : std::string(),
+              "; train first (mode ddp or single with this output.dir), or set generate.model_path to the model "
+              "(an export, a checkpoint, or nanoGPT's ckpt.pt)");
+  }
   StateDict weights = loadModelStateDict(path);
   if (config.model.vocabSize == 0) checkModelVocabulary(weights, input.classes, data.tokens->metaPath, path);
-  loadGptStateDict(gpt, std::move(weights));
+  loadGptStateDict(gpt, std::move(weights), path);
   model.ptr()->to(device);
   model.ptr()->eval();
   torch::manual_seed(config.seed);

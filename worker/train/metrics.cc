@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "common/error.h"
@@ -84,8 +85,10 @@ void logDone(const TrainResult& result) {
   const std::string tokens = result.tokensPerSecond > 0 ? fmt::format(" ({:.0f} tokens/s)", result.tokensPerSecond)
                                                        : std::string();
   const std::string val = result.valLoss >= 0 ? fmt::format(", validation loss {:.4f}", result.valLoss) : std::string();
-  spdlog::info("done: {} steps, {:.0f} samples/s{}, final loss {:.4f}{}{}, exported {}", result.steps,
-               result.samplesPerSecond, tokens, result.finalLoss, val, accuracy, result.exportPath);
+  const std::string loss = std::isnan(result.finalLoss) ? "no step taken by this run"
+                                                       : fmt::format("final loss {:.4f}", result.finalLoss);
+  spdlog::info("done: {} steps, {:.0f} samples/s{}, {}{}{}, exported {}", result.steps, result.samplesPerSecond, tokens,
+               loss, val, accuracy, result.exportPath);
 }
 
 void writeSummary(const std::string& path, const nlohmann::json& summary) {

@@ -22,7 +22,8 @@ struct TrainResult {
   int64_t samples = 0;         // training samples consumed over all ranks
   double trainSeconds = 0;     // wall time of the training loop (no evaluation)
   double samplesPerSecond = 0; // over all ranks
-  double finalLoss = 0;        // mean over ranks of the last step's loss
+  double finalLoss = 0;        // mean over ranks of the last step's loss; NaN when this run took no step
+  bool outputsKept = false;    // resumed at the run's end with its outputs there: nothing trained or written
   int64_t testCorrect = 0;
   int64_t testTotal = 0;
   double testAccuracy = 0;     // testCorrect / testTotal over the whole test set

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -85,6 +86,7 @@ class TrainingRun {
   void recordValidation();
   void countSkippedImages();
   bool stopRequested(const TrainPosition& position);
+  bool outputsInPlace();
   void finish();
   int64_t resumedStart();
   int64_t epochBatchesFrom(int64_t epoch, int64_t start);
@@ -285,8 +287,31 @@ TrainResult TrainingRun::run() {
   parallelism_.describeMemory(result_);
   result_.optimizerStateBytes = std::max<int64_t>(0, optimizerStateBytes(*optimizer_));
   if (result_.stopSignal != 0) return result_;  // preempted: the checkpoint is the record
+  if (resumed_.globalStep > 0 && runSamples_ == 0 && outputsInPlace()) {
+    result_.outputsKept = true;  // a finished run resumed again (a requeue, a restart loop)
+    return result_;
+  }
   finish();
   return result_;
+}
+
+// Resumed at the run's end, nothing trained: the run that took the steps wrote its outputs, and
+// rewriting them would replace its loss and throughput with this process's nothing. Left as they
+// are where both are there (rank 0 looks; every rank learns it); else evaluated and exported anew.
+bool TrainingRun::outputsInPlace() {
+  const std::string& dir = config_.output.dir;
+  const bool here = rank_ == 0 && std::filesystem::exists(dir + "/summary.json") &&
+                    std::filesystem::exists(std::filesystem::path(dir) / config_.output.exportName);
+  at::Tensor flag = at::full({1}, here ? 1.0 : 0.0, at::TensorOptions().device(device_));
+  group_.allReduce(flag);
+  const bool kept = flag.item<double>() > 0;
+  if (rank_ == 0) {
+    spdlog::info("nothing left to train: the checkpoint is at the run's end (step {}){}", result_.steps,
+                 kept ? "; summary.json and " + config_.output.exportName + " of the run that took the steps are left "
+                        "as they are"
+                      : "; evaluating and exporting it, as that run's outputs are missing");
+  }
+  return kept;
 }
 
 void TrainingRun::runEpoch(int64_t epoch) {
@@ -514,7 +539,8 @@ void TrainingRun::finish() {
   group_.waitForCollectives();
   step_->report();
   nonfinite_.check(result_, deviceSkips_);
-  result_.finalLoss = state_->lossForLog.item<double>();
+  // NaN (null in summary.json) when this process took no step: there is no last loss to report.
+  result_.finalLoss = runSamples_ > 0 ? state_->lossForLog.item<double>() : std::nan("");
   step_->checkCounters();
   if (scaler_ && rank_ == 0 && result_.skippedSteps * 10 > result_.steps) {
     spdlog::warn("the fp16 loss scaler skipped {} of {} steps (gradients overflowed at scales up to {:g}); lower "

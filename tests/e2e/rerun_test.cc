@@ -1,0 +1,114 @@
+// A job run again over an earlier run's output.dir or checkpoint.dir loses nothing: a finished run
+// resumed again (a Slurm requeue, a restart loop) leaves its outputs as they were, a fresh run is
+// refused where its saves would mix with another run's checkpoints, and mode eval in the training
+// run's output.dir keeps that run's summary.json.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "tests/support/run_command.h"
+
+namespace ddp {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kConfig = std::string(DDP_SOURCE_DIR) + "/configs/synthetic_mlp.yaml";
+
+test::CommandResult launch(int nproc, const std::string& out, std::vector<std::string> extra) {
+  std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nproc_per_node=" + std::to_string(nproc), DDP_WORKER_BIN,
+                                   kConfig, "output.dir=" + out};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return test::runCommand(argv, 120);
+}
+
+// Every file under `dir` with its bytes, to tell "left as it was" from "rewritten".
+std::vector<std::pair<std::string, std::string>> contents(const std::string& dir) {
+  std::vector<std::pair<std::string, std::string>> files;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.is_regular_file() && e.path().filename() != ".ddp-launch.lock") {
+      files.emplace_back(e.path().string(), test::readFile(e.path().string()));
+    }
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+TEST(Rerun, AFinishedRunResumedAgainLeavesItsOutputsAsTheyWere) {
+  const std::string out = test::makeTempDir("rerun_done");
+  const std::vector<std::string> job = {"train.max_steps=6", "checkpoint.every_steps=3", "resume=auto"};
+  const auto first = launch(2, out, job);
+  ASSERT_EQ(first.exitCode, 0) << first.output;
+  const auto before = contents(out);
+  const double loss = nlohmann::json::parse(test::readFile(out + "/summary.json"))["final_loss"].get<double>();
+
+  const auto again = launch(2, out, job);
+  ASSERT_EQ(again.exitCode, 0) << again.output;
+  EXPECT_NE(again.output.find("nothing left to train: the checkpoint is at the run's end (step 6); summary.json and "
+                              "model.pt of the run that took the steps are left as they are"), std::string::npos)
+      << again.output;
+  EXPECT_EQ(contents(out), before) << "a run with nothing to train rewrote the outputs";
+  EXPECT_GT(loss, 0.0);
+
+  // The outputs lost (the run died after its last checkpoint): evaluated and exported anew, with no
+  // final loss made up for a step this run did not take.
+  fs::remove(out + "/summary.json");
+  fs::remove(out + "/model.pt");
+  const auto repair = launch(2, out, job);
+  ASSERT_EQ(repair.exitCode, 0) << repair.output;
+  EXPECT_NE(repair.output.find("no step taken by this run"), std::string::npos) << repair.output;
+  const auto summary = nlohmann::json::parse(test::readFile(out + "/summary.json"));
+  EXPECT_EQ(summary["steps"], 6);
+  EXPECT_TRUE(summary["final_loss"].is_null()) << summary.dump();
+  EXPECT_TRUE(fs::exists(out + "/model.pt"));
+  fs::remove_all(out);
+}
+
+TEST(Rerun, AFreshRunAmongAnotherRunsCheckpointsIsRefused) {
+  const std::string out = test::makeTempDir("rerun_fresh");
+  const auto first = launch(2, out, {"train.max_steps=12", "checkpoint.every_steps=6"});
+  ASSERT_EQ(first.exitCode, 0) << first.output;
+  const auto before = contents(out + "/checkpoints");
+  ASSERT_EQ(before.size(), 2u);
+
+  // Its ckpt-2 and ckpt-4 would have ranked below the earlier ckpt-12 (and keep_last 1 pruned them).
+  const auto fresh = launch(2, out + "/fresh", {"checkpoint.dir=" + out + "/checkpoints", "train.max_steps=4",
+                                                "checkpoint.every_steps=2", "checkpoint.keep_last=1"});
+  EXPECT_EQ(fresh.exitCode, 2) << fresh.output;
+  EXPECT_NE(fresh.output.find("config: checkpoint.dir " + out + "/checkpoints holds an earlier run's checkpoints (2, "
+                              "the newest ckpt-00000012.pt) and this run starts fresh (resume is unset)"),
+            std::string::npos) << fresh.output;
+  EXPECT_NE(fresh.output.find("use resume=auto to continue that run"), std::string::npos) << fresh.output;
+  EXPECT_EQ(contents(out + "/checkpoints"), before);
+
+  const auto resumed = launch(2, out + "/fresh", {"checkpoint.dir=" + out + "/checkpoints", "train.max_steps=14",
+                                                  "checkpoint.every_steps=2", "resume=auto"});
+  EXPECT_EQ(resumed.exitCode, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("ckpt-00000012.pt"), std::string::npos) << resumed.output;
+  fs::remove_all(out);
+}
+
+TEST(Rerun, AnEvaluationInTheTrainingRunsDirectoryKeepsItsSummary) {
+  const std::string out = test::makeTempDir("rerun_eval");
+  const auto trained = launch(2, out, {"train.max_steps=5"});
+  ASSERT_EQ(trained.exitCode, 0) << trained.output;
+  const std::string summary = test::readFile(out + "/summary.json");
+  const int64_t total = nlohmann::json::parse(summary)["test_total"].get<int64_t>();
+
+  const auto eval = test::runCommand({DDP_WORKER_BIN, kConfig, "mode=eval", "eval.model_path=" + out + "/model.pt",
+                                      "output.dir=" + out}, 120);
+  ASSERT_EQ(eval.exitCode, 0) << eval.output;
+  EXPECT_EQ(test::readFile(out + "/summary.json"), summary);
+  const auto evaluated = nlohmann::json::parse(test::readFile(out + "/eval.json"));
+  EXPECT_EQ(evaluated["mode"], "eval");
+  EXPECT_EQ(evaluated["test_total"], total);
+  fs::remove_all(out);
+}
+
+}  // namespace
+}  // namespace ddp
