@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include <torch/version.h>
+
 #include "common/error.h"
 #include "worker/models/resnet.h"
 
@@ -83,7 +85,14 @@ TrainingMemory trainingMemory(const WorkerConfig& config, const InputSpec& input
     const double vocab = static_cast<double>(m.vocabSize > 0 ? m.vocabSize : input.classes);
     // A block keeps its input, both LayerNorms' outputs, q/k/v, the attention's output, the residual,
     // the MLP's 4C before and after GELU: 16 values a token and channel. bf16/fp16: at least 2 bytes.
-    const double blocks = t.activationCheckpointing ? (layers + 16) * c : 16 * layers * c;
+#if TORCH_VERSION_MAJOR >= 2
+    const double attention = 0;  // scaled_dot_product_attention keeps no T × T scores
+#else
+    // LibTorch 1.x has no scaled_dot_product_attention: worker/models/gpt.cc's math attention keeps
+    // each head's T × T softmax, n_head · block_size values a token.
+    const double attention = static_cast<double>(m.nHead * m.blockSize);
+#endif
+    const double blocks = t.activationCheckpointing ? (layers + 16) * c + attention : layers * (16 * c + attention);
     const double bytes = t.precision == "fp32" ? 4 : 2;
     memory.activations = static_cast<double>(t.batchSize) * static_cast<double>(m.blockSize) * bytes *
                          (blocks + 2 * c + 2 * vocab);

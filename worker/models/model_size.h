@@ -33,7 +33,8 @@ struct TrainingMemory {
   /// weights, which every rank builds before sharding them.
   double state = 0;
   /// One micro-batch's activations that autograd keeps for the backward: a GPT on the CPU only
-  /// (16 values a token, channel and layer, 2 a token and vocabulary entry for the logits; with
+  /// (16 values a token, channel and layer (LibTorch 1.x: and n_head · block_size for the T × T
+  /// softmax), 2 a token and vocabulary entry for the logits; with
   /// train.activation_checkpointing one value a layer and one block's 16); 0 where not counted
   /// (other models; on a GPU they take the GPU's memory, not the host's).
   double activations = 0;
