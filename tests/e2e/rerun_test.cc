@@ -1,5 +1,6 @@
 // A job run again over an earlier run's output.dir or checkpoint.dir loses nothing: a finished run
-// resumed again (a Slurm requeue, a restart loop) leaves its outputs as they were, a fresh run is
+// resumed again (a Slurm requeue, a restart loop) leaves its outputs as they were (and replaces a
+// shorter run's), a fresh run is
 // refused where its saves would mix with another run's checkpoints, and mode eval in the training
 // run's output.dir keeps that run's summary.json.
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -41,8 +43,11 @@ std::vector<std::pair<std::string, std::string>> contents(const std::string& dir
 
 TEST(Rerun, AFinishedRunResumedAgainLeavesItsOutputsAsTheyWere) {
   const std::string out = test::makeTempDir("rerun_done");
+  const auto shorter = launch(2, out, {"train.max_steps=3", "checkpoint.every_steps=3", "resume=auto"});
+  ASSERT_EQ(shorter.exitCode, 0) << shorter.output;
+  const std::string shortSummary = test::readFile(out + "/summary.json"), shortModel = test::readFile(out + "/model.pt");
   const std::vector<std::string> job = {"train.max_steps=6", "checkpoint.every_steps=3", "resume=auto"};
-  const auto first = launch(2, out, job);
+  const auto first = launch(2, out, job);  // extended to 6 steps
   ASSERT_EQ(first.exitCode, 0) << first.output;
   const auto before = contents(out);
   const double loss = nlohmann::json::parse(test::readFile(out + "/summary.json"))["final_loss"].get<double>();
@@ -55,17 +60,17 @@ TEST(Rerun, AFinishedRunResumedAgainLeavesItsOutputsAsTheyWere) {
   EXPECT_EQ(contents(out), before) << "a run with nothing to train rewrote the outputs";
   EXPECT_GT(loss, 0.0);
 
-  // The outputs lost (the run died after its last checkpoint): evaluated and exported anew, with no
-  // final loss made up for a step this run did not take.
-  fs::remove(out + "/summary.json");
-  fs::remove(out + "/model.pt");
+  // The outputs are the shorter run's (the extension was preempted after its last checkpoint, before
+  // its export): evaluated and exported anew, with no final loss made up for a step not taken here.
+  std::ofstream(out + "/summary.json") << shortSummary;
+  std::ofstream(out + "/model.pt", std::ios::binary) << shortModel;
   const auto repair = launch(2, out, job);
   ASSERT_EQ(repair.exitCode, 0) << repair.output;
   EXPECT_NE(repair.output.find("no step taken by this run"), std::string::npos) << repair.output;
   const auto summary = nlohmann::json::parse(test::readFile(out + "/summary.json"));
   EXPECT_EQ(summary["steps"], 6);
   EXPECT_TRUE(summary["final_loss"].is_null()) << summary.dump();
-  EXPECT_TRUE(fs::exists(out + "/model.pt"));
+  EXPECT_NE(test::readFile(out + "/model.pt"), shortModel);
   fs::remove_all(out);
 }
 

@@ -67,14 +67,21 @@ TEST(ModelSize, TrainingStateFollowsTheOptimizerAndTheSharding) {
   c.train.optimizer = "adamw";
   EXPECT_EQ(perParameter(1), 16);  // exp_avg and exp_avg_sq
   EXPECT_EQ(perParameter(4), 20);
-  c.train.sharding = Sharding::kZero1;
-  EXPECT_EQ(perParameter(4), 4 * (1 + 1 + 2.0 / 4 + 1));
+  c.comm.ddp.reducer = GradientReducer::kFlat;  // its buffer only after backward, the activations gone
+  EXPECT_EQ(perParameter(4), 16);
+  c.comm.ddp.reducer = GradientReducer::kBucketed;
+  c.train.sharding = Sharding::kZero1;  // whole tensors handed out greedily: a rank's share unknown
+  EXPECT_EQ(perParameter(4), 4 * (1 + 1 + 0 + 1));
+  EXPECT_EQ(perParameter(1), 16);
   c.train.sharding = Sharding::kZero2;
   EXPECT_EQ(perParameter(4), 4 * (1 + 1.0 / 4 + 2.0 / 4));
   c.train.sharding = Sharding::kFull;
   EXPECT_EQ(perParameter(2), 4 * (4.0 / 2));
   EXPECT_EQ(perParameter(8), 4);  // never below the whole weights each rank builds first
   EXPECT_EQ(trainingMemory(c, input, 8, true).activations, 0);  // not counted for an MLP
+  EXPECT_EQ(trainingMemory(c, input, 8, false).state, 4 * p);   // on GPUs: the weights the host builds
+  c.model.name = "torchscript";
+  EXPECT_EQ(parameterCount(c.model, input), 0);  // its file alone knows
 }
 
 TEST(ModelSize, AGptsActivationsOnTheCpu) {
@@ -120,12 +127,23 @@ TEST(ModelSize, TheLineNamesWhatDominatesAndTheLimit) {
   c.model.nEmbd = 512;
   c.model.nHead = 8;
   try {
-    checkTrainingFits(c, input, 2, 2, false, limit);  // on GPUs: the weights alone
+    checkTrainingFits(c, input, 2, 2, true, limit);
     FAIL() << "4000 layers of 512 fitted in 1 GiB";
   } catch (const ConfigError& e) {
     const std::string line = e.what();
-    EXPECT_NE(line.find("(weights, gradients, optimizer state)"), std::string::npos) << line;
+    EXPECT_NE(line.find("(weights, gradients, optimizer state 188 GiB; the activations of 1 windows"), std::string::npos)
+        << line;
     EXPECT_NE(line.find("use smaller model.n_layer / model.n_embd, or train.sharding: full"), std::string::npos) << line;
+  }
+  try {
+    checkTrainingFits(c, input, 2, 2, false, limit);  // on GPUs: the weights the host builds
+    FAIL() << "4000 layers of 512 fitted in 1 GiB";
+  } catch (const ConfigError& e) {
+    const std::string line = e.what();
+    EXPECT_NE(line.find("training needs about 46.9 GiB per rank (the weights it builds before they move to the GPU)"),
+              std::string::npos) << line;
+    EXPECT_NE(line.find("; use smaller model.n_layer / model.n_embd"), std::string::npos) << line;
+    EXPECT_EQ(line.find("sharding"), std::string::npos) << line;
   }
   EXPECT_NO_THROW(checkTrainingFits(c, input, 2, 2, false, MemoryLimit{0, ""}));  // unknown: no check
 }

@@ -33,6 +33,7 @@ std::string count(double parameters) {
 }  // namespace
 
 double parameterCount(const ModelConfig& config, const InputSpec& input) {
+  if (config.name == "torchscript") return 0;  // its file says, once loaded: not counted
   double count = 0;
   if (config.name == "mlp") {
     double width = static_cast<double>(input.channels * input.height * input.width);
@@ -68,18 +69,27 @@ std::string smallerModelKeys(const ModelConfig& config) {
 
 TrainingMemory trainingMemory(const WorkerConfig& config, const InputSpec& input, int worldSize, bool onCpu) {
   const TrainConfig& t = config.train;
+  TrainingMemory memory;
+  const double parameters = parameterCount(config.model, input);
+  if (!onCpu) {  // on a GPU the host holds the weights it builds before they move to the device
+    memory.state = 4 * parameters;
+    return memory;
+  }
   const double world = std::max(1, worldSize);
   const double optimizerValues = t.optimizer == "sgd" ? (t.momentum > 0 ? 1 : 0) : 2;
+  // The bucketed reducer's copy lives through backward; the flat reducer's buffer only after it,
+  // when the activations are gone: not counted.
   const bool bucket = worldSize > 1 && !config.comm.ddp.gradientAsBucketView &&
+                      config.comm.ddp.reducer == GradientReducer::kBucketed &&
                       (t.sharding == Sharding::kNone || t.sharding == Sharding::kZero1);
   double weights = 1, gradients = 1, optimizer = optimizerValues;
-  if (t.sharding == Sharding::kZero1) optimizer /= world;
+  // ZeRO-1 hands out whole tensors greedily: a rank may hold far less than 1/world of the state.
+  if (t.sharding == Sharding::kZero1 && worldSize > 1) optimizer = 0;
   if (t.sharding == Sharding::kZero2) gradients /= world, optimizer /= world;
   if (t.sharding == Sharding::kFull) weights /= world, gradients /= world, optimizer /= world;
   const double perParameter = 4 * std::max(1.0, weights + gradients + optimizer + (bucket ? 1 : 0));
-  TrainingMemory memory;
-  memory.state = perParameter * parameterCount(config.model, input);
-  if (onCpu && config.model.name == "gpt") {
+  memory.state = perParameter * parameters;
+  if (config.model.name == "gpt") {
     const ModelConfig& m = config.model;
     const double c = static_cast<double>(m.nEmbd), layers = static_cast<double>(m.nLayer);
     const double vocab = static_cast<double>(m.vocabSize > 0 ? m.vocabSize : input.classes);
@@ -107,7 +117,7 @@ void checkTrainingFits(const WorkerConfig& config, const InputSpec& input, int r
   const double needed = perRank * ranksOnHost;
   if (memory.bytes <= 0 || needed <= memory.bytes) return;
   const ModelConfig& m = config.model;
-  std::string parts = "weights, gradients, optimizer state";
+  std::string parts = onCpu ? "weights, gradients, optimizer state" : "the weights it builds before they move to the GPU";
   std::string fix = smallerModelKeys(m);
   if (need.activations > 0) {
     std::ostringstream text;
@@ -119,7 +129,7 @@ void checkTrainingFits(const WorkerConfig& config, const InputSpec& input, int r
     fix = "a smaller train.batch_size (train.accumulate_steps keeps the batch)";
     if (!config.train.activationCheckpointing) fix += ", train.activation_checkpointing: true";
     fix += ", or smaller model.n_layer / model.n_embd / model.block_size";
-  } else if (config.train.sharding != Sharding::kFull && worldSize > 1) {
+  } else if (onCpu && config.train.sharding != Sharding::kFull && worldSize > 1) {
     fix += ", or train.sharding: full";
   }
   DDP_THROW(ConfigError, "config: model '", m.name, "'",

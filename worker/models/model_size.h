@@ -12,7 +12,8 @@
 
 namespace ddp::worker {
 
-/// Parameters makeModel(config, input) will create (as a double: absurd widths overflow int64).
+/// Parameters makeModel(config, input) will create (as a double: absurd widths overflow int64); 0 for
+/// a torchscript model, whose file alone knows.
 double parameterCount(const ModelConfig& config, const InputSpec& input);
 
 /// The config keys that make `config`'s model smaller, for the lines that say it does not fit:
@@ -27,10 +28,12 @@ constexpr double kInferenceBytesPerParameter = 4.0 * 2;
 /// What one training rank holds, in bytes: a lower bound, so that a job refused for it could
 /// never have run.
 struct TrainingMemory {
-  /// fp32 weights, gradients, the optimizer's state (SGD momentum: one value a parameter, Adam(W):
-  /// two) and the reducer's bucket copy (world > 1, unless comm.gradient_as_bucket_view), each
-  /// divided by the world where train.sharding shards it; full sharding never below the whole
-  /// weights, which every rank builds before sharding them.
+  /// On the CPU: fp32 weights, gradients, the optimizer's state (SGD momentum: one value a
+  /// parameter, Adam(W): two) and the bucketed reducer's copy (world > 1, unless
+  /// comm.gradient_as_bucket_view), each divided by the world where train.sharding zero2/full
+  /// shards it (zero1's uneven greedy split: its state not counted); full sharding never below the
+  /// whole weights, which every rank builds before sharding them. On a GPU: the weights the host
+  /// builds before they move (the rest is the GPU's memory).
   double state = 0;
   /// One micro-batch's activations that autograd keeps for the backward: a GPT on the CPU only
   /// (16 values a token, channel and layer (LibTorch 1.x: and n_head · block_size for the T × T
@@ -40,7 +43,9 @@ struct TrainingMemory {
   double activations = 0;
 };
 
-/// trainingMemory for `worldSize` ranks on `onCpu` (the ranks' device is the CPU).
+/// trainingMemory for `worldSize` ranks on `onCpu` (the ranks' device is the CPU). Mode dp is one
+/// process (worldSize 1): its replicas share the weights and split the batch (their gradient
+/// copies not counted).
 TrainingMemory trainingMemory(const WorkerConfig& config, const InputSpec& input, int worldSize, bool onCpu);
 
 /// Throws ConfigError when `ranksOnHost` training ranks need more than `memory` (this process's

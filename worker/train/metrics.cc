@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 
 #include "common/error.h"
 #include "common/no_follow.h"
@@ -85,10 +86,17 @@ void logDone(const TrainResult& result) {
   const std::string tokens = result.tokensPerSecond > 0 ? fmt::format(" ({:.0f} tokens/s)", result.tokensPerSecond)
                                                        : std::string();
   const std::string val = result.valLoss >= 0 ? fmt::format(", validation loss {:.4f}", result.valLoss) : std::string();
-  const std::string loss = std::isnan(result.finalLoss) ? "no step taken by this run"
-                                                       : fmt::format("final loss {:.4f}", result.finalLoss);
+  const std::string loss =
+      result.tookNoStep ? "no step taken by this run" : fmt::format("final loss {:.4f}", result.finalLoss);
   spdlog::info("done: {} steps, {:.0f} samples/s{}, {}{}{}, exported {}", result.steps, result.samplesPerSecond, tokens,
                loss, val, accuracy, result.exportPath);
+}
+
+int64_t summarySteps(const std::string& path) {
+  std::ifstream in(path);
+  const nlohmann::json summary = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const auto steps = summary.is_object() ? summary.find("steps") : summary.end();
+  return steps != summary.end() && steps->is_number_integer() ? steps->get<int64_t>() : -1;
 }
 
 void writeSummary(const std::string& path, const nlohmann::json& summary) {

@@ -35,4 +35,7 @@ void logDone(const TrainResult& result);
 /// Writes `summary` pretty-printed, atomically.
 void writeSummary(const std::string& path, const nlohmann::json& summary);
 
+/// The "steps" a summary.json at `path` records; -1 when it is missing or unreadable.
+int64_t summarySteps(const std::string& path);
+
 }  // namespace ddp::worker

@@ -24,6 +24,7 @@ struct TrainResult {
   double samplesPerSecond = 0; // over all ranks
   double finalLoss = 0;        // mean over ranks of the last step's loss; NaN when this run took no step
   bool outputsKept = false;    // resumed at the run's end with its outputs there: nothing trained or written
+  bool tookNoStep = false;     // resumed at the run's end, outputs evaluated and exported anew
   int64_t testCorrect = 0;
   int64_t testTotal = 0;
   double testAccuracy = 0;     // testCorrect / testTotal over the whole test set

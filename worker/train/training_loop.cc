@@ -297,11 +297,13 @@ TrainResult TrainingRun::run() {
 
 // Resumed at the run's end, nothing trained: the run that took the steps wrote its outputs, and
 // rewriting them would replace its loss and throughput with this process's nothing. Left as they
-// are where both are there (rank 0 looks; every rank learns it); else evaluated and exported anew.
+// are where the export is there and summary.json counts this checkpoint's steps (not an earlier,
+// shorter run's, which a preemption before the export would leave); rank 0 looks, every rank
+// learns it. Else evaluated and exported anew.
 bool TrainingRun::outputsInPlace() {
   const std::string& dir = config_.output.dir;
-  const bool here = rank_ == 0 && std::filesystem::exists(dir + "/summary.json") &&
-                    std::filesystem::exists(std::filesystem::path(dir) / config_.output.exportName);
+  const bool here = rank_ == 0 && std::filesystem::exists(std::filesystem::path(dir) / config_.output.exportName) &&
+                    summarySteps(dir + "/summary.json") == result_.steps;
   at::Tensor flag = at::full({1}, here ? 1.0 : 0.0, at::TensorOptions().device(device_));
   group_.allReduce(flag);
   const bool kept = flag.item<double>() > 0;
@@ -540,7 +542,8 @@ void TrainingRun::finish() {
   step_->report();
   nonfinite_.check(result_, deviceSkips_);
   // NaN (null in summary.json) when this process took no step: there is no last loss to report.
-  result_.finalLoss = runSamples_ > 0 ? state_->lossForLog.item<double>() : std::nan("");
+  result_.tookNoStep = runSamples_ == 0;
+  result_.finalLoss = result_.tookNoStep ? std::nan("") : state_->lossForLog.item<double>();
   step_->checkCounters();
   if (scaler_ && rank_ == 0 && result_.skippedSteps * 10 > result_.steps) {
     spdlog::warn("the fp16 loss scaler skipped {} of {} steps (gradients overflowed at scales up to {:g}); lower "
