@@ -84,6 +84,26 @@ std::string cgroupDir(const CgroupMount& mount, const std::string& path) {
   return mount.mountPoint + relative;
 }
 
+// This process's memory cgroups, one per hierarchy directory (a hierarchy mounted twice is one).
+struct MemoryCgroup {
+  std::string dir;
+  std::string mountPoint;
+  bool v2 = false;
+};
+
+std::vector<MemoryCgroup> memoryCgroups(const std::string& procCgroup, const std::string& mountinfo) {
+  std::vector<MemoryCgroup> cgroups;
+  for (const CgroupMount& mount : memoryMounts(mountinfo)) {
+    const std::string path = cgroupPath(procCgroup, mount.v2);
+    if (path.empty() || path[0] != '/') continue;
+    const std::string dir = cgroupDir(mount, path);
+    bool seen = false;
+    for (const auto& c : cgroups) seen = seen || c.dir == dir;
+    if (!seen) cgroups.push_back({dir, mount.mountPoint, mount.v2});
+  }
+  return cgroups;
+}
+
 }  // namespace
 
 double hostRamBytes() {
@@ -96,31 +116,19 @@ namespace detail {
 
 std::vector<std::string> memoryCgroupDirs(const std::string& procCgroup, const std::string& mountinfo) {
   std::vector<std::string> dirs;
-  for (const CgroupMount& mount : memoryMounts(mountinfo)) {
-    const std::string path = cgroupPath(procCgroup, mount.v2);
-    if (path.empty() || path[0] != '/') continue;
-    const std::string dir = cgroupDir(mount, path);
-    bool seen = false;
-    for (const auto& d : dirs) seen = seen || d == dir;
-    if (!seen) dirs.push_back(dir);
-  }
+  for (const MemoryCgroup& cgroup : memoryCgroups(procCgroup, mountinfo)) dirs.push_back(cgroup.dir);
   return dirs;
 }
 
 std::vector<std::string> memoryLimitFiles(const std::string& procCgroup, const std::string& mountinfo,
                                           const std::string& root) {
   std::vector<std::string> files;
-  for (const CgroupMount& mount : memoryMounts(mountinfo)) {
-    const std::string path = cgroupPath(procCgroup, mount.v2);
-    if (path.empty() || path[0] != '/') continue;
-    const char* name = mount.v2 ? "/memory.max" : "/memory.limit_in_bytes";
+  for (const MemoryCgroup& cgroup : memoryCgroups(procCgroup, mountinfo)) {
+    const char* name = cgroup.v2 ? "/memory.max" : "/memory.limit_in_bytes";
     // A limit set on a parent (a Kubernetes pod, a Slurm job above its step) binds its children too.
-    for (std::string dir = cgroupDir(mount, path);; dir = dir.substr(0, dir.rfind('/'))) {
-      const std::string file = root + dir + name;
-      bool seen = false;
-      for (const auto& f : files) seen = seen || f == file;
-      if (!seen) files.push_back(file);
-      if (dir.size() <= mount.mountPoint.size() || dir.rfind('/') == std::string::npos) break;
+    for (std::string dir = cgroup.dir;; dir = dir.substr(0, dir.rfind('/'))) {
+      files.push_back(root + dir + name);
+      if (dir.size() <= cgroup.mountPoint.size() || dir.rfind('/') == std::string::npos) break;
     }
   }
   return files;
