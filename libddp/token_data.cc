@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "libddp/checkpoint/torch_file.h"
 
 namespace ddp {
 namespace {
@@ -456,6 +457,47 @@ TokenBatch TokenSampler::next() {
 int64_t TokenSampler::rowsAfter(int64_t steps) const {
   if (steps < 0) DDP_THROW(ConfigError, "ddp::TokenSampler::rowsAfter: steps must be >= 0 (got ", steps, ")");
   return std::min(epochRows_, rowsConsumed_ + steps * rowsPerStep());
+}
+
+CharVocabulary readNanoGptMeta(const std::string& path) {
+  using checkpoint::PyValue;
+  checkpoint::PyValuePtr meta;
+  try {
+    meta = checkpoint::readPickleFile(path);
+  } catch (const CheckpointError& e) {
+    DDP_THROW(DataError, "nanoGPT vocabulary: ", e.what());
+  }
+  const PyValue* size = meta->get("vocab_size");
+  if (size == nullptr || size->kind != PyValue::Kind::kInt || size->integer <= 0) {
+    DDP_THROW(DataError, "nanoGPT vocabulary: '", path, "' has no vocab_size > 0 (a dict {'vocab_size', 'itos', "
+              "'stoi'} as nanoGPT's data/shakespeare_char/prepare.py pickles it)");
+  }
+  CharVocabulary out;
+  out.vocabSize = size->integer;
+  const PyValue* itos = meta->get("itos");
+  if (itos == nullptr || itos->kind != PyValue::Kind::kDict) {
+    DDP_THROW(DataError, "nanoGPT vocabulary: '", path, "' has no 'itos' dict (token -> character)");
+  }
+  out.itos.resize(static_cast<size_t>(out.vocabSize));
+  std::vector<bool> seen(out.itos.size(), false);
+  for (const auto& [key, value] : itos->entries) {
+    if (key->kind != PyValue::Kind::kInt || key->integer < 0 || key->integer >= out.vocabSize) {
+      DDP_THROW(DataError, "nanoGPT vocabulary: '", path, "': 'itos' has the key ",
+                key->kind == PyValue::Kind::kInt ? std::to_string(key->integer) : std::string("'").append(key->text).append("'"),
+                ", not a token of 0 .. ", out.vocabSize - 1, " (vocab_size ", out.vocabSize, ")");
+    }
+    if (value->kind != PyValue::Kind::kString) {
+      DDP_THROW(DataError, "nanoGPT vocabulary: '", path, "': 'itos' gives token ", key->integer, " no string");
+    }
+    out.itos[static_cast<size_t>(key->integer)] = value->text;
+    seen[static_cast<size_t>(key->integer)] = true;
+  }
+  const auto missing = std::find(seen.begin(), seen.end(), false);
+  if (missing != seen.end()) {
+    DDP_THROW(DataError, "nanoGPT vocabulary: '", path, "': 'itos' has no text for token ", missing - seen.begin(),
+              " (vocab_size ", out.vocabSize, ")");
+  }
+  return out;
 }
 
 }  // namespace ddp

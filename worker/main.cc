@@ -343,6 +343,7 @@ static void recordError(const std::string& line) {
 
 // Prints the worker's one-line error, records it, and returns the exit code.
 static int fail(const std::string& line, int code) {
+  ddp::worker::removeUnusedOutputDirs();  // nothing written: nothing left behind
   std::cerr << line << std::endl;
   recordError(line);
   return code;

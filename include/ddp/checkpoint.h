@@ -70,6 +70,15 @@ std::vector<std::string> listCheckpoints(const std::string& dir);
 /// every rank's GPU generator; checksummed, written atomically by rank 0 (Python's torch.load reads
 /// it).
 ///
+/// The directory is this run's: rank 0 locks it for its process from the first save (or the first
+/// resume from it), as the worker locks output.dir, so a second job saving or resuming there gets a
+/// CheckpointError naming the holder's pid ("... is in use by another job (pid 4242 holds
+/// <dir>/.ddp-launch.lock)"); the lock file is removed when the process exits normally.
+/// `keepLast` counts and deletes only this run's checkpoints: those this Checkpointer wrote and,
+/// after a resume from `dir`, the one it resumed from and the older ones. Another run's checkpoints
+/// there are left as they are (rank 0 warns once, naming them); a later resume() takes the newest
+/// of all, theirs included, so give each run its own directory.
+///
 /// A model with fully sharded parameters (ddp::fullyShard) gets sharded checkpoints instead (as
 /// torch.distributed.checkpoint's): the directory "<dir>/ckpt-00000120/", where each rank writes
 /// "rank-0000r.pt" (its rows of every sharded parameter and of their optimizer state; rank 0 also
@@ -104,9 +113,21 @@ class Checkpointer {
                            GradScaler* scaler = nullptr);
 
  private:
+  // Rank 0 locks options_.dir (made first when `create`; a missing one is not locked); every rank
+  // learns the outcome, so another job's lock fails them all alike.
+  void holdDirectory(ProcessGroup& group, bool create);
+  // Whether the checkpoint at `path` in options_.dir is this run's (see keepLast above).
+  bool isOwn(const std::string& path) const;
+  // Rank 0: keepLast over this run's checkpoints, the others named once.
+  void prune(const std::string& justWritten);
+
   ProcessGroup group_;
   CheckpointOptions options_;
   int64_t lastSavedStep_ = -1;
+  bool dirHeld_ = false;
+  int64_t resumedStep_ = -1;          // resumed from options_.dir at this step
+  std::vector<std::string> written_;  // file names of the checkpoints this Checkpointer wrote
+  bool othersNamed_ = false;
 };
 
 }  // namespace ddp

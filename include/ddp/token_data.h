@@ -256,4 +256,16 @@ class TokenSampler {
   int64_t globalStep_ = 0;
 };
 
+/// A character-level vocabulary as nanoGPT's data/shakespeare_char/prepare.py pickles it beside its
+/// train.bin and val.bin (meta.pkl: {'vocab_size': 65, 'itos': {0: '\n', ...}, 'stoi': {...}}).
+struct CharVocabulary {
+  int64_t vocabSize = 0;
+  std::vector<std::string> itos;  // token i's text (UTF-8), for i < vocabSize
+};
+
+/// Reads nanoGPT's meta.pkl (pickle protocol 2 to 5; no Python needed). DataError, one line naming
+/// the file: not a pickle or a damaged one, no integer 'vocab_size' > 0, or an 'itos' that does not
+/// give every token 0 .. vocab_size - 1 a string.
+CharVocabulary readNanoGptMeta(const std::string& path);
+
 }  // namespace ddp

@@ -165,7 +165,15 @@ std::optional<std::string> latestValidCheckpoint(
   return std::nullopt;
 }
 
-void pruneCheckpoints(const std::string& dir, int64_t keepLast, const std::string& justWritten) {
+int64_t checkpointStep(const std::string& path) {
+  static const std::regex kName(R"(ckpt-(\d{1,18})(\.pt)?)");
+  std::smatch m;
+  const std::string name = fs::path(path).filename().string();
+  return std::regex_match(name, m, kName) ? std::stoll(m[1]) : -1;
+}
+
+void pruneCheckpoints(const std::string& dir, int64_t keepLast, const std::string& justWritten,
+                      const std::function<bool(const std::string&)>& ours) {
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
@@ -173,7 +181,10 @@ void pruneCheckpoints(const std::string& dir, int64_t keepLast, const std::strin
     if (name.rfind(".ckpt-", 0) == 0 && name.find(".tmp") != std::string::npos) fs::remove_all(entry.path(), ec);
   }
   if (keepLast <= 0) return;
-  const auto all = listCheckpoints(dir);
+  std::vector<std::string> all;
+  for (const std::string& path : listCheckpoints(dir)) {
+    if (!ours || ours(path)) all.push_back(path);
+  }
   for (size_t i = 0; i + static_cast<size_t>(keepLast) < all.size(); ++i) {
     if (justWritten.empty() || fs::path(all[i]).filename() != fs::path(justWritten).filename()) {
       fs::remove_all(all[i], ec);

@@ -58,8 +58,14 @@ std::optional<std::string> latestValidCheckpoint(
     const std::string& dir, const std::function<void(const std::string&, const std::string&)>& onSkip,
     const std::vector<std::string>& exclude = {}, OneFileCheck oneFile = OneFileCheck::kRead);
 
-/// Deletes all but the newest `keepLast` checkpoints, and leftovers of interrupted writes; never
+/// The global step a checkpoint's name carries ("<dir>/ckpt-00000120.pt" or "<dir>/ckpt-00000120":
+/// 120); -1 for any other name.
+int64_t checkpointStep(const std::string& path);
+
+/// Deletes leftovers of interrupted writes, and all but the newest `keepLast` of the checkpoints
+/// `ours` accepts (all when it is empty): another run's are not counted and never deleted; never
 /// `justWritten`, which a run resumed from an older checkpoint writes below newer (damaged) ones.
-void pruneCheckpoints(const std::string& dir, int64_t keepLast, const std::string& justWritten = "");
+void pruneCheckpoints(const std::string& dir, int64_t keepLast, const std::string& justWritten = "",
+                      const std::function<bool(const std::string&)>& ours = {});
 
 }  // namespace ddp::checkpoint

@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "libddp/internal.h"
+#include "common/dir_lock.h"
 #include "common/error.h"
 #include "ddp/ddp.h"
 #include "ddp/files.h"
@@ -221,6 +222,59 @@ Checkpointer::Checkpointer(ProcessGroup group, CheckpointOptions options)
   if (options_.keepLast < 0) DDP_THROW(ConfigError, "ddp::CheckpointOptions::keepLast", " must be >= 0 (0 keeps all)");
 }
 
+void Checkpointer::holdDirectory(ProcessGroup& group, bool create) {
+  if (dirHeld_) return;
+  std::string error;
+  bool held = false;
+  if (group.rank() == 0) {
+    try {
+      if (create) makeDirectories(options_.dir, "ddp::CheckpointOptions::dir");
+      std::error_code ec;
+      if (std::filesystem::is_directory(options_.dir, ec)) {
+        const std::string file = ".ddp-launch.lock";
+        const DirLock lock = lockDirectory(options_.dir, file);
+        const std::string refused = dirLockRefusal(lock, options_.dir, file, "ddp::CheckpointOptions::dir");
+        if (!refused.empty()) error = "checkpoint: " + options_.dir + refused;
+        held = lock.held;  // not openable (a read-only directory to resume from): not locked, nothing to guard
+      }
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  at::Tensor flags = at::tensor({error.empty() ? 0.0 : 1.0, held ? 1.0 : 0.0}).to(group.collectiveDevice());
+  group.allReduce(flags);
+  flags = flags.cpu();
+  if (!error.empty()) throw CheckpointError(error);
+  if (flags[0].item<double>() > 0) {
+    DDP_THROW(CheckpointError, "checkpoint: rank 0 could not take ", options_.dir, " for this job (its log says why)");
+  }
+  dirHeld_ = flags[1].item<double>() > 0;
+}
+
+bool Checkpointer::isOwn(const std::string& path) const {
+  const std::string name = std::filesystem::path(path).filename().string();
+  if (std::find(written_.begin(), written_.end(), name) != written_.end()) return true;
+  const int64_t step = checkpoint::checkpointStep(path);
+  return resumedStep_ >= 0 && step >= 0 && step <= resumedStep_;
+}
+
+void Checkpointer::prune(const std::string& justWritten) {
+  written_.push_back(std::filesystem::path(justWritten).filename().string());
+  checkpoint::pruneCheckpoints(options_.dir, options_.keepLast, justWritten,
+                               [this](const std::string& path) { return isOwn(path); });
+  if (othersNamed_) return;
+  std::vector<std::string> others;
+  for (const std::string& path : checkpoint::listCheckpoints(options_.dir)) {
+    if (!isOwn(path)) others.push_back(std::filesystem::path(path).filename().string());
+  }
+  if (others.empty()) return;
+  othersNamed_ = true;
+  spdlog::warn("checkpoint: {} also holds {} checkpoint(s) this run neither wrote nor resumed from (the newest {}): "
+               "they are kept and not counted by keepLast, but a later resume takes the newest checkpoint there, "
+               "whichever run wrote it; give each run its own checkpoint directory",
+               options_.dir, others.size(), others.back());
+}
+
 std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                const TrainPosition& position, const GradScaler* scaler) {
   internal::checkLive(group_, "Checkpointer::save");
@@ -231,6 +285,7 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
   const std::string path = shardedModel ? checkpoint::shardedCheckpointPath(dir, position.globalStep)
                                         : checkpoint::checkpointPath(dir, position.globalStep);
   if (position.globalStep == lastSavedStep_) return path;  // this very step is on disk already
+  holdDirectory(group, /*create=*/true);  // collective, on the first save: another job there fails every rank
   if (shardedModel && dynamic_cast<ZeroRedundancyOptimizer*>(&optimizer) != nullptr) {
     DDP_THROW(ConfigError, "ddp::Checkpointer::save: a ZeroRedundancyOptimizer over fully sharded parameters; "
               "fully sharded parameters are sharded already: step them with the optimizer itself");
@@ -261,7 +316,7 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
       rethrowSaveError(e, dir, options_.keepLast);
     }
     if (group.rank() == 0) {
-      checkpoint::pruneCheckpoints(dir, options_.keepLast, path);
+      prune(path);
       spdlog::info("checkpoint {} ({} ranks' shards; epoch {} step {})", path, group.size(), position.epoch,
                    position.stepInEpoch);
     }
@@ -279,7 +334,7 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
       } catch (const CheckpointError& e) {
         rethrowSaveError(e, dir, options_.keepLast);
       }
-      checkpoint::pruneCheckpoints(dir, options_.keepLast, path);
+      prune(path);
       spdlog::info("checkpoint {} (epoch {} step {})", path, position.epoch, position.stepInEpoch);
     } catch (const Error& e) {
       error = e.what();
@@ -299,6 +354,9 @@ std::optional<TrainPosition> Checkpointer::resume(torch::nn::Module& module, tor
   // Every checkpoint looked past, newest first: not looked at (nor warned about) again when a
   // later one turns out damaged too.
   std::vector<std::string> skipped;
+  internal::checkLive(group_, "Checkpointer::resume");
+  ProcessGroup group = group_.withLabel("Checkpointer::resume");
+  holdDirectory(group, /*create=*/false);  // collective: a job saving there could prune what this one reads
   for (;;) {
     const auto found = checkpoint::latestValidCheckpoint(
         options_.dir,
@@ -392,6 +450,10 @@ TrainPosition Checkpointer::resumeFrom(const std::string& path, torch::nn::Modul
     position.stepInEpoch = 0;
   }
   lastSavedStep_ = position.globalStep;
+  // The checkpoints up to this one in options_.dir are this run's history: keepLast prunes them.
+  std::error_code ec;
+  const auto parent = std::filesystem::weakly_canonical(std::filesystem::path(path).parent_path(), ec);
+  if (!ec && parent == std::filesystem::weakly_canonical(options_.dir, ec) && !ec) resumedStep_ = position.globalStep;
   if (group.rank() == 0) {
     spdlog::info("resumed from {} at epoch {} step {} (global step {})", path, position.epoch, position.stepInEpoch,
                  position.globalStep);

@@ -41,8 +41,8 @@ c10::ScalarType dtypeOfStorage(const std::string& name, const std::string& path)
 
 class Unpickler {
  public:
-  Unpickler(const std::string& path, caffe2::serialize::PyTorchStreamReader& reader,
-            const char* data, size_t size)
+  // `reader`: the zip archive the tensors' storages are in; nullptr for a plain pickle (no tensors).
+  Unpickler(const std::string& path, caffe2::serialize::PyTorchStreamReader* reader, const char* data, size_t size)
       : path_(path), reader_(reader), data_(data), size_(size) {}
 
   PyValuePtr run() {
@@ -226,6 +226,7 @@ class Unpickler {
 
   void persistentLoad() {
     auto pid = pop();
+    if (reader_ == nullptr) corrupt("a tensor in a plain pickle");
     // ('storage', <torch.XStorage>, key, location, numel)
     if (pid->kind != Kind::kTuple || pid->items.size() < 5 || pid->items[0]->text != "storage") {
       corrupt("unknown persistent id");
@@ -238,8 +239,8 @@ class Unpickler {
       const auto dtype = dtypeOfStorage(type.substr(type.rfind('.') + 1), path_);
       at::Tensor storage = at::empty({numel}, at::TensorOptions().dtype(dtype));
       const std::string record = "data/" + key;
-      if (!reader_.hasRecord(record)) DDP_THROW(CheckpointError, "'", path_, "' is missing tensor data ", record, " (truncated?)");
-      auto [ptr, bytes] = reader_.getRecord(record);
+      if (!reader_->hasRecord(record)) DDP_THROW(CheckpointError, "'", path_, "' is missing tensor data ", record, " (truncated?)");
+      auto [ptr, bytes] = reader_->getRecord(record);
       if (bytes != static_cast<size_t>(storage.nbytes())) {
         DDP_THROW(CheckpointError, "'", path_, "' is corrupt: tensor data ", record, " has ", bytes,
                   " bytes, expected ", storage.nbytes());
@@ -291,7 +292,7 @@ class Unpickler {
   }
 
   const std::string& path_;
-  caffe2::serialize::PyTorchStreamReader& reader_;
+  caffe2::serialize::PyTorchStreamReader* reader_;
   const char* data_;
   size_t size_;
   size_t pos_ = 0;
@@ -335,7 +336,7 @@ PyValuePtr readTorchFile(const std::string& path) {
     caffe2::serialize::PyTorchStreamReader reader(path);
     if (!reader.hasRecord("data.pkl")) DDP_THROW(CheckpointError, "'", path, "' has no data.pkl record");
     auto [ptr, size] = reader.getRecord("data.pkl");
-    Unpickler unpickler(path, reader, static_cast<const char*>(ptr.get()), size);
+    Unpickler unpickler(path, &reader, static_cast<const char*>(ptr.get()), size);
     return unpickler.run();
   } catch (const ddp::Error&) {
     throw;
@@ -343,6 +344,21 @@ PyValuePtr readTorchFile(const std::string& path) {
     std::string what = e.what();
     DDP_THROW(CheckpointError, "'", path, "' is truncated or corrupt (", what.substr(0, what.find('\n')), ")");
   }
+}
+
+PyValuePtr readPickleFile(const std::string& path) {
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode)) {
+    DDP_THROW(CheckpointError, "cannot open '", path, "': no such file or not a regular file");
+  }
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.good() && !in.eof()) DDP_THROW(CheckpointError, "cannot read '", path, "'");
+  if (bytes.size() < 2 || static_cast<uint8_t>(bytes[0]) != 0x80 || static_cast<uint8_t>(bytes[1]) < 2) {
+    DDP_THROW(CheckpointError, "'", path, "' is not a pickle of protocol 2 or later (what pickle.dump writes)");
+  }
+  Unpickler unpickler(path, nullptr, bytes.data(), bytes.size());
+  return unpickler.run();
 }
 
 std::vector<std::pair<std::string, at::Tensor>> tensorEntries(const PyValue& dict) {

@@ -37,6 +37,11 @@ using PyValuePtr = std::shared_ptr<PyValue>;
 /// containers and tensors.
 PyValuePtr readTorchFile(const std::string& path);
 
+/// Parses a plain pickle file (pickle.dump's, protocol 2 to 5) of the same values, tensors
+/// excepted (nanoGPT's meta.pkl). CheckpointError naming the file for one that is missing, not a
+/// pickle, truncated or holding other objects.
+PyValuePtr readPickleFile(const std::string& path);
+
 /// The flat {name: tensor} entries of a dict (a state_dict), in file order;
 /// non-tensor values are skipped.
 std::vector<std::pair<std::string, at::Tensor>> tensorEntries(const PyValue& dict);

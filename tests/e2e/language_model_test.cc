@@ -132,6 +132,25 @@ TEST(LanguageModel, GenerateWritesSamplesThatStartWithThePromptAndRepeatWithTheS
   EXPECT_NE(generate("6"), first);
   // Sampling reads no validation data: a val glob that matches nothing is no reason to refuse.
   EXPECT_EQ(generate("5", "/nonexistent/val_*.bin"), first);
+  // nanoGPT's own data folder (train.bin, val.bin, meta.pkl; no meta.json), as its prepare.py leaves
+  // it, of the same text: the pickled vocabulary decodes the same samples.
+  const std::string nano = out + "/nano";
+  std::vector<std::string> prepare = {DDP_PYTHON, std::string(DDP_SOURCE_DIR) + "/scripts/prepare_text.py"};
+  for (const auto& e : fs::directory_iterator(std::string(DDP_SOURCE_DIR) + "/docs")) {
+    if (e.path().extension() == ".md") prepare.push_back(e.path().string());
+  }
+  std::sort(prepare.begin() + 2, prepare.end());
+  prepare.insert(prepare.end(), {"--out", nano, "--level", "char", "--format", "nanogpt"});
+  ASSERT_EQ(test::runCommand(prepare, 120).exitCode, 0);
+  fs::remove(nano + "/meta.json");
+  auto fromPickle = gptJob(1, out, {"mode=generate", "generate.start=The", "generate.num_samples=3",
+                                    "generate.max_new_tokens=40", "seed=5", "data.train_files=" + nano + "/train.bin",
+                                    "data.val_files="});
+  fromPickle.erase(fromPickle.begin(), fromPickle.begin() + 2);
+  const auto p = test::runCommand(fromPickle, 120);
+  ASSERT_EQ(p.exitCode, 0) << p.output;
+  EXPECT_EQ(nlohmann::json::parse(test::readFile(out + "/generated.json"))["samples"].get<std::vector<std::string>>(),
+            first);
   // Data of another vocabulary (byte level, 256 tokens) than the model's: one line naming both, exit 2.
   const std::string bytes = out + "/bytes";
   fs::create_directories(bytes);
@@ -313,10 +332,10 @@ std::string badShard(const std::string& kind) {
   if (made.empty()) std::atexit([] { for (const auto& d : made) fs::remove_all(d); });
   const std::string dir = test::makeTempDir("lm_bad");
   made.push_back(dir);
-  if (kind == "nanogpt") {  // nanoGPT's prepare.py: raw uint16 train.bin and a pickled meta.pkl, no meta.json
+  if (kind == "nanogpt") {  // nanoGPT's layout (raw uint16 train.bin, meta.pkl, no meta.json); a damaged meta.pkl
     std::vector<uint16_t> tokens(1000, 1);
     std::ofstream(dir + "/train.bin", std::ios::binary).write(reinterpret_cast<const char*>(tokens.data()), 2000);
-    std::ofstream(dir + "/meta.pkl") << "a pickle the worker does not read";
+    std::ofstream(dir + "/meta.pkl") << "not a pickle";
     return dir + "/train.bin";
   }
   const std::string path = dir + "/train_000000.bin";
@@ -356,8 +375,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadLm{"WrongVersion", {"data.train_files=" + badShard("version")}, "version"},
         BadLm{"CountDisagreesWithSize", {"data.train_files=" + badShard("count")}, "100"},
         BadLm{"NoShardMatches", {"data.train_files=/nonexistent/train_*.bin"}, "data.train_files"},
-        BadLm{"NanoGptMetaPickle", {"data.train_files=" + badShard("nanogpt")},
-              "(nanoGPT's meta.pkl there is not read); set model.vocab_size to its vocab_size"},
+        BadLm{"DamagedNanoGptMetaPickle", {"data.train_files=" + badShard("nanogpt")},
+              "/meta.pkl' is not a pickle of protocol 2 or later"},
         BadLm{"GenerateWithAnImageModel", {"model.name=cnn", "data.name=fashion-mnist", "mode=generate"},
               "'mode' is generate, which writes text with a language model"}),
     [](const ::testing::TestParamInfo<BadLm>& info) { return info.param.name; });

@@ -33,7 +33,7 @@ test::CommandResult launch(int nproc, const std::string& out, std::vector<std::s
 std::vector<std::pair<std::string, std::string>> contents(const std::string& dir) {
   std::vector<std::pair<std::string, std::string>> files;
   for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    if (e.is_regular_file() && e.path().filename() != ".ddp-launch.lock") {
+    if (e.is_regular_file()) {  // the lock files too: a run that ends removes its own
       files.emplace_back(e.path().string(), test::readFile(e.path().string()));
     }
   }
@@ -90,6 +90,7 @@ TEST(Rerun, AFreshRunAmongAnotherRunsCheckpointsIsRefused) {
             std::string::npos) << fresh.output;
   EXPECT_NE(fresh.output.find("use resume=auto to continue that run"), std::string::npos) << fresh.output;
   EXPECT_EQ(contents(out + "/checkpoints"), before);
+  EXPECT_FALSE(fs::exists(out + "/fresh")) << "the refused run left its output.dir behind";
 
   const auto resumed = launch(2, out + "/fresh", {"checkpoint.dir=" + out + "/checkpoints", "train.max_steps=14",
                                                   "checkpoint.every_steps=2", "resume=auto"});

@@ -110,7 +110,7 @@ TEST(WorkerCli, MetricsAndSummaryAreWritten) {
   std::filesystem::remove_all(dir);
 }
 
-// A config error that only the data or the step plan reveals (here a warm-up longer than the run)
+// A config error that only the data or the step plan reveals (here a decay that ends in the warm-up)
 // comes after the output directory is known: the refused run must leave the finished run's
 // metrics, resolved config and summary there as they were (it truncated metrics.jsonl and
 // rewrote config.resolved.yaml). Checked for a DDP job and for mode dp.
@@ -125,9 +125,9 @@ TEST(WorkerCli, ALateConfigErrorLeavesAFinishedRunsOutputsAsTheyWere) {
   for (const std::string& mode : {"ddp", "dp"}) {
     const auto refused = launch(mode == "dp" ? 1 : 2, {kConfig, "output.dir=" + dir, "mode=" + mode,
                                                        "train.lr_schedule=cosine", "train.warmup_steps=10",
-                                                       "train.max_steps=5"});
+                                                       "train.decay_steps=5", "train.max_steps=5"});
     EXPECT_EQ(refused.exitCode, 2) << refused.output;
-    EXPECT_NE(refused.output.find("'train.warmup_steps' is 10 but the run has 5 optimizer steps"), std::string::npos)
+    EXPECT_NE(refused.output.find("'train.warmup_steps' is 10 but train.decay_steps is 5"), std::string::npos)
         << refused.output;
     for (const auto& [name, bytes] : before) EXPECT_EQ(test::readFile(dir + "/" + name), bytes) << mode << " " << name;
   }

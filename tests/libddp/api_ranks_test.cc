@@ -16,8 +16,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <memory>
 #include <string>
 #include <type_traits>
+
+#include "tests/support/run_command.h"
 
 namespace {
 
@@ -670,6 +674,88 @@ TEST(Checkpointer, NothingToResumeIsNullopt) {
   ddp::CheckpointOptions bad;
   bad.keepLast = -1;
   EXPECT_THROW(ddp::Checkpointer(group(), bad), ddp::ConfigError);
+}
+
+// The checkpoint files in `dir`, by name.
+std::vector<std::string> checkpointNames(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& path : ddp::listCheckpoints(dir)) names.push_back(std::filesystem::path(path).filename().string());
+  return names;
+}
+
+// keepLast counts and deletes only this run's checkpoints: a fresh run's own saves were pruned by
+// another run's higher steps (ckpt-1 ranked below ckpt-200) or pruned theirs. After a resume, the
+// checkpoint resumed from and the older ones are this run's.
+TEST(Checkpointer, KeepLastCountsOnlyThisRunsCheckpoints) {
+  const std::string dir = scratchDir("keep_own");
+  if (group().rank() == 0) std::filesystem::remove_all(dir);
+  group().barrier();
+  Net net;
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  ddp::CheckpointOptions options;
+  options.dir = dir;
+  options.keepLast = 2;
+  {
+    ddp::Checkpointer earlier(group(), options);
+    for (int64_t step : {100, 200}) earlier.save(*net, sgd, {0, step, step, step});
+  }
+  ddp::Checkpointer fresh(group(), options);
+  for (int64_t step : {1, 2, 3}) fresh.save(*net, sgd, {0, step, step, step});
+  group().barrier();
+  const std::vector<std::string> kept = {"ckpt-00000002.pt", "ckpt-00000003.pt", "ckpt-00000100.pt", "ckpt-00000200.pt"};
+  EXPECT_EQ(checkpointNames(dir), kept);
+
+  ddp::Checkpointer resumed(group(), options);
+  const auto position = resumed.resume(*net, sgd);
+  ASSERT_TRUE(position.has_value());
+  EXPECT_EQ(position->globalStep, 200);
+  resumed.save(*net, sgd, {0, 201, 201, 201});
+  group().barrier();
+  EXPECT_EQ(checkpointNames(dir), (std::vector<std::string>{"ckpt-00000200.pt", "ckpt-00000201.pt"}));
+  group().barrier();
+  if (group().rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// A directory another job holds (its lock file, here held by flock(1) and naming pid 4242): every
+// rank's save is refused before anything is written; once the other job is gone, the save goes.
+TEST(Checkpointer, ADirectoryAnotherJobHoldsIsRefused) {
+  const std::string dir = scratchDir("held");
+  const std::string lock = dir + "/.ddp-launch.lock";
+  std::unique_ptr<ddp::test::Background> other;
+  if (group().rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    std::ofstream(lock) << "4242\nanother host 1\n";
+    other = std::make_unique<ddp::test::Background>(
+        std::vector<std::string>{"/usr/bin/flock", lock, "/bin/sh", "-c", "echo locked; exec tail -f /dev/null"}, dir + ".log");
+    ASSERT_TRUE(other->waitFor("locked", 30)) << ddp::test::readFile(other->log);
+  }
+  group().barrier();
+  Net net;
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  ddp::Checkpointer checkpointer(group(), {dir});
+  try {
+    checkpointer.save(*net, sgd, {0, 1, 1, 1});
+    ADD_FAILURE() << "saved into a directory another job holds";
+  } catch (const ddp::CheckpointError& e) {
+    const std::string what = e.what();
+    const std::string expected = group().rank() == 0
+        ? "checkpoint: " + dir + " is in use by another job (pid 4242 holds " + lock + "); give each job its own "
+          "ddp::CheckpointOptions::dir"
+        : "checkpoint: rank 0 could not take " + dir + " for this job";
+    EXPECT_NE(what.find(expected), std::string::npos) << what;
+  }
+  EXPECT_TRUE(checkpointNames(dir).empty());
+  group().barrier();
+  if (group().rank() == 0) {
+    ::kill(-other->pid, SIGKILL);
+    EXPECT_EQ(other->wait(30), 128 + SIGKILL);
+  }
+  group().barrier();
+  EXPECT_EQ(std::filesystem::path(checkpointer.save(*net, sgd, {0, 1, 1, 1})).filename(), "ckpt-00000001.pt");
+  group().barrier();
+  if (group().rank() == 0) std::filesystem::remove_all(dir);
+  if (group().rank() == 0) std::filesystem::remove(dir + ".log");
 }
 
 TEST(Export, RankZeroWritesPlainKeysThatLoadBack) {

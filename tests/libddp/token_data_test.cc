@@ -347,6 +347,53 @@ TEST_F(TokenDataTest, AShardShorterThanAWindowIsAnError) {
   EXPECT_TRUE(has(e, "an epoch holds 2 windows") && has(e, "= 4")) << e;
 }
 
+// nanoGPT's meta.pkl as data/shakespeare_char/prepare.py pickles it (a dict of vocab_size, itos and
+// stoi), written by Python in protocol 2, its default and its highest, read without Python; a
+// damaged one is one line naming the file and what is wrong.
+TEST_F(TokenDataTest, ReadsNanoGptsMetaPickle) {
+  const std::string script = R"(
+import json, pickle, sys
+d = sys.argv[1]
+chars = sorted(set("Hello, w\u00f6rld! \u2603\n\t"))
+meta = {"vocab_size": len(chars), "itos": {i: c for i, c in enumerate(chars)}, "stoi": {c: i for i, c in enumerate(chars)}}
+for proto in (2, pickle.DEFAULT_PROTOCOL, pickle.HIGHEST_PROTOCOL):
+    with open(f"{d}/meta{proto}.pkl", "wb") as f:
+        pickle.dump(meta, f, protocol=proto)
+with open(f"{d}/gap.pkl", "wb") as f:
+    pickle.dump(dict(meta, itos={i: c for i, c in enumerate(chars) if i != 3}), f)
+with open(f"{d}/no_vocab_size.pkl", "wb") as f:
+    pickle.dump({"itos": meta["itos"]}, f)
+with open(f"{d}/beyond.pkl", "wb") as f:
+    pickle.dump(dict(meta, vocab_size=4), f)
+with open(f"{d}/cut.pkl", "wb") as f:
+    f.write(pickle.dumps(meta)[:40])
+print(json.dumps({"itos": chars, "protocols": sorted({2, pickle.DEFAULT_PROTOCOL, pickle.HIGHEST_PROTOCOL})}))
+)";
+  const std::string dir = path("meta");
+  std::filesystem::create_directories(dir);
+  const auto run = ddp::test::runCommand({DDP_PYTHON, "-c", script, dir}, ddp::test::stdoutOnly());
+  ASSERT_EQ(run.exitCode, 0) << run.output;
+  const auto reply = nlohmann::json::parse(run.output);
+  const auto itos = reply["itos"].get<std::vector<std::string>>();
+  for (const int protocol : reply["protocols"].get<std::vector<int>>()) {
+    const ddp::CharVocabulary meta = ddp::readNanoGptMeta(dir + "/meta" + std::to_string(protocol) + ".pkl");
+    EXPECT_EQ(meta.vocabSize, static_cast<int64_t>(itos.size())) << protocol;
+    EXPECT_EQ(meta.itos, itos) << protocol;
+  }
+  EXPECT_TRUE(has(dataErrorOf([&] { ddp::readNanoGptMeta(dir + "/gap.pkl"); }),
+                  "'" + dir + "/gap.pkl': 'itos' has no text for token 3 (vocab_size " + std::to_string(itos.size())));
+  EXPECT_TRUE(has(dataErrorOf([&] { ddp::readNanoGptMeta(dir + "/no_vocab_size.pkl"); }),
+                  "'" + dir + "/no_vocab_size.pkl' has no vocab_size > 0"));
+  EXPECT_TRUE(has(dataErrorOf([&] { ddp::readNanoGptMeta(dir + "/beyond.pkl"); }),
+                  "'itos' has the key 4, not a token of 0 .. 3 (vocab_size 4)"));
+  EXPECT_TRUE(has(dataErrorOf([&] { ddp::readNanoGptMeta(dir + "/cut.pkl"); }),
+                  "'" + dir + "/cut.pkl' is corrupt: its pickle ends early"));
+  std::ofstream(dir + "/text.pkl") << "not a pickle";
+  EXPECT_TRUE(has(dataErrorOf([&] { ddp::readNanoGptMeta(dir + "/text.pkl"); }),
+                  "'" + dir + "/text.pkl' is not a pickle of protocol 2 or later"));
+  EXPECT_TRUE(has(dataErrorOf([&] { ddp::readNanoGptMeta(dir + "/none.pkl"); }), dir + "/none.pkl"));
+}
+
 TEST_F(TokenDataTest, SamplingNamesRoundTrip) {
   for (auto s : {ddp::TokenSampling::kRandom, ddp::TokenSampling::kSequential}) {
     EXPECT_EQ(ddp::parseTokenSampling(ddp::tokenSamplingName(s)), s);

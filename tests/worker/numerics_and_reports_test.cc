@@ -94,19 +94,24 @@ TEST(Summaries, TextThatIsNotUtf8IsWrittenWithReplacementCharacters) {
 
 // A run split by train.max_steps and resumed (nanoGPT's warm-up of 2000 iterations, a first part
 // shorter than that) sets train.decay_steps to the whole schedule: its warm-up is measured against
-// that, and the part's lr follows the documented warm-up lr·(k+1)/(W+1). Without decay_steps the
-// warm-up would outlast the run and is refused; a decay that ends inside the warm-up is too.
+// that, and the part's lr follows the documented warm-up lr·(k+1)/(W+1). Without decay_steps a
+// warm-up that outlasts the run (a short try of a long recipe) stays on that line for the run's
+// steps, as nanoGPT's get_lr(it) = lr·(it+1)/(warmup_iters+1) for it < warmup_iters; a decay that
+// ends inside the warm-up is refused.
 TEST(Schedules, AWarmUpLongerThanASplitRunIsMeasuredAgainstDecaySteps) {
   TrainConfig t;
   t.lr = 0.01;
   t.lrSchedule = LrDecay::kCosine;
   t.warmupSteps = 50;
-  EXPECT_THROW(makeSchedule(t, 30), ConfigError);
+  const LrSchedule alone = makeSchedule(t, 30, 0);
+  for (const int64_t k : {0, 1, 29}) EXPECT_DOUBLE_EQ(alone.at(k), 0.01 * static_cast<double>(k + 1) / 51.0) << k;
+  const LrSchedule exactly = makeSchedule(t, 50, 1);  // as long as the run: its last step still below lr
+  EXPECT_DOUBLE_EQ(exactly.at(49), 0.01 * 50.0 / 51.0);
   t.decaySteps = 70;
-  const LrSchedule schedule = makeSchedule(t, 30);
+  const LrSchedule schedule = makeSchedule(t, 30, 0);
   for (const int64_t k : {0, 1, 29}) EXPECT_DOUBLE_EQ(schedule.at(k), 0.01 * static_cast<double>(k + 1) / 51.0) << k;
   t.decaySteps = 50;
-  EXPECT_THROW(makeSchedule(t, 30), ConfigError);
+  EXPECT_THROW(makeSchedule(t, 30, 0), ConfigError);
 }
 
 }  // namespace

@@ -128,8 +128,44 @@ static void checkNoEarlierRun(const std::string& dir) {
             "checkpoint.dir, or move them out");
 }
 
+// The directories checkOutputPaths made: the topmost missing one of each path it created.
+static std::vector<std::string>& madeDirectories() {
+  static std::vector<std::string> made;
+  return made;
+}
+
+// makeDirectories(dir), remembering the topmost directory it will create.
+static void makeOutputDirectory(const std::string& dir, const char* setting) {
+  std::error_code ec;
+  std::filesystem::path top;
+  for (std::filesystem::path p = std::filesystem::absolute(dir, ec); !ec && !p.empty() && !std::filesystem::exists(p, ec);
+       p = p.parent_path()) {
+    top = p;
+    if (p == p.parent_path()) break;
+  }
+  makeDirectories(dir, setting);
+  if (!top.empty()) madeDirectories().push_back(top.string());
+}
+
+void removeUnusedOutputDirs() {
+  releaseDirectoryLocks();  // their lock files are the only files a refused run put there
+  for (auto it = madeDirectories().rbegin(); it != madeDirectories().rend(); ++it) {
+    std::error_code ec;
+    bool empty = true;
+    for (auto e = std::filesystem::recursive_directory_iterator(*it, ec);
+         !ec && e != std::filesystem::recursive_directory_iterator(); e.increment(ec)) {
+      if (!e->is_directory(ec) || e->is_symlink(ec)) {
+        empty = false;
+        break;
+      }
+    }
+    if (!ec && empty) std::filesystem::remove_all(*it, ec);
+  }
+  madeDirectories().clear();
+}
+
 void checkOutputPaths(const WorkerConfig& config) {
-  makeDirectories(config.output.dir, "output.dir");
+  makeOutputDirectory(config.output.dir, "output.dir");
   lockForThisJob(config.output.dir, "output.dir");
   probeFile(config.output.dir, config.mode == Mode::kEval ? "eval.json" : "summary.json", "output.dir",
             "set output.dir to a writable directory");
@@ -138,12 +174,15 @@ void checkOutputPaths(const WorkerConfig& config) {
   }
   if (config.checkpoint.everySteps > 0 || config.checkpoint.everyEpochs > 0) {
     const std::string dir = checkpointDir(config);
-    makeDirectories(dir, "checkpoint.dir");
+    makeOutputDirectory(dir, "checkpoint.dir");
     lockForThisJob(dir, "checkpoint.dir");
     probeFile(dir, "ckpt-00000000.pt", "checkpoint.dir", "set checkpoint.dir to a writable directory");
     if (config.resume.empty()) checkNoEarlierRun(dir);
-  } else if (config.resume == "auto" && std::filesystem::is_directory(checkpointDir(config))) {
-    lockForThisJob(checkpointDir(config), "checkpoint.dir");  // not written, but another job's saves would race it
+  } else if (std::filesystem::is_directory(checkpointDir(config))) {
+    // Read by resume=auto, written by the checkpoint a stop signal saves: another job's saves would
+    // race the one and prune the other's. A missing one is not made (the save on a signal makes and
+    // locks it, ddp::Checkpointer).
+    lockForThisJob(checkpointDir(config), "checkpoint.dir");
   }
 }
 

@@ -15,6 +15,12 @@ void checkInputPaths(const WorkerConfig& config);
 /// Throws ConfigError naming the key to change.
 void checkOutputPaths(const WorkerConfig& config);
 
+/// For a run that fails: removes the directories checkOutputPaths made (output.dir, checkpoint.dir,
+/// and the parents it had to create) where they hold nothing but empty directories once this
+/// process's lock files are removed, so that a refused run leaves nothing behind. Releases the
+/// directory locks: only as the process ends.
+void removeUnusedOutputDirs();
+
 /// cudnn.benchmark, cudnn.deterministic and deterministic_algorithms, as torch.backends.cudnn and
 /// torch.use_deterministic_algorithms set them for the process. With deterministic algorithms it
 /// also sets CUBLAS_WORKSPACE_CONFIG=:4096:8 when unset (cuBLAS needs it to be deterministic;

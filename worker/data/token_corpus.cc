@@ -32,10 +32,13 @@ TokenCorpus loadTokenCorpus(const DataConfig& config) {
   if (!config.valFiles.empty()) {
     corpus.val = asBadTokenInput([&] { return std::make_shared<const TokenData>(config.valFiles, "data.val_files"); });
   }
-  const auto meta = std::filesystem::path(corpus.train->shards().front().path()).parent_path() / "meta.json";
-  if (std::filesystem::is_regular_file(meta)) {
-    corpus.metaPath = meta.string();
+  const auto dir = std::filesystem::path(corpus.train->shards().front().path()).parent_path();
+  if (std::filesystem::is_regular_file(dir / "meta.json")) {
+    corpus.metaPath = (dir / "meta.json").string();
     corpus.vocabSize = metaVocabulary(corpus.metaPath);
+  } else if (std::filesystem::exists(dir / "meta.pkl")) {  // nanoGPT's data/<name>/ as its prepare.py leaves it
+    corpus.metaPath = (dir / "meta.pkl").string();
+    corpus.vocabSize = asBadTokenInput([&] { return readNanoGptMeta(corpus.metaPath).vocabSize; });
   }
   return corpus;
 }
@@ -44,13 +47,9 @@ int64_t checkedVocabulary(const TokenCorpus& corpus, const ModelConfig& model) {
   const int64_t vocab = model.vocabSize > 0 ? model.vocabSize : corpus.vocabSize;
   if (vocab <= 0) {
     const std::string first = corpus.train->shards().front().path();
-    const bool pickled = std::filesystem::exists(std::filesystem::path(first).parent_path() / "meta.pkl");
-    DDP_THROW(ConfigError, "config: model.vocab_size is 0 (the data set's) but no meta.json lies beside ", first,
-              pickled ? " (nanoGPT's meta.pkl there is not read); set model.vocab_size to its vocab_size (65 for "
-                        "nanoGPT's shakespeare_char), or prepare the text with scripts/prepare_text.py, which writes "
-                        "meta.json"
-                      : "; set model.vocab_size to the tokenizer's (50304 for GPT-2's tokens as nanoGPT pads them; "
-                        "a char-level set's number of characters)");
+    DDP_THROW(ConfigError, "config: model.vocab_size is 0 (the data set's) but no meta.json (or nanoGPT's meta.pkl) "
+              "lies beside ", first, "; set model.vocab_size to the tokenizer's (50304 for GPT-2's tokens as nanoGPT "
+              "pads them; a char-level set's number of characters)");
   }
   for (const auto* data : {corpus.train.get(), corpus.val.get()}) {
     if (data == nullptr) continue;

@@ -17,8 +17,8 @@ namespace ddp::worker::data {
 struct TokenCorpus {
   std::shared_ptr<const TokenData> train;
   std::shared_ptr<const TokenData> val;  // null without data.val_files
-  int64_t vocabSize = 0;                 // meta.json's vocab_size, 0 when there is none
-  std::string metaPath;                  // meta.json beside the first training shard, "" when absent
+  int64_t vocabSize = 0;                 // meta.json's (or meta.pkl's) vocab_size, 0 when there is none
+  std::string metaPath;                  // meta.json, else nanoGPT's meta.pkl, beside the first training shard; "" when neither
 };
 
 /// Runs `f`: a DataError of the token library (a malformed shard, too few tokens for a step) is the
@@ -32,8 +32,8 @@ auto asBadTokenInput(F&& f, const std::string& hint = "") {
   }
 }
 
-/// Maps data.train_files (and data.val_files) and reads meta.json from the first training shard's
-/// directory. A shard the library refuses (wrong magic or version, truncated, a count the size
+/// Maps data.train_files (and data.val_files) and reads meta.json (else nanoGPT's meta.pkl) from
+/// the first training shard's directory. A shard the library refuses (wrong magic or version, truncated, a count the size
 /// disagrees with) or a glob with no match is bad input: ConfigError, the library's line.
 TokenCorpus loadTokenCorpus(const DataConfig& config);
 

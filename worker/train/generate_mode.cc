@@ -80,6 +80,13 @@ void checkModelVocabulary(const StateDict& weights, int64_t vocabulary, const st
 }  // namespace
 
 Vocabulary::Vocabulary(const std::string& metaPath) {
+  if (std::filesystem::path(metaPath).extension() == ".pkl") {  // nanoGPT's char-level meta.pkl
+    CharVocabulary meta = data::asBadTokenInput([&] { return readNanoGptMeta(metaPath); });
+    level_ = "char";
+    size_ = meta.vocabSize;
+    itos_ = std::move(meta.itos);
+    return;
+  }
   std::ifstream in(metaPath);
   if (!in) {
     DDP_THROW(ConfigError, "mode generate decodes with the meta.json beside data.train_files, but '", metaPath,
@@ -138,10 +145,10 @@ int runGenerateMode(const WorkerConfig& config, ProcessGroup& group) {
   vocabularyOnly.valFiles.clear();
   const Datasets data = loadDatasets(vocabularyOnly, config.seed);
   if (data.tokens->metaPath.empty()) {
-    DDP_THROW(ConfigError, "mode generate decodes with the meta.json beside data.train_files, but there is none "
-              "beside ", data.tokens->train->shards().front().path(), "; prepare the data with scripts/prepare_text.py "
-              "(nanoGPT's meta.pkl is not read; for GPT-2's tokens decode the exported model's samples in Python "
-              "with tiktoken)");
+    DDP_THROW(ConfigError, "mode generate decodes with the meta.json (or nanoGPT's meta.pkl) beside "
+              "data.train_files, but there is none beside ", data.tokens->train->shards().front().path(),
+              "; prepare the data with scripts/prepare_text.py (for GPT-2's tokens decode the exported model's "
+              "samples in Python with tiktoken)");
   }
   const Vocabulary vocabulary(data.tokens->metaPath);
   InputSpec input = data.input;

@@ -4,6 +4,8 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 
 #include "common/error.h"
@@ -95,16 +97,23 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const TrainConfig& t, con
   return optimizer;
 }
 
-// train.lr_schedule over train.decay_steps, else the job's `jobSteps`; a warm-up that would take
-// the whole run is refused. With train.decay_steps set the run is one part of a longer schedule
-// (split by max_steps, resumed): its warm-up is measured against that schedule, not this part.
-LrSchedule makeSchedule(const TrainConfig& t, int64_t jobSteps) {
+// train.lr_schedule over train.decay_steps, else the job's `jobSteps`. With train.decay_steps set
+// the run is one part of a longer schedule (split by max_steps, resumed): its warm-up is measured
+// against that schedule, not this part. A warm-up as long as the run (a short try of a long
+// recipe: train.max_steps=5 with warmup_steps 50) takes the run's steps on the warm-up's line, as
+// nanoGPT's get_lr does; `rank` says so once.
+LrSchedule makeSchedule(const TrainConfig& t, int64_t jobSteps, int rank) {
+  int64_t totalSteps = t.decaySteps > 0 ? t.decaySteps : jobSteps;
   if (t.decaySteps == 0 && t.warmupSteps > 0 && t.warmupSteps >= jobSteps) {
-    DDP_THROW(ConfigError, "config: 'train.warmup_steps' is ", t.warmupSteps, " but the run has ", jobSteps,
-              " optimizer steps (train.epochs, the data and train.max_steps); use fewer warm-up steps, or set "
-              "train.decay_steps to the steps of the whole schedule when this run is its first part");
+    if (rank == 0) {
+      const double last = t.lr * static_cast<double>(jobSteps) / static_cast<double>(t.warmupSteps + 1);
+      spdlog::warn("train.warmup_steps is {} but the run has {} optimizer steps: the learning rate only rises, to "
+                   "{:.4g} at the last step (train.lr {:.4g} is reached at step {}), as nanoGPT's get_lr does; set "
+                   "train.decay_steps to the whole schedule's steps if this run is its first part",
+                   t.warmupSteps, jobSteps, last, t.lr, t.warmupSteps);
+    }
+    totalSteps = t.warmupSteps + 1;  // the decay begins after the run ends
   }
-  const int64_t totalSteps = t.decaySteps > 0 ? t.decaySteps : jobSteps;
   if ((t.lrSchedule == LrDecay::kCosine || t.lrSchedule == LrDecay::kLinear) && t.warmupSteps >= totalSteps) {
     DDP_THROW(ConfigError, "config: 'train.warmup_steps' is ", t.warmupSteps, " but train.decay_steps is ",
               totalSteps, "; the decay must end after the warm-up");

@@ -26,9 +26,10 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const TrainConfig& t, con
                                                        c10::Device device, const ProcessGroup& group,
                                                        bool decayMatricesOnly = false);
 
-/// train.lr_schedule over train.decay_steps, else the job's `jobSteps`; a warm-up that would take
-/// the whole run is a ConfigError (without train.decay_steps; with it, one that takes the decay).
-LrSchedule makeSchedule(const TrainConfig& t, int64_t jobSteps);
+/// train.lr_schedule over train.decay_steps, else the job's `jobSteps`. A warm-up that takes the
+/// whole run (without train.decay_steps) runs as nanoGPT's: the run's steps rise on the warm-up's
+/// line, and rank 0 warns; with train.decay_steps, a warm-up that takes the decay is a ConfigError.
+LrSchedule makeSchedule(const TrainConfig& t, int64_t jobSteps, int rank);
 
 /// train.precision → the autocast dtype (kFloat: fp32, no autocast).
 at::ScalarType autocastDtype(const std::string& precision);

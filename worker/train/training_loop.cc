@@ -267,7 +267,7 @@ void TrainingRun::planSteps() {
     const int64_t all = result_.steps + left + perEpoch_ * (train_.epochs - resumed_.epoch - 1);
     jobSteps_ = train_.maxSteps > 0 ? std::min(all, train_.maxSteps) : all;
   }
-  schedule_.emplace(makeSchedule(train_, jobSteps_));
+  schedule_.emplace(makeSchedule(train_, jobSteps_, rank_));
 }
 
 TrainResult TrainingRun::run() {
