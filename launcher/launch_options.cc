@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <map>
-#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -15,6 +14,7 @@
 #include <cxxopts.hpp>
 
 #include "common/error.h"
+#include "launcher/launch_args.h"
 #include "launcher/torchrun_compat.h"
 
 #ifndef DDP_LAUNCH_VERSION
@@ -114,11 +114,6 @@ cxxopts::Options makeOptions() {
   return options;
 }
 
-struct OptionTable {
-  std::set<std::string> names;         // long and short names
-  std::set<std::string> takesValue;    // names whose value may be the next argument
-};
-
 OptionTable describe(const cxxopts::Options& options) {
   OptionTable table;
   for (const cxxopts::HelpOptionDetails& option : options.group_help("").options) {
@@ -132,53 +127,6 @@ OptionTable describe(const cxxopts::Options& options) {
     }
   }
   return table;
-}
-
-size_t editDistance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t substitute = diagonal + (a[i - 1] == b[j - 1] ? 0 : 1);
-      diagonal = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, substitute});
-    }
-  }
-  return row[b.size()];
-}
-
-std::string suggestion(const std::string& unknown, const std::set<std::string>& names) {
-  std::string best;
-  size_t bestDistance = std::max<size_t>(3, unknown.size() / 3) + 1;
-  for (const std::string& name : names) {
-    if (name.size() < 2) continue;
-    const size_t distance = editDistance(unknown, name);
-    if (distance < bestDistance) {
-      bestDistance = distance;
-      best = name;
-    }
-  }
-  return best.empty() ? "" : " (did you mean '--" + best + "'?)";
-}
-
-// "--nproc-per-node=4" -> name "nproc_per_node", value "4".
-struct OptionToken {
-  std::string name;
-  std::optional<std::string> value;
-  bool isLong = false;
-};
-
-OptionToken splitOption(const std::string& arg) {
-  OptionToken token;
-  token.isLong = arg.rfind("--", 0) == 0;
-  const std::string body = arg.substr(token.isLong ? 2 : 1);
-  const size_t equals = body.find('=');
-  token.name = body.substr(0, equals);
-  if (equals != std::string::npos) token.value = body.substr(equals + 1);
-  std::replace(token.name.begin(), token.name.end(), '-', '_');
-  return token;
 }
 
 int parseInt(const std::string& flag, const std::string& text, int min, int max, const std::string& hint) {
@@ -208,70 +156,6 @@ bool parseBool(const std::string& flag, const std::string& text) {
   if (lower == "true" || lower == "1" || lower == "yes" || lower == "on") return true;
   if (lower == "false" || lower == "0" || lower == "no" || lower == "off") return false;
   DDP_THROW(ConfigError, "--", flag, " must be true or false (got '", text, "'), e.g. --", flag, "=false");
-}
-
-// Splits argv at WORKER by hand: cxxopts would parse flags inside the worker's own arguments.
-struct SplitArgs {
-  std::vector<std::string> launcherArgs;  // normalised option tokens (and their values)
-  std::optional<std::string> worker;
-  std::vector<std::string> workerArgs;
-};
-
-SplitArgs splitAtWorker(const std::vector<std::string>& args, const OptionTable& table) {
-  SplitArgs split;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg == "--") {
-      if (i + 1 < args.size()) {
-        split.worker = args[i + 1];
-        split.workerArgs.assign(args.begin() + static_cast<long>(i) + 2, args.end());
-      }
-      return split;
-    }
-    if (arg.size() < 2 || arg[0] != '-') {
-      split.worker = arg;
-      split.workerArgs.assign(args.begin() + static_cast<long>(i) + 1, args.end());
-      return split;
-    }
-    const OptionToken token = splitOption(arg);
-    if (const auto instead = torchrun::unsupportedFlag(token.name)) DDP_THROW(ConfigError, *instead);
-    if (table.names.count(token.name) == 0 || (token.isLong && token.name.size() == 1)) {
-      DDP_THROW(ConfigError, "unknown option '", arg, "'", suggestion(token.name, table.names),
-                "; run ddp-launch --help for the list (the worker's own options go after WORKER)");
-    }
-    std::string normalised = (token.isLong ? "--" : "-") + token.name;
-    if (token.value) normalised += "=" + *token.value;
-    split.launcherArgs.push_back(normalised);
-    // torchrun's `--tee 3` / `-t 3`: our --tee also stands alone, so only a tee value is taken.
-    const bool teeValueNext = (token.name == "tee" || token.name == "t") && !token.value && i + 1 < args.size() &&
-                              (args[i + 1] == "0" || args[i + 1] == "1" || args[i + 1] == "2" || args[i + 1] == "3");
-    if (teeValueNext) {
-      split.launcherArgs.back() = "--tee=" + args[++i];
-      continue;
-    }
-    if (!token.value && table.takesValue.count(token.name) != 0) {
-      if (i + 1 >= args.size()) {
-        DDP_THROW(ConfigError, "option '", arg, "' needs a value, e.g. --", token.name, "=VALUE");
-      }
-      split.launcherArgs.push_back(args[++i]);
-    }
-  }
-  return split;
-}
-
-// The long names of the flags among splitAtWorker's tokens (values skipped), for the PET_* defaults.
-std::set<std::string> givenFlags(const std::vector<std::string>& launcherArgs) {
-  static const std::map<std::string, std::string> kLong = {{"m", "module"}, {"r", "redirects"}, {"t", "tee"},
-                                                           {"h", "help"}};
-  std::set<std::string> given;
-  for (const std::string& arg : launcherArgs) {
-    if (arg.size() < 2 || arg[0] != '-') continue;  // a value of the flag before
-    std::string name = arg.substr(arg[1] == '-' ? 2 : 1);
-    name = name.substr(0, name.find('='));
-    const auto longName = kLong.find(name);
-    given.insert(longName == kLong.end() ? name : longName->second);
-  }
-  return given;
 }
 
 // cxxopts parses the launcher's own tokens only (splitAtWorker took the worker's away).

@@ -18,27 +18,13 @@
 #include <thread>
 #include <tuple>
 
+#include "common/edit_distance.h"
 #include "common/error.h"
 #include "worker/config/config_fields.h"
 #include "worker/config/config_rules.h"
 
 namespace ddp::worker {
 namespace {
-
-std::size_t editDistance(const std::string& a, const std::string& b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diag = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
 
 // The key meant by an unknown `key`: first one it names by its last part in another section
 // (`n_layer`: model.n_layer, `chekpoint.dir`: checkpoint.dir) or begins (`generate.temp`:

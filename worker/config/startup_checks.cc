@@ -111,8 +111,8 @@ static void lockForThisJob(const std::string& dir, const char* setting) {
   if (!refused.empty()) DDP_THROW(ConfigError, "config: '", setting, "' ", dir, refused);
 }
 
-// A fresh run saving among an earlier run's checkpoints: keep_last would prune one run's by the
-// other's step numbers, and a later resume=auto would take whichever has the highest step.
+// A fresh run saving among an earlier run's checkpoints: a later resume=auto would take whichever
+// has the highest step (keep_last leaves the other run's alone, ddp::Checkpointer).
 static void checkNoEarlierRun(const std::string& dir) {
   const std::vector<std::string> earlier = listCheckpoints(dir);
   if (earlier.empty()) return;
@@ -123,9 +123,9 @@ static void checkNoEarlierRun(const std::string& dir) {
     return;
   }
   DDP_THROW(ConfigError, "config: checkpoint.dir ", dir, " holds an earlier run's checkpoints (", earlier.size(),
-            ", the newest ", newest, ") and this run starts fresh (resume is unset): its saves would mix with them "
-            "and checkpoint.keep_last would prune one run's; use resume=auto to continue that run, another "
-            "checkpoint.dir, or move them out");
+            ", the newest ", newest, ") and this run starts fresh (resume is unset): its saves would mix with them, "
+            "and a later resume=auto would take the newest of either run; use resume=auto to continue that run, "
+            "another checkpoint.dir, or move them out");
 }
 
 // The directories checkOutputPaths made: the topmost missing one of each path it created.

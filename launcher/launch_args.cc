@@ -1,0 +1,93 @@
+#include "launcher/launch_args.h"
+
+#include <algorithm>
+#include <map>
+
+#include "common/edit_distance.h"
+#include "common/error.h"
+#include "launcher/torchrun_compat.h"
+
+namespace ddp::launcher::detail {
+
+std::string suggestion(const std::string& unknown, const std::set<std::string>& names) {
+  std::string best;
+  size_t bestDistance = std::max<size_t>(3, unknown.size() / 3) + 1;
+  for (const std::string& name : names) {
+    if (name.size() < 2) continue;
+    const size_t distance = editDistance(unknown, name);
+    if (distance < bestDistance) {
+      bestDistance = distance;
+      best = name;
+    }
+  }
+  return best.empty() ? "" : " (did you mean '--" + best + "'?)";
+}
+
+OptionToken splitOption(const std::string& arg) {
+  OptionToken token;
+  token.isLong = arg.rfind("--", 0) == 0;
+  const std::string body = arg.substr(token.isLong ? 2 : 1);
+  const size_t equals = body.find('=');
+  token.name = body.substr(0, equals);
+  if (equals != std::string::npos) token.value = body.substr(equals + 1);
+  std::replace(token.name.begin(), token.name.end(), '-', '_');
+  return token;
+}
+
+SplitArgs splitAtWorker(const std::vector<std::string>& args, const OptionTable& table) {
+  SplitArgs split;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--") {
+      if (i + 1 < args.size()) {
+        split.worker = args[i + 1];
+        split.workerArgs.assign(args.begin() + static_cast<long>(i) + 2, args.end());
+      }
+      return split;
+    }
+    if (arg.size() < 2 || arg[0] != '-') {
+      split.worker = arg;
+      split.workerArgs.assign(args.begin() + static_cast<long>(i) + 1, args.end());
+      return split;
+    }
+    const OptionToken token = splitOption(arg);
+    if (const auto instead = torchrun::unsupportedFlag(token.name)) DDP_THROW(ConfigError, *instead);
+    if (table.names.count(token.name) == 0 || (token.isLong && token.name.size() == 1)) {
+      DDP_THROW(ConfigError, "unknown option '", arg, "'", suggestion(token.name, table.names),
+                "; run ddp-launch --help for the list (the worker's own options go after WORKER)");
+    }
+    std::string normalised = (token.isLong ? "--" : "-") + token.name;
+    if (token.value) normalised += "=" + *token.value;
+    split.launcherArgs.push_back(normalised);
+    // torchrun's `--tee 3` / `-t 3`: our --tee also stands alone, so only a tee value is taken.
+    const bool teeValueNext = (token.name == "tee" || token.name == "t") && !token.value && i + 1 < args.size() &&
+                              (args[i + 1] == "0" || args[i + 1] == "1" || args[i + 1] == "2" || args[i + 1] == "3");
+    if (teeValueNext) {
+      split.launcherArgs.back() = "--tee=" + args[++i];
+      continue;
+    }
+    if (!token.value && table.takesValue.count(token.name) != 0) {
+      if (i + 1 >= args.size()) {
+        DDP_THROW(ConfigError, "option '", arg, "' needs a value, e.g. --", token.name, "=VALUE");
+      }
+      split.launcherArgs.push_back(args[++i]);
+    }
+  }
+  return split;
+}
+
+std::set<std::string> givenFlags(const std::vector<std::string>& launcherArgs) {
+  static const std::map<std::string, std::string> kLong = {{"m", "module"}, {"r", "redirects"}, {"t", "tee"},
+                                                           {"h", "help"}};
+  std::set<std::string> given;
+  for (const std::string& arg : launcherArgs) {
+    if (arg.size() < 2 || arg[0] != '-') continue;  // a value of the flag before
+    std::string name = arg.substr(arg[1] == '-' ? 2 : 1);
+    name = name.substr(0, name.find('='));
+    const auto longName = kLong.find(name);
+    given.insert(longName == kLong.end() ? name : longName->second);
+  }
+  return given;
+}
+
+}  // namespace ddp::launcher::detail
