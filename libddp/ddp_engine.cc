@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "ddp/ddp.h"
 #include "libddp/engine/engine_state.h"
+#include "libddp/fsdp/sharded_parameter.h"
 #include "libddp/internal.h"
 
 namespace ddp {
@@ -48,21 +49,31 @@ DdpEngine::DdpEngine(torch::nn::Module& module, ProcessGroup group, DdpOptions o
   reducer.staticGraph = options.staticGraph;
   state_->flat = options.reducer == GradientReducer::kFlat;
 
-  std::vector<at::Tensor> params;
+  std::vector<at::Tensor> every;   // what rank 0 gives the replicas: frozen parameters too
+  std::vector<at::Tensor> params;  // what the gradient sync reduces: those that require grad, as PyTorch's
   std::vector<std::string> names;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    if (fsdp::shardOfParameter(item.value())) {
+      DDP_THROW(ConfigError, "ddp::DistributedDataParallel: '", item.key(), "' is a shard of a ddp::fullyShard unit; "
+                "fully sharded units reduce-scatter their own gradients and each rank holds other rows, so rank 0's "
+                "would overwrite the others': train the sharded model without the DDP wrapper");
+    }
+    every.push_back(item.value());
+    if (!item.value().requires_grad()) continue;
     names.push_back(item.key());
     params.push_back(item.value());
   }
   if (params.empty()) {
-    DDP_THROW(ConfigError, "ddp::DistributedDataParallel: the module has no parameters, so there is nothing to "
-              "train; register them with register_parameter / register_module");
+    DDP_THROW(ConfigError, "ddp::DistributedDataParallel: the module has no parameters",
+              every.empty() ? "" : " that require grad (all " + std::to_string(every.size()) + " are frozen)",
+              ", so there is nothing to train; register them with register_parameter / register_module");
   }
   state_->buffers = module.buffers(/*recurse=*/true);
   state_->params = params;
   state_->broadcastBuffers = options.broadcastBuffers;
-  // Replicas start equal: rank 0's parameters and buffers everywhere (DDP's constructor).
-  std::vector<at::Tensor> all = params;
+  // Replicas start equal: rank 0's parameters (frozen ones too) and buffers everywhere (DDP's
+  // constructor, _sync_module_states).
+  std::vector<at::Tensor> all = every;
   all.insert(all.end(), state_->buffers.begin(), state_->buffers.end());
   construction.broadcast(all, /*root=*/0);
   const int size = state_->group.size();

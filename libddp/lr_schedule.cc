@@ -32,6 +32,7 @@ LrSchedule::LrSchedule(LrScheduleOptions options) : options_(std::move(options))
 }
 
 double LrSchedule::at(int64_t step) const {
+  if (step < 0) DDP_THROW(ConfigError, "ddp::LrSchedule::at(", step, "): the step counts optimizer steps from 0");
   const auto& o = options_;
   const int64_t w = o.warmupSteps;
   if (step < w) {

@@ -19,7 +19,9 @@ namespace ddp {
 
 /// The module's parameters and buffers as Python's module.state_dict(): plain keys (any leading
 /// "module." removed), CPU tensors, in torch.save's zip format (Python: torch.load(path), any
-/// device). Written atomically. With a group: rank 0 writes and every rank returns after it.
+/// device). Written atomically. With a group: rank 0 writes and every rank returns after it; a
+/// model with ddp::fullyShard units is gathered first (ddp::fullStateDict: every rank must call
+/// it), which the overload without a group refuses (ConfigError).
 void saveModel(const torch::nn::Module& module, const std::string& path);
 void saveModel(const torch::nn::Module& module, const std::string& path, ProcessGroup& group);
 /// Loads a state_dict (ours or Python's torch.save, keys with or without "module.", tensors saved
@@ -74,8 +76,9 @@ std::vector<std::string> listCheckpoints(const std::string& dir);
 /// resume from it), as the worker locks output.dir, so a second job saving or resuming there gets a
 /// CheckpointError naming the holder's pid ("... is in use by another job (pid 4242 holds
 /// <dir>/.ddp-launch.lock)"); the lock file is removed when the process exits normally.
-/// `keepLast` counts and deletes only this run's checkpoints: those this Checkpointer wrote and,
-/// after a resume from `dir`, the one it resumed from and the older ones. Another run's checkpoints
+/// `keepLast` counts and deletes only this run's checkpoints: those this process wrote into `dir`
+/// (through any Checkpointer) and, after a resume from `dir`, the one it resumed from and the older
+/// ones. Another run's checkpoints
 /// there are left as they are (rank 0 warns once, naming them); a later resume() takes the newest
 /// of all, theirs included, so give each run its own directory.
 ///
@@ -114,10 +117,9 @@ class Checkpointer {
 
  private:
   // Rank 0 locks options_.dir (made first when `create`; a missing one is not locked); every rank
-  // learns the outcome, so another job's lock fails them all alike.
-  void holdDirectory(ProcessGroup& group, bool create);
-  // Whether the checkpoint at `path` in options_.dir is this run's (see keepLast above).
-  bool isOwn(const std::string& path) const;
+  // learns the outcome, so another job's lock fails them all alike. With a `step` (>= 0, a save):
+  // also checks that every rank saves that step, on every call.
+  void holdDirectory(ProcessGroup& group, bool create, int64_t step);
   // Rank 0: keepLast over this run's checkpoints, the others named once.
   void prune(const std::string& justWritten);
 
@@ -125,9 +127,6 @@ class Checkpointer {
   CheckpointOptions options_;
   int64_t lastSavedStep_ = -1;
   bool dirHeld_ = false;
-  int64_t resumedStep_ = -1;          // resumed from options_.dir at this step
-  std::vector<std::string> written_;  // file names of the checkpoints this Checkpointer wrote
-  bool othersNamed_ = false;
 };
 
 }  // namespace ddp

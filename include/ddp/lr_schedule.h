@@ -55,6 +55,7 @@ class LrSchedule {
 
   /// The lr of optimizer step `step` (0-based: the lr the first update uses is at(0)); what
   /// optimizer.param_groups()[i]["lr"] holds in Python after `step` calls of scheduler.step().
+  /// ConfigError for a negative step.
   double at(int64_t step) const;
 
   /// Sets every parameter group of `optimizer` to at(step); returns it.

@@ -46,13 +46,22 @@ void writeFileAtomic(const std::string& path, std::string_view bytes) {
   namespace fs = std::filesystem;
   const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  std::error_code ec;
+  if (target.filename().empty() || fs::is_directory(target, ec)) {
+    DDP_THROW(CheckpointError, "cannot write '", path, "': it is a directory; give the path of a file in it");
+  }
   const fs::path tmp = dir / ("." + target.filename().string() + ".tmp." + std::to_string(::getpid()));
+  // Errors name the file asked for (the temporary beside it is this function's business).
+  const auto cannot = [&](const char* what, const std::string& why) {
+    DDP_THROW(CheckpointError, "cannot ", what, " '", path, "': ", why,
+              fs::is_directory(dir, ec) ? "" : "; its directory '" + dir.string() + "' does not exist");
+  };
 
   // A file of its own, never through a link planted under the (predictable) temporary name: what is
   // there goes (unlink removes a link, not its target), then the name is created exclusively.
   ::unlink(tmp.c_str());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0) DDP_THROW(CheckpointError, "cannot write '", tmp.string(), "': ", errnoText());
+  if (fd < 0) cannot("write", errnoText());
   std::size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
@@ -61,19 +70,19 @@ void writeFileAtomic(const std::string& path, std::string_view bytes) {
       const std::string why = errnoText();
       ::close(fd);
       ::unlink(tmp.c_str());
-      DDP_THROW(CheckpointError, "cannot write '", tmp.string(), "': ", why);
+      cannot("write", why);
     }
     done += static_cast<std::size_t>(n);
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     const std::string why = errnoText();
     ::unlink(tmp.c_str());
-    DDP_THROW(CheckpointError, "cannot flush '", tmp.string(), "': ", why);
+    cannot("flush", why);
   }
   if (::rename(tmp.c_str(), target.c_str()) != 0) {
     const std::string why = errnoText();
     ::unlink(tmp.c_str());
-    DDP_THROW(CheckpointError, "cannot rename '", tmp.string(), "' to '", path, "': ", why);
+    cannot("write", why);
   }
   removeStaleTemporaries(dir, target.filename().string());
   // The rename is durable only once the directory entry is on disk.

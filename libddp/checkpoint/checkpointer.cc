@@ -9,7 +9,10 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <optional>
+#include <set>
 
 #include "libddp/internal.h"
 #include "common/dir_lock.h"
@@ -32,6 +35,7 @@ namespace {
 checkpoint::TrainingState trainingState(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                         std::optional<checkpoint::NamedTensors>& sharded, const TrainPosition& position,
                                         int worldSize, const CheckpointOptions& options,
+                                        const std::vector<at::Tensor>& cpuRngRanks,
                                         const std::vector<at::Tensor>& cudaRng, const GradScaler* scaler) {
   checkpoint::TrainingState state;
   for (auto& [key, tensor] : stateDict(module)) state.model.emplace_back(key, tensor);
@@ -44,7 +48,8 @@ checkpoint::TrainingState trainingState(torch::nn::Module& module, torch::optim:
   if (position.epochSamples >= 0) state.epochSamples = position.epochSamples;
   state.seed = static_cast<int64_t>(options.seed);
   state.sampleOrder = options.sampleOrder;
-  state.cpuRng = checkpoint::cpuRngState();
+  state.cpuRng = cpuRngRanks.empty() ? checkpoint::cpuRngState() : cpuRngRanks.front();
+  if (cpuRngRanks.size() > 1) state.cpuRngRanks.assign(cpuRngRanks.begin() + 1, cpuRngRanks.end());
   state.cudaRng = cudaRng;
   state.config = options.config;
   if (scaler != nullptr) {
@@ -71,10 +76,9 @@ std::vector<at::Tensor> ownCudaRngStates(const ProcessGroup& group, const std::v
   return out;
 }
 
-// Rank r fills row r only, so a SUM all-reduce is a gather.
-std::vector<at::Tensor> gatherCudaRngStates(ProcessGroup& group, c10::Device device) {
-  const at::Tensor mine = checkpoint::cudaRngState(device);
-  if (!mine.defined()) return {};
+// Every rank's `mine` (a generator's state, bytes of the same size on every rank), by rank: rank
+// r fills row r only, so a SUM all-reduce is a gather. Collective.
+std::vector<at::Tensor> gatherStates(ProcessGroup& group, const at::Tensor& mine) {
   at::Tensor rows = at::zeros({group.size(), mine.numel()}, at::kLong);
   rows[group.rank()].copy_(mine);
   rows = rows.to(group.collectiveDevice());
@@ -83,6 +87,18 @@ std::vector<at::Tensor> gatherCudaRngStates(ProcessGroup& group, c10::Device dev
   std::vector<at::Tensor> out;
   for (int r = 0; r < group.size(); ++r) out.push_back(rows[r].to(at::kByte).clone());
   return out;
+}
+
+std::vector<at::Tensor> gatherCudaRngStates(ProcessGroup& group, c10::Device device) {
+  const at::Tensor mine = checkpoint::cudaRngState(device);
+  if (!mine.defined()) return {};
+  return gatherStates(group, mine);
+}
+
+// Every rank's CPU generator (ranks seeded apart draw apart: dropout, augmentation); none for one.
+std::vector<at::Tensor> gatherCpuRngStates(ProcessGroup& group) {
+  if (group.size() == 1) return {};
+  return gatherStates(group, checkpoint::cpuRngState());
 }
 
 // Bytes of a checkpoint: its file, or the files of a sharded checkpoint's directory (0: unknown).
@@ -185,15 +201,27 @@ checkpoint::TrainingState readAgreed(ProcessGroup& group, const std::string& pat
 }  // namespace
 
 void saveModel(const torch::nn::Module& module, const std::string& path) {
+  if (checkpoint::holdsShardedParameters(module)) {
+    DDP_THROW(ConfigError, "ddp::saveModel('", path, "'): the module has ddp::fullyShard units, whose parameters "
+              "each rank holds some rows of; call ddp::saveModel(module, path, group) on every rank, which gathers "
+              "them (or save ddp::fullStateDict(module) from rank 0)");
+  }
   saveStateDict(stateDict(module), path);
 }
 
 void saveModel(const torch::nn::Module& module, const std::string& path, ProcessGroup& group) {
+  // A fully sharded model's parameters, whole: gathered from every rank's rows (collective).
+  std::optional<StateDict> full;
+  if (checkpoint::holdsShardedParameters(module)) full = fullStateDict(module);
   // Rank 0's failure must reach every rank, or the others would wait in the barrier for ever.
   std::string error;
   if (group.rank() == 0) {
     try {
-      saveModel(module, path);
+      if (full) {
+        saveStateDict(*full, path);
+      } else {
+        saveModel(module, path);
+      }
     } catch (const Error& e) {
       error = e.what();
     }
@@ -222,11 +250,11 @@ Checkpointer::Checkpointer(ProcessGroup group, CheckpointOptions options)
   if (options_.keepLast < 0) DDP_THROW(ConfigError, "ddp::CheckpointOptions::keepLast", " must be >= 0 (0 keeps all)");
 }
 
-void Checkpointer::holdDirectory(ProcessGroup& group, bool create) {
-  if (dirHeld_) return;
+void Checkpointer::holdDirectory(ProcessGroup& group, bool create, int64_t step) {
+  if (dirHeld_ && step < 0) return;
   std::string error;
-  bool held = false;
-  if (group.rank() == 0) {
+  bool held = dirHeld_;
+  if (group.rank() == 0 && !dirHeld_) {
     try {
       if (create) makeDirectories(options_.dir, "ddp::CheckpointOptions::dir");
       std::error_code ec;
@@ -241,34 +269,67 @@ void Checkpointer::holdDirectory(ProcessGroup& group, bool create) {
       error = e.what();
     }
   }
-  at::Tensor flags = at::tensor({error.empty() ? 0.0 : 1.0, held ? 1.0 : 0.0}).to(group.collectiveDevice());
+  // With the step: a save's position must be every rank's (rank 0 writes its own and the others
+  // would return the path of a file that does not exist).
+  const int64_t mine = std::max<int64_t>(step, 0);
+  at::Tensor flags = at::tensor({int64_t{error.empty() ? 0 : 1}, int64_t{held ? 1 : 0}, mine, mine * mine}, at::kLong)
+                         .to(group.collectiveDevice());
   group.allReduce(flags);
   flags = flags.cpu();
   if (!error.empty()) throw CheckpointError(error);
-  if (flags[0].item<double>() > 0) {
+  if (flags[0].item<int64_t>() > 0) {
     DDP_THROW(CheckpointError, "checkpoint: rank 0 could not take ", options_.dir, " for this job (its log says why)");
   }
-  dirHeld_ = flags[1].item<double>() > 0;
+  dirHeld_ = flags[1].item<int64_t>() > 0;
+  const int64_t n = group.size();
+  // Every rank's step the same: their sum is n·step and their sum of squares n·step² (only then).
+  if (step >= 0 && (flags[2].item<int64_t>() != n * mine || flags[3].item<int64_t>() != n * mine * mine)) {
+    DDP_THROW(ConfigError, "ddp::Checkpointer::save: the ranks save different positions (rank ", group.rank(),
+              " has globalStep ", step, "); every rank must pass the same TrainPosition");
+  }
 }
 
-bool Checkpointer::isOwn(const std::string& path) const {
-  const std::string name = std::filesystem::path(path).filename().string();
-  if (std::find(written_.begin(), written_.end(), name) != written_.end()) return true;
-  const int64_t step = checkpoint::checkpointStep(path);
-  return resumedStep_ >= 0 && step >= 0 && step <= resumedStep_;
+namespace {
+
+// What this process did in a checkpoint directory, whichever Checkpointer did it: the checkpoints
+// it wrote, the step it resumed from there, and whether the others there were named.
+struct DirHistory {
+  std::set<std::string> written;  // file names
+  int64_t resumedStep = -1;
+  bool othersNamed = false;
+};
+
+std::mutex gHistoryMutex;
+
+DirHistory& historyOf(const std::string& dir) {
+  static std::map<std::string, DirHistory> histories;  // by real path
+  std::error_code ec;
+  const auto real = std::filesystem::weakly_canonical(dir, ec);
+  return histories[ec ? dir : real.string()];
 }
+
+// Whether the checkpoint at `path` is this run's (see CheckpointOptions::keepLast).
+bool isOwn(const DirHistory& history, const std::string& path) {
+  if (history.written.count(std::filesystem::path(path).filename().string()) != 0) return true;
+  const int64_t step = checkpoint::checkpointStep(path);
+  return history.resumedStep >= 0 && step >= 0 && step <= history.resumedStep;
+}
+
+}  // namespace
 
 void Checkpointer::prune(const std::string& justWritten) {
-  written_.push_back(std::filesystem::path(justWritten).filename().string());
+  const std::lock_guard<std::mutex> lock(gHistoryMutex);
+  DirHistory& history = historyOf(options_.dir);
+  history.written.insert(std::filesystem::path(justWritten).filename().string());
   checkpoint::pruneCheckpoints(options_.dir, options_.keepLast, justWritten,
-                               [this](const std::string& path) { return isOwn(path); });
-  if (othersNamed_) return;
+                               [&history](const std::string& path) { return isOwn(history, path); });
+  if (history.othersNamed) return;
   std::vector<std::string> others;
   for (const std::string& path : checkpoint::listCheckpoints(options_.dir)) {
-    if (!isOwn(path)) others.push_back(std::filesystem::path(path).filename().string());
+    if (!isOwn(history, path)) others.push_back(std::filesystem::path(path).filename().string());
   }
   if (others.empty()) return;
-  othersNamed_ = true;
+  history.othersNamed = true;
   spdlog::warn("checkpoint: {} also holds {} checkpoint(s) this run neither wrote nor resumed from (the newest {}): "
                "they are kept and not counted by keepLast, but a later resume takes the newest checkpoint there, "
                "whichever run wrote it; give each run its own checkpoint directory",
@@ -285,13 +346,15 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
   const std::string path = shardedModel ? checkpoint::shardedCheckpointPath(dir, position.globalStep)
                                         : checkpoint::checkpointPath(dir, position.globalStep);
   if (position.globalStep == lastSavedStep_) return path;  // this very step is on disk already
-  holdDirectory(group, /*create=*/true);  // collective, on the first save: another job there fails every rank
+  // Collective: another job's lock (taken on the first save) or another rank's step fails every rank.
+  holdDirectory(group, /*create=*/true, position.globalStep);
   if (shardedModel && dynamic_cast<ZeroRedundancyOptimizer*>(&optimizer) != nullptr) {
     DDP_THROW(ConfigError, "ddp::Checkpointer::save: a ZeroRedundancyOptimizer over fully sharded parameters; "
               "fully sharded parameters are sharded already: step them with the optimizer itself");
   }
   // Read on every rank (a collective-free read of the scale, which waits for the device).
   if (scaler != nullptr && group.rank() != 0) (void)scaler->stateDict();
+  const std::vector<at::Tensor> cpuRng = gatherCpuRngStates(group);  // collective: before rank 0 writes
   std::vector<at::Tensor> cudaRng;
   if (options_.cudaGenerators.empty()) {
     cudaRng = gatherCudaRngStates(group, group_.device());  // collective: before rank 0 writes
@@ -303,7 +366,7 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
   if (auto* zero = dynamic_cast<ZeroRedundancyOptimizer*>(&optimizer)) sharded = checkpoint::gatherShardedState(group, *zero, module);
   if (shardedModel) {
     const checkpoint::TrainingState state = trainingState(module, optimizer, sharded, position, group.size(), options_,
-                                                                cudaRng, scaler);
+                                                                cpuRng, cudaRng, scaler);
     for (const auto& [key, value] : state.optimizer) {
       if (key == checkpoint::kArchiveKey) {  // the same on every rank: all throw
         DDP_THROW(ConfigError, "ddp::Checkpointer::save: a fully sharded model's checkpoint holds its optimizer state "
@@ -328,7 +391,7 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
     try {
       makeDirectories(dir, "ddp::CheckpointOptions::dir");
       const checkpoint::TrainingState state = trainingState(module, optimizer, sharded, position, group.size(), options_,
-                                                                cudaRng, scaler);
+                                                                cpuRng, cudaRng, scaler);
       try {
         checkpoint::saveTrainingCheckpoint(state, path);
       } catch (const CheckpointError& e) {
@@ -356,7 +419,7 @@ std::optional<TrainPosition> Checkpointer::resume(torch::nn::Module& module, tor
   std::vector<std::string> skipped;
   internal::checkLive(group_, "Checkpointer::resume");
   ProcessGroup group = group_.withLabel("Checkpointer::resume");
-  holdDirectory(group, /*create=*/false);  // collective: a job saving there could prune what this one reads
+  holdDirectory(group, /*create=*/false, -1);  // collective: a job saving there could prune what this one reads
   for (;;) {
     const auto found = checkpoint::latestValidCheckpoint(
         options_.dir,
@@ -411,8 +474,10 @@ TrainPosition Checkpointer::resumeFrom(const std::string& path, torch::nn::Modul
                    path, scaler->getScale());
     }
   }
-  checkpoint::setCpuRngState(state.cpuRng);
+  // This rank's own CPU generator (a file without the other ranks' states, or of fewer ranks than
+  // this job: rank 0's, as every rank of a job seeded alike holds).
   const auto rank = static_cast<size_t>(group.rank());
+  checkpoint::setCpuRngState(rank >= 1 && rank <= state.cpuRngRanks.size() ? state.cpuRngRanks[rank - 1] : state.cpuRng);
   if (!options_.cudaGenerators.empty()) {
     (void)ownCudaRngStates(group, {});  // the one-process check
     const auto& devices = options_.cudaGenerators;
@@ -453,7 +518,10 @@ TrainPosition Checkpointer::resumeFrom(const std::string& path, torch::nn::Modul
   // The checkpoints up to this one in options_.dir are this run's history: keepLast prunes them.
   std::error_code ec;
   const auto parent = std::filesystem::weakly_canonical(std::filesystem::path(path).parent_path(), ec);
-  if (!ec && parent == std::filesystem::weakly_canonical(options_.dir, ec) && !ec) resumedStep_ = position.globalStep;
+  if (!ec && parent == std::filesystem::weakly_canonical(options_.dir, ec) && !ec) {
+    const std::lock_guard<std::mutex> lock(gHistoryMutex);
+    historyOf(options_.dir).resumedStep = position.globalStep;
+  }
   if (group.rank() == 0) {
     spdlog::info("resumed from {} at epoch {} step {} (global step {})", path, position.epoch, position.stepInEpoch,
                  position.globalStep);

@@ -6,6 +6,7 @@
 #include <caffe2/serialize/inline_container.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <unordered_map>
@@ -319,6 +320,10 @@ PyValuePtr readTorchFile(const std::string& path) {
     DDP_THROW(CheckpointError, "'", path, "' is not a regular file (",
               S_ISFIFO(info.st_mode) ? "a named pipe" : S_ISSOCK(info.st_mode) ? "a socket" : "a device",
               "); give the path of a file torch.save wrote");
+  }
+  if (::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
+    DDP_THROW(CheckpointError, "'", path, "' is a directory, not a file torch.save wrote; give the file in it (e.g. ",
+              (std::filesystem::path(path) / "model.pt").string(), ")");
   }
   std::ifstream probe(path, std::ios::binary);
   if (!probe) DDP_THROW(CheckpointError, "cannot open '", path, "': no such file or not readable");

@@ -95,6 +95,10 @@ uint32_t checksumOf(const TrainingState& s) {
       crc.add(value);
     }
   }
+  if (!s.cpuRngRanks.empty()) {  // absent in one-rank jobs (and in files written before them)
+    crc.add(std::string("cpu_rng_ranks"));
+    for (const auto& t : s.cpuRngRanks) crc.add(t);
+  }
   if (s.scaler) {  // absent in fp32/bf16 runs (and in files written before it existed)
     crc.add(std::string("scaler"));
     for (double v : {s.scaler->scale, s.scaler->growthFactor, s.scaler->backoffFactor}) crc.add(&v, sizeof v);
@@ -126,6 +130,7 @@ void saveTrainingCheckpoint(const TrainingState& s, const std::string& path) {
   pySet(*root, "progress", progress);
   NamedTensors rng;
   if (s.cpuRng.defined()) rng.emplace_back("cpu", s.cpuRng);
+  for (size_t i = 0; i < s.cpuRngRanks.size(); ++i) rng.emplace_back("cpu" + std::to_string(i + 1), s.cpuRngRanks[i]);
   for (size_t i = 0; i < s.cudaRng.size(); ++i) rng.emplace_back("cuda" + std::to_string(i), s.cudaRng[i]);
   pySet(*root, "rng", toDict(rng));
   pySet(*root, "config", pyString(s.config));
@@ -177,8 +182,10 @@ TrainingState loadTrainingCheckpoint(const std::string& path) {
       s.sampleOrder[name->text] = value->text;
     }
   }
+  // "cpu" (rank 0's), "cpu1", "cpu2", ... (the other ranks'), "cuda0", "cuda1", ..., in that order.
   for (const auto& [name, t] : tensorEntries(*root->get("rng"))) {
     if (name == "cpu") s.cpuRng = t;
+    else if (name.rfind("cpu", 0) == 0) s.cpuRngRanks.push_back(t);
     else s.cudaRng.push_back(t);
   }
   // Every save writes it (the checksum covers it): without it the file is damaged, not a LibTorch error.

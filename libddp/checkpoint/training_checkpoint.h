@@ -38,7 +38,9 @@ struct TrainingState {
                                         // (absent in files written before it existed)
   int64_t seed = 0;
   std::map<std::string, std::string> sampleOrder;  // "progress"/"sample_order" (absent before it existed)
-  at::Tensor cpuRng;                // the default CPU generator's state
+  at::Tensor cpuRng;                // the default CPU generator's state (rank 0's)
+  std::vector<at::Tensor> cpuRngRanks;  // ranks 1, 2, ...'s CPU generators ("cpu1", ...; absent in
+                                        // files written before them and of one-rank jobs)
   std::vector<at::Tensor> cudaRng;  // rank r's own GPU generator at [r] (empty on CPU)
   std::string config;               // resolved YAML of the run that wrote it
 };

@@ -206,6 +206,10 @@ void Reducer::reduceWithoutBackward() {
 
 void Reducer::prepareForBackward(const std::vector<at::Tensor>& outputs) {
   std::lock_guard<std::mutex> lock(mutex_);
+  // The last forward's output was never backpropagated (a loss computed for a log line with grad
+  // mode on, a step abandoned): no gradient arrived and nothing was sent, so this forward takes
+  // its place, as PyTorch's DDP lets it.
+  if (armed_ && !hookSeen_ && nextBucket_ == 0) armed_ = false;
   if (armed_) {
     DDP_THROW(CommError, "reducer on rank ", group_.rank(), "/", group_.size(),
               ": the previous backward did not finish its gradient reduction: ",

@@ -444,6 +444,52 @@ TEST(DistributedDataParallel, FindUnusedParametersFinishesABackwardThatSkipsABra
   EXPECT_TRUE(!bGrad.defined() || bGrad.abs().sum().item<double>() == 0.0);
 }
 
+// A frozen parameter (requires_grad false: fine-tuning some layers) gets rank 0's value as the
+// others do and stays out of the gradient sync, as in PyTorch's DDP (it was refused with an
+// internal check); the trainable ones get the whole batch's gradient.
+TEST(DistributedDataParallel, FrozenParametersAreGivenRankZerosValueAndNotReduced) {
+  torch::manual_seed(40 + group().rank());  // apart on every rank: the constructor makes them equal
+  Net net;
+  net->fc1->weight.set_requires_grad(false);
+  ddp::DistributedDataParallel<Net> model(net, group());
+  EXPECT_TRUE(equalOnAllRanks(net->fc1->weight));
+  torch::manual_seed(2);
+  const int64_t w = group().size();
+  const auto x = torch::randn({4 * w, 5});
+  const auto y = torch::randn({4 * w, 3});
+  Net reference = copyOf(net);
+  reference->fc1->weight.set_requires_grad(false);
+  torch::mse_loss(model(shard(x)), shard(y)).backward();
+  torch::mse_loss(reference(x), y).backward();
+  EXPECT_FALSE(net->fc1->weight.grad().defined());
+  for (const char* name : {"fc1.bias", "fc2.weight", "fc2.bias"}) {
+    EXPECT_TRUE(torch::allclose(net->named_parameters()[name].grad(), reference->named_parameters()[name].grad(),
+                                1e-5, 1e-6))
+        << name;
+  }
+  Net frozen;
+  for (auto& p : frozen->parameters()) p.set_requires_grad(false);
+  EXPECT_THROW(ddp::DistributedDataParallel<Net>(frozen, group()), ddp::ConfigError);
+}
+
+// A forward whose output is never backpropagated (a loss computed for a log line with grad mode on,
+// a step given up), then the step's forward and backward: as in PyTorch's DDP the second forward
+// takes the first's place (it was "the previous backward did not finish"), and the gradient is the
+// whole batch's of the second.
+TEST(DistributedDataParallel, AForwardWithoutBackwardIsTakenOverByTheNext) {
+  torch::manual_seed(5);
+  const int64_t w = group().size();
+  const auto x = torch::randn({4 * w, 5});
+  const auto y = torch::randn({4 * w, 3});
+  Net net;
+  ddp::DistributedDataParallel<Net> model(net, group());
+  Net reference = copyOf(net);
+  (void)model(shard(x * 3));  // never backpropagated
+  torch::mse_loss(model(shard(x)), shard(y)).backward();
+  torch::mse_loss(reference(x), y).backward();
+  EXPECT_TRUE(torch::allclose(flatGrads(*net), flatGrads(*reference), 1e-5, 1e-6));
+}
+
 TEST(DistributedDataParallel, BuffersFollowRankZeroBeforeEachForward) {
   torch::nn::BatchNorm1d net(3);
   ddp::DistributedDataParallel<torch::nn::BatchNorm1d> model(net, group());
@@ -684,23 +730,35 @@ std::vector<std::string> checkpointNames(const std::string& dir) {
 }
 
 // keepLast counts and deletes only this run's checkpoints: a fresh run's own saves were pruned by
-// another run's higher steps (ckpt-1 ranked below ckpt-200) or pruned theirs. After a resume, the
-// checkpoint resumed from and the older ones are this run's.
+// another run's higher steps (ckpt-1 ranked below ckpt-200) or pruned theirs. "This run" is this
+// process, whichever Checkpointer saved (one made for each save kept them all). After a resume, the
+// checkpoint resumed from and the older ones are this run's. Another run's checkpoints: copies,
+// into this directory, of files this process wrote elsewhere.
 TEST(Checkpointer, KeepLastCountsOnlyThisRunsCheckpoints) {
-  const std::string dir = scratchDir("keep_own");
-  if (group().rank() == 0) std::filesystem::remove_all(dir);
+  const std::string dir = scratchDir("keep_own"), elsewhere = scratchDir("keep_other");
+  if (group().rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::remove_all(elsewhere);
+  }
   group().barrier();
   Net net;
   torch::optim::SGD sgd(net->parameters(), 0.1);
   ddp::CheckpointOptions options;
-  options.dir = dir;
   options.keepLast = 2;
+  options.dir = elsewhere;
   {
     ddp::Checkpointer earlier(group(), options);
     for (int64_t step : {100, 200}) earlier.save(*net, sgd, {0, step, step, step});
   }
-  ddp::Checkpointer fresh(group(), options);
-  for (int64_t step : {1, 2, 3}) fresh.save(*net, sgd, {0, step, step, step});
+  if (group().rank() == 0) {
+    std::filesystem::create_directories(dir);
+    for (const char* name : {"ckpt-00000100.pt", "ckpt-00000200.pt"}) {
+      std::filesystem::copy_file(elsewhere + "/" + name, dir + "/" + name);
+    }
+  }
+  group().barrier();
+  options.dir = dir;
+  for (int64_t step : {1, 2, 3}) ddp::Checkpointer(group(), options).save(*net, sgd, {0, step, step, step});
   group().barrier();
   const std::vector<std::string> kept = {"ckpt-00000002.pt", "ckpt-00000003.pt", "ckpt-00000100.pt", "ckpt-00000200.pt"};
   EXPECT_EQ(checkpointNames(dir), kept);
@@ -712,6 +770,44 @@ TEST(Checkpointer, KeepLastCountsOnlyThisRunsCheckpoints) {
   resumed.save(*net, sgd, {0, 201, 201, 201});
   group().barrier();
   EXPECT_EQ(checkpointNames(dir), (std::vector<std::string>{"ckpt-00000200.pt", "ckpt-00000201.pt"}));
+  group().barrier();
+  if (group().rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::remove_all(elsewhere);
+  }
+}
+
+// Ranks seeded apart (dropout, augmentation) draw apart; a resume gives each its own CPU generator
+// back (every rank drew rank 0's numbers after it), so steps 3 and 4 draw what they drew before.
+// Every rank must save the same position: another rank's step is a ConfigError on every rank.
+TEST(Checkpointer, EachRankResumesItsOwnCpuGeneratorAndAllSaveOneStep) {
+  const std::string dir = scratchDir("rng");
+  if (group().rank() == 0) std::filesystem::remove_all(dir);
+  group().barrier();
+  Net net;
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  torch::manual_seed(100 + group().rank());
+  ddp::Checkpointer checkpointer(group(), {dir});
+  std::vector<double> straight;
+  for (int64_t step = 1; step <= 4; ++step) {
+    straight.push_back(torch::rand({1}).item<double>());
+    if (step == 2) checkpointer.save(*net, sgd, {0, step, step, step});
+  }
+  torch::manual_seed(7);  // anything: the resume sets it
+  ddp::Checkpointer again(group(), {dir});
+  ASSERT_EQ(again.resume(*net, sgd).value_or(ddp::TrainPosition{}).globalStep, 2);
+  for (size_t i = 2; i < 4; ++i) EXPECT_EQ(torch::rand({1}).item<double>(), straight[i]) << "step " << i + 1;
+  if (group().size() > 1) {
+    try {
+      again.save(*net, sgd, {0, 10 + group().rank(), 10 + group().rank(), 10});
+      ADD_FAILURE() << "saved with a different step on each rank";
+    } catch (const ddp::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("the ranks save different positions (rank " + std::to_string(group().rank()) +
+                                           " has globalStep " + std::to_string(10 + group().rank()) + ")"),
+                std::string::npos)
+          << e.what();
+    }
+  }
   group().barrier();
   if (group().rank() == 0) std::filesystem::remove_all(dir);
 }

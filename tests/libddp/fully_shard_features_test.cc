@@ -152,6 +152,43 @@ TEST(FullyShard, FullStateDictIsDdpsAndLoadsBack) {
   }
 }
 
+// The export of a sharded model, ddp::saveModel with the group, is the whole model, gathered (it
+// wrote rank 0's rows: a file of half-height tensors); without the group it is refused (rank 0
+// alone cannot gather), and so is a DDP wrapper over the shards (its broadcast copied rank 0's rows
+// over the others').
+TEST(FullyShard, TheExportIsTheWholeModelAndDdpOverShardsIsRefused) {
+  const char* port = std::getenv("MASTER_PORT");
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("ddp_fsdp_export_" + std::string(port ? port : "solo") + ".pt")).string();
+  for (const ddp::FullyShardOptions& options : {ddp::FullyShardOptions{}, zero2()}) {
+    SCOPED_TRACE(options.replicateParameters ? "zero2" : "full");
+    Net plain = makeNet();  // the same initial values as the sharded model's
+    Sharded model(options);
+    ddp::saveModel(*model.net, path, group());
+    Net loaded;
+    ddp::loadModel(*loaded, path);
+    for (const auto& p : plain->named_parameters()) {
+      EXPECT_TRUE(torch::equal(loaded->named_parameters()[p.key()], p.value())) << p.key();
+    }
+    try {
+      ddp::saveModel(*model.net, path + ".alone");
+      ADD_FAILURE() << "saveModel without the group wrote a sharded model";
+    } catch (const ddp::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("call ddp::saveModel(module, path, group) on every rank"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_FALSE(std::filesystem::exists(path + ".alone"));
+    try {
+      ddp::DistributedDataParallel<Net> wrapped(model.net, group());
+      ADD_FAILURE() << "DDP wrapped a sharded model";
+    } catch (const ddp::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("is a shard of a ddp::fullyShard unit"), std::string::npos) << e.what();
+    }
+    group().barrier();
+  }
+  if (group().rank() == 0) std::filesystem::remove(path);
+}
+
 // Evaluation (no autograd): the same outputs as the unsharded model, and no backward follows, so
 // every unit, the root too, is sharded again after its forward.
 TEST(FullyShard, ForwardWithoutGradientReshardsEveryUnit) {
