@@ -9,12 +9,21 @@
 #include <cmath>
 
 #include "common/error.h"
+#include "libddp/fsdp/sharded_parameter.h"
 
 namespace ddp {
 
 at::Tensor clipGradNorm(const std::vector<at::Tensor>& params, double maxNorm) {
   if (!(maxNorm > 0) || !std::isfinite(maxNorm)) {
     DDP_THROW(ConfigError, "ddp::clipGradNorm: maxNorm must be a positive finite number (got ", maxNorm, ")");
+  }
+  for (const auto& p : params) {
+    // A unit's rows on this rank: the norm of the rows would be this rank's part of the norm only.
+    const auto shard = fsdp::shardOfParameter(p);
+    if (shard && !shard->fullShape.empty() && shard->rows < shard->fullShape.front()) {
+      DDP_THROW(ConfigError, "ddp::clipGradNorm: the parameters include rows of a ddp::fullyShard unit (", shard->unit,
+                "), whose norm is over every rank's rows: call ddp::clipGradNorm(params, maxNorm, group)");
+    }
   }
   c10::NoGradGuard noGrad;
   std::vector<at::Tensor> grads;

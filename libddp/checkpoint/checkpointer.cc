@@ -508,8 +508,9 @@ TrainPosition Checkpointer::resumeFrom(const std::string& path, torch::nn::Modul
   } else if (state.worldSize != group.size()) {
     // An older checkpoint: the shards depend on the world size, so the saved step means nothing now.
     if (group.rank() == 0) {
-      spdlog::warn("resume: {} was written by {} ranks, this job has {}, and predates global sample positions; "
-                   "restarting epoch {} from its first batch",
+      spdlog::warn("resume: {} was written by {} ranks, this job has {}, and holds no global sample position "
+                   "(TrainPosition::epochSamples was -1 when it was saved, or the file predates it): restarting "
+                   "epoch {} from its first batch",
                    path, state.worldSize, group.size(), state.epoch);
     }
     position.stepInEpoch = 0;

@@ -155,7 +155,7 @@ TEST(FullyShard, FullStateDictIsDdpsAndLoadsBack) {
 // The export of a sharded model, ddp::saveModel with the group, is the whole model, gathered (it
 // wrote rank 0's rows: a file of half-height tensors); without the group it is refused (rank 0
 // alone cannot gather), and so is a DDP wrapper over the shards (its broadcast copied rank 0's rows
-// over the others').
+// over the others'), and the group-less clipping of the rows (each rank's own norm).
 TEST(FullyShard, TheExportIsTheWholeModelAndDdpOverShardsIsRefused) {
   const char* port = std::getenv("MASTER_PORT");
   const std::string path = (std::filesystem::temp_directory_path() /
@@ -178,6 +178,9 @@ TEST(FullyShard, TheExportIsTheWholeModelAndDdpOverShardsIsRefused) {
           << e.what();
     }
     EXPECT_FALSE(std::filesystem::exists(path + ".alone"));
+    if (group().size() > 1) {  // each rank's rows: the norm is over every rank's (the group's form)
+      EXPECT_THROW(ddp::clipGradNorm(model.net->parameters(), 1.0), ddp::ConfigError);
+    }
     try {
       ddp::DistributedDataParallel<Net> wrapped(model.net, group());
       ADD_FAILURE() << "DDP wrapped a sharded model";
