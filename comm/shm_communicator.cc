@@ -346,7 +346,8 @@ class ShmCommunicator final : public Communicator {
       };
       DDP_THROW(CommError, "shm: the ranks' collectives do not pair: rank ", rank(), "'s collective is ",
                 describe(mine, bytes), " but rank ", r, "'s is ", describe(theirs, theirBytes),
-                ": every rank must run the same collectives in the same order over tensors of the same sizes");
+                ": every rank must run the same collectives in the same order over tensors of the same sizes "
+                "and dtypes");
     }
   }
 

@@ -173,9 +173,11 @@ HangFinding analyseRings(const std::vector<RankRing>& ranks, int64_t nowNs, int6
   std::vector<std::map<uint64_t, const flight::Record*>> records;
   for (const RankRing& rank : ranks) records.push_back(worldRecords(rank));
   uint64_t maxEntered = 0, minEntered = UINT64_MAX, window = 0;
+  bool sawTimeout = false;
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (!ranks[i].ring.valid) continue;
     for (const flight::Record& r : ranks[i].ring.records) {
+      if (r.state == flight::State::kTimedOut) sawTimeout = true;
       if (r.state == flight::State::kTimedOut || r.state == flight::State::kFailed) f.timedOut = true;
       const int64_t limitMs = stallAfterMs > 0 ? stallAfterMs : ranks[i].ring.timeoutMs + kStallGraceMs;
       if (r.state == flight::State::kRunning && !ranks[i].exited && ranks[i].ring.timeoutMs > 0 &&
@@ -189,6 +191,7 @@ HangFinding analyseRings(const std::vector<RankRing>& ranks, int64_t nowNs, int6
     minEntered = std::min(minEntered, entered);
     window = std::max(window, first);
   }
+  f.failedOnly = f.timedOut && !sawTimeout;
   if (maxEntered == 0) return f;
   // Behind: ranks that never entered the last collective others entered.
   for (size_t i = 0; i < ranks.size(); ++i) {
@@ -220,8 +223,10 @@ HangFinding analyseRings(const std::vector<RankRing>& ranks, int64_t nowNs, int6
         kind = "different collectives";
       } else if (pointToPoint(a)) {
         continue;  // a send pairs with a recv: nothing to compare
-      } else if (a.numel != b.numel || a.dtype != b.dtype) {
+      } else if (a.numel != b.numel) {
         kind = "different sizes";
+      } else if (a.dtype != b.dtype) {
+        kind = "different dtypes";
       } else if (a.op == "broadcast" && a.peer != b.peer) {
         kind = "different roots";
       }
@@ -248,7 +253,11 @@ HangFinding analyseRings(const std::vector<RankRing>& ranks, int64_t nowNs, int6
 std::vector<std::string> formatHangReport(const std::vector<RankRing>& ranks, const HangFinding& f,
                                           const std::vector<std::pair<int, RankStack>>& stacks, int64_t nowNs) {
   std::vector<std::string> lines;
-  const std::string why = f.timedOut ? "a collective timed out" : f.stall ? "a collective stalls" : "collectives do not pair";
+  // A mismatch the backend saw at once fails the collective without a timeout: named as what it is.
+  const std::string why = f.mismatchSeq != 0 && (!f.timedOut || f.failedOnly) ? "collectives do not pair"
+                          : f.timedOut                                       ? "a collective timed out"
+                          : f.stall                                          ? "a collective stalls"
+                                                                             : "collectives do not pair";
   lines.push_back("hang report (" + why + "; the flight recorder of the " + std::to_string(ranks.size()) +
                   " ranks on this node, world group):");
   for (const RankRing& rank : ranks) {
@@ -289,6 +298,9 @@ std::vector<std::string> formatHangReport(const std::vector<RankRing>& ranks, co
              "through the DDP wrapper on one rank): every rank must run the same collectives in the same order";
     } else if (f.mismatchKind == "different sizes") {
       hint = "the same collective over tensors of different sizes: a different model (or tensor shape) on one rank";
+    } else if (f.mismatchKind == "different dtypes") {
+      hint = "the same collective over tensors of different dtypes (float on one rank, double on another: a .to() "
+             "or a mixed-precision setting on some ranks only)";
     } else {
       hint = "a broadcast from different roots: every rank must name the same root";
     }

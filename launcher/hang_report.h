@@ -43,6 +43,7 @@ RankStack readStack(pid_t pid, double timeoutS = 10);
 
 struct HangFinding {
   bool timedOut = false;         // some rank's collective timed out (or failed)
+  bool failedOnly = false;       // ... every such one failed (a mismatch the backend saw at once), none timed out
   bool stall = false;            // some collective runs longer than the group's timeout
   std::vector<int> behind;       // ranks that never entered the collective others are in
   uint64_t missingSeq = 0;       // the collective they never entered (world group numbering)
@@ -50,7 +51,7 @@ struct HangFinding {
   std::vector<int> ahead;        // the ranks that entered it
   // The first sequence number at which the ranks' collectives do not pair.
   uint64_t mismatchSeq = 0;
-  std::string mismatchKind;      // "different collectives" | "different sizes" | "different roots"
+  std::string mismatchKind;      // "different collectives" | "different sizes" | "different dtypes" | "different roots"
   std::vector<std::pair<int, flight::Record>> mismatchCalls;  // (rank, its call) at mismatchSeq
   /// Worth a report: a collective timed out or stalls, or collectives do not pair.
   bool relevant() const { return timedOut || stall || mismatchSeq != 0; }

@@ -59,7 +59,7 @@ TEST(HangReport, NamesTheRankBehindAndTheCollectiveItNeverEntered) {
   EXPECT_TRUE(named);
 }
 
-TEST(HangReport, FirstMismatchByOperationSizeAndRoot) {
+TEST(HangReport, FirstMismatchByOperationSizeDtypeAndRoot) {
   {  // a barrier where the others all-reduce
     std::vector<RankRing> ranks = {rank(0, {call(1, "all_reduce", 10), call(2, "all_reduce", 10)}),
                                    rank(1, {call(1, "all_reduce", 10), call(2, "barrier", -1)})};
@@ -74,6 +74,18 @@ TEST(HangReport, FirstMismatchByOperationSizeAndRoot) {
     const HangFinding f = analyseRings(ranks, 0);
     EXPECT_EQ(f.mismatchSeq, 1u);
     EXPECT_EQ(f.mismatchKind, "different sizes");
+  }
+  {  // the same all-reduce of 4 elements, float on one rank and double on the other: not "sizes"
+    flight::Record asDouble = call(1, "all_reduce", 4);
+    asDouble.dtype = "double";
+    std::vector<RankRing> ranks = {rank(0, {call(1, "all_reduce", 4)}), rank(1, {asDouble})};
+    const HangFinding f = analyseRings(ranks, 0);
+    EXPECT_EQ(f.mismatchKind, "different dtypes");
+    bool hinted = false;
+    for (const auto& line : formatHangReport(ranks, f, {}, 10'000'000'000)) {
+      hinted |= line.find("(different dtypes)") != std::string::npos && line.find("float on one rank") != std::string::npos;
+    }
+    EXPECT_TRUE(hinted);
   }
   {  // broadcasts from different roots
     std::vector<RankRing> ranks = {rank(0, {call(1, "broadcast", 4, flight::State::kDone, 0, 0)}),

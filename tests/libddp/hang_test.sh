@@ -100,6 +100,7 @@ assert calls == {0: "all_reduce", 1: "barrier"}, calls'
   expect "$name" "collectives do not pair at #4 (different sizes): rank 0 all_reduce #4 (the loss) of 1000 float; rank 1 all_reduce #4 (the loss) of 999 float"
   if [[ $backend == shm ]]; then  # shm itself compares the ranks' calls: no silent 999-of-1000 sum
     expect "$name" "shm: the ranks' collectives do not pair: rank 1's collective is all_reduce of 999 float but rank 0's is all_reduce of 1000 float"
+    expect "$name" "hang report (collectives do not pair"  # found at once: no timeout to name
   fi
   report "$name" '
 m = r["mismatch"]
