@@ -736,6 +736,20 @@ std::optional<ProcessGroup> ProcessGroup::newGroup(const std::vector<int>& ranks
               world.size() - 1, "), at least one");
   }
   const int index = world.subgroups++;  // every rank calls newGroup in the same order, as new_group
+  if (world.store) {
+    // Every rank must name the same ranks (new_group's rule): the first to come records its list;
+    // a rank with another list stops here at once, not at the end of the group's timeout.
+    std::string list;
+    for (int r : sorted) list += (list.empty() ? "" : ",") + std::to_string(r);
+    const std::vector<uint8_t> want(list.begin(), list.end());
+    const std::vector<uint8_t> got =
+        world.store->compareSet("ddp/subgroup_ranks/" + std::to_string(index), std::vector<uint8_t>(), want);
+    if (got != want) {
+      DDP_THROW(ConfigError, "ddp::ProcessGroup::newGroup (call ", index + 1, "): rank ", world.rank(), " names ranks [",
+                list, "] but another rank named [", std::string(got.begin(), got.end()), "]: every rank must call ",
+                "newGroup with the same ranks, its calls in the same order");
+    }
+  }
   const auto mine = std::find(sorted.begin(), sorted.end(), world.rank());
   if (mine == sorted.end()) return std::nullopt;
   auto impl = std::make_shared<Impl>();

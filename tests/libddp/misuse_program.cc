@@ -73,6 +73,12 @@ int run(const std::string& scenario, const std::string& backend) {
     std::cout << "rank " << group.rank() << " finished " << scenario << std::endl;
     return 0;
   }
+  if (scenario == "new_group_of_other_ranks") {  // rank 0 names {0, 1}, rank 1 names {1}
+    const std::vector<int> ranks = group.rank() == 0 ? std::vector<int>{0, 1} : std::vector<int>{1};
+    (void)group.newGroup(ranks);
+    std::cout << "rank " << group.rank() << " finished " << scenario << std::endl;
+    return 0;
+  }
   if (scenario == "moved_group") {
     ddp::ProcessGroup other = std::move(group);
     std::cout << "size " << group.size() << std::endl;  // NOLINT(bugprone-use-after-move): the mistake

@@ -72,6 +72,13 @@ run generators_of_one_process_in_two nonzero "$launch" --nproc_per_node=2 "$prog
 expect generators_of_one_process_in_two "caught ddp::ConfigError: ddp::CheckpointOptions::cudaGenerators is for a one-process job"
 expect_not generators_of_one_process_in_two "finished generators_of_one_process_in_two"
 
+# newGroup with another list of ranks on one rank: one line at once (it waited out the group's
+# timeout, 60 s here, then blamed the shared-memory segment).
+run new_group_of_other_ranks nonzero "$launch" --nproc_per_node=2 "$program" new_group_of_other_ranks shm 60
+expect new_group_of_other_ranks "caught ddp::ConfigError: ddp::ProcessGroup::newGroup (call 1): rank "
+expect new_group_of_other_ranks "every rank must call newGroup with the same ranks"
+expect_not new_group_of_other_ranks "timed out"
+
 run moved_group nonzero "$launch" --nproc_per_node=2 "$program" moved_group shm 10
 expect moved_group "caught ddp::ConfigError: ddp::ProcessGroup: this handle was moved from"
 for scenario in forward_after_destroy backward_after_destroy; do
