@@ -9,17 +9,14 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <map>
-#include <mutex>
 #include <optional>
-#include <set>
 
 #include "libddp/internal.h"
-#include "common/dir_lock.h"
 #include "common/error.h"
 #include "ddp/ddp.h"
 #include "ddp/files.h"
 #include "libddp/checkpoint/checkpoint_dir.h"
+#include "libddp/checkpoint/checkpoint_ownership.h"
 #include "libddp/checkpoint/checkpointer_optimizer.h"
 #include "libddp/checkpoint/optimizer_state.h"
 #include "libddp/checkpoint/sharded_checkpoint.h"
@@ -250,92 +247,6 @@ Checkpointer::Checkpointer(ProcessGroup group, CheckpointOptions options)
   if (options_.keepLast < 0) DDP_THROW(ConfigError, "ddp::CheckpointOptions::keepLast", " must be >= 0 (0 keeps all)");
 }
 
-void Checkpointer::holdDirectory(ProcessGroup& group, bool create, int64_t step) {
-  if (dirHeld_ && step < 0) return;
-  std::string error;
-  bool held = dirHeld_;
-  if (group.rank() == 0 && !dirHeld_) {
-    try {
-      if (create) makeDirectories(options_.dir, "ddp::CheckpointOptions::dir");
-      std::error_code ec;
-      if (std::filesystem::is_directory(options_.dir, ec)) {
-        const std::string file = ".ddp-launch.lock";
-        const DirLock lock = lockDirectory(options_.dir, file);
-        const std::string refused = dirLockRefusal(lock, options_.dir, file, "ddp::CheckpointOptions::dir");
-        if (!refused.empty()) error = "checkpoint: " + options_.dir + refused;
-        held = lock.held;  // not openable (a read-only directory to resume from): not locked, nothing to guard
-      }
-    } catch (const Error& e) {
-      error = e.what();
-    }
-  }
-  // With the step: a save's position must be every rank's (rank 0 writes its own and the others
-  // would return the path of a file that does not exist).
-  const int64_t mine = std::max<int64_t>(step, 0);
-  at::Tensor flags = at::tensor({int64_t{error.empty() ? 0 : 1}, int64_t{held ? 1 : 0}, mine, mine * mine}, at::kLong)
-                         .to(group.collectiveDevice());
-  group.allReduce(flags);
-  flags = flags.cpu();
-  if (!error.empty()) throw CheckpointError(error);
-  if (flags[0].item<int64_t>() > 0) {
-    DDP_THROW(CheckpointError, "checkpoint: rank 0 could not take ", options_.dir, " for this job (its log says why)");
-  }
-  dirHeld_ = flags[1].item<int64_t>() > 0;
-  const int64_t n = group.size();
-  // Every rank's step the same: their sum is n·step and their sum of squares n·step² (only then).
-  if (step >= 0 && (flags[2].item<int64_t>() != n * mine || flags[3].item<int64_t>() != n * mine * mine)) {
-    DDP_THROW(ConfigError, "ddp::Checkpointer::save: the ranks save different positions (rank ", group.rank(),
-              " has globalStep ", step, "); every rank must pass the same TrainPosition");
-  }
-}
-
-namespace {
-
-// What this process did in a checkpoint directory, whichever Checkpointer did it: the checkpoints
-// it wrote, the step it resumed from there, and whether the others there were named.
-struct DirHistory {
-  std::set<std::string> written;  // file names
-  int64_t resumedStep = -1;
-  bool othersNamed = false;
-};
-
-std::mutex gHistoryMutex;
-
-DirHistory& historyOf(const std::string& dir) {
-  static std::map<std::string, DirHistory> histories;  // by real path
-  std::error_code ec;
-  const auto real = std::filesystem::weakly_canonical(dir, ec);
-  return histories[ec ? dir : real.string()];
-}
-
-// Whether the checkpoint at `path` is this run's (see CheckpointOptions::keepLast).
-bool isOwn(const DirHistory& history, const std::string& path) {
-  if (history.written.count(std::filesystem::path(path).filename().string()) != 0) return true;
-  const int64_t step = checkpoint::checkpointStep(path);
-  return history.resumedStep >= 0 && step >= 0 && step <= history.resumedStep;
-}
-
-}  // namespace
-
-void Checkpointer::prune(const std::string& justWritten) {
-  const std::lock_guard<std::mutex> lock(gHistoryMutex);
-  DirHistory& history = historyOf(options_.dir);
-  history.written.insert(std::filesystem::path(justWritten).filename().string());
-  checkpoint::pruneCheckpoints(options_.dir, options_.keepLast, justWritten,
-                               [&history](const std::string& path) { return isOwn(history, path); });
-  if (history.othersNamed) return;
-  std::vector<std::string> others;
-  for (const std::string& path : checkpoint::listCheckpoints(options_.dir)) {
-    if (!isOwn(history, path)) others.push_back(std::filesystem::path(path).filename().string());
-  }
-  if (others.empty()) return;
-  history.othersNamed = true;
-  spdlog::warn("checkpoint: {} also holds {} checkpoint(s) this run neither wrote nor resumed from (the newest {}): "
-               "they are kept and not counted by keepLast, but a later resume takes the newest checkpoint there, "
-               "whichever run wrote it; give each run its own checkpoint directory",
-               options_.dir, others.size(), others.back());
-}
-
 std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                const TrainPosition& position, const GradScaler* scaler) {
   internal::checkLive(group_, "Checkpointer::save");
@@ -520,8 +431,7 @@ TrainPosition Checkpointer::resumeFrom(const std::string& path, torch::nn::Modul
   std::error_code ec;
   const auto parent = std::filesystem::weakly_canonical(std::filesystem::path(path).parent_path(), ec);
   if (!ec && parent == std::filesystem::weakly_canonical(options_.dir, ec) && !ec) {
-    const std::lock_guard<std::mutex> lock(gHistoryMutex);
-    historyOf(options_.dir).resumedStep = position.globalStep;
+    checkpoint::recordResume(options_.dir, position.globalStep);
   }
   if (group.rank() == 0) {
     spdlog::info("resumed from {} at epoch {} step {} (global step {})", path, position.epoch, position.stepInEpoch,

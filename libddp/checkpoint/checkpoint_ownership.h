@@ -1,0 +1,13 @@
+// What this process did in a checkpoint directory, for Checkpointer::prune's keepLast
+// (libddp/checkpoint/checkpoint_ownership.cc).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ddp::checkpoint {
+
+/// This process resumed from `dir` at `step`: the checkpoints there up to it are this run's.
+void recordResume(const std::string& dir, int64_t step);
+
+}  // namespace ddp::checkpoint
