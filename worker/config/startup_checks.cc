@@ -147,20 +147,22 @@ static void makeOutputDirectory(const std::string& dir, const char* setting) {
   if (!top.empty()) madeDirectories().push_back(top.string());
 }
 
+// Removes `dir` and the directories under it that are empty, deepest first, with rmdir(2): a
+// directory that holds a file (or gets one meanwhile) stays, and nothing else is ever removed.
+static void removeEmptyTree(const std::filesystem::path& dir) {
+  std::error_code ec;
+  std::vector<std::filesystem::path> below;
+  for (auto e = std::filesystem::recursive_directory_iterator(dir, ec);
+       !ec && e != std::filesystem::recursive_directory_iterator(); e.increment(ec)) {
+    if (e->is_directory(ec) && !e->is_symlink(ec)) below.push_back(e->path());
+  }
+  for (auto it = below.rbegin(); it != below.rend(); ++it) ::rmdir(it->c_str());
+  ::rmdir(dir.c_str());
+}
+
 void removeUnusedOutputDirs() {
   releaseDirectoryLocks();  // their lock files are the only files a refused run put there
-  for (auto it = madeDirectories().rbegin(); it != madeDirectories().rend(); ++it) {
-    std::error_code ec;
-    bool empty = true;
-    for (auto e = std::filesystem::recursive_directory_iterator(*it, ec);
-         !ec && e != std::filesystem::recursive_directory_iterator(); e.increment(ec)) {
-      if (!e->is_directory(ec) || e->is_symlink(ec)) {
-        empty = false;
-        break;
-      }
-    }
-    if (!ec && empty) std::filesystem::remove_all(*it, ec);
-  }
+  for (auto it = madeDirectories().rbegin(); it != madeDirectories().rend(); ++it) removeEmptyTree(*it);
   madeDirectories().clear();
 }
 
