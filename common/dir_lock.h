@@ -17,6 +17,11 @@
 
 namespace ddp {
 
+/// The lock file of a job's output and checkpoint directories: the worker's (output.dir,
+/// checkpoint.dir) and ddp::Checkpointer's are one lock, so the two in one process agree and two
+/// jobs do not. The launcher's --log_dir has its own (.ddp-launch-logs.lock).
+inline constexpr char kJobLockFile[] = ".ddp-launch.lock";
+
 struct DirLock {
   bool held = false;  // this process holds it (now or from an earlier call)
   std::string holder;  // when not: the other holder's pid as its file says ("?" unknown)

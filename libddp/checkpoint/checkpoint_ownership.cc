@@ -29,7 +29,7 @@ void Checkpointer::holdDirectory(ProcessGroup& group, bool create, int64_t step)
       if (create) makeDirectories(options_.dir, "ddp::CheckpointOptions::dir");
       std::error_code ec;
       if (std::filesystem::is_directory(options_.dir, ec)) {
-        const std::string file = ".ddp-launch.lock";
+        const std::string file = kJobLockFile;
         const DirLock lock = lockDirectory(options_.dir, file);
         const std::string refused = dirLockRefusal(lock, options_.dir, file, "ddp::CheckpointOptions::dir");
         if (!refused.empty()) error = "checkpoint: " + options_.dir + refused;

@@ -259,6 +259,12 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
   if (position.globalStep == lastSavedStep_) return path;  // this very step is on disk already
   // Collective: another job's lock (taken on the first save) or another rank's step fails every rank.
   holdDirectory(group, /*create=*/true, position.globalStep);
+  // Agreed by every rank now. A lower step than this run's last would never be resumed from.
+  if (position.globalStep < lastSavedStep_) {
+    DDP_THROW(ConfigError, "ddp::Checkpointer::save: step ", position.globalStep, " after step ", lastSavedStep_,
+              " (saved or resumed from): resume takes the checkpoint of the highest step, so this one would never be "
+              "resumed; count TrainPosition::globalStep on from the last save, or save into another directory");
+  }
   if (shardedModel && dynamic_cast<ZeroRedundancyOptimizer*>(&optimizer) != nullptr) {
     DDP_THROW(ConfigError, "ddp::Checkpointer::save: a ZeroRedundancyOptimizer over fully sharded parameters; "
               "fully sharded parameters are sharded already: step them with the optimizer itself");
@@ -426,11 +432,12 @@ TrainPosition Checkpointer::resumeFrom(const std::string& path, torch::nn::Modul
     }
     position.stepInEpoch = 0;
   }
-  lastSavedStep_ = position.globalStep;
-  // The checkpoints up to this one in options_.dir are this run's history: keepLast prunes them.
+  // The checkpoints up to this one in options_.dir are this run's history: keepLast prunes them,
+  // and the saves go on from its step. (A file elsewhere, e.g. to fine-tune from: neither.)
   std::error_code ec;
   const auto parent = std::filesystem::weakly_canonical(std::filesystem::path(path).parent_path(), ec);
   if (!ec && parent == std::filesystem::weakly_canonical(options_.dir, ec) && !ec) {
+    lastSavedStep_ = position.globalStep;
     checkpoint::recordResume(options_.dir, position.globalStep);
   }
   if (group.rank() == 0) {

@@ -8,6 +8,8 @@
 #include <c10/util/accumulate.h>
 #include <torch/version.h>
 
+#include "common/error.h"
+
 #include <algorithm>
 #include <iterator>
 #include <utility>
@@ -132,8 +134,27 @@ void FullyShardedUnit::Impl::unshard() {
   finishUnshard();
 }
 
+// Module::to() (or set_data) after sharding gives a parameter new data: the unit would gather the
+// old shards and the optimizer would step the new tensor, silently apart (or LibTorch fails deep in
+// a kernel). One line instead, before the all-gather.
+void FullyShardedUnit::Impl::checkShardsInPlace() const {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i];
+    const at::Tensor& s = shardViews[i];
+    if (p.data_ptr() == s.data_ptr() && p.scalar_type() == s.scalar_type() && p.device() == s.device() &&
+        p.sizes() == s.sizes()) {
+      continue;
+    }
+    DDP_THROW(ConfigError, "ddp::fullyShard: parameter '", names[i], "' of ", module->name(), " is no longer its shard (",
+              s.scalar_type(), " on ", s.device(), ", now ", p.scalar_type(), " on ", p.device(),
+              "): Module::to() or set_data() after sharding replaces the shards; move and cast the module before "
+              "ddp::fullyShard");
+  }
+}
+
 void FullyShardedUnit::Impl::startUnshard() {
   if (unsharded || gathering) return;
+  checkShardsInPlace();
   pool->setStorageBytes(fullFlat, static_cast<size_t>(layout.fullNumel()) * fullFlat.element_size());
   gathering = std::make_unique<Work>();
   if (layout.shardNumel() == 0) return;

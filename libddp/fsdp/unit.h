@@ -74,6 +74,8 @@ struct FullyShardedUnit::Impl {
   /// unit before it still computes.
   void startUnshard();
   void finishUnshard();
+  /// ConfigError when a parameter's data is no longer its shard (Module::to() after sharding).
+  void checkShardsInPlace() const;
   /// Points the parameters back at their shards and gives the full buffer's bytes to `pool` (its
   /// storage object stays: autograd's saved tensors may hold views of it until the next
   /// unshard()); under replicateParameters the bytes stay, for the next all-gather.

@@ -812,6 +812,42 @@ TEST(Checkpointer, EachRankResumesItsOwnCpuGeneratorAndAllSaveOneStep) {
   if (group().rank() == 0) std::filesystem::remove_all(dir);
 }
 
+// Resume takes the highest step: a save below this Checkpointer's last save, or its resume from its
+// own directory, would never be resumed from, and is refused on every rank before anything is
+// written. A checkpoint resumed from elsewhere (a run to fine-tune from) does not count.
+TEST(Checkpointer, ASaveBelowTheLastStepIsRefused) {
+  const std::string dir = scratchDir("lower"), other = scratchDir("lower_other");
+  if (group().rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::remove_all(other);
+  }
+  group().barrier();
+  Net net;
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  ddp::Checkpointer checkpointer(group(), {dir});
+  checkpointer.save(*net, sgd, {0, 5, 5, 5});
+  try {
+    checkpointer.save(*net, sgd, {0, 3, 3, 3});
+    ADD_FAILURE() << "saved step 3 after step 5";
+  } catch (const ddp::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("step 3 after step 5"), std::string::npos) << e.what();
+  }
+  ddp::Checkpointer resumed(group(), {dir});
+  ASSERT_EQ(resumed.resume(*net, sgd).value_or(ddp::TrainPosition{}).globalStep, 5);
+  EXPECT_THROW(resumed.save(*net, sgd, {0, 4, 4, 4}), ddp::ConfigError);
+  ddp::Checkpointer fineTune(group(), {other});
+  (void)fineTune.resumeFrom(dir + "/ckpt-00000005.pt", *net, sgd);
+  EXPECT_EQ(std::filesystem::path(fineTune.save(*net, sgd, {0, 1, 1, 1})).filename(), "ckpt-00000001.pt");
+  group().barrier();
+  EXPECT_EQ(checkpointNames(dir), std::vector<std::string>{"ckpt-00000005.pt"});
+  EXPECT_EQ(checkpointNames(other), std::vector<std::string>{"ckpt-00000001.pt"});
+  group().barrier();
+  if (group().rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::remove_all(other);
+  }
+}
+
 // A directory another job holds (its lock file, here held by flock(1) and naming pid 4242): every
 // rank's save is refused before anything is written; once the other job is gone, the save goes.
 TEST(Checkpointer, ADirectoryAnotherJobHoldsIsRefused) {

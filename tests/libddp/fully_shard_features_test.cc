@@ -314,5 +314,26 @@ TEST(FullyShard, MisuseIsOneLine) {
   EXPECT_THROW((void)ddp::fullyShard(*layer, closed), ddp::ConfigError);
 }
 
+// Module::to() after sharding gives the parameters new data, apart from the unit's shards: the
+// next forward says so in one line, naming the parameter (PyTorch's FSDP2 fails in its all-gather).
+TEST(FullyShard, ModuleToAfterShardingIsOneLine) {
+  ddp::FullyShard<Block> sharded(Block(), group());
+  sharded.module()->to(at::kDouble);
+  try {
+    (void)sharded(torch::randn({kBatch, 7}, at::kDouble));
+    ADD_FAILURE() << "a forward after Module::to() ran on replaced shards";
+  } catch (const ddp::ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("fc1.weight"), std::string::npos) << what;
+    EXPECT_NE(what.find("Module::to()"), std::string::npos) << what;
+    EXPECT_NE(what.find("Double"), std::string::npos) << what;
+  }
+  // The same dtype and device: Module::to() keeps the tensors, and the unit trains on.
+  ddp::FullyShard<Block> kept(Block(), group());
+  kept.module()->to(at::kFloat);
+  kept(torch::randn({kBatch, 7})).pow(2).mean().backward();
+  EXPECT_TRUE(kept.unit().isSharded());
+}
+
 }  // namespace
 }  // namespace fsdp_test

@@ -8,6 +8,7 @@
 #include <string>
 #include <thread>
 
+#include "common/dir_lock.h"
 #include "common/error.h"
 
 namespace ddp::worker {
@@ -240,7 +241,7 @@ std::string ownOutputFile(const std::string& name) {
       {"summary.json", "the run's summary"},         {"metrics.jsonl", "the metrics log"},
       {"config.resolved.yaml", "the resolved config"}, {"tensorboard", "the TensorBoard directory"},
       {"checkpoints", "the checkpoint directory"},   {"hang_report.json", "the launcher's hang report"},
-      {".ddp-launch.lock", "the directory's lock"},  {"eval.json", "mode eval's results"},
+      {kJobLockFile, "the directory's lock"},  {"eval.json", "mode eval's results"},
       {"generated.json", "mode generate's samples"}, {".", "the directory itself"},
       {"..", "the directory above"}};
   for (const auto& [file, what] : kFiles) {

@@ -106,7 +106,7 @@ void checkInputPaths(const WorkerConfig& config) {
 // other's outputs and remove each other's temporaries (and a fresh job with resume=auto would take
 // the other's checkpoints).
 static void lockForThisJob(const std::string& dir, const char* setting) {
-  const std::string file = ".ddp-launch.lock";
+  const std::string file = kJobLockFile;
   const std::string refused = dirLockRefusal(lockDirectory(dir, file), dir, file, setting);
   if (!refused.empty()) DDP_THROW(ConfigError, "config: '", setting, "' ", dir, refused);
 }
