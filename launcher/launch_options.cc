@@ -14,6 +14,7 @@
 #include <cxxopts.hpp>
 
 #include "common/error.h"
+#include "common/sha256.h"
 #include "launcher/launch_args.h"
 #include "launcher/torchrun_compat.h"
 
@@ -443,6 +444,22 @@ void parseTorchrunOnly(const cxxopts::ParseResult& parsed, LaunchOptions& launch
   }
 }
 
+// A random (version 4) UUID, as Python's str(uuid.uuid4()): 8-4-4-4-12 lower-case hex digits.
+std::string uuid4() {
+  std::string bytes = crypto::randomBytes(16);
+  bytes[6] = static_cast<char>((static_cast<unsigned char>(bytes[6]) & 0x0f) | 0x40);  // version 4
+  bytes[8] = static_cast<char>((static_cast<unsigned char>(bytes[8]) & 0x3f) | 0x80);  // RFC 4122 variant
+  static const char kHex[] = "0123456789abcdef";
+  std::string text;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) text += '-';
+    const auto byte = static_cast<unsigned char>(bytes[i]);
+    text += kHex[byte >> 4];
+    text += kHex[byte & 0x0f];
+  }
+  return text;
+}
+
 // Every flag's value into LaunchOptions; of two mistakes, the first in this order is reported.
 LaunchOptions parseLaunchOptions(const cxxopts::ParseResult& parsed) {
   LaunchOptions launch;
@@ -452,6 +469,13 @@ LaunchOptions parseLaunchOptions(const cxxopts::ParseResult& parsed) {
   const bool c10d = parseRdzvBackend(parsed, launch);
   parseElasticTuning(parsed, nnodesText, launch.elastic);
   if (!launch.elastic.enabled && parsed.count("rdzv_id") != 0) launch.runId = launch.elastic.rdzvId;
+  // torchrun's run.py gives a single-node job a fresh rendezvous id, so TORCHELASTIC_RUN_ID tells runs
+  // apart: with --standalone, and with the static backend and neither --master_port nor
+  // --rdzv_endpoint. An explicit --rdzv_id stays (torchrun replaces it there with the uuid too).
+  // Made by assignRunId() once the node count is final (srun may give it).
+  launch.freshRunId = !launch.elastic.enabled && !c10d && parsed.count("rdzv_id") == 0 &&
+                      (parsed["standalone"].as<bool>() ||
+                       (parsed.count("master_port") == 0 && parsed.count("rdzv_endpoint") == 0));
   if (!c10d) parseNodeRank(parsed, launch);
   checkJobShape(parsed, nnodesText, launch);
   parseTorchrunOnly(parsed, launch);
@@ -526,6 +550,10 @@ CommandLine parseCommandLine(const std::vector<std::string>& args, const std::ma
     result.notes.push_back("--node_rank is ignored with --rdzv_backend=c10d: the rendezvous numbers the nodes (as in torchrun)");
   }
   return result;
+}
+
+void assignRunId(LaunchOptions& options) {
+  if (options.freshRunId && options.nnodes == 1) options.runId = detail::uuid4();
 }
 
 }  // namespace ddp::launcher

@@ -54,8 +54,10 @@ struct LaunchOptions {
   // --local_ranks_filter / --ranks_filter: the console shows only these ranks (empty: all).
   std::vector<int> localRanksFilter;
   std::vector<int> ranksFilter;
-  // --rdzv_id in a fixed job: the workers' TORCHELASTIC_RUN_ID (torchrun's default "none").
+  // --rdzv_id in a fixed job: the workers' TORCHELASTIC_RUN_ID (torchrun's default "none"; a fresh
+  // uuid4 for a single-node job when freshRunId, see assignRunId()).
   std::string runId = "none";
+  bool freshRunId = false;
   // --rdzv_token_file: the job's token for multi-node jobs (single-node jobs make their own).
   std::string rdzvTokenFile;
   // --rdzv_bind: where node 0 binds the store; empty: masterAddr.
@@ -103,5 +105,9 @@ CommandLine parseCommandLine(const std::vector<std::string>& args,
 
 /// The --help text.
 std::string usageText();
+
+/// torchrun's TORCHELASTIC_RUN_ID for a single-node job (freshRunId): a fresh uuid4, once the node
+/// count is final (after the srun step's); otherwise runId stays.
+void assignRunId(LaunchOptions& options);
 
 }  // namespace ddp::launcher

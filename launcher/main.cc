@@ -82,6 +82,7 @@ int main(int argc, char** argv) {
       for (std::string line; std::getline(lines, line);) spdlog::info("{}", line);
     }
     checkSrunLayout(options, environment);
+    assignRunId(options);
     torchrun::checkInheritedWorld(options, environment);
     checkMasterAddress(options.masterAddr);
     SupervisionOptions supervision;

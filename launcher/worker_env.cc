@@ -54,6 +54,12 @@ EnvMap workerEnvironment(const LaunchOptions& options, int localRank, int master
   // LibTorch's own log lines (c10d socket retries with C++ stack traces and the like) would
   // bury the worker's one-line errors; only FATAL passes unless the user asks for more.
   // Debian's 1.13 logs through glog, the PyPI 2.x wheel through c10's own logger.
+  // A Python worker gets torchrun's environment instead: PyTorch's own defaults (its NCCL watchdog's
+  // timeout reports are LOG(ERROR) lines), and the NCCL error handling torchrun's agent asks for.
+  if (isPythonInterpreter(options.worker)) {
+    if (inherited.count("TORCH_NCCL_ASYNC_ERROR_HANDLING") == 0) env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1";
+    return env;
+  }
   if (inherited.count("GLOG_minloglevel") == 0) env["GLOG_minloglevel"] = "3";
   if (inherited.count("TORCH_CPP_LOG_LEVEL") == 0) env["TORCH_CPP_LOG_LEVEL"] = "FATAL";
   return env;

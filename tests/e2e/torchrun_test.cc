@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -247,6 +248,64 @@ TEST(DropIn, TwoPodsOfAPyTorchJobFormOneJobFromThePetVariables) {
       << alone.output;
 }
 
+// What a Python script sees of its launcher: under ddp-launch what it sees under torchrun (the pinned
+// PyTorch's, run here side by side): the contract's values, a fresh uuid as TORCHELASTIC_RUN_ID for a
+// single-node job without --master_port (the same on every rank) and "none" with one, torchrun's
+// TORCH_NCCL_ASYNC_ERROR_HANDLING, and PyTorch's own log levels (no TORCH_CPP_LOG_LEVEL, no
+// GLOG_minloglevel: the NCCL watchdog's timeout reports are log lines).
+TEST(DropIn, APythonWorkerSeesTorchrunsEnvironment) {
+  const std::string dir = test::makeTempDir("python_env");
+  const std::string script = dir + "/env.py";
+  const std::vector<std::string> keys = {
+      "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_NAME",
+      "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+      "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_CPP_LOG_LEVEL", "GLOG_minloglevel", "OMP_NUM_THREADS"};
+  std::string list;
+  for (const auto& key : keys) list += (list.empty() ? "'" : ", '") + key + "'";
+  std::ofstream(script) << "import json, os\n"
+                           "print(json.dumps({k: os.environ.get(k, '(unset)') for k in [" << list << "]}), flush=True)\n";
+  // Each rank's line, by RANK.
+  auto seen = [&](const std::vector<std::string>& launcher, const std::vector<std::string>& flags) {
+    std::vector<std::string> argv{"/usr/bin/env", "-u", "TORCH_CPP_LOG_LEVEL", "-u", "GLOG_minloglevel", "-u",
+                                  "TORCH_NCCL_ASYNC_ERROR_HANDLING", "-u", "OMP_NUM_THREADS"};
+    argv.insert(argv.end(), launcher.begin(), launcher.end());
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.push_back(script);
+    const auto run = test::runCommand(argv, 120, {pathWithPython()});
+    EXPECT_EQ(run.exitCode, 0) << run.output;
+    std::map<std::string, nlohmann::json> ranks;
+    for (size_t at = run.output.find("{\"RANK\""); at != std::string::npos; at = run.output.find("{\"RANK\"", at + 1)) {
+      const auto line = nlohmann::json::parse(run.output.substr(at, run.output.find('\n', at) - at));
+      ranks[line["RANK"].get<std::string>()] = line;
+    }
+    EXPECT_EQ(ranks.size(), 2u) << run.output;
+    return ranks;
+  };
+  const auto isUuid = [](const std::string& id) {
+    return id.size() == 36 && id[8] == '-' && id[13] == '-' && id[14] == '4' && id[18] == '-' && id[23] == '-';
+  };
+  const std::string port = std::to_string(test::freePort());
+  for (const std::vector<std::string>& flags : {std::vector<std::string>{"--nproc_per_node=2"},
+                                                std::vector<std::string>{"--nproc_per_node=2", "--master_port=" + port}}) {
+    SCOPED_TRACE(flags.back());
+    const auto theirs = seen({torchrun()}, flags);
+    const auto ours = seen({DDP_LAUNCH_BIN}, flags);
+    for (const auto& [rank, line] : theirs) {
+      ASSERT_EQ(ours.count(rank), 1u) << "rank " << rank;
+      for (const auto& key : keys) {
+        const std::string expected = line[key].get<std::string>();
+        const std::string actual = ours.at(rank)[key].get<std::string>();
+        if (key == "TORCHELASTIC_RUN_ID" && isUuid(expected)) {
+          EXPECT_TRUE(isUuid(actual)) << "rank " << rank << ": " << actual;
+          EXPECT_EQ(actual, ours.begin()->second[key].get<std::string>()) << "rank " << rank;
+        } else {
+          EXPECT_EQ(actual, expected) << "rank " << rank << " " << key;
+        }
+      }
+    }
+  }
+}
+
 // A Python worker decorated with torch.distributed.elastic's @record writes its exception to
 // TORCHELASTIC_ERROR_FILE; the failure line and summary show it, as torchrun's do. The script has
 // no #! line: ddp-launch runs it with python3 on PATH, as torchrun would.
@@ -257,7 +316,7 @@ TEST(DropIn, ARecordedPythonExceptionIsInTheFailureSummary) {
                            "from torch.distributed.elastic.multiprocessing.errors import record\n"
                            "@record\n"
                            "def main():\n"
-                           "    if os.environ['RANK'] == '1' and os.environ['TORCHELASTIC_RUN_ID'] == 'none':\n"
+                           "    if os.environ['RANK'] == '1' and len(os.environ['TORCHELASTIC_RUN_ID']) == 36:\n"
                            "        raise ValueError('bad learning rate on rank 1')\n"
                            "main()\n";
   const auto run = test::runCommand({DDP_LAUNCH_BIN, "--nproc_per_node=2", script}, 120, {pathWithPython()});

@@ -112,7 +112,34 @@ TEST(TorchrunFlags, RendezvousFlagsKeepTorchrunsMeaning) {
   EXPECT_DOUBLE_EQ(conf.elastic.lastCallS, 5);
   EXPECT_DOUBLE_EQ(conf.elastic.heartbeatTimeoutS, 8);
   // A fixed job's --rdzv_id is its TORCHELASTIC_RUN_ID.
-  EXPECT_EQ(parseWith({"--rdzv_id=abc", "w"}).options.runId, "abc");
+  LaunchOptions named = parseWith({"--rdzv_id=abc", "w"}).options;
+  assignRunId(named);
+  EXPECT_EQ(named.runId, "abc");
+  // Without one: torchrun's run.py, a fresh uuid4 for one node with --standalone or without
+  // --master_port and --rdzv_endpoint (the same for every rank and restart: made once), else "none".
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"w"}, {"--standalone", "w"}}) {
+    LaunchOptions fresh = parseWith(args).options;
+    assignRunId(fresh);
+    LaunchOptions again = parseWith(args).options;
+    assignRunId(again);
+    EXPECT_EQ(fresh.runId.size(), 36u) << fresh.runId;
+    EXPECT_EQ(fresh.runId.find_first_not_of("0123456789abcdef-"), std::string::npos) << fresh.runId;
+    EXPECT_EQ(fresh.runId.substr(14, 1), "4") << fresh.runId;  // version 4
+    EXPECT_NE(std::string("89ab").find(fresh.runId[19]), std::string::npos) << fresh.runId;  // RFC 4122 variant
+    EXPECT_NE(fresh.runId, again.runId);
+  }
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--master_port=29555", "w"}, {"--rdzv_endpoint=127.0.0.1:29555", "w"},
+        {"--nnodes=2", "--node_rank=0", "--master_addr=10.0.0.1", "--rdzv_token_file=t", "w"}}) {
+    LaunchOptions fixed = parseWith(args).options;
+    assignRunId(fixed);
+    EXPECT_EQ(fixed.runId, "none") << args.front();
+  }
+  // Two nodes only once the srun step says so: still torchrun's "none".
+  LaunchOptions stepped = parseWith({"w"}).options;
+  stepped.nnodes = 2;
+  assignRunId(stepped);
+  EXPECT_EQ(stepped.runId, "none");
   EXPECT_NE(errorOf({"--rdzv_backend=etcd", "w"}).find("use --rdzv_backend=c10d"), std::string::npos);
   EXPECT_NE(errorOf({"--nnodes=1:2", "--rdzv_conf=bogus=1", "w"}).find("unknown key 'bogus'"), std::string::npos);
 }

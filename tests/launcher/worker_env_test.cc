@@ -45,6 +45,25 @@ TEST(WorkerEnv, ContractFollowsTheTorchrunFormulas) {
   }
 }
 
+// A Python worker gets torchrun's environment (e2e_torchrun compares it with torchrun's own):
+// PyTorch's log levels untouched, TORCH_NCCL_ASYNC_ERROR_HANDLING=1 unless set; a C++ worker keeps
+// LibTorch's log lines out of its one-line errors and gets no NCCL setting of torchrun's agent.
+TEST(WorkerEnv, APythonWorkerGetsTorchrunsLogLevelsAndNcclErrorHandling) {
+  LaunchOptions python = options(1, 0, 2);
+  python.worker = "python3";
+  const EnvMap env = workerEnvironment(python, 0, 29123, {});
+  EXPECT_EQ(env.count("TORCH_CPP_LOG_LEVEL"), 0u);
+  EXPECT_EQ(env.count("GLOG_minloglevel"), 0u);
+  EXPECT_EQ(env.at("TORCH_NCCL_ASYNC_ERROR_HANDLING"), "1");
+  EXPECT_EQ(workerEnvironment(python, 0, 29123, {{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"}}).at("TORCH_NCCL_ASYNC_ERROR_HANDLING"), "3");
+  EXPECT_EQ(workerEnvironment(python, 0, 29123, {{"TORCH_CPP_LOG_LEVEL", "INFO"}}).at("TORCH_CPP_LOG_LEVEL"), "INFO");
+  LaunchOptions native = options(1, 0, 2);
+  native.worker = "./worker";
+  const EnvMap ours = workerEnvironment(native, 0, 29123, {});
+  EXPECT_EQ(ours.at("TORCH_CPP_LOG_LEVEL"), "FATAL");
+  EXPECT_EQ(ours.count("TORCH_NCCL_ASYNC_ERROR_HANDLING"), 0u);
+}
+
 TEST(WorkerEnv, TellsTheWorkersWhetherTheConsoleIsATerminal) {
   LaunchOptions launch;
   EXPECT_EQ(workerEnvironment(launch, 0, 29123, {}).at("DDP_PROGRESS"), "lines");
