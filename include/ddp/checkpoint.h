@@ -101,8 +101,9 @@ class Checkpointer {
   Checkpointer(ProcessGroup group, CheckpointOptions options = {});
   /// Collective: every rank returns once the file is complete. Returns its path.
   /// With a scaler, its state is saved too. ConfigError on every rank when the ranks' steps differ,
-  /// or the step is lower than this Checkpointer's last save or resume from `dir` (resume takes the
-  /// highest step: such a save would never be resumed from).
+  /// or the step is below one of this run's checkpoints in `dir` (written by this process, through
+  /// any Checkpointer, or resumed from there): resume takes the highest step, so such a save would
+  /// never be resumed from.
   std::string save(torch::nn::Module& module, torch::optim::Optimizer& optimizer, const TrainPosition& position,
                    const GradScaler* scaler = nullptr);
   /// Collective: loads the newest checkpoint of dir that verifies (skipping damaged ones) into the

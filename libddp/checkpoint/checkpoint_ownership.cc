@@ -24,6 +24,7 @@ void Checkpointer::holdDirectory(ProcessGroup& group, bool create, int64_t step)
   if (dirHeld_ && step < 0) return;
   std::string error;
   bool held = dirHeld_;
+  int64_t ownNewest = -1;  // rank 0: the highest step among this run's checkpoints in the directory
   if (group.rank() == 0 && !dirHeld_) {
     try {
       if (create) makeDirectories(options_.dir, "ddp::CheckpointOptions::dir");
@@ -39,10 +40,12 @@ void Checkpointer::holdDirectory(ProcessGroup& group, bool create, int64_t step)
       error = e.what();
     }
   }
+  if (group.rank() == 0 && step >= 0 && error.empty()) ownNewest = checkpoint::newestOwnStep(options_.dir);
   // With the step: a save's position must be every rank's (rank 0 writes its own and the others
   // would return the path of a file that does not exist).
   const int64_t mine = std::max<int64_t>(step, 0);
-  at::Tensor flags = at::tensor({int64_t{error.empty() ? 0 : 1}, int64_t{held ? 1 : 0}, mine, mine * mine}, at::kLong)
+  at::Tensor flags = at::tensor({int64_t{error.empty() ? 0 : 1}, int64_t{held ? 1 : 0}, mine, mine * mine,
+                                 ownNewest + 1}, at::kLong)
                          .to(group.collectiveDevice());
   group.allReduce(flags);
   flags = flags.cpu();
@@ -56,6 +59,14 @@ void Checkpointer::holdDirectory(ProcessGroup& group, bool create, int64_t step)
   if (step >= 0 && (flags[2].item<int64_t>() != n * mine || flags[3].item<int64_t>() != n * mine * mine)) {
     DDP_THROW(ConfigError, "ddp::Checkpointer::save: the ranks save different positions (rank ", group.rank(),
               " has globalStep ", step, "); every rank must pass the same TrainPosition");
+  }
+  // Resume takes the highest step: below one of this run's checkpoints there, a save would never be
+  // resumed from (and keepLast would prune it first).
+  const int64_t newest = flags[4].item<int64_t>() - 1;
+  if (step >= 0 && step < newest) {
+    DDP_THROW(ConfigError, "ddp::Checkpointer::save: step ", step, " after step ", newest, " (this run's checkpoint in ",
+              options_.dir, "): resume takes the checkpoint of the highest step, so this one would never be resumed; "
+              "count TrainPosition::globalStep on from there, or save into another directory");
   }
 }
 
@@ -111,6 +122,16 @@ namespace checkpoint {
 void recordResume(const std::string& dir, int64_t step) {
   const std::lock_guard<std::mutex> lock(gHistoryMutex);
   historyOf(dir).resumedStep = step;
+}
+
+int64_t newestOwnStep(const std::string& dir) {
+  const std::lock_guard<std::mutex> lock(gHistoryMutex);
+  const DirHistory& history = historyOf(dir);
+  int64_t newest = -1;
+  for (const std::string& path : listCheckpoints(dir)) {
+    if (isOwn(history, path)) newest = std::max(newest, checkpointStep(path));
+  }
+  return newest;
 }
 
 }  // namespace checkpoint

@@ -257,14 +257,9 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
   const std::string path = shardedModel ? checkpoint::shardedCheckpointPath(dir, position.globalStep)
                                         : checkpoint::checkpointPath(dir, position.globalStep);
   if (position.globalStep == lastSavedStep_) return path;  // this very step is on disk already
-  // Collective: another job's lock (taken on the first save) or another rank's step fails every rank.
+  // Collective: another job's lock (taken on the first save), another rank's step, or a step below
+  // this run's newest checkpoint there fails every rank.
   holdDirectory(group, /*create=*/true, position.globalStep);
-  // Agreed by every rank now. A lower step than this run's last would never be resumed from.
-  if (position.globalStep < lastSavedStep_) {
-    DDP_THROW(ConfigError, "ddp::Checkpointer::save: step ", position.globalStep, " after step ", lastSavedStep_,
-              " (saved or resumed from): resume takes the checkpoint of the highest step, so this one would never be "
-              "resumed; count TrainPosition::globalStep on from the last save, or save into another directory");
-  }
   if (shardedModel && dynamic_cast<ZeroRedundancyOptimizer*>(&optimizer) != nullptr) {
     DDP_THROW(ConfigError, "ddp::Checkpointer::save: a ZeroRedundancyOptimizer over fully sharded parameters; "
               "fully sharded parameters are sharded already: step them with the optimizer itself");

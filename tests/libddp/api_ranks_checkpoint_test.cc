@@ -270,9 +270,10 @@ TEST(Checkpointer, EachRankResumesItsOwnCpuGeneratorAndAllSaveOneStep) {
   if (group().rank() == 0) std::filesystem::remove_all(dir);
 }
 
-// Resume takes the highest step: a save below this Checkpointer's last save, or its resume from its
-// own directory, would never be resumed from, and is refused on every rank before anything is
-// written. A checkpoint resumed from elsewhere (a run to fine-tune from) does not count.
+// Resume takes the highest step: a save below one of this run's checkpoints in the directory (written
+// by this process through any Checkpointer, or resumed from there) would never be resumed from, and
+// is refused on every rank before anything is written. A checkpoint resumed from elsewhere (a run to
+// fine-tune from) does not count, nor does a checkpoint no longer there.
 TEST(Checkpointer, ASaveBelowTheLastStepIsRefused) {
   const std::string dir = scratchDir("lower"), other = scratchDir("lower_other");
   if (group().rank() == 0) {
@@ -290,6 +291,7 @@ TEST(Checkpointer, ASaveBelowTheLastStepIsRefused) {
   } catch (const ddp::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("step 3 after step 5"), std::string::npos) << e.what();
   }
+  EXPECT_THROW(ddp::Checkpointer(group(), {dir}).save(*net, sgd, {0, 2, 2, 2}), ddp::ConfigError);  // one per save
   ddp::Checkpointer resumed(group(), {dir});
   ASSERT_EQ(resumed.resume(*net, sgd).value_or(ddp::TrainPosition{}).globalStep, 5);
   EXPECT_THROW(resumed.save(*net, sgd, {0, 4, 4, 4}), ddp::ConfigError);
@@ -299,6 +301,11 @@ TEST(Checkpointer, ASaveBelowTheLastStepIsRefused) {
   group().barrier();
   EXPECT_EQ(checkpointNames(dir), std::vector<std::string>{"ckpt-00000005.pt"});
   EXPECT_EQ(checkpointNames(other), std::vector<std::string>{"ckpt-00000001.pt"});
+  group().barrier();
+  if (group().rank() == 0) std::filesystem::remove_all(dir);
+  group().barrier();
+  EXPECT_EQ(std::filesystem::path(ddp::Checkpointer(group(), {dir}).save(*net, sgd, {0, 1, 1, 1})).filename(),
+            "ckpt-00000001.pt");
   group().barrier();
   if (group().rank() == 0) {
     std::filesystem::remove_all(dir);
