@@ -1,3 +1,6 @@
+// runAttempt: one attempt's workers started, watched (exits, signals, a stop request, a hang) and
+// stopped; the state machine's class in supervisor_state.h, the early-exit judgement in
+// early_exit.cc.
 #include "launcher/worker_supervisor.h"
 
 #include <algorithm>
@@ -6,9 +9,7 @@
 #include <csignal>
 #include <cstring>
 #include <cstdlib>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <vector>
 
 #include <fcntl.h>
@@ -28,140 +29,11 @@
 #include "launcher/output_relay.h"
 #include "launcher/shm_cleanup.h"
 #include "launcher/signal_watch.h"
+#include "launcher/supervisor_state.h"
 #include "launcher/worker_process.h"
 
 namespace ddp::launcher {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-// Upper bound on one wait, though SIGCHLD normally wakes the loop at once.
-constexpr std::chrono::milliseconds kPollInterval{1000};
-// How often SupervisionOptions::stopRequested is asked.
-constexpr std::chrono::milliseconds kRequestPollInterval{100};
-// A repeat of the signal that began the stop within this long is one request delivered twice (the
-// worker's window is 2 s, as the launcher's forwarded copy may lag); one such copy is absorbed.
-constexpr std::chrono::milliseconds kSameRequest{1000};
-
-std::string workers(size_t count) { return std::to_string(count) + (count == 1 ? " worker" : " workers"); }
-
-// What /proc/<pid>/stat says of a process: its state letter and its CPU time.
-struct ProcStat {
-  char state = '?';         // 'R', 'S', 'D' (disk wait), 'T'/'t' (stopped), ...; '?' unreadable
-  long long cpuTicks = 0;   // utime + stime over all its threads, in clock ticks
-};
-
-ProcStat procStat(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  std::getline(in, line);
-  ProcStat stat;
-  const size_t close = line.rfind(')');  // "pid (comm) S ...": the fields follow the last ')'
-  if (close == std::string::npos || close + 2 >= line.size()) return stat;
-  std::istringstream fields(line.substr(close + 2));
-  std::string field;
-  long long utime = 0, stime = 0;
-  for (int i = 3; i <= 15 && fields >> field; ++i) {  // field 3 is the state; 14 utime, 15 stime
-    if (i == 3) stat.state = field.front();
-    if (i == 14) utime = std::atoll(field.c_str());
-    if (i == 15) stime = std::atoll(field.c_str());
-  }
-  stat.cpuTicks = utime + stime;
-  return stat;
-}
-
-// Stopped by a signal or a debugger (state T or t), so not answering.
-bool processStopped(pid_t pid) {
-  const char state = procStat(pid).state;
-  return state == 'T' || state == 't';
-}
-
-// How often the ranks left running are looked at again after an early exit that found them working.
-constexpr std::chrono::milliseconds kEarlyExitRecheck{1000};
-// More CPU time than this since the last look (ticks of 10 ms): working, not waiting.
-constexpr long long kBusyTicks = 2;
-// A collective running this long is waited in, not passing through.
-constexpr int64_t kBlockedAfterNs = 1000000000;
-
-// The state machine behind runWorkers(), one instance per launch.
-class WorkerSupervisor {
- public:
-  WorkerSupervisor(SignalWatch& signals, double shutdownGraceS, std::optional<double> earlyExitGraceS,
-                   std::function<bool()> stopRequested = {}, std::function<void(int)> onSignal = {});
-  // Kills (SIGKILL to each process group) and reaps whatever is still there.
-  ~WorkerSupervisor();
-  WorkerSupervisor(const WorkerSupervisor&) = delete;
-  WorkerSupervisor& operator=(const WorkerSupervisor&) = delete;
-
-  // Starts one worker; its output goes through `relay` (not started yet).
-  void start(int rank, const WorkerCommand& command, OutputRelay& relay);
-
-  // Watches until every worker has exited, stopping them all when one fails or a
-  // forwarded signal arrives; reaps them; returns how each ended (without output lines).
-  AttemptReport monitor();
-
- private:
-  using Clock = std::chrono::steady_clock;
-
-  struct Worker {
-    int rank = 0;
-    pid_t pid = -1;  // also the process-group id
-    bool exited = false;  // exit seen with WNOWAIT: the zombie keeps the pid and group id ours
-    bool reaped = false;
-    bool stoppedByLauncher = false;  // still running when beginStop() came
-    bool killedByLauncher = false;   // still running when killAll() came
-    bool leftEarly = false;          // exited 0, and others ran on past the early-exit grace
-    bool stoppedBySignal = false;    // in state T when the first failure came
-    ExitStatus status;
-    long long cpuTicks = 0;          // user + system CPU time at the last look (lookAtRunningRanks)
-    int ringFd = -1;                 // the flight recorder's memfd, kept after the worker exits
-    void* ring = nullptr;            // mapped read-only here
-  };
-
-  // Reads every worker's flight recorder and reports a hang or unpaired collectives (once).
-  void reportHangOnce(bool stallOnly);
-  bool hangReported_ = false;
-
-  // Records exits of workers that have ended, without reaping them.
-  void pollExits();
-  void onExit(Worker& worker);
-  // A rank exited 0 while others still run: past the grace this is an early exit, a failure.
-  // Returns how long the loop may wait before the grace ends.
-  std::chrono::milliseconds checkEarlyExit(std::chrono::milliseconds timeout);
-  // The ranks still running after an early exit: in a collective for a while ("blocked"), working
-  // (outside any recorded collective, or using CPU), or idle (no recorder and no CPU time).
-  struct RunningRanks {
-    std::string blocked, working, idle;  // rank lists
-    std::string collective;              // what a blocked rank waits in
-  };
-  RunningRanks lookAtRunningRanks();
-  bool toldWaiting_ = false;
-  void fail(size_t index);
-  // Exited 0 or 128 + the forwarded signal, or was ended by that signal or the launcher's SIGKILL.
-  bool endedBySignalAsAsked(const Worker& worker) const;
-  void beginStop(int signal);
-  void killAll();
-  void reapAll();
-  size_t running() const;
-
-  SignalWatch& signals_;
-  std::chrono::duration<double> grace_;
-  std::optional<std::chrono::duration<double>> earlyExitGrace_;
-  std::vector<Worker> workers_;
-  std::optional<size_t> firstCleanExit_;  // index of the first worker that exited 0
-  Clock::time_point firstCleanExitAt_;
-  std::optional<size_t> firstFailure_;  // index into workers_
-  int launcherSignal_ = 0;              // forwarded signal that started the stop, if any
-  Clock::time_point signalAt_;          // when it came
-  bool copyNoted_ = false;              // one copy of it within kSameRequest was absorbed
-  bool failedWhileStopping_ = false;    // firstFailure_ came during a signal's stop
-  bool stopping_ = false;
-  bool killed_ = false;                 // SIGKILL sent to every group
-  std::function<bool()> stopRequested_;
-  std::function<void(int)> onSignal_;
-  bool stoppedOnRequest_ = false;       // stopRequested_ said so: SIGTERM to all, not a failure
-  Clock::time_point killAt_;
-};
+namespace supervision {
 
 WorkerSupervisor::WorkerSupervisor(SignalWatch& signals, double shutdownGraceS,
                                    std::optional<double> earlyExitGraceS, std::function<bool()> stopRequested,
@@ -393,71 +265,6 @@ void WorkerSupervisor::onExit(Worker& worker) {
   fail(index);
 }
 
-std::chrono::milliseconds WorkerSupervisor::checkEarlyExit(std::chrono::milliseconds timeout) {
-  if (stopping_ || !firstCleanExit_ || !earlyExitGrace_ || running() == 0) return timeout;
-  const auto deadline = firstCleanExitAt_ + std::chrono::duration_cast<Clock::duration>(*earlyExitGrace_);
-  const auto now = Clock::now();
-  if (now < deadline) return std::min(timeout, std::chrono::ceil<std::chrono::milliseconds>(deadline - now));
-  Worker& left = workers_[*firstCleanExit_];
-  // Past the grace: the ranks still running are waiting for the one that left only if they are
-  // in a collective (their flight recorder says so), or, without one, if they do nothing at all.
-  // A rank that works (saves, evaluates) is let finish however long it takes, as torchrun does.
-  const RunningRanks seen = lookAtRunningRanks();
-  if (seen.blocked.empty() && !seen.working.empty()) {
-    if (!toldWaiting_) {
-      spdlog::info("rank {} exited with code 0 {:.0f} s ago; rank(s) {} still work outside any collective "
-                   "(e.g. saving): waiting for them",
-                   left.rank, std::chrono::duration<double>(now - firstCleanExitAt_).count(), seen.working);
-      toldWaiting_ = true;
-    }
-    return std::min(timeout, kEarlyExitRecheck);
-  }
-  left.leftEarly = true;
-  const double after = std::chrono::duration<double>(now - firstCleanExitAt_).count();
-  if (!seen.blocked.empty()) {
-    spdlog::warn("rank {} (pid {}) exited with code 0 {:.0f} s ago while rank(s) {} wait in a collective it never "
-                 "entered ({}); stopping the job", left.rank, left.pid, after, seen.blocked, seen.collective);
-  } else {
-    spdlog::warn("rank {} (pid {}) exited with code 0 {:.0f} s ago and rank(s) {} show no sign of life since (no "
-                 "CPU time, no collective); stopping the job", left.rank, left.pid, after, seen.idle);
-  }
-  fail(*firstCleanExit_);
-  return std::chrono::milliseconds(0);
-}
-
-WorkerSupervisor::RunningRanks WorkerSupervisor::lookAtRunningRanks() {
-  RunningRanks seen;
-  const int64_t nowNs = flight::nowNs();
-  auto add = [](std::string& list, int rank) { list += (list.empty() ? "" : ", ") + std::to_string(rank); };
-  for (Worker& worker : workers_) {
-    if (worker.exited) continue;
-    // Using CPU time, or waiting for the disk (state D: a large save): working.
-    const ProcStat stat = procStat(worker.pid);
-    const bool busy = stat.cpuTicks > worker.cpuTicks + kBusyTicks || stat.state == 'D';
-    worker.cpuTicks = stat.cpuTicks;
-    std::optional<flight::Record> waiting;
-    bool recorded = false;
-    if (worker.ring) {
-      const flight::Snapshot ring = flight::readRing(worker.ring, flight::ringBytes(flight::kDefaultCapacity));
-      recorded = ring.valid;
-      for (const flight::Record& r : ring.records) {
-        // In it for a second at least: a collective among the others alone passes in less.
-        if (r.state == flight::State::kRunning && nowNs - r.startNs > kBlockedAfterNs) waiting = r;
-      }
-    }
-    if (waiting) {
-      add(seen.blocked, worker.rank);
-      seen.collective = waiting->op + " #" + std::to_string(waiting->seq) +
-                        (waiting->label.empty() ? "" : " (" + waiting->label + ")");
-    } else if (recorded || busy) {
-      add(seen.working, worker.rank);  // a recorder that shows no collective: working, whatever the CPU says
-    } else {
-      add(seen.idle, worker.rank);
-    }
-  }
-  return seen;
-}
-
 bool WorkerSupervisor::endedBySignalAsAsked(const Worker& worker) const {
   const ExitStatus& status = worker.status;
   if (status.signaled) return status.signal == launcherSignal_ || status.signal == SIGKILL;
@@ -512,7 +319,7 @@ size_t WorkerSupervisor::running() const {
   return static_cast<size_t>(std::count_if(workers_.begin(), workers_.end(), [](const Worker& w) { return !w.exited; }));
 }
 
-}  // namespace
+}  // namespace supervision
 
 namespace {
 
@@ -548,7 +355,7 @@ AttemptReport runAttempt(const LaunchPlan& plan, const SupervisionOptions& optio
   // Each worker's TORCHELASTIC_ERROR_FILE, as torchrun gives it (a @record Python worker writes its
   // exception there); read for the failure summary before the directory goes.
   const ErrorFiles errorFiles;
-  WorkerSupervisor supervisor(signals, plan.shutdownGraceS, options.earlyExitGraceS, options.stopRequested,
+  supervision::WorkerSupervisor supervisor(signals, plan.shutdownGraceS, options.earlyExitGraceS, options.stopRequested,
                               options.onSignal);
   for (size_t i = 0; i < plan.commands.size(); ++i) {
     WorkerCommand command = plan.commands[i];

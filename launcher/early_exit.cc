@@ -1,0 +1,108 @@
+// A rank that exited 0 while the others still run: past the early-exit grace, whether the others
+// wait for it (in a collective, or idle) or still work (saving, evaluating), from their flight
+// recorders and /proc/<pid>/stat.
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+
+#include <spdlog/spdlog.h>
+
+#include "common/flight_recorder.h"
+#include "launcher/supervisor_state.h"
+
+namespace ddp::launcher::supervision {
+
+ProcStat procStat(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(in, line);
+  ProcStat stat;
+  const size_t close = line.rfind(')');  // "pid (comm) S ...": the fields follow the last ')'
+  if (close == std::string::npos || close + 2 >= line.size()) return stat;
+  std::istringstream fields(line.substr(close + 2));
+  std::string field;
+  long long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i) {  // field 3 is the state; 14 utime, 15 stime
+    if (i == 3) stat.state = field.front();
+    if (i == 14) utime = std::atoll(field.c_str());
+    if (i == 15) stime = std::atoll(field.c_str());
+  }
+  stat.cpuTicks = utime + stime;
+  return stat;
+}
+
+bool processStopped(pid_t pid) {
+  const char state = procStat(pid).state;
+  return state == 'T' || state == 't';
+}
+
+std::chrono::milliseconds WorkerSupervisor::checkEarlyExit(std::chrono::milliseconds timeout) {
+  if (stopping_ || !firstCleanExit_ || !earlyExitGrace_ || running() == 0) return timeout;
+  const auto deadline = firstCleanExitAt_ + std::chrono::duration_cast<Clock::duration>(*earlyExitGrace_);
+  const auto now = Clock::now();
+  if (now < deadline) return std::min(timeout, std::chrono::ceil<std::chrono::milliseconds>(deadline - now));
+  Worker& left = workers_[*firstCleanExit_];
+  // Past the grace: the ranks still running are waiting for the one that left only if they are
+  // in a collective (their flight recorder says so), or, without one, if they do nothing at all.
+  // A rank that works (saves, evaluates) is let finish however long it takes, as torchrun does.
+  const RunningRanks seen = lookAtRunningRanks();
+  if (seen.blocked.empty() && !seen.working.empty()) {
+    if (!toldWaiting_) {
+      spdlog::info("rank {} exited with code 0 {:.0f} s ago; rank(s) {} still work outside any collective "
+                   "(e.g. saving): waiting for them",
+                   left.rank, std::chrono::duration<double>(now - firstCleanExitAt_).count(), seen.working);
+      toldWaiting_ = true;
+    }
+    return std::min(timeout, kEarlyExitRecheck);
+  }
+  left.leftEarly = true;
+  const double after = std::chrono::duration<double>(now - firstCleanExitAt_).count();
+  if (!seen.blocked.empty()) {
+    spdlog::warn("rank {} (pid {}) exited with code 0 {:.0f} s ago while rank(s) {} wait in a collective it never "
+                 "entered ({}); stopping the job", left.rank, left.pid, after, seen.blocked, seen.collective);
+  } else {
+    spdlog::warn("rank {} (pid {}) exited with code 0 {:.0f} s ago and rank(s) {} show no sign of life since (no "
+                 "CPU time, no collective); stopping the job", left.rank, left.pid, after, seen.idle);
+  }
+  fail(*firstCleanExit_);
+  return std::chrono::milliseconds(0);
+}
+
+WorkerSupervisor::RunningRanks WorkerSupervisor::lookAtRunningRanks() {
+  RunningRanks seen;
+  const int64_t nowNs = flight::nowNs();
+  auto add = [](std::string& list, int rank) { list += (list.empty() ? "" : ", ") + std::to_string(rank); };
+  for (Worker& worker : workers_) {
+    if (worker.exited) continue;
+    // Using CPU time, or waiting for the disk (state D: a large save): working.
+    const ProcStat stat = procStat(worker.pid);
+    const bool busy = stat.cpuTicks > worker.cpuTicks + kBusyTicks || stat.state == 'D';
+    worker.cpuTicks = stat.cpuTicks;
+    std::optional<flight::Record> waiting;
+    bool recorded = false;
+    if (worker.ring) {
+      const flight::Snapshot ring = flight::readRing(worker.ring, flight::ringBytes(flight::kDefaultCapacity));
+      recorded = ring.valid;
+      for (const flight::Record& r : ring.records) {
+        // In it for a second at least: a collective among the others alone passes in less.
+        if (r.state == flight::State::kRunning && nowNs - r.startNs > kBlockedAfterNs) waiting = r;
+      }
+    }
+    if (waiting) {
+      add(seen.blocked, worker.rank);
+      seen.collective = waiting->op + " #" + std::to_string(waiting->seq) +
+                        (waiting->label.empty() ? "" : " (" + waiting->label + ")");
+    } else if (recorded || busy) {
+      add(seen.working, worker.rank);  // a recorder that shows no collective: working, whatever the CPU says
+    } else {
+      add(seen.idle, worker.rank);
+    }
+  }
+  return seen;
+}
+
+}  // namespace ddp::launcher::supervision
