@@ -40,7 +40,13 @@ void Checkpointer::holdDirectory(ProcessGroup& group, bool create, int64_t step)
       error = e.what();
     }
   }
-  if (group.rank() == 0 && step >= 0 && error.empty()) ownNewest = checkpoint::newestOwnStep(options_.dir);
+  if (group.rank() == 0 && step >= 0 && error.empty()) {
+    try {  // rank 0 alone: an error goes to the others through the all-reduce, never a hang
+      ownNewest = checkpoint::newestOwnStep(options_.dir);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
   // With the step: a save's position must be every rank's (rank 0 writes its own and the others
   // would return the path of a file that does not exist).
   const int64_t mine = std::max<int64_t>(step, 0);
