@@ -54,12 +54,13 @@ StateDict exported(const std::string& out) { return loadTensors(out + "/model.pt
 
 TEST(LanguageModel, TrainsAndRecordsValidationLossTokensPerSecondAndNanoGptKeys) {
   const std::string out = test::makeTempDir("lm_train");
-  const auto r = test::runCommand(gptJob(2, out, {"train.max_steps=20", "eval.interval=10"}), 300);
+  const auto r = test::runCommand(gptJob(2, out, {"train.max_steps=80", "eval.interval=40"}), 300);
   ASSERT_EQ(r.exitCode, 0) << r.output;
-  EXPECT_NE(r.output.find("step 10: validation loss"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step 40: validation loss"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(" tokens/s"), std::string::npos) << r.output;
   const auto summary = nlohmann::json::parse(test::readFile(out + "/summary.json"));
-  // Learning: well below the uniform guess's loss ln(vocab) after 20 steps.
+  // Learning: well below the uniform guess's loss ln(vocab) after 80 steps (the corpus is docs/*.md:
+  // after 20 steps a docs edit moved it over the line; here: 3.48 against 3.77).
   EXPECT_LT(summary["val_loss"].get<double>(), 0.8 * std::log(static_cast<double>(vocabulary()))) << summary.dump();
   EXPECT_GT(summary["tokens_per_s"].get<double>(), 0);
   // A language model has no test set to classify: no test accuracy (it read 0 of 0).
@@ -74,7 +75,7 @@ TEST(LanguageModel, TrainsAndRecordsValidationLossTokensPerSecondAndNanoGptKeys)
     if (record.contains("val_loss")) validated.push_back(record["step"].get<int64_t>());
     if (record.contains("loss")) EXPECT_TRUE(record.contains("tokens_per_s")) << line;
   }
-  EXPECT_EQ(validated, (std::vector<int64_t>{10, 20}));
+  EXPECT_EQ(validated, (std::vector<int64_t>{40, 80}));
   // nanoGPT's keys, the LM head tied to the token embedding.
   const StateDict state = exported(out);
   ASSERT_EQ(state.count("lm_head.weight"), 1u);

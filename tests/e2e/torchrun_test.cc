@@ -263,7 +263,9 @@ TEST(DropIn, APythonWorkerSeesTorchrunsEnvironment) {
   std::string list;
   for (const auto& key : keys) list += (list.empty() ? "'" : ", '") + key + "'";
   std::ofstream(script) << "import json, os\n"
-                           "print(json.dumps({k: os.environ.get(k, '(unset)') for k in [" << list << "]}), flush=True)\n";
+                           "import sys\n"
+                           "sys.stdout.write(json.dumps({k: os.environ.get(k, '(unset)') for k in [" << list << "]}) + '\\n')\n"
+                           "sys.stdout.flush()\n";
   // Each rank's line, by RANK.
   auto seen = [&](const std::vector<std::string>& launcher, const std::vector<std::string>& flags) {
     std::vector<std::string> argv{"/usr/bin/env", "-u", "TORCH_CPP_LOG_LEVEL", "-u", "GLOG_minloglevel", "-u",
@@ -275,7 +277,8 @@ TEST(DropIn, APythonWorkerSeesTorchrunsEnvironment) {
     EXPECT_EQ(run.exitCode, 0) << run.output;
     std::map<std::string, nlohmann::json> ranks;
     for (size_t at = run.output.find("{\"RANK\""); at != std::string::npos; at = run.output.find("{\"RANK\"", at + 1)) {
-      const auto line = nlohmann::json::parse(run.output.substr(at, run.output.find('\n', at) - at));
+      // Up to its '}' (no nesting): torchrun's ranks share one stdout, so two objects can meet on a line.
+      const auto line = nlohmann::json::parse(run.output.substr(at, run.output.find('}', at) + 1 - at));
       ranks[line["RANK"].get<std::string>()] = line;
     }
     EXPECT_EQ(ranks.size(), 2u) << run.output;
