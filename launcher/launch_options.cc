@@ -449,14 +449,8 @@ std::string uuid4() {
   std::string bytes = crypto::randomBytes(16);
   bytes[6] = static_cast<char>((static_cast<unsigned char>(bytes[6]) & 0x0f) | 0x40);  // version 4
   bytes[8] = static_cast<char>((static_cast<unsigned char>(bytes[8]) & 0x3f) | 0x80);  // RFC 4122 variant
-  static const char kHex[] = "0123456789abcdef";
-  std::string text;
-  for (size_t i = 0; i < bytes.size(); ++i) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) text += '-';
-    const auto byte = static_cast<unsigned char>(bytes[i]);
-    text += kHex[byte >> 4];
-    text += kHex[byte & 0x0f];
-  }
+  std::string text = crypto::toHex(bytes);
+  for (size_t at : {20, 16, 12, 8}) text.insert(at, 1, '-');  // from the back: earlier positions stay
   return text;
 }
 
