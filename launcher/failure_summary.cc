@@ -57,21 +57,29 @@ std::string describeFailure(const RankReport& rank) {
   return "was " + killedBy(rank);
 }
 
-// A rank the launcher was stopping that ended on its own with the first failure's code and error
-// line: it failed the same way (every rank refusing one bad config), it was not stuck.
+// A rank the launcher was stopping that had written the first failure's error line: it failed the
+// same way (every rank refusing one bad config), it was not stuck — whether it then exited with the
+// same code on its own or the launcher's stop signal came between its error file and its exit.
+// Not one the launcher had to SIGKILL: that one hung on its way out.
 bool failedLikeTheFirst(const RankReport& rank, const AttemptReport& attempt) {
-  if (!rank.stoppedByLauncher || rank.status.signaled || !attempt.firstFailure || attempt.failedWhileStopping) {
+  if (!rank.stoppedByLauncher || rank.killedByLauncher || !attempt.firstFailure || attempt.failedWhileStopping) {
     return false;
   }
   const RankReport& first = attempt.ranks[*attempt.firstFailure];
-  return &first != &rank && !first.status.signaled && rank.status.code == first.status.code &&
-         !rank.errorFile.empty() && rank.errorFile == first.errorFile;
+  if (&first == &rank || first.status.signaled || rank.errorFile.empty() || rank.errorFile != first.errorFile) {
+    return false;
+  }
+  return rank.status.signaled || rank.status.code == first.status.code;
 }
 
 std::string describeState(const RankReport& rank, const AttemptReport& attempt) {
   if (failedLikeTheFirst(rank, attempt)) {
-    return rank.status.describe() + ", the same error as rank " +
-           std::to_string(attempt.ranks[*attempt.firstFailure].rank);
+    const std::string first = std::to_string(attempt.ranks[*attempt.firstFailure].rank);
+    if (rank.status.signaled) {
+      return "the same error as rank " + first + " (it was exiting when the launcher's " + rank.status.describe() +
+             " came)";
+    }
+    return rank.status.describe() + ", the same error as rank " + first;
   }
   if (!rank.stoppedByLauncher) {
     if (rank.leftEarly) {
@@ -117,7 +125,10 @@ std::vector<std::string> formatFailureSummary(const AttemptReport& attempt) {
     if (attempt.firstFailure && *attempt.firstFailure == i) state += "  <- first failure";
     lines.push_back(indent + padded(std::to_string(rank.rank), rankWidth) +
                     padded(std::to_string(rank.pid), pidWidth + 2) + state);
-    if (!rank.errorFile.empty()) lines.push_back(outputIndent + "error file: " + rank.errorFile);
+    // The first failure's error line once: a rank that failed the same way says so in its state.
+    if (!rank.errorFile.empty() && !failedLikeTheFirst(rank, attempt)) {
+      lines.push_back(outputIndent + "error file: " + rank.errorFile);
+    }
     if (rank.lastLines.empty()) lines.push_back(outputIndent + "(no output)");
     for (const std::string& line : rank.lastLines) {
       // Our worker prints its error file's one line too: shown once, as the error file.

@@ -156,9 +156,18 @@ DistEnv readDistEnv(const EnvLookup& env, std::optional<int> legacyLocalRank) {
     readOpenMpi(env, out);
   } else if (env("SLURM_PROCID") && env("SLURM_NTASKS")) {
     readSlurm(env, out);
-  } else if (legacyLocalRank) {
-    out.source = "torchrun";
-    out.localRank = *legacyLocalRank;
+  } else {
+    // torchrun's contract without its RANK: a world of one would train alone, and every process
+    // started this way as rank 0 (PyTorch's env:// refuses a missing RANK always).
+    if (const auto world = intVar(env, "WORLD_SIZE", 1); world && *world > 1) {
+      DDP_THROW(ConfigError, "environment: WORLD_SIZE=", *world, " but RANK is not set, so this process cannot "
+                "tell which of the ", *world, " ranks it is; start the job with ddp-launch (or torchrun), which sets "
+                "RANK for each process, or export RANK=0..", *world - 1, " per process");
+    }
+    if (legacyLocalRank) {
+      out.source = "torchrun";
+      out.localRank = *legacyLocalRank;
+    }
   }
   if (legacyLocalRank && *legacyLocalRank != out.localRank) {
     DDP_THROW(ConfigError, "environment: --local_rank=", *legacyLocalRank,

@@ -580,6 +580,14 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"NamedPipeAsEvalModel", [](const Fixture& f) {
                    return worker({"mode=eval", "eval.model_path=" + fifo(f.dir + "/f.pt")}, f, 1);
                  }, "config: 'eval.model_path' is '", 2},
+        // A file the run reads at start that is not there: the key, the path and (relative) where it was looked for.
+        BadInput{"MissingResumeFile", [](const Fixture& f) { return worker({"resume=" + f.dir + "/nope.pt"}, f); },
+                 "nope.pt', which does not exist; give a checkpoint (ckpt-<step>.pt", 2},
+        BadInput{"MissingInitModelRelative", [](const Fixture& f) { return worker({"init.model_path=no/such.pt"}, f); },
+                 "config: 'init.model_path' is 'no/such.pt' (relative to the working directory /", 2},
+        BadInput{"MissingEvalModel", [](const Fixture& f) {
+                   return worker({"mode=eval", "eval.model_path=" + f.dir + "/nope.pt"}, f, 1);
+                 }, "nope.pt', which does not exist; give a model file", 2},
         BadInput{"EmptyOutputDir", [](const Fixture& f) { return worker({"output.dir="}, f); },
                  "config: 'output.dir' must not be empty", 2},
         BadInput{"EmptyExportName", [](const Fixture& f) { return worker({"output.export="}, f); },

@@ -104,6 +104,20 @@ TEST(FailureSummary, TableHasEveryRankItsLastLinesAndNamesTheStuckOnes) {
   const std::string same = joined(formatFailureSummary(attempt));
   EXPECT_NE(same.find("  6     1006  exit code 7, the same error as rank 5\n"), std::string::npos) << same;
   EXPECT_NE(same.find("rank 7 was still running when rank 5 failed"), std::string::npos) << same;
+  EXPECT_EQ(same.find("1006  exit code 7, the same error as rank 5\n              | error file:"), std::string::npos)
+      << "the same error line once, at the first failure:\n" << same;
+
+  // Rank 7 had written the same error when the launcher's SIGTERM came (a race with its exit): not stuck.
+  attempt.ranks[3].errorFile = attempt.ranks[1].errorFile;
+  const std::string raced = joined(formatFailureSummary(attempt));
+  EXPECT_NE(raced.find("  7     1007  the same error as rank 5 (it was exiting when the launcher's SIGTERM came)\n"),
+            std::string::npos)
+      << raced;
+  EXPECT_EQ(raced.find("still running"), std::string::npos) << raced;
+  // ... but one the launcher had to SIGKILL after the grace period hung on its way out.
+  attempt.ranks[3].status = ExitStatus::killedBy(SIGKILL);
+  attempt.ranks[3].killedByLauncher = true;
+  EXPECT_NE(joined(formatFailureSummary(attempt)).find("rank 7 was still running when rank 5 failed"), std::string::npos);
 
   attempt.ranks.resize(2);  // nobody was stopped: nobody is called stuck
   EXPECT_EQ(joined(formatFailureSummary(attempt)).find("still running"), std::string::npos);

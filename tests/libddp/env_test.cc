@@ -169,6 +169,10 @@ TEST(Env, MalformedOrInconsistentValuesNameTheVariable) {
   EXPECT_NE(message({{"RANK", "x"}}).find("RANK='x'"), std::string::npos);
   EXPECT_NE(message({{"RANK", "4"}, {"WORLD_SIZE", "4"}}).find("not below the world size 4"), std::string::npos);
   EXPECT_NE(message({{"MASTER_PORT", "70000"}}).find("MASTER_PORT"), std::string::npos);
+  // torchrun's WORLD_SIZE without its RANK: not a world of one that trains alone.
+  EXPECT_NE(message({{"WORLD_SIZE", "2"}}).find("WORLD_SIZE=2 but RANK is not set"), std::string::npos);
+  EXPECT_NE(message({{"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}}).find("export RANK=0..3 per process"), std::string::npos);
+  EXPECT_EQ(readDistEnv(fakeEnv({{"WORLD_SIZE", "1"}})).worldSize, 1);  // a world of one needs no RANK
 }
 
 TEST(Env, LegacyLocalRankArgumentIsTakenOut) {

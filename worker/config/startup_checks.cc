@@ -67,11 +67,37 @@ static void refuseSpecialFile(const std::string& key, const std::string& path, c
   }
 }
 
+// `path` quoted; a relative one with the directory it is taken from (the worker's working
+// directory, which under a launcher is the launcher's).
+static std::string shownPath(const std::string& path) {
+  std::string shown = "'" + path + "'";
+  if (path.empty() || path[0] == '/') return shown;
+  std::error_code ec;
+  const std::filesystem::path cwd = std::filesystem::current_path(ec);
+  if (!ec) shown.append(" (relative to the working directory ").append(cwd.string()).append(")");
+  return shown;
+}
+
+// A file the run reads at start that is not there (or not readable for this user): one line that
+// names the key, instead of the reader's "cannot open" later, after the group has formed.
+static void requireReadable(const std::string& key, const std::string& path, const std::string& fix) {
+  if (path.empty()) return;
+  if (::access(path.c_str(), F_OK) != 0) {
+    DDP_THROW(ConfigError, "config: '", key, "' is ", shownPath(path), ", which does not exist; ", fix);
+  }
+  if (!isDirectory(path) && ::access(path.c_str(), R_OK) != 0) {
+    const int error = errno;
+    DDP_THROW(ConfigError, "config: '", key, "': cannot read ", shownPath(path), " (", std::strerror(error),
+              "); make it readable for this user, or copy it");
+  }
+}
+
 void checkInputPaths(const WorkerConfig& config) {
   // A sharded checkpoint's directory (its manifest beside the rank files) is a model file too.
   const auto shardedCheckpoint = [](const std::string& path) {
     return std::filesystem::exists(std::filesystem::path(path) / "manifest.json");
   };
+  const bool trains = config.mode != Mode::kEval && config.mode != Mode::kGenerate;
   if (config.resume != "auto") refuseSpecialFile("resume", config.resume, "a checkpoint file, or resume=auto");
   refuseSpecialFile("init.model_path", config.init.modelPath, "a model file torch.save or our export wrote");
   if (config.mode == Mode::kEval) {
@@ -91,6 +117,18 @@ void checkInputPaths(const WorkerConfig& config) {
               "', not a checkpoint; give a checkpoint file in it (ckpt-<step>.pt) or a sharded checkpoint's "
               "directory (ckpt-<step>/ with its manifest.json), or resume=auto to take the newest valid one in "
               "checkpoint.dir");
+  }
+  const std::string modelFile = "give a model file (our export, a torch.save'd state dict or a checkpoint)";
+  if (trains && config.resume != "auto") {
+    requireReadable("resume", config.resume,
+                    "give a checkpoint (ckpt-<step>.pt, or a sharded checkpoint's directory ckpt-<step>/), or "
+                    "resume=auto to take the newest in checkpoint.dir (none there: start fresh)");
+  }
+  if (trains) requireReadable("init.model_path", config.init.modelPath, modelFile + ", or leave it empty to start from fresh weights");
+  if (config.mode == Mode::kEval) requireReadable("eval.model_path", config.eval.modelPath, modelFile);
+  if (config.mode == Mode::kGenerate) {
+    requireReadable("generate.model_path", config.generate.modelPath,
+                    modelFile + ", or leave it empty to sample from output.dir's export");
   }
   if (!config.init.modelPath.empty() && isDirectory(config.init.modelPath) && !shardedCheckpoint(config.init.modelPath)) {
     DDP_THROW(ConfigError, "config: 'init.model_path' is the directory '", config.init.modelPath,
