@@ -117,6 +117,10 @@ class Checkpointer {
   /// seed or sampleOrder differs from the options'.
   TrainPosition resumeFrom(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                            GradScaler* scaler = nullptr);
+  /// The CheckpointOptions::config text recorded in the checkpoint the last resume() or resumeFrom()
+  /// loaded ("" before one, when none was found, or when its writer recorded none): to tell the
+  /// user which of the run's settings the resumed run changes.
+  const std::string& resumedConfig() const { return resumedConfig_; }
 
  private:
   // Rank 0 locks options_.dir (made first when `create`; a missing one is not locked); every rank
@@ -130,6 +134,7 @@ class Checkpointer {
   CheckpointOptions options_;
   int64_t lastSavedStep_ = -1;
   bool dirHeld_ = false;
+  std::string resumedConfig_;
 };
 
 }  // namespace ddp

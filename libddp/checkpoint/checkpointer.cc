@@ -410,6 +410,7 @@ TrainPosition Checkpointer::resumeFrom(const std::string& path, torch::nn::Modul
   }
   TrainPosition position{state.epoch, state.stepInEpoch, state.globalStep, state.samples,
                          state.epochSamples.value_or(-1)};
+  resumedConfig_ = std::move(state.config);
   if (state.worldSize != group.size() && position.epochSamples >= 0) {
     // The position is global (positions of the epoch's permutation): the new world continues it.
     if (group.rank() == 0) {

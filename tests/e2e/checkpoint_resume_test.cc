@@ -636,6 +636,15 @@ TEST(CheckpointErrors, AResumeWithAnotherSampleOrderIsRefused) {
   const auto same = launch(2, args({"resume=auto", "train.max_steps=8"}));
   EXPECT_EQ(same.exitCode, 0) << same.output;
   EXPECT_NE(same.output.find("resumed from"), std::string::npos) << same.output;
+  EXPECT_EQ(same.output.find("this run changes settings"), std::string::npos) << same.output;
+  // A changed learning rate and batch size resume (a user may mean them), but not silently: the warning
+  // names both with the checkpoint's values (synthetic_mlp.yaml's) and this run's; more steps are no change.
+  const auto changed = launch(2, args({"resume=auto", "train.max_steps=12", "train.lr=0.02", "train.batch_size=16"}));
+  EXPECT_EQ(changed.exitCode, 0) << changed.output;
+  EXPECT_NE(changed.output.find("the checkpoint's -> this run's: train.batch_size 32 -> 16, train.lr 0.05 -> 0.02; "
+                                "training continues with this run's values"),
+            std::string::npos)
+      << changed.output;
   fs::remove_all(base);
 }
 

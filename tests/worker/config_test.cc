@@ -3,6 +3,7 @@
 
 #include "common/error.h"
 #include "worker/config/config.h"
+#include "worker/config/config_changes.h"
 
 namespace ddp::worker {
 namespace {
@@ -205,6 +206,29 @@ TEST(Config, AnExportNamedLikeTheJobsOwnFilesIsRefused) {
   for (const char* fine : {"model.pt", "samples_rank.txt", "summary.json.pt", "metrics.pt"}) {
     EXPECT_EQ(errorOf("", {std::string("output.export=") + fine}), "<no error>") << fine;
   }
+}
+
+// A resume names what it changes of the training, not of where or how long it runs.
+TEST(Config, AResumeNamesTheTrainingSettingsItChanges) {
+  const std::string saved = dumpConfig(parseConfig("train: {lr: 0.1, batch_size: 32}\nmodel: {dropout: 0.0}\n"));
+  const WorkerConfig now = parseConfig("train: {lr: 0.01, batch_size: 32, epochs: 9, max_steps: 100, sharding: zero1}\n"
+                                       "model: {dropout: 0.2}\noutput: {dir: elsewhere}\ncheckpoint: {every_steps: 7}\n"
+                                       "data: {num_workers: 3}\ncomm: {bucket_cap_mb: 5, compression: fp16}\n");
+  const std::vector<ConfigChange> changes = trainingChanges(parseConfig(saved), now);
+  ASSERT_EQ(changes.size(), 3u);
+  EXPECT_EQ(changes[0].key, "model.dropout");
+  EXPECT_EQ(changes[1].key, "train.lr");
+  EXPECT_EQ(changes[1].saved, "0.1");
+  EXPECT_EQ(changes[1].now, "0.01");
+  EXPECT_EQ(changes[2].key, "comm.compression");
+  EXPECT_EQ(describeResumeChanges(saved, now, "ck/ckpt-5.pt"),
+            "resume: this run changes settings of the run that wrote the checkpoint (ck/ckpt-5.pt), the checkpoint's "
+            "-> this run's: model.dropout 0 -> 0.2, train.lr 0.1 -> 0.01, comm.compression none -> fp16; training "
+            "continues with this run's values (resume with the checkpoint's, in its run's config.resolved.yaml, to "
+            "continue it unchanged)");
+  EXPECT_EQ(describeResumeChanges(saved, parseConfig(saved), "x"), "");           // nothing changed
+  EXPECT_EQ(describeResumeChanges("", now, "x"), "");                              // the file recorded none
+  EXPECT_EQ(describeResumeChanges("train: {no_such_key: 1}\n", now, "x"), "");   // another version's keys
 }
 
 TEST(Config, MissingFileSaysWhatToPass) {

@@ -1,5 +1,11 @@
 #include "worker/train/training_checkpointer.h"
 
+#include <spdlog/spdlog.h>
+
+#include <optional>
+
+#include "worker/config/config_changes.h"
+
 
 namespace ddp::worker {
 namespace {
@@ -22,13 +28,22 @@ CheckpointOptions checkpointOptions(const WorkerConfig& config, int64_t trainSam
 TrainingCheckpointer::TrainingCheckpointer(const WorkerConfig& config, ProcessGroup group, int64_t trainSamples,
                                            std::vector<c10::Device> cudaGenerators)
     : config_(config),
+      rank_(group.rank()),
       checkpointer_(std::move(group), checkpointOptions(config, trainSamples, std::move(cudaGenerators))) {}
 
 TrainPosition TrainingCheckpointer::resume(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                            GradScaler* scaler) {
   if (config_.resume.empty()) return {};
-  if (config_.resume == "auto") return checkpointer_.resume(module, optimizer, scaler).value_or(TrainPosition{});
-  return checkpointer_.resumeFrom(config_.resume, module, optimizer, scaler);
+  const std::optional<TrainPosition> position = config_.resume == "auto"
+                                                    ? checkpointer_.resume(module, optimizer, scaler)
+                                                    : checkpointer_.resumeFrom(config_.resume, module, optimizer, scaler);
+  // A resume with another learning rate or batch size is allowed (a user may mean it) but never silent.
+  if (position && rank_ == 0) {
+    const std::string from = config_.resume == "auto" ? checkpointDir(config_) : config_.resume;
+    const std::string changes = describeResumeChanges(checkpointer_.resumedConfig(), config_, from);
+    if (!changes.empty()) spdlog::warn("{}", changes);
+  }
+  return position.value_or(TrainPosition{});
 }
 
 bool TrainingCheckpointer::due(const TrainPosition& position, bool epochEnded) const {

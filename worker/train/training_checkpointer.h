@@ -36,6 +36,7 @@ class TrainingCheckpointer {
 
  private:
   const WorkerConfig& config_;
+  int rank_;
   Checkpointer checkpointer_;  // also knows the last step saved: a step is never written twice
 };
 
