@@ -69,6 +69,15 @@ void checkFits(const std::map<std::string, at::Tensor>& targets, const std::map<
   for (const auto& [key, value] : given) {
     if (!targets.count(key)) unexpected.push_back(key);
   }
+  // Not one key in common: another model altogether, which lists of every key would only bury.
+  if (!targets.empty() && !given.empty() && missing.size() == targets.size()) {
+    std::vector<std::string> theirs;
+    for (const auto& [key, value] : given) theirs.push_back(key);
+    throw CheckpointError("'" + source + "' holds another model: none of its " + std::to_string(given.size()) +
+                          " keys (" + joinList(theirs, 3) + ") is one of the configured model's " +
+                          std::to_string(targets.size()) + " (" + joinList(missing, 3) +
+                          "); check that the model is built as the one that wrote it (same layers and sizes)");
+  }
   if (!missing.empty() || !unexpected.empty() || !shapes.empty()) {
     std::string message = "'" + source + "' does not fit the configured model:";
     if (!missing.empty()) message += " missing keys: " + joinList(missing) + ";";

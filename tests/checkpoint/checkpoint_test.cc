@@ -90,6 +90,13 @@ TEST_F(Checkpoint, AMismatchListsMissingUnexpectedAndShapes) {
   worker::Mlp shallow(worker::InputSpec{1, 28, 28, 10}, std::vector<int64_t>{});
   const std::string extra = errorOf([&] { loadModelFile(*shallow, dir_ + "/gpu_dp_mlp.pt"); });
   EXPECT_NE(extra.find("unexpected keys: fc2.bias, fc2.weight"), std::string::npos) << extra;
+  // Not one key in common: another model, said in a line of a few keys, not lists of every one.
+  torch::nn::Linear linear(784, 10);
+  const std::string another = errorOf([&] { loadModelFile(*linear, dir_ + "/gpu_dp_mlp.pt"); });
+  EXPECT_NE(another.find("gpu_dp_mlp.pt' holds another model: none of its 4 keys (fc1.bias, fc1.weight, fc2.bias, "
+                         "... (1 more)) is one of the configured model's 2 (bias, weight); check that the model"),
+            std::string::npos)
+      << another;
   // A failed load changes nothing, not even the entries that would fit.
   EXPECT_TRUE(at::equal(before, wider->named_parameters()["fc2.bias"]));
 }

@@ -304,6 +304,7 @@ TEST(LanguageModel, GenerateRefusesAPromptTheModelCannotTake) {
   const std::string out = test::makeTempDir("lm_generate_prompt");
   const std::string fifo = out + "/prompt.fifo";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::ofstream(out + "/never_read.pt") << "not a model: read, it would fail otherwise";  // there, as a start-up check asks
   for (const auto& [start, expected] : std::vector<std::pair<std::string, std::string>>{
            {"zz", "but the model's vocabulary has 2 tokens (model.vocab_size)"},
            {"FILE:" + fifo, "which is not a file (a folder, a named pipe or a device)"},

@@ -418,6 +418,16 @@ TEST(Gpt, LoadRefusesWhatDoesNotFitInOneLineBeforeChangingAnything) {
   EXPECT_NE(head.find("lm_head.weight differs from its transformer.wte.weight"), std::string::npos) << head;
   EXPECT_TRUE(torch::equal(model->transformer->wte->weight, before));
 
+  // Another model's file (the MLP's keys): said so in a short line, not every GPT key as missing.
+  const std::string mlp = loadError(model, {{"fc1.weight", torch::ones({4, 4})}, {"fc1.bias", torch::ones({4})},
+                                            {"fc2.weight", torch::ones({2, 4})}, {"fc2.bias", torch::ones({2})}});
+  EXPECT_NE(mlp.find("not a GPT's state dict: none of its 4 keys (fc1.bias, fc1.weight, fc2.bias, ... (1 more)) is a "
+                     "GPT's"),
+            std::string::npos)
+      << mlp;
+  EXPECT_LT(mlp.size(), 300u) << mlp;
+  EXPECT_TRUE(torch::equal(model->transformer->wte->weight, before));
+
   const std::string noBias = loadError(model, gptStateDict(seededGpt(smallGpt(false), 1)));
   EXPECT_NE(noBias.find("missing keys: transformer.h.0.attn.c_attn.bias [96]"), std::string::npos) << noBias;
 

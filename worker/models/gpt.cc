@@ -50,11 +50,11 @@ std::string plainKey(std::string key) {
   return key;
 }
 
-std::string joinList(const std::vector<std::string>& items) {
-  constexpr size_t kLimit = 32;  // a whole wrong-sized model would make a line of hundreds of keys
+// A whole wrong-sized model would make a line of hundreds of keys.
+std::string joinList(const std::vector<std::string>& items, size_t limit = 32) {
   std::string out;
-  for (size_t i = 0; i < items.size() && i < kLimit; ++i) out += (i ? ", " : "") + items[i];
-  if (items.size() > kLimit) out += ", ... (" + std::to_string(items.size() - kLimit) + " more)";
+  for (size_t i = 0; i < items.size() && i < limit; ++i) out += (i ? ", " : "") + items[i];
+  if (items.size() > limit) out += ", ... (" + std::to_string(items.size() - limit) + " more)";
   return out;
 }
 
@@ -300,6 +300,13 @@ void loadGptStateDict(GptImpl& model, ddp::StateDict state, const std::string& s
   }
   for (const auto& [key, value] : given) {
     if (!targets.count(key)) unexpected.push_back(key);
+  }
+  if (missing.size() == targets.size() && !given.empty()) {  // not one GPT key: another model's file
+    std::vector<std::string> theirs;
+    for (const auto& [key, value] : given) theirs.push_back(key);
+    DDP_THROW(CheckpointError, source.empty() ? std::string() : "'" + source + "': ", "not a GPT's state dict: none of its ",
+              given.size(), " keys (", joinList(theirs, 3), ") is a GPT's (transformer.wte.weight, transformer.h.0..., "
+              "lm_head.weight); give a model file a gpt run exported, or a nanoGPT ckpt.pt");
   }
   if (!duplicated.empty() || !missing.empty() || !unexpected.empty() || !shapes.empty()) {
     std::string message = (source.empty() ? std::string() : "'" + source + "': ") +
