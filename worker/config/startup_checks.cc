@@ -124,7 +124,10 @@ void checkInputPaths(const WorkerConfig& config) {
                     "give a checkpoint (ckpt-<step>.pt, or a sharded checkpoint's directory ckpt-<step>/), or "
                     "resume=auto to take the newest in checkpoint.dir (none there: start fresh)");
   }
-  if (trains) requireReadable("init.model_path", config.init.modelPath, modelFile + ", or leave it empty to start from fresh weights");
+  // Rank 0 alone reads init.model_path (and broadcasts it): on another node it need not exist.
+  if (trains && launchEnv().rank == 0) {
+    requireReadable("init.model_path", config.init.modelPath, modelFile + ", or leave it empty to start from fresh weights");
+  }
   if (config.mode == Mode::kEval) requireReadable("eval.model_path", config.eval.modelPath, modelFile);
   if (config.mode == Mode::kGenerate) {
     requireReadable("generate.model_path", config.generate.modelPath,
