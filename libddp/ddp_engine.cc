@@ -1,6 +1,7 @@
 // ddp::DdpEngine, DistributedDataParallel's engine, over the gradient sync of libddp/engine/.
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
+#include <spdlog/spdlog.h>
 #include <torch/nn/module.h>
 
 #include <exception>
@@ -145,6 +146,16 @@ void DdpEngine::backwardWithoutBatch() {
   if (state_->join) {
     DDP_THROW(ConfigError, "ddp::DistributedDataParallel::backwardWithoutBatch inside a ddp::Join: there a rank that "
               "has no batch leaves its loop and the Join answers for it; call one or the other");
+  }
+  // Rank 0 without a batch while another has one: the others' forwards update their buffers, and
+  // the next forward replaces them with rank 0's, which did not. Rank 0 alone knows it (a check
+  // over the group would be a collective in every forward), and the gradients are right: a warning.
+  if (state_->syncBuffers && state_->group.rank() == 0 && !state_->warnedRankZeroWithoutBatch) {
+    state_->warnedRankZeroWithoutBatch = true;
+    spdlog::warn("ddp::DistributedDataParallel::backwardWithoutBatch on rank 0: every forward takes the buffers (e.g. "
+                 "BatchNorm's running statistics) from rank 0, so what this step's forwards on the other ranks add to "
+                 "theirs is lost at the next one; give rank 0 a batch whenever another rank has one (a "
+                 "ddp::DistributedSampler's shards do), or set ddp::DdpOptions::broadcastBuffers = false");
   }
   // The forward's side: rank 0's buffers, as beforeForward() broadcasts them.
   if (state_->requireForwardParamSync && state_->syncBuffers) {

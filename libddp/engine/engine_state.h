@@ -25,6 +25,7 @@ struct DdpEngine::State {
   // (or there was none yet), so the next forward starts from rank 0's buffers. Inside no_sync that
   // is the first micro-batch's forward only.
   bool requireForwardParamSync = true;
+  bool warnedRankZeroWithoutBatch = false;  // backwardWithoutBatch's buffer warning, once
   std::unique_ptr<engine::GradientSync> gradientSync;  // none for a group of one
   engine::Reducer* reducer = nullptr;                  // gradientSync when bucketed
   bool flat = false;

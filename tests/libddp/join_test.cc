@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
 #include <optional>
 #include <string>
 
@@ -248,6 +250,34 @@ TEST_P(WithoutBatchAccumulated, GradientsAreTheMeanOverTheMicroBatchesHeld) {
 
 INSTANTIATE_TEST_SUITE_P(BackwardWithoutBatch, WithoutBatchAccumulated,
                          ::testing::Values("bucketed", "flat", "find_unused", "bucket_view"));
+
+// Rank 0 without a batch while the others train: the gradients are still the mean, but the buffers
+// the others' forwards update are replaced by rank 0's at the next forward: rank 0 warns, once per
+// model; not when buffers are not broadcast; the other ranks never.
+TEST(BackwardWithoutBatch, OnRankZeroWithBroadcastBuffersWarnsOnce) {
+  for (const bool broadcast : {true, false}) {
+    torch::nn::Sequential model = makeModel();
+    ddp::DdpOptions options;
+    options.broadcastBuffers = broadcast;
+    ddp::DistributedDataParallel<torch::nn::Sequential> ddpModel(model, group(), options);
+    const auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(16);
+    spdlog::default_logger()->sinks().push_back(sink);
+    for (int step = 0; step < 2; ++step) {
+      if (group().rank() == 0) {
+        ddpModel.backwardWithoutBatch();
+      } else {
+        auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(7 + group().rank()));
+        ddpModel(at::randn({5, 6}, gen)).pow(2).mean().backward();
+      }
+    }
+    spdlog::default_logger()->sinks().pop_back();
+    int warnings = 0;
+    for (const std::string& line : sink->last_formatted()) {
+      warnings += line.find("backwardWithoutBatch on rank 0: every forward takes the buffers") != std::string::npos;
+    }
+    EXPECT_EQ(warnings, broadcast && group().rank() == 0 ? 1 : 0) << "broadcastBuffers " << broadcast;
+  }
+}
 
 TEST(BackwardWithoutBatch, InsideAJoinIsRefusedWithOneLine) {
   torch::nn::Sequential model = makeModel();
