@@ -238,6 +238,27 @@ TEST(Config, MissingFileSaysWhatToPass) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/x.yaml"), std::string::npos);
   }
+  // The config left out: its first override taken for the file.
+  try {
+    loadConfig("train.lr=0.1");
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), "config: the first argument is the YAML config file, but 'train.lr=0.1' looks "
+                                     "like an override; put the config first: worker CONFIG.yaml train.lr=0.1");
+  }
+}
+
+TEST(Config, AnOverrideWithSpacesAroundItsEqualsSignSaysSo) {
+  EXPECT_EQ(errorOf("", {"train.lr", "=", "0.1"}),
+            "config: override 'train.lr' is followed by '=': write each override as one argument, without spaces "
+            "around '=': train.lr=VALUE");
+  EXPECT_EQ(errorOf("", {"train.lr", "=0.1"}),
+            "config: override 'train.lr' is followed by '=0.1': write each override as one argument, without spaces "
+            "around '=': train.lr=VALUE");
+  EXPECT_EQ(errorOf("", {"train.lr=", "0.1"}),
+            "config: '0.1' follows the override 'train.lr=': write each override as one argument, without spaces "
+            "around '=': train.lr=0.1");
+  EXPECT_EQ(errorOf("", {"train.lr"}), "config: override 'train.lr' must look like dotted.key=value, e.g. train.lr=0.1");
 }
 
 }  // namespace

@@ -170,6 +170,20 @@ WorkerConfig build(const YAML::Node& root, const std::vector<std::string>& overr
       setKeys.insert(f->key);
     }
   }
+  // `train.lr = 0.1`, `train.lr =0.1`, `train.lr= 0.1`: the shell made several arguments of one
+  // override. Said before any is applied (`train.lr=` alone is an empty value, refused otherwise).
+  for (size_t i = 0; i + 1 < overrides.size(); ++i) {
+    const std::string& o = overrides[i];
+    const std::string& next = overrides[i + 1];
+    if (o.find('=') == std::string::npos && next.rfind('=', 0) == 0) {
+      DDP_THROW(ConfigError, "config: override '", oneLine(o), "' is followed by '", oneLine(next),
+                "': write each override as one argument, without spaces around '=': ", oneLine(o), "=VALUE");
+    }
+    if (!o.empty() && o.back() == '=' && o.find('=') == o.size() - 1 && next.find('=') == std::string::npos) {
+      DDP_THROW(ConfigError, "config: '", oneLine(next), "' follows the override '", oneLine(o),
+                "': write each override as one argument, without spaces around '=': ", oneLine(o), oneLine(next));
+    }
+  }
   for (const auto& o : overrides) {
     const auto eq = o.find('=');
     if (eq == std::string::npos || eq == 0) {
@@ -238,6 +252,11 @@ WorkerConfig loadConfig(const std::string& path, const std::vector<std::string>&
               ", not a file; pass the path of a YAML config such as configs/fmnist_cnn_ddp.yaml");
   }
   std::ifstream in(path);
+  if (!in && ::stat(path.c_str(), &pipeInfo) != 0 && path.find('=') != std::string::npos) {
+    // `worker train.lr=0.1`: the config file was left out, and the first override taken for it.
+    DDP_THROW(ConfigError, "config: the first argument is the YAML config file, but '", path,
+              "' looks like an override; put the config first: worker CONFIG.yaml ", path);
+  }
   if (!in) DDP_THROW(ConfigError, "config: cannot read '", path, "'; pass the path of a YAML config such as configs/fmnist_cnn_ddp.yaml");
   struct stat info {};
   if (::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
