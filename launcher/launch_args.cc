@@ -23,6 +23,21 @@ std::string suggestion(const std::string& unknown, const std::set<std::string>& 
   return best.empty() ? "" : " (did you mean '--" + best + "'?)";
 }
 
+std::string unabbreviated(const std::string& arg, const std::string& name, const std::set<std::string>& names) {
+  // torchrun's argparse takes an unambiguous prefix of a long option (allow_abbrev): --nnode=2.
+  std::vector<std::string> matches;
+  for (const std::string& candidate : names) {
+    if (candidate.size() > 1 && candidate.rfind(name, 0) == 0) matches.push_back(candidate);
+  }
+  if (matches.size() == 1 || name.empty()) return matches.size() == 1 ? matches[0] : name;
+  if (matches.size() > 1) {
+    std::string list;
+    for (const std::string& m : matches) list += (list.empty() ? "--" : ", --") + m;
+    DDP_THROW(ConfigError, "ambiguous option '", arg, "' could match ", list, "; spell the option out");
+  }
+  return name;
+}
+
 OptionToken splitOption(const std::string& arg) {
   OptionToken token;
   token.isLong = arg.rfind("--", 0) == 0;
@@ -50,11 +65,15 @@ SplitArgs splitAtWorker(const std::vector<std::string>& args, const OptionTable&
       split.workerArgs.assign(args.begin() + static_cast<long>(i) + 1, args.end());
       return split;
     }
-    const OptionToken token = splitOption(arg);
+    OptionToken token = splitOption(arg);
+    if (token.isLong && table.names.count(token.name) == 0) token.name = unabbreviated(arg, token.name, table.names);
     if (const auto instead = torchrun::unsupportedFlag(token.name)) DDP_THROW(ConfigError, *instead);
     if (table.names.count(token.name) == 0 || (token.isLong && token.name.size() == 1)) {
       DDP_THROW(ConfigError, "unknown option '", arg, "'", suggestion(token.name, table.names),
                 "; run ddp-launch --help for the list (the worker's own options go after WORKER)");
+    }
+    if (!token.isLong && token.name.size() > 1) {  // `-nproc_per_node=2`: read as the letters -n -p -r ...
+      DDP_THROW(ConfigError, "option '", arg, "' has one dash; long options take two: --", arg.substr(1));
     }
     std::string normalised = (token.isLong ? "--" : "-") + token.name;
     if (token.value) normalised += "=" + *token.value;

@@ -19,6 +19,11 @@ struct OptionTable {
 /// " (did you mean '--nproc_per_node'?)" for a flag a few edits from `unknown`, "" for none.
 std::string suggestion(const std::string& unknown, const std::set<std::string>& names);
 
+/// The one name of `names` that `name` (a long option's, as `arg` spelled it) is a prefix of, as
+/// torchrun's argparse accepts abbreviations ("nnode" -> "nnodes"); `name` itself when none is;
+/// ConfigError naming the candidates when several are.
+std::string unabbreviated(const std::string& arg, const std::string& name, const std::set<std::string>& names);
+
 // "--nproc-per-node=4" -> name "nproc_per_node", value "4".
 struct OptionToken {
   std::string name;

@@ -183,6 +183,20 @@ TEST(LaunchOptions, UnknownOptionSuggestsTheClosestOne) {
   EXPECT_NE(error.find("unknown option '--frobnicate'"), std::string::npos);
   EXPECT_EQ(error.find("did you mean"), std::string::npos) << error;
   EXPECT_NE(errorOf({"-x", "w"}).find("unknown option '-x'"), std::string::npos);
+  // A long option with one dash (cxxopts would read its letters as short options: "Option 'n' does not exist").
+  EXPECT_EQ(errorOf({"-nproc_per_node=2", "w"}), "option '-nproc_per_node=2' has one dash; long options take two: "
+                                                 "--nproc_per_node=2");
+  EXPECT_EQ(errorOf({"-nnodes", "2", "w"}), "option '-nnodes' has one dash; long options take two: --nnodes");
+}
+
+// torchrun's argparse takes an unambiguous prefix of a long option (torchrun --nnode=1 runs).
+TEST(LaunchOptions, AnUnambiguousPrefixIsTheOptionAsInTorchrun) {
+  const LaunchOptions o = parseCommandLine({"--nproc_per=3", "--master-p", "29511", "--max_rest=2", "w"}).options;
+  EXPECT_EQ(o.nprocPerNode, 3);
+  EXPECT_EQ(o.masterPort, 29511);
+  EXPECT_EQ(o.maxRestarts, 2);
+  EXPECT_EQ(errorOf({"--rdzv_t=5", "w"}), "ambiguous option '--rdzv_t=5' could match --rdzv_timeout_s, "
+                                          "--rdzv_token_file; spell the option out");
 }
 
 TEST(LaunchOptions, MissingValue) {
@@ -236,7 +250,8 @@ TEST(LaunchOptions, BadRestartAndLogOptionsSayHowToFixThem) {
   EXPECT_NE(errorOf({"--max_restarts=many", "w"}).find("--max_restarts"), std::string::npos);
   EXPECT_NE(errorOf({"--log_dir=", "w"}).find("--log_dir is empty"), std::string::npos);
   EXPECT_NE(errorOf({"--tee", "w"}).find("no --log_dir was given"), std::string::npos);
-  EXPECT_NE(errorOf({"--max_restart=2", "w"}).find("did you mean '--max_restarts'"), std::string::npos);
+  EXPECT_NE(errorOf({"--max_restrats=2", "w"}).find("did you mean '--max_restarts'"), std::string::npos);
+  EXPECT_EQ(errorOf({"--max_restart=2", "w"}), "");  // a prefix, which torchrun takes too
 }
 
 }  // namespace
