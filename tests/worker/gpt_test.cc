@@ -430,6 +430,13 @@ TEST(Gpt, LoadRefusesWhatDoesNotFitInOneLineBeforeChangingAnything) {
 
   const std::string noBias = loadError(model, gptStateDict(seededGpt(smallGpt(false), 1)));
   EXPECT_NE(noBias.find("missing keys: transformer.h.0.attn.c_attn.bias [96]"), std::string::npos) << noBias;
+  // What the file's shapes say to set (smallGpt's sizes; n_head is in no shape).
+  EXPECT_NE(noBias.find("the file's GPT has model.n_layer=2 model.n_embd=32 model.block_size=16 model.vocab_size=50 "
+                        "model.bias=false (and the n_head of the run that wrote it): set model.* to those"),
+            std::string::npos)
+      << noBias;
+  EXPECT_NE(all.find("the file's GPT has model.n_layer=3 model.n_embd=32 model.block_size=20"), std::string::npos)
+      << all;
 
   ddp::StateDict wrapped;  // DDP's prefix, and no lm_head: accepted
   for (const auto& [key, tensor] : source) {

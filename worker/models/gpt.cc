@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <limits>
+#include <algorithm>
 #include <map>
 #include <set>
 #include <sstream>
@@ -28,6 +29,27 @@ torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
 std::string describe(const GptOptions& o) {
   return ::ddp::detail::concat("n_layer ", o.nLayer, ", n_head ", o.nHead, ", n_embd ", o.nEmbd, ", block_size ", o.blockSize,
                         ", vocab_size ", o.vocabSize, ", bias ", o.bias ? "true" : "false");
+}
+
+// The sizes a GPT state dict shows (all but n_head, which no tensor's shape holds), as model.* keys;
+// "" when it is not one (no 2-D transformer.wte.weight / transformer.wpe.weight).
+std::string describeFile(const std::map<std::string, at::Tensor>& given) {
+  const auto wte = given.find("transformer.wte.weight");
+  const auto wpe = given.find("transformer.wpe.weight");
+  if (wte == given.end() || wpe == given.end() || wte->second.dim() != 2 || wpe->second.dim() != 2) return "";
+  int64_t layers = 0;
+  const std::string prefix = "transformer.h.";
+  for (const auto& [key, value] : given) {
+    if (key.rfind(prefix, 0) != 0) continue;
+    try {
+      layers = std::max<int64_t>(layers, std::stoll(key.substr(prefix.size())) + 1);
+    } catch (const std::exception&) {
+    }
+  }
+  const bool bias = given.count("transformer.h.0.attn.c_attn.bias") != 0;
+  return ::ddp::detail::concat("model.n_layer=", layers, " model.n_embd=", wte->second.size(1), " model.block_size=",
+                               wpe->second.size(0), " model.vocab_size=", wte->second.size(0), " model.bias=",
+                               bias ? "true" : "false");
 }
 
 std::string shapeOf(const at::Tensor& t) {
@@ -315,7 +337,12 @@ void loadGptStateDict(GptImpl& model, ddp::StateDict state, const std::string& s
     if (!unexpected.empty()) message += " unexpected keys: " + joinList(unexpected) + ";";
     if (!shapes.empty()) message += " shape differences: " + joinList(shapes) + ";";
     if (!duplicated.empty()) message += " keys twice (with and without a prefix): " + joinList(duplicated) + ";";
-    message += " set model.* as the checkpoint's model_args (n_layer, n_head, n_embd, block_size, vocab_size, bias)";
+    const std::string file = describeFile(given);
+    if (file.empty()) {
+      message += " set model.* as the checkpoint's model_args (n_layer, n_head, n_embd, block_size, vocab_size, bias)";
+    } else {  // the sizes the file shows: what to set (n_head from the run that wrote it)
+      message += " the file's GPT has " + file + " (and the n_head of the run that wrote it): set model.* to those";
+    }
     throw CheckpointError(message);
   }
   const at::Tensor& wte = given.at(kWte);
