@@ -37,8 +37,18 @@ void makeDirectories(const std::string& dir, const std::string& settingName) {
   std::filesystem::create_directories(dir, ec);
   if (!ec && !std::filesystem::is_directory(dir, ec)) ec = std::make_error_code(std::errc::not_a_directory);
   if (ec) {
-    DDP_THROW(ConfigError, settingName, ": cannot create directory '", dir, "': ", ec.message(), "; set ",
-              settingName, " to a writable path");
+    std::string reason = ec.message();
+    if (ec == std::errc::not_a_directory) {  // "Not a directory" of a path that is none: say which part is a file
+      std::error_code ignored;
+      for (std::filesystem::path p = dir; !p.empty() && p != p.parent_path(); p = p.parent_path()) {
+        if (std::filesystem::exists(p, ignored) && !std::filesystem::is_directory(p, ignored)) {
+          reason = "'" + p.string() + "' is a file, not a directory";
+          break;
+        }
+      }
+    }
+    DDP_THROW(ConfigError, settingName, ": cannot create directory '", dir, "': ", reason, "; set ", settingName,
+              " to a writable path");
   }
 }
 

@@ -116,7 +116,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"OverrideWithoutValue", [](const Fixture& f) { return worker({"train.lr"}, f); }, "must look like dotted.key=value", 2},
         BadInput{"NprocZero", [](const Fixture& f) { return std::vector<std::string>{"--nproc_per_node=0", DDP_WORKER_BIN, kConfig, "output.dir=" + f.dir + "/out"}; },
                  "ddp-launch:", 2},
-        BadInput{"UnknownLauncherFlag", [](const Fixture& f) { return std::vector<std::string>{"--nproc_per_nod=2", DDP_WORKER_BIN, kConfig, "output.dir=" + f.dir + "/out"}; },
+        BadInput{"UnknownLauncherFlag", [](const Fixture& f) { return std::vector<std::string>{"--nporc_per_node=2", DDP_WORKER_BIN, kConfig, "output.dir=" + f.dir + "/out"}; },
                  "--nproc_per_node", 2},
         BadInput{"WorkerNotFound", [](const Fixture& f) { return std::vector<std::string>{"--nproc_per_node=2", f.dir + "/no-such-worker", kConfig}; },
                  "no-such-worker", 2},

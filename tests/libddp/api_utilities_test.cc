@@ -78,6 +78,11 @@ TEST_F(Files, MakeDirectoriesNamesTheSettingToChange) {
   const std::string error = errorOf<ddp::ConfigError>([&] { ddp::makeDirectories(dir_ + "/file/sub", "--out"); });
   EXPECT_EQ(error.rfind("--out: cannot create directory '" + dir_ + "/file/sub': ", 0), 0u) << error;
   EXPECT_NE(error.find("; set --out to a writable path"), std::string::npos) << error;
+  EXPECT_NE(error.find(": '" + dir_ + "/file' is a file, not a directory;"), std::string::npos) << error;
+  const std::string itself = errorOf<ddp::ConfigError>([&] { ddp::makeDirectories(dir_ + "/file", "--out"); });
+  EXPECT_NE(itself.find("cannot create directory '" + dir_ + "/file': '" + dir_ + "/file' is a file, not a directory"),
+            std::string::npos)
+      << itself;
 }
 
 TEST_F(Files, StateDictRoundTripsWithPlainKeys) {
