@@ -58,7 +58,7 @@ class DdpEngine {
   /// holds the mean over ranks, as after a backward, so every rank's optimizer steps alike and the
   /// replicas never part (ddp::Join instead leaves a joined rank's optimizer state behind). Buffers
   /// come from rank 0, as in any forward: rank 0 must hold a batch whenever some rank does (true of
-  /// the sampler's shards). Under noSync: only the forward's buffer broadcast (a zero gradient
+  /// the sampler's shards; rank 0 calling this with buffers to broadcast warns once). Under noSync: only the forward's buffer broadcast (a zero gradient
   /// accumulates nothing). Not for a model whose forward communicates (SyncBatchNorm), nor inside a
   /// ddp::Join (there a rank out of batches just leaves the loop).
   void backwardWithoutBatch();
