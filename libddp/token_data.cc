@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "common/relative_path.h"
 #include "libddp/checkpoint/torch_file.h"
 
 namespace ddp {
@@ -136,9 +137,7 @@ std::vector<std::string> globSorted(const std::string& pattern, const std::strin
     DDP_THROW(DataError, setting, ": could not list '", pattern, "' (glob error ", rc, "): check the pattern and its directory");
   }
   if (paths.empty()) {
-    const bool relative = !pattern.empty() && pattern[0] != '/';
-    DDP_THROW(DataError, setting, ": no file matches '", pattern, "'",
-              relative ? detail::concat(" (relative to ", std::filesystem::current_path().string(), ")") : std::string(),
+    DDP_THROW(DataError, setting, ": no file matches '", pattern, "'", relativePathNote(pattern),
               ": fix the pattern, or prepare the shards first (scripts/prepare_text.py INPUT... --out DIR)");
   }
   std::sort(paths.begin(), paths.end());  // by bytes, whatever the locale's collation

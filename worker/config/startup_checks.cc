@@ -17,6 +17,7 @@
 
 #include "common/dir_lock.h"
 #include "common/error.h"
+#include "common/relative_path.h"
 #include "ddp/checkpoint.h"
 #include "ddp/files.h"
 #include "ddp/launch_env.h"
@@ -67,16 +68,8 @@ static void refuseSpecialFile(const std::string& key, const std::string& path, c
   }
 }
 
-// `path` quoted; a relative one with the directory it is taken from (the worker's working
-// directory, which under a launcher is the launcher's).
-static std::string shownPath(const std::string& path) {
-  std::string shown = "'" + path + "'";
-  if (path.empty() || path[0] == '/') return shown;
-  std::error_code ec;
-  const std::filesystem::path cwd = std::filesystem::current_path(ec);
-  if (!ec) shown.append(" (relative to the working directory ").append(cwd.string()).append(")");
-  return shown;
-}
+// `path` quoted; a relative one with the directory it is taken from.
+static std::string shownPath(const std::string& path) { return "'" + path + "'" + relativePathNote(path); }
 
 // A file the run reads at start that is not there (or not readable for this user): one line that
 // names the key, instead of the reader's "cannot open" later, after the group has formed.

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "common/relative_path.h"
 #include "worker/data/idx_file.h"
 
 namespace ddp::worker::data {
@@ -29,9 +30,7 @@ std::string resolve(const std::string& root, const std::string& name) {
     return base.string();
   }
   if (!fs::is_directory(root, ec)) {
-    // A relative root is taken from the working directory: say which one.
-    const std::string from = fs::path(root).is_absolute() ? "" : " (relative to " + fs::current_path(ec).string() + ")";
-    DDP_THROW(DataError, kWhat, ": data root ", root, from, " is not a directory (looked for ",
+    DDP_THROW(DataError, kWhat, ": data root ", root, relativePathNote(root), " is not a directory (looked for ",
               gz.string(), "); install Debian package dataset-fashion-mnist or set data.root");
   }
   DDP_THROW(DataError, kWhat, ": ", gz.string(), " not found (nor ", base.string(),
