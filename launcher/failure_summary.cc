@@ -72,6 +72,34 @@ bool failedLikeTheFirst(const RankReport& rank, const AttemptReport& attempt) {
   return rank.status.signaled || rank.status.code == first.status.code;
 }
 
+// The rank's last lines end in a Python traceback — a frame line (`  File "x.py", line 3, in f`)
+// and then the exception's (`ValueError: boom`, `torch.distributed.DistBackendError: ...`): a
+// script that wrote no error file (no @record) was failing on its own when the launcher stopped it.
+bool endsInPythonTraceback(const RankReport& rank) {
+  if (rank.lastLines.size() < 2) return false;
+  const std::string& last = rank.lastLines.back();
+  const size_t nameEnd = last.find(": ") == std::string::npos ? last.size() : last.find(": ");
+  const std::string name = last.substr(0, nameEnd);
+  if (name.empty() || name.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.") !=
+                          std::string::npos) {
+    return false;
+  }
+  bool exceptionName = false;
+  for (const char* suffix : {"Error", "Exception", "Interrupt", "Exit"}) {
+    const std::string tail = suffix;
+    exceptionName |= name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  }
+  const bool frame = std::any_of(rank.lastLines.begin(), rank.lastLines.end() - 1,
+                                 [](const std::string& line) { return line.rfind("  File \"", 0) == 0; });
+  return exceptionName && frame;
+}
+
+// A rank the launcher stopped that was failing on its own, without the first failure's error file.
+bool failingInPython(const RankReport& rank, const AttemptReport& attempt) {
+  return rank.stoppedByLauncher && !rank.killedByLauncher && attempt.firstFailure && !attempt.failedWhileStopping &&
+         !failedLikeTheFirst(rank, attempt) && endsInPythonTraceback(rank);
+}
+
 std::string describeState(const RankReport& rank, const AttemptReport& attempt) {
   if (failedLikeTheFirst(rank, attempt)) {
     const std::string first = std::to_string(attempt.ranks[*attempt.firstFailure].rank);
@@ -89,7 +117,10 @@ std::string describeState(const RankReport& rank, const AttemptReport& attempt) 
     return rank.status.signaled ? killedBy(rank) : rank.status.describe();
   }
   std::string when;
-  if (attempt.firstFailure && !attempt.failedWhileStopping) {
+  if (failingInPython(rank, attempt)) {
+    when = "it was failing on its own, its output ending in a Python traceback, when rank " +
+           std::to_string(attempt.ranks[*attempt.firstFailure].rank) + " failed";
+  } else if (attempt.firstFailure && !attempt.failedWhileStopping) {
     const RankReport& first = attempt.ranks[*attempt.firstFailure];
     when = "still running when rank " + std::to_string(first.rank) + (first.leftEarly ? " left early" : " failed");
     if (rank.stoppedBySignal) when = "stopped (state T, e.g. by SIGSTOP) when rank " + std::to_string(first.rank) + " failed";
@@ -134,7 +165,9 @@ std::vector<std::string> formatFailureSummary(const AttemptReport& attempt) {
       // Our worker prints its error file's one line too: shown once, as the error file.
       if (line != rank.errorFile) lines.push_back(outputIndent + line);
     }
-    if (rank.stoppedByLauncher && !failedLikeTheFirst(rank, attempt)) stuck.push_back(rank.rank);
+    if (rank.stoppedByLauncher && !failedLikeTheFirst(rank, attempt) && !failingInPython(rank, attempt)) {
+      stuck.push_back(rank.rank);
+    }
     if (rank.stoppedBySignal) stopped.push_back(rank.rank);
   }
   if (attempt.firstFailure && attempt.ranks[*attempt.firstFailure].leftEarly) {

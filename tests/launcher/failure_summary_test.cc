@@ -119,6 +119,23 @@ TEST(FailureSummary, TableHasEveryRankItsLastLinesAndNamesTheStuckOnes) {
   attempt.ranks[3].killedByLauncher = true;
   EXPECT_NE(joined(formatFailureSummary(attempt)).find("rank 7 was still running when rank 5 failed"), std::string::npos);
 
+  // A Python script without an error file: rank 7's output ends in a traceback (a frame, then the
+  // exception's line) when the launcher's SIGTERM came: it was failing on its own, not stuck.
+  attempt.ranks[3] = rankReport(7, ExitStatus::killedBy(SIGTERM), true);
+  attempt.ranks[3].lastLines = {"Traceback (most recent call last):", "  File \"/tmp/t.py\", line 3, in <module>",
+                                "    raise ValueError(\"boom\")", "ValueError: boom"};
+  const std::string python = joined(formatFailureSummary(attempt));
+  EXPECT_NE(python.find("  7     1007  stopped by the launcher (it was failing on its own, its output ending in a "
+                        "Python traceback, when rank 5 failed; ended by SIGTERM)\n"),
+            std::string::npos)
+      << python;
+  EXPECT_EQ(python.find("still running"), std::string::npos) << python;
+  // An exception's line without a frame before it is only a line: rank 7 counts as stuck again.
+  attempt.ranks[3].lastLines = {"step 10", "RuntimeError: retrying the connection"};
+  EXPECT_NE(joined(formatFailureSummary(attempt)).find("rank 7 was still running when rank 5 failed"), std::string::npos);
+  attempt.ranks[3].lastLines = {"  File \"/tmp/t.py\", line 3, in <module>", "all good: 3 steps"};
+  EXPECT_NE(joined(formatFailureSummary(attempt)).find("rank 7 was still running when rank 5 failed"), std::string::npos);
+
   attempt.ranks.resize(2);  // nobody was stopped: nobody is called stuck
   EXPECT_EQ(joined(formatFailureSummary(attempt)).find("still running"), std::string::npos);
 }
