@@ -284,5 +284,31 @@ TEST(CheckpointSchedule, EveryEpochSavesAtEpochEndsAsTheStartOfTheNext) {
   fs::remove_all(base);
 }
 
+// A fine-tuning job (init.model_path, resume=auto) restarted after its first checkpoint: the
+// checkpoint's weights replace the initial ones, so the pretrained file is not read at all — here it
+// is garbage by then, and the run still resumes; before the first checkpoint it is read.
+TEST(InitModel, ACheckpointToResumeReplacesTheInitialWeightsUnread) {
+  const std::string base = tempDir();
+  ASSERT_EQ(launch(1, {kConfig, "mode=single", "train.max_steps=2", "output.dir=" + base + "/pre"}).exitCode, 0);
+  const std::string pretrained = base + "/pre/model.pt";
+  auto fineTune = [&](int steps) {
+    return launch(2, {kConfig, "init.model_path=" + pretrained, "resume=auto", "checkpoint.dir=" + base + "/ckpt",
+                      "checkpoint.every_steps=2", "train.max_steps=" + std::to_string(steps), "eval.enabled=false",
+                      "output.dir=" + base + "/fine"});
+  };
+  const auto first = fineTune(2);
+  ASSERT_EQ(first.exitCode, 0) << first.output;
+  EXPECT_NE(first.output.find("initial weights from " + pretrained), std::string::npos) << first.output;
+  std::ofstream(pretrained, std::ios::trunc) << "not a model any more";
+  const auto restarted = fineTune(4);
+  ASSERT_EQ(restarted.exitCode, 0) << restarted.output;
+  EXPECT_NE(restarted.output.find("init.model_path " + pretrained + " not read: the resumed checkpoint's weights "
+                                  "replace it"),
+            std::string::npos)
+      << restarted.output;
+  EXPECT_NE(restarted.output.find("resumed from"), std::string::npos) << restarted.output;
+  fs::remove_all(base);
+}
+
 }  // namespace
 }  // namespace ddp

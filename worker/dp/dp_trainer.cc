@@ -13,6 +13,7 @@
 #include "worker/data/batch_loader.h"
 #include "worker/dp/data_parallel.h"
 #include "worker/report/memory_stats.h"
+#include "worker/train/training_checkpointer.h"
 #include "worker/train/training_loop.h"
 
 namespace ddp::worker::dp {
@@ -136,7 +137,9 @@ DpResult DpTrainer::run(const Datasets& data) {
   torch::manual_seed(config_.seed);
   auto model = makeModel(config_.model, data.input);
   auto& module = *model.ptr();
-  if (!config_.init.modelPath.empty()) {
+  if (!config_.init.modelPath.empty() && resumeReplacesInitialWeights(config_)) {
+    spdlog::info("init.model_path {} not read: the resumed checkpoint's weights replace it", config_.init.modelPath);
+  } else if (!config_.init.modelPath.empty()) {
     loadModel(module, config_.init.modelPath);
     spdlog::info("initial weights from {}", config_.init.modelPath);
   }

@@ -15,6 +15,7 @@
 #include "ddp/state_dict.h"
 #include "worker/models/sharded_units.h"
 #include "worker/train/fully_sharded.h"
+#include "worker/train/training_checkpointer.h"
 #include "worker/train/training_loop.h"
 
 namespace ddp::worker {
@@ -169,10 +170,15 @@ TrainResult Trainer::run(const Datasets& data) {
     }
   }
   // init.model_path: rank 0 reads the file (the others need not see it), the broadcast hands its
-  // weights to every rank. A checkpoint that resume finds in the loop still takes precedence.
+  // weights to every rank. Not when a checkpoint will replace them (rank 0 alone decides: the
+  // broadcast is the same either way).
   if (group_.rank() == 0 && !config_.init.modelPath.empty()) {
-    loadModelWeights(module, config_.init.modelPath);
-    spdlog::info("initial weights from {}", config_.init.modelPath);
+    if (resumeReplacesInitialWeights(config_)) {
+      spdlog::info("init.model_path {} not read: the resumed checkpoint's weights replace it", config_.init.modelPath);
+    } else {
+      loadModelWeights(module, config_.init.modelPath);
+      spdlog::info("initial weights from {}", config_.init.modelPath);
+    }
   }
   if (config_.train.activationCheckpointing) {
     auto* units = dynamic_cast<ShardedUnits*>(&module);
