@@ -85,6 +85,11 @@ static void requireReadable(const std::string& key, const std::string& path, con
   }
 }
 
+bool resumeReplacesInitialWeights(const WorkerConfig& config) {
+  if (config.resume.empty()) return false;
+  return config.resume != "auto" || !listCheckpoints(checkpointDir(config)).empty();
+}
+
 void checkInputPaths(const WorkerConfig& config) {
   // A sharded checkpoint's directory (its manifest beside the rank files) is a model file too.
   const auto shardedCheckpoint = [](const std::string& path) {
@@ -117,8 +122,9 @@ void checkInputPaths(const WorkerConfig& config) {
                     "give a checkpoint (ckpt-<step>.pt, or a sharded checkpoint's directory ckpt-<step>/), or "
                     "resume=auto to take the newest in checkpoint.dir (none there: start fresh)");
   }
-  // Rank 0 alone reads init.model_path (and broadcasts it): on another node it need not exist.
-  if (trains && launchEnv().rank == 0) {
+  // Rank 0 alone reads init.model_path (and broadcasts it): on another node it need not exist; nor
+  // when a resumed checkpoint replaces its weights.
+  if (trains && launchEnv().rank == 0 && !resumeReplacesInitialWeights(config)) {
     requireReadable("init.model_path", config.init.modelPath, modelFile + ", or leave it empty to start from fresh weights");
   }
   if (config.mode == Mode::kEval) requireReadable("eval.model_path", config.eval.modelPath, modelFile);

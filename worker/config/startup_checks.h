@@ -6,9 +6,15 @@
 
 namespace ddp::worker {
 
-/// `resume` (a path, not auto) and `eval.model_path` must not be directories. Throws
-/// ConfigError naming the key. A missing file is left to the loaders' own messages.
+/// The files the run reads at start: `resume` (a path), `init.model_path` (rank 0, unless a
+/// resume replaces it), `eval.model_path`, `generate.model_path` must exist and be readable, and
+/// be files (or a sharded checkpoint's directory). Throws ConfigError naming the key.
 void checkInputPaths(const WorkerConfig& config);
+
+/// Whether config.resume will replace the initial weights: it names a checkpoint, or resume=auto
+/// finds one in checkpoint.dir (all damaged: the resume ends the run instead). Then init.model_path
+/// is not read (a fine-tuning job restarted after its first checkpoint skips the pretrained file).
+bool resumeReplacesInitialWeights(const WorkerConfig& config);
 
 /// Rank 0's outputs: creates output.dir (and checkpoint.dir when checkpoints are scheduled)
 /// and proves a file named like each output can be created there, removing the probes.

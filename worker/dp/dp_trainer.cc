@@ -10,10 +10,10 @@
 #include "common/error.h"
 #include "ddp/checkpoint.h"
 #include "ddp/cuda.h"
+#include "worker/config/startup_checks.h"
 #include "worker/data/batch_loader.h"
 #include "worker/dp/data_parallel.h"
 #include "worker/report/memory_stats.h"
-#include "worker/train/training_checkpointer.h"
 #include "worker/train/training_loop.h"
 
 namespace ddp::worker::dp {

@@ -13,9 +13,9 @@
 #include "ddp/checkpoint.h"
 #include "ddp/files.h"
 #include "ddp/state_dict.h"
+#include "worker/config/startup_checks.h"
 #include "worker/models/sharded_units.h"
 #include "worker/train/fully_sharded.h"
-#include "worker/train/training_checkpointer.h"
 #include "worker/train/training_loop.h"
 
 namespace ddp::worker {

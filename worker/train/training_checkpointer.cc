@@ -25,11 +25,6 @@ CheckpointOptions checkpointOptions(const WorkerConfig& config, int64_t trainSam
 
 }  // namespace
 
-bool resumeReplacesInitialWeights(const WorkerConfig& config) {
-  if (config.resume.empty()) return false;
-  return config.resume != "auto" || !listCheckpoints(checkpointDir(config)).empty();
-}
-
 TrainingCheckpointer::TrainingCheckpointer(const WorkerConfig& config, ProcessGroup group, int64_t trainSamples,
                                            std::vector<c10::Device> cudaGenerators)
     : config_(config),

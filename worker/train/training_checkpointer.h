@@ -12,11 +12,6 @@ namespace ddp::worker {
 
 using TrainPosition = ::ddp::TrainPosition;
 
-/// Whether config.resume will replace the initial weights: it names a checkpoint, or resume=auto
-/// finds one in checkpoint.dir (all damaged: the resume ends the run instead). Then init.model_path
-/// need not be read (a fine-tuning job restarted after its first checkpoint skips the pretrained file).
-bool resumeReplacesInitialWeights(const WorkerConfig& config);
-
 class TrainingCheckpointer {
  public:
   /// The group's device is this rank's: its GPU's generator is saved and restored per rank.
