@@ -2,8 +2,11 @@
 // against PyTorch's DataLoader(sampler=DistributedSampler(...)): tests/python/data_loader_reference.py
 // prints every rank's batches per epoch, and the C++ loader must yield the same ones in the same order.
 #include <ddp/data_loader.h>
+#include <ddp/sampler.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -23,6 +26,43 @@ struct Indices : torch::data::datasets::Dataset<Indices, int64_t> {
   torch::optional<size_t> size() const override { return n; }
   size_t n;
 };
+
+// The forgotten set_epoch with ddp::DistributedSampler: a second batches() without setEpoch in
+// between repeats the last pass's order (as PyTorch's would, silently): one warning, once; none
+// with setEpoch between passes, through epochBatches, or without shuffling (the order never changes).
+TEST(DistributedSamplerPasses, ASecondPassWithoutSetEpochWarnsOnce) {
+  auto warningsOf = [](const std::function<void()>& passes) {
+    const auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(16);
+    spdlog::default_logger()->sinks().push_back(sink);
+    passes();
+    spdlog::default_logger()->sinks().pop_back();
+    int count = 0;
+    for (const std::string& line : sink->last_formatted()) {
+      count += line.find("batches() again without setEpoch, so this pass sees the same order") != std::string::npos;
+    }
+    return count;
+  };
+  ddp::DistributedSampler forgot(100, 2, 0);
+  EXPECT_EQ(warningsOf([&] {
+              for (int epoch = 0; epoch < 3; ++epoch) forgot.batches(10);
+            }),
+            1);
+  ddp::DistributedSampler remembered(100, 2, 0);
+  EXPECT_EQ(warningsOf([&] {
+              for (int epoch = 0; epoch < 3; ++epoch) {
+                remembered.setEpoch(epoch);
+                remembered.batches(10);
+              }
+              for (int epoch = 3; epoch < 5; ++epoch) remembered.epochBatches(epoch, 10);
+            }),
+            0);
+  ddp::DistributedSampler ordered(100, 2, 0, ddp::SamplerOptions{/*shuffle=*/false});
+  EXPECT_EQ(warningsOf([&] {
+              ordered.batches(10);
+              ordered.batches(10);
+            }),
+            0);
+}
 
 TEST(DataLoaderSampler, MakeDataLoaderYieldsPyTorchsBatchesEpochByEpoch) {
   const auto reference =
