@@ -2,13 +2,18 @@
 // api_ranks_test.cc); linked last: its last test destroys the group.
 #include "tests/libddp/api_ranks_support.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/support/run_command.h"
@@ -347,6 +352,17 @@ TEST(Checkpointer, ADirectoryAnotherJobHoldsIsRefused) {
   if (group().rank() == 0) {
     ::kill(-other->pid, SIGKILL);
     EXPECT_EQ(other->wait(30), 128 + SIGKILL);
+    // The lock goes with the holder's last process (tail, which the shell under flock became), which
+    // may still be dying when flock itself has been reaped: wait until the lock can be taken.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    bool free = false;
+    while (!free && std::chrono::steady_clock::now() < deadline) {
+      const int fd = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC);
+      free = fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+      if (fd >= 0) ::close(fd);
+      if (!free) std::this_thread::sleep_for(std::chrono::milliseconds(5));  // polls the lock itself
+    }
+    EXPECT_TRUE(free) << lock << " still locked 30 s after its holder was killed";
   }
   group().barrier();
   EXPECT_EQ(std::filesystem::path(checkpointer.save(*net, sgd, {0, 1, 1, 1})).filename(), "ckpt-00000001.pt");
