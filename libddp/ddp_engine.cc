@@ -1,4 +1,5 @@
 // ddp::DdpEngine, DistributedDataParallel's engine, over the gradient sync of libddp/engine/.
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 #include <spdlog/spdlog.h>
@@ -124,6 +125,7 @@ void DdpEngine::beforeForward() {
     }
     if (state_->requireForwardParamSync && state_->syncBuffers) {
       const int root = State::commonRank(group, true);
+      at::AutoDispatchBelowADInplaceOrView belowAutograd;  // as below: the buffers' versions stay
       group.broadcast(state_->buffers, root);
     }
     State::sumOver(group, sync_ ? 1 : 0);
@@ -131,6 +133,11 @@ void DdpEngine::beforeForward() {
     return;
   }
   if (state_->requireForwardParamSync && state_->syncBuffers) {
+    // As DDP's _sync_buffers, whose c10d copies run below autograd: the buffers' versions stay, so an
+    // earlier forward whose backward is still to come (two forwards, then one backward over both
+    // losses; an evaluation forward between a forward and its backward) keeps a valid graph — its
+    // saved running statistics are not used by a training-mode BatchNorm's backward.
+    at::AutoDispatchBelowADInplaceOrView belowAutograd;
     state_->bufferBroadcast.broadcast(state_->buffers, /*root=*/0);
   }
 }

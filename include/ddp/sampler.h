@@ -29,7 +29,8 @@ class DistributedSampler {
   DistributedSampler(DistributedSampler&&) noexcept;
   DistributedSampler& operator=(DistributedSampler&&) noexcept;
 
-  /// Call before every epoch, or every epoch sees the same order (Python's set_epoch).
+  /// Call before every epoch, or every epoch sees the same order (Python's set_epoch; here a second
+  /// batches() without setEpoch in between warns once, when shuffling).
   void setEpoch(int64_t epoch);
   /// An epoch resumed part-way, at this or another world size: `start` positions of the epoch's
   /// permutation were consumed already (TrainPosition::epochSamples of the checkpoint), and the

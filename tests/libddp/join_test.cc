@@ -279,6 +279,59 @@ TEST(BackwardWithoutBatch, OnRankZeroWithBroadcastBuffersWarnsOnce) {
   }
 }
 
+// Two forwards through the wrapper, then one backward over both losses (two views of a batch, as
+// contrastive learning does), with BatchNorm's buffers broadcast at each forward, as PyTorch's DDP
+// runs it (checked: the pinned PyTorch's DDP runs this step): the second forward's broadcast must
+// not bump the versions of the buffers the first one's graph saved, or the backward fails
+// ("modified by an inplace operation", as ours did). Then a forward, an evaluation forward without
+// grad, and the first one's backward. Every .grad is the formula's mean over ranks.
+class TwoForwardsOneBackward : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TwoForwardsOneBackward, GradientsAreTheMeanOfBothLossesOverRanks) {
+  const std::string variant = GetParam();
+  const int rank = group().rank();
+  auto input = [](int r, int m) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(2000 + 10 * r + m));
+    return at::randn({5, 6}, gen);
+  };
+  ddp::DdpOptions options;
+  options.bucketCapMb = 1e-4;  // several buckets
+  options.firstBucketCapMb = 1e-4;
+  options.reducer = variant == "flat" ? ddp::GradientReducer::kFlat : ddp::GradientReducer::kBucketed;
+  options.findUnusedParameters = variant == "find_unused";
+  options.gradientAsBucketView = variant == "bucket_view";
+  torch::nn::Sequential model = makeModel();
+  ddp::DistributedDataParallel<torch::nn::Sequential> ddpModel(model, group(), options);
+  for (const bool evaluateBetween : {false, true}) {
+    torch::nn::Sequential plain = makeModel();  // the formula: every rank's losses on a plain copy
+    for (int r = 0; r < 3; ++r) {
+      for (int m = 0; m < (evaluateBetween ? 1 : 2); ++m) (plain->forward(input(r, m)).pow(2).mean() / 3).backward();
+    }
+    ddpModel.zeroGrad();
+    at::Tensor loss = ddpModel(input(rank, 0)).pow(2).mean();
+    if (evaluateBetween) {
+      torch::NoGradGuard noGrad;
+      ddpModel(input(rank, 1));
+    } else {
+      loss = loss + ddpModel(input(rank, 1)).pow(2).mean();
+    }
+    ASSERT_NO_THROW(loss.backward()) << variant;
+    const auto want = plain->named_parameters();
+    int compared = 0;
+    for (const auto& p : model->named_parameters()) {
+      ASSERT_TRUE(p.value().grad().defined()) << p.key();
+      const double err = (p.value().grad() - want[p.key()].grad()).abs().max().item<double>();
+      EXPECT_LE(err, 1e-6) << variant << (evaluateBetween ? ", evaluation between" : ", two forwards") << ": "
+                           << p.key() << "'s gradient on rank " << rank;
+      ++compared;
+    }
+    EXPECT_EQ(compared, 6);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Reducers, TwoForwardsOneBackward,
+                         ::testing::Values("bucketed", "flat", "find_unused", "bucket_view"));
+
 TEST(BackwardWithoutBatch, InsideAJoinIsRefusedWithOneLine) {
   torch::nn::Sequential model = makeModel();
   ddp::DistributedDataParallel<torch::nn::Sequential> ddpModel(model, group());
