@@ -198,6 +198,18 @@ TEST(BackwardWithoutBatch, UnevenShardsEndWithTheModelOfPyTorchsJoin) {
 // gradient_as_bucket_view) and the flat one.
 class WithoutBatchAccumulated : public ::testing::TestWithParam<std::string> {};
 
+// The gradient syncs these tests run through: the bucketed reducer (also with find_unused_parameters
+// and gradient_as_bucket_view) in buckets of ~100 bytes (one per parameter or so), and the flat one.
+ddp::DdpOptions reducerVariant(const std::string& variant) {
+  ddp::DdpOptions options;
+  options.bucketCapMb = 1e-4;
+  options.firstBucketCapMb = 1e-4;
+  options.reducer = variant == "flat" ? ddp::GradientReducer::kFlat : ddp::GradientReducer::kBucketed;
+  options.findUnusedParameters = variant == "find_unused";
+  options.gradientAsBucketView = variant == "bucket_view";
+  return options;
+}
+
 TEST_P(WithoutBatchAccumulated, GradientsAreTheMeanOverTheMicroBatchesHeld) {
   const std::string variant = GetParam();
   const int held[] = {2, 1, 0};
@@ -211,14 +223,8 @@ TEST_P(WithoutBatchAccumulated, GradientsAreTheMeanOverTheMicroBatchesHeld) {
   for (int r = 0; r < 3; ++r) {
     for (int m = 0; m < held[r]; ++m) (plain->forward(input(r, m)).pow(2).mean() / 2 / 3).backward();
   }
-  ddp::DdpOptions options;
-  options.bucketCapMb = 1e-4;  // ~100 bytes: one bucket per parameter or so
-  options.firstBucketCapMb = 1e-4;
-  options.reducer = variant == "flat" ? ddp::GradientReducer::kFlat : ddp::GradientReducer::kBucketed;
-  options.findUnusedParameters = variant == "find_unused";
-  options.gradientAsBucketView = variant == "bucket_view";
   torch::nn::Sequential model = makeModel();
-  ddp::DistributedDataParallel<torch::nn::Sequential> ddpModel(model, group(), options);
+  ddp::DistributedDataParallel<torch::nn::Sequential> ddpModel(model, group(), reducerVariant(variant));
   for (int step = 0; step < 2; ++step) {  // twice: the second starts from the first's state
     for (auto& p : model->parameters()) {
       if (p.grad().defined()) p.grad().zero_();
@@ -294,14 +300,8 @@ TEST_P(TwoForwardsOneBackward, GradientsAreTheMeanOfBothLossesOverRanks) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(2000 + 10 * r + m));
     return at::randn({5, 6}, gen);
   };
-  ddp::DdpOptions options;
-  options.bucketCapMb = 1e-4;  // several buckets
-  options.firstBucketCapMb = 1e-4;
-  options.reducer = variant == "flat" ? ddp::GradientReducer::kFlat : ddp::GradientReducer::kBucketed;
-  options.findUnusedParameters = variant == "find_unused";
-  options.gradientAsBucketView = variant == "bucket_view";
   torch::nn::Sequential model = makeModel();
-  ddp::DistributedDataParallel<torch::nn::Sequential> ddpModel(model, group(), options);
+  ddp::DistributedDataParallel<torch::nn::Sequential> ddpModel(model, group(), reducerVariant(variant));
   for (const bool evaluateBetween : {false, true}) {
     torch::nn::Sequential plain = makeModel();  // the formula: every rank's losses on a plain copy
     for (int r = 0; r < 3; ++r) {
