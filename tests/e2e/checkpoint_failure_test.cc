@@ -38,16 +38,7 @@ namespace {
 using namespace resume_test;
 namespace fs = std::filesystem;
 
-// The launcher's children (its workers), from /proc.
-std::vector<pid_t> childrenOf(pid_t parent) {
-  std::vector<pid_t> out;
-  std::error_code ec;
-  for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(parent) + "/task", ec)) {
-    std::ifstream in(task.path() / "children");
-    for (pid_t p; in >> p;) out.push_back(p);
-  }
-  return out;
-}
+using test::childrenOf;
 
 // SIGSTOP is delivered asynchronously: returns once /proc shows the process stopped (state T) or gone.
 void waitUntilStopped(pid_t pid) {

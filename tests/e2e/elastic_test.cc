@@ -67,16 +67,7 @@ struct Job {
   static constexpr int64_t kSamples = 4096;
 };
 
-// The pids of `parent`'s children, from /proc.
-std::vector<pid_t> childrenOf(pid_t parent) {
-  std::vector<pid_t> out;
-  std::error_code ec;
-  for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(parent) + "/task", ec)) {
-    std::ifstream in(task.path() / "children");
-    for (pid_t p; in >> p;) out.push_back(p);
-  }
-  return out;
-}
+using test::childrenOf;
 
 bool alive(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");

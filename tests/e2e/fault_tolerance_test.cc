@@ -29,16 +29,7 @@ std::string tempDir() { return test::makeTempDir("fault"); }
 /// A background launch whose output goes to a file we can watch.
 using test::Background;
 
-/// The worker processes the launcher started (its direct children), by rank order of start.
-std::vector<pid_t> childrenOf(pid_t parent) {
-  std::vector<pid_t> out;
-  for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(parent) + "/task")) {
-    std::ifstream in(task.path() / "children");
-    for (pid_t p; in >> p;) out.push_back(p);
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
+using test::childrenOf;  // the worker processes the launcher started, by rank order of start
 
 std::vector<std::string> trainArgs(const std::string& out) {
   return {kConfig, "seed=9", "model.hidden=[32]", "data.synthetic_train=256", "data.synthetic_test=64",

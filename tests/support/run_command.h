@@ -152,6 +152,19 @@ inline CommandResult runCommand(const std::vector<std::string>& argv, int timeou
   return runCommand(argv, options);
 }
 
+/// The pids of `parent`'s children (a launcher's workers), from /proc, in ascending order (the order
+/// the launcher started them, pids not wrapping); empty once `parent` is gone.
+inline std::vector<pid_t> childrenOf(pid_t parent) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(parent) + "/task", ec)) {
+    std::ifstream in(task.path() / "children");
+    for (pid_t p; in >> p;) out.push_back(p);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 /// Starts argv[0] in its own process group with stdout and stderr on `outFd` and returns its pid,
 /// for a test that reads the output as it comes or signals the program. The caller waits for it
 /// and kills its group (-pid).
