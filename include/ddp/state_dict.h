@@ -40,4 +40,20 @@ StateDict loadTensors(const std::string& path);
 /// weights), where ddp::loadModel's strict match cannot apply.
 StateDict loadModelStateDict(const std::string& path);
 
+/// A model file's state dict and what the file records of the model that wrote it: settings a
+/// state dict cannot show (nanoGPT's n_head shapes no tensor), to check before loading.
+struct ModelFile {
+  StateDict state;  // as loadModelStateDict returns it
+  /// The scalars of a checkpoint dict's "model_args" (nanoGPT's ckpt.pt: n_layer, n_head, n_embd,
+  /// block_size, bias, vocab_size, dropout) as text: ints and floats as Python prints them, bools
+  /// "true"/"false", None "null". Empty for a plain state_dict.
+  std::map<std::string, std::string> modelArgs;
+  /// Our training checkpoint's (ckpt-STEP.pt or a sharded ckpt-STEP/) recorded settings, the
+  /// text ddp::CheckpointOptions::config held (the worker's resolved YAML). Empty for other files.
+  std::string config;
+};
+
+/// loadModelStateDict's state dict with the file's model_args and recorded config; read once.
+ModelFile readModelFile(const std::string& path);
+
 }  // namespace ddp

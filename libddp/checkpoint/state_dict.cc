@@ -60,6 +60,15 @@ StateDict loadModelStateDict(const std::string& path) {
   return out;
 }
 
+ModelFile readModelFile(const std::string& path) {
+  checkpoint::ModelFileContents contents = checkpoint::readModelFileContents(path);
+  ModelFile out;
+  for (auto& [key, tensor] : contents.entries) out.state[key] = std::move(tensor);
+  out.modelArgs = std::move(contents.modelArgs);
+  out.config = std::move(contents.config);
+  return out;
+}
+
 StateDict loadTensors(const std::string& path) {
   const checkpoint::PyValuePtr root = checkpoint::readTorchFile(path);
   if (root->kind != checkpoint::PyValue::Kind::kDict) {

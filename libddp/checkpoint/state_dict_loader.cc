@@ -1,6 +1,7 @@
 #include "libddp/checkpoint/state_dict_loader.h"
 
 #include <c10/core/GradMode.h>
+#include <spdlog/fmt/fmt.h>
 #include <torch/nn/module.h>
 
 #include <filesystem>
@@ -108,12 +109,33 @@ void loadStateDictInto(torch::nn::Module& module,
   }
 }
 
-std::vector<std::pair<std::string, at::Tensor>> modelFileEntries(const std::string& path) {
+namespace {
+
+// A scalar of a pickled dict as text: ints and floats as Python prints them (shortest round trip),
+// bools as YAML's true/false, None as null; false when the value is not a scalar.
+bool scalarText(const PyValue& value, std::string& out) {
+  switch (value.kind) {
+    case PyValue::Kind::kInt: out = std::to_string(value.integer); return true;
+    case PyValue::Kind::kFloat:
+      out = fmt::format("{}", value.real);
+      if (out.find_first_of(".einf") == std::string::npos) out += ".0";  // Python's 0.0, not fmt's 0
+      return true;
+    case PyValue::Kind::kBool: out = value.boolean ? "true" : "false"; return true;
+    case PyValue::Kind::kString: out = value.text; return true;
+    case PyValue::Kind::kNone: out = "null"; return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+
+ModelFileContents readModelFileContents(const std::string& path) {
   // A sharded training checkpoint (a directory with its manifest) is one of our checkpoints too:
   // its model, every tensor whole.
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec) && std::filesystem::exists(std::filesystem::path(path) / kShardedManifest, ec)) {
-    return loadTrainingStateFor(path, nullptr).model;
+    TrainingState state = loadTrainingStateFor(path, nullptr);
+    return {std::move(state.model), {}, std::move(state.config)};
   }
   const PyValuePtr root = readTorchFile(path);
   if (root->kind != PyValue::Kind::kDict) {
@@ -121,8 +143,10 @@ std::vector<std::pair<std::string, at::Tensor>> modelFileEntries(const std::stri
   }
   // A training checkpoint carries a checksum: every reader verifies it, not only resume.
   if (const PyValue* format = root->get("format"); format && format->text == kCheckpointFormat) {
-    return loadTrainingCheckpoint(path).model;
+    TrainingState state = loadTrainingCheckpoint(path);
+    return {std::move(state.model), {}, std::move(state.config)};
   }
+  ModelFileContents out;
   const PyValue* state = root.get();
   for (const char* key : {"model", "state_dict", "model_state_dict"}) {
     if (const PyValue* nested = root->get(key); nested && nested->kind == PyValue::Kind::kDict) {
@@ -130,7 +154,19 @@ std::vector<std::pair<std::string, at::Tensor>> modelFileEntries(const std::stri
       break;
     }
   }
-  return tensorEntries(*state);
+  // nanoGPT's ckpt.pt: {"model": ..., "model_args": {"n_layer": 6, "n_head": 6, ...}, ...}
+  if (const PyValue* args = root->get("model_args"); state != root.get() && args && args->kind == PyValue::Kind::kDict) {
+    for (const auto& [key, value] : args->entries) {
+      std::string text;
+      if (key->kind == PyValue::Kind::kString && scalarText(*value, text)) out.modelArgs[key->text] = text;
+    }
+  }
+  out.entries = tensorEntries(*state);
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> modelFileEntries(const std::string& path) {
+  return readModelFileContents(path).entries;
 }
 
 void loadModelFile(torch::nn::Module& module, const std::string& path) {

@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -38,5 +39,13 @@ void loadModelFile(torch::nn::Module& module, const std::string& path);
 
 /// The (key, tensor) entries loadModelFile() loads from `path`, keys as the file has them.
 std::vector<std::pair<std::string, at::Tensor>> modelFileEntries(const std::string& path);
+
+/// A model file's entries and what it records of the model that wrote it (ddp::readModelFile).
+struct ModelFileContents {
+  std::vector<std::pair<std::string, at::Tensor>> entries;
+  std::map<std::string, std::string> modelArgs;  // a checkpoint dict's "model_args" scalars, as text
+  std::string config;                            // our training checkpoint's recorded config
+};
+ModelFileContents readModelFileContents(const std::string& path);
 
 }  // namespace ddp::checkpoint

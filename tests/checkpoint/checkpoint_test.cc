@@ -24,6 +24,7 @@
 #include "ddp/checkpoint.h"
 #include "ddp/files.h"
 #include "ddp/process_group.h"
+#include "ddp/state_dict.h"
 #include "libddp/checkpoint/checkpoint_dir.h"
 #include "libddp/checkpoint/state_dict_loader.h"
 #include "libddp/checkpoint/training_checkpoint.h"
@@ -143,6 +144,12 @@ TEST_F(Checkpoint, TrainingCheckpointRoundTripsExactly) {
   EXPECT_TRUE(at::equal(r.cpuRng, s.cpuRng));
   EXPECT_EQ(r.config, s.config);
   EXPECT_EQ(checksumOf(r), checksumOf(s));
+  // A model file reader gets the model and the recorded config (no model_args: not nanoGPT's).
+  const ddp::ModelFile file = ddp::readModelFile(path);
+  EXPECT_EQ(file.config, s.config);
+  EXPECT_TRUE(file.modelArgs.empty());
+  ASSERT_EQ(file.state.size(), 2u);
+  EXPECT_TRUE(at::equal(file.state.at(s.model[0].first), s.model[0].second));
 }
 
 // {"__dict__": [[k, v], ...]} (read_torch_file.py's JSON for a dict) → {k: v}.

@@ -4,6 +4,7 @@
 // generate draws its tokens; a nanoGPT ckpt.pt's model loads here. Plus the state dict's keys, the
 // initialisation, the loader's refusals and the options' one-line errors.
 #include "worker/models/gpt.h"
+#include "worker/models/models.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -120,6 +121,7 @@ struct Reference {
 // A nanoGPT ckpt.pt the reference wrote: its 'model' dict, and a batch "x" with its "logits".
 struct Checkpoint {
   ddp::StateDict model;
+  std::map<std::string, std::string> modelArgs;  // ckpt.pt's "model_args", as ddp::readModelFile gives them
   ddp::StateDict out;
   std::string error;  // reading ckpt.pt failed
 };
@@ -173,7 +175,9 @@ const References& references() {
       } else {
         r.checkpoint[bias].out = tensorsIfThere(paths[i] + "/out.pt");
         try {
-          r.checkpoint[bias].model = ddp::loadModelStateDict(paths[i] + "/ckpt.pt");
+          ddp::ModelFile file = ddp::readModelFile(paths[i] + "/ckpt.pt");
+          r.checkpoint[bias].model = std::move(file.state);
+          r.checkpoint[bias].modelArgs = std::move(file.modelArgs);
         } catch (const ddp::Error& e) {
           r.checkpoint[bias].error = e.what();
         }
@@ -385,6 +389,76 @@ TEST(Gpt, LoadsANanoGptCheckpointWithTheCompilePrefix) {
     c10::NoGradGuard noGrad;
     EXPECT_LE(maxDiff(model->forward(ckpt.out.at("x")), ckpt.out.at("logits")), kTolerance) << "bias " << bias;
   }
+}
+
+// nanoGPT's model_args hold n_head, which no tensor's shape shows: a run of another n_head is
+// refused by them, naming the key and the value to set; the model's own settings load.
+TEST(Gpt, ANanoGptCheckpointsModelArgsAreCheckedBeforeItsWeightsLoad) {
+  const Checkpoint& ckpt = references().checkpoint.at(true);
+  ASSERT_EQ(ckpt.error, "");
+  const GptOptions o = smallGpt(true);
+  // What the reference's dict(cfg) pickled, as Python's repr shows it.
+  const std::map<std::string, std::string> expected = {
+      {"n_layer", std::to_string(o.nLayer)}, {"n_head", std::to_string(o.nHead)}, {"n_embd", std::to_string(o.nEmbd)},
+      {"block_size", std::to_string(o.blockSize)}, {"vocab_size", std::to_string(o.vocabSize)},
+      {"dropout", "0.0"}, {"bias", "true"}};
+  EXPECT_EQ(ckpt.modelArgs, expected);
+
+  GptOptions otherHeads = o;
+  otherHeads.nHead = 4;  // the same shapes: without model_args the weights would load
+  otherHeads.dropout = 0.1;  // may differ (fine-tuning with dropout), not reported
+  Gpt model = seededGpt(otherHeads, 5);
+  const at::Tensor before = model->transformer->wte->weight.clone();
+  ddp::ModelFile file{ckpt.model, ckpt.modelArgs, ""};
+  std::string error;
+  try {
+    loadGptModelFile(*model, file, "ckpt.pt");
+  } catch (const ddp::CheckpointError& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("'ckpt.pt': the GPT that wrote it differs from this run's model.* (its model_args vs this "
+                       "run's): n_head 2 vs 4 (n_head shapes no tensor"), std::string::npos) << error;
+  EXPECT_NE(error.find("; set model.n_head=2"), std::string::npos) << error;
+  EXPECT_EQ(error.find("dropout"), std::string::npos) << error;
+  EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+  EXPECT_TRUE(torch::equal(model->transformer->wte->weight, before));
+  loadGptStateDict(*model, ckpt.model);  // what the check prevents: the shapes fit
+  EXPECT_TRUE(torch::equal(model->transformer->wte->weight, ckpt.model.at("_orig_mod.transformer.wte.weight")));
+
+  Gpt same = seededGpt(o, 6);
+  loadGptModelFile(*same, file, "ckpt.pt");
+  same->eval();
+  c10::NoGradGuard noGrad;
+  EXPECT_LE(maxDiff(same->forward(ckpt.out.at("x")), ckpt.out.at("logits")), kTolerance);
+}
+
+// Our training checkpoint records its run's config: model.* there is checked the same way.
+TEST(Gpt, OurCheckpointsRecordedConfigIsCheckedBeforeItsWeightsLoad) {
+  const GptOptions o = smallGpt(false);
+  // The shipped config's run, as its checkpoint records it (vocab_size 0: the data's, which the
+  // embedding's shape shows, so not compared).
+  auto set = [](const char* key, int64_t value) { return std::string(key).append(std::to_string(value)); };
+  WorkerConfig saved = loadConfig(std::string(DDP_SOURCE_DIR).append("/configs/gpt_fortunes_char.yaml"),
+                                  {set("model.n_layer=", o.nLayer), "model.n_head=4", set("model.n_embd=", o.nEmbd),
+                                   set("model.block_size=", o.blockSize), "model.bias=true"});
+  ASSERT_EQ(saved.model.vocabSize, 0);
+  ddp::ModelFile file{gptStateDict(seededGpt(o, 1)), {}, dumpConfig(saved)};
+  Gpt model = seededGpt(o, 2);
+  std::string error;
+  try {
+    loadGptModelFile(*model, file, "ckpt-8.pt");
+  } catch (const ddp::CheckpointError& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("(its run's config vs this run's): n_head 4 vs 2, bias true vs false"), std::string::npos) << error;
+  EXPECT_NE(error.find("; set model.n_head=4 model.bias=true"), std::string::npos) << error;
+  EXPECT_EQ(error.find("vocab_size"), std::string::npos) << error;
+
+  saved.model.nHead = o.nHead;
+  saved.model.bias = false;
+  file.config = dumpConfig(saved);
+  loadGptModelFile(*model, file, "ckpt-8.pt");
+  EXPECT_TRUE(torch::equal(model->transformer->wte->weight, file.state.at("transformer.wte.weight")));
 }
 
 std::string loadError(Gpt& model, ddp::StateDict state) {

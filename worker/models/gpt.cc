@@ -354,4 +354,25 @@ void loadGptStateDict(GptImpl& model, ddp::StateDict state, const std::string& s
   for (auto& [key, target] : targets) target.copy_(given.at(key));
 }
 
+void checkGptSettings(const GptOptions& options, const RecordedGptSettings& recorded, const std::string& source) {
+  const std::pair<const char*, std::string> ours[] = {
+      {"n_layer", std::to_string(options.nLayer)},     {"n_head", std::to_string(options.nHead)},
+      {"n_embd", std::to_string(options.nEmbd)},       {"block_size", std::to_string(options.blockSize)},
+      {"bias", options.bias ? "true" : "false"},       {"vocab_size", std::to_string(options.vocabSize)}};
+  std::string differences, fix;
+  for (const auto& [key, value] : ours) {
+    const auto it = recorded.values.find(key);
+    if (it == recorded.values.end() || it->second == value) continue;
+    if (!differences.empty()) differences += ", ";
+    differences.append(key).append(" ").append(it->second).append(" vs ").append(value);
+    fix.append(" model.").append(key).append("=").append(it->second);
+  }
+  if (differences.empty()) return;
+  const bool heads = recorded.values.count("n_head") && recorded.values.at("n_head") != std::to_string(options.nHead);
+  DDP_THROW(CheckpointError, source.empty() ? std::string() : "'" + source + "': ", "the GPT that wrote it differs from "
+            "this run's model.* (", recorded.from, " vs this run's): ", differences,
+            heads ? " (n_head shapes no tensor: the weights would load and compute another model)" : "",
+            "; set", fix);
+}
+
 }  // namespace ddp::worker

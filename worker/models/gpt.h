@@ -13,7 +13,9 @@
 #include <ATen/core/Generator.h>
 
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "ddp/state_dict.h"
@@ -184,5 +186,20 @@ ddp::StateDict gptStateDict(const Gpt& model);
 /// begins its line.
 void loadGptStateDict(GptImpl& model, ddp::StateDict state, const std::string& source = "");
 void loadGptStateDict(Gpt& model, ddp::StateDict state);
+
+/// The GPT settings a model file records of the run that wrote it, by nanoGPT's names ("n_layer",
+/// "n_head", "n_embd", "block_size", "bias", "vocab_size"; values as text, bools "true"/"false"), and
+/// where they come from ("its model_args", "its run's config").
+struct RecordedGptSettings {
+  std::map<std::string, std::string> values;
+  std::string from;
+};
+
+/// CheckpointError, one line beginning with `source`, when a setting `recorded` holds differs from
+/// `options`: nanoGPT's six that its train.py takes from a checkpoint it resumes (n_layer, n_head,
+/// n_embd, block_size, bias, vocab_size; dropout may differ). n_head above all: no tensor's shape
+/// shows it, so a file of another n_head would load and compute another model. Settings the file
+/// does not record are not compared.
+void checkGptSettings(const GptOptions& options, const RecordedGptSettings& recorded, const std::string& source);
 
 }  // namespace ddp::worker

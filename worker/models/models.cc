@@ -125,9 +125,51 @@ StateDict withExportKeys(const torch::nn::Module& module, StateDict state) {
   return state;
 }
 
+namespace {
+
+RecordedGptSettings recordedGptSettings(const ModelFile& file) {
+  RecordedGptSettings out;
+  if (!file.modelArgs.empty()) {
+    out.from = "its model_args";
+    for (const auto& [key, value] : file.modelArgs) {
+      if (value != "null") out.values[key] = value;
+    }
+    return out;
+  }
+  if (file.config.empty()) return out;
+  WorkerConfig saved;
+  try {
+    saved = parseConfig(file.config);
+  } catch (const Error&) {
+    return out;  // another version's keys: nothing to compare reliably
+  }
+  if (saved.model.name != "gpt") return out;  // the tensors' check names another model
+  const ModelConfig& m = saved.model;
+  out.from = "its run's config";
+  out.values = {{"n_layer", std::to_string(m.nLayer)},   {"n_head", std::to_string(m.nHead)},
+                {"n_embd", std::to_string(m.nEmbd)},     {"block_size", std::to_string(m.blockSize)},
+                {"bias", m.bias ? "true" : "false"}};
+  if (m.vocabSize > 0) out.values["vocab_size"] = std::to_string(m.vocabSize);  // 0: the data's, shown by wte
+  return out;
+}
+
+}  // namespace
+
+void loadGptModelFile(GptImpl& model, ModelFile file, const std::string& path) {
+  checkGptSettings(model.options(), recordedGptSettings(file), path);
+  loadGptStateDict(model, std::move(file.state), path);
+}
+
+void checkResumedModelSettings(const torch::nn::Module& module, const std::string& recordedConfig,
+                               const std::string& source) {
+  if (const auto* gpt = dynamic_cast<const GptImpl*>(&module)) {
+    checkGptSettings(gpt->options(), recordedGptSettings(ModelFile{{}, {}, recordedConfig}), source);
+  }
+}
+
 void loadModelWeights(torch::nn::Module& module, const std::string& path) {
   if (auto* gpt = dynamic_cast<GptImpl*>(&module)) {
-    loadGptStateDict(*gpt, loadModelStateDict(path), path);
+    loadGptModelFile(*gpt, readModelFile(path), path);
     return;
   }
   loadModel(module, path);

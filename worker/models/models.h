@@ -83,4 +83,16 @@ StateDict withExportKeys(const torch::nn::Module& module, StateDict state);
 /// or without lm_head.weight, "module." or "_orig_mod.").
 void loadModelWeights(torch::nn::Module& module, const std::string& path);
 
+class GptImpl;
+/// A GPT's model file (`file`, read from `path`) into `model`: first the settings the file records
+/// (nanoGPT's model_args, our checkpoint's config) against the model's (checkGptSettings), then
+/// its tensors (loadGptStateDict).
+void loadGptModelFile(GptImpl& model, ModelFile file, const std::string& path);
+
+/// Resume: when `module` is a GPT, checkGptSettings against the settings its checkpoint's recorded
+/// config (`recordedConfig`, the YAML of the run that wrote it; "" compares nothing) names: a resume
+/// with another n_head would continue another model from the weights (no tensor's shape shows it).
+void checkResumedModelSettings(const torch::nn::Module& module, const std::string& recordedConfig,
+                               const std::string& source);
+
 }  // namespace ddp::worker

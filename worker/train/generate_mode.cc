@@ -168,9 +168,9 @@ int runGenerateMode(const WorkerConfig& config, ProcessGroup& group) {
               "; train first (mode ddp or single with this output.dir), or set generate.model_path to the model "
               "(an export, a checkpoint, or nanoGPT's ckpt.pt)");
   }
-  StateDict weights = loadModelStateDict(path);
-  if (config.model.vocabSize == 0) checkModelVocabulary(weights, input.classes, data.tokens->metaPath, path);
-  loadGptStateDict(gpt, std::move(weights), path);
+  ModelFile file = readModelFile(path);
+  if (config.model.vocabSize == 0) checkModelVocabulary(file.state, input.classes, data.tokens->metaPath, path);
+  loadGptModelFile(gpt, std::move(file), path);
   model.ptr()->to(device);
   model.ptr()->eval();
   torch::manual_seed(config.seed);

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "worker/config/config_changes.h"
+#include "worker/models/models.h"
 
 
 namespace ddp::worker {
@@ -37,9 +38,11 @@ TrainPosition TrainingCheckpointer::resume(torch::nn::Module& module, torch::opt
   const std::optional<TrainPosition> position = config_.resume == "auto"
                                                     ? checkpointer_.resume(module, optimizer, scaler)
                                                     : checkpointer_.resumeFrom(config_.resume, module, optimizer, scaler);
+  const std::string from = config_.resume == "auto" ? checkpointDir(config_) : config_.resume;
+  // Every rank read the same recorded config: all refuse alike.
+  if (position) checkResumedModelSettings(module, checkpointer_.resumedConfig(), from);
   // A resume with another learning rate or batch size is allowed (a user may mean it) but never silent.
   if (position && rank_ == 0) {
-    const std::string from = config_.resume == "auto" ? checkpointDir(config_) : config_.resume;
     const std::string changes = describeResumeChanges(checkpointer_.resumedConfig(), config_, from);
     if (!changes.empty()) spdlog::warn("{}", changes);
   }
