@@ -66,6 +66,32 @@ TEST(FullyShard, UnitRunTwiceInOneForward) {
   }
 }
 
+// Two forwards of the whole model, then one backward over both losses (two views of a batch, as
+// contrastive training does): FSDP2 runs this step; the result is DDP's on the same step.
+TEST(FullyShard, TwoForwardsThenOneBackwardEqualDdp) {
+  for (const ddp::FullyShardOptions& options : {ddp::FullyShardOptions{}, zero2()}) {
+    SCOPED_TRACE(options.replicateParameters ? "zero2" : "full");
+    Net plain = makeNet();
+    ddp::DistributedDataParallel<Net> ddpModel(plain, group());
+    auto ddpOptimizer = sgd()(plain->parameters());
+    Sharded model(options);
+    auto optimizer = sgd()(model.net->parameters());
+    for (int s = 0; s < kSteps; ++s) {
+      auto [x, y] = batch(s, group().rank());
+      const torch::Tensor x2 = x.flip(0) * 0.5;
+      ddpOptimizer->zero_grad();
+      (torch::mse_loss(ddpModel(x), y) + torch::mse_loss(ddpModel(x2), y)).backward();
+      ddpOptimizer->step();
+      optimizer->zero_grad();
+      (torch::mse_loss(model.forward(x), y) + torch::mse_loss(model.forward(x2), y)).backward();
+      optimizer->step();
+    }
+    Params expected;
+    for (const auto& p : plain->named_parameters()) expected[p.key()] = p.value().detach().clone();
+    EXPECT_LE(maxDiff(model.fullParameters(), expected), 1e-5);
+  }
+}
+
 // ddp::activationCheckpoint inside each unit (FSDP2 with torch.utils.checkpoint, the usual pairing):
 // the recompute runs in the unit's backward on the gathered parameters, and its gradients leave the
 // checkpoint's node for the unit's reduce-scatter. N steps equal the plain units' to the bit, and DDP's.
