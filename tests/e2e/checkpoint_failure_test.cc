@@ -176,12 +176,7 @@ TEST(Preemption, SigtermFinishesTheStepSavesAndResumesExactly) {
   ASSERT_EQ(resumed.exitCode, 0) << resumed.output;
   const auto straight = launch(2, args("straight", {target}));
   ASSERT_EQ(straight.exitCode, 0) << straight.output;
-  for (int r = 0; r < 2; ++r) {
-    const std::string file = "/rank" + std::to_string(r) + "_params.pt";
-    const auto a = ddp::loadTensors(base + "/straight" + file);
-    const auto b = ddp::loadTensors(base + "/stopped" + file);
-    for (const auto& [key, value] : a) EXPECT_TRUE(at::equal(value, b.at(key))) << "rank " << r << " " << key;
-  }
+  test::expectRankParamsBitwiseEqual(base + "/straight", base + "/stopped", 2);
   fs::remove_all(base);
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/e2e_models.h"
 #include "tests/support/run_command.h"
 
 namespace ddp::resume_test {

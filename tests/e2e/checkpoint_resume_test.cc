@@ -59,13 +59,7 @@ void checkExactResume(int world, const std::vector<std::string>& modeArgs) {
   ASSERT_EQ(second.exitCode, 0) << second.output;
   EXPECT_NE(second.output.find("resumed from"), std::string::npos) << second.output;
 
-  for (int r = 0; r < world; ++r) {
-    const std::string file = "/rank" + std::to_string(r) + "_params.pt";
-    const auto a = ddp::loadTensors(base + "/full" + file);
-    const auto b = ddp::loadTensors(base + "/split" + file);
-    ASSERT_EQ(a.size(), b.size());
-    for (const auto& [key, value] : a) EXPECT_TRUE(at::equal(value, b.at(key))) << "rank " << r << " " << key;
-  }
+  test::expectRankParamsBitwiseEqual(base + "/full", base + "/split", world);
   const auto summaryA = nlohmann::json::parse(test::readFile(base + "/full/summary.json"));
   const auto summaryB = nlohmann::json::parse(test::readFile(base + "/split/summary.json"));
   EXPECT_EQ(summaryA["steps"], 30);
@@ -152,12 +146,7 @@ TEST(Zero, ShardedEqualsUnshardedModelAndCheckpoint) {
   };
   run("plain", false);
   run("zero", true);
-  for (int r = 0; r < 3; ++r) {
-    const std::string file = "/rank" + std::to_string(r) + "_params.pt";
-    const auto a = ddp::loadTensors(base + "/plain" + file);
-    const auto b = ddp::loadTensors(base + "/zero" + file);
-    for (const auto& [key, value] : a) EXPECT_TRUE(at::equal(value, b.at(key))) << "rank " << r << " " << key;
-  }
+  test::expectRankParamsBitwiseEqual(base + "/plain", base + "/zero", 3);
   // Each rank held about a third of AdamW's state (two moments per element): the shards add up to it.
   const auto summaryPlain = nlohmann::json::parse(test::readFile(base + "/plain/summary.json"));
   const auto summaryZero = nlohmann::json::parse(test::readFile(base + "/zero/summary.json"));

@@ -15,6 +15,7 @@
 #include <random>
 #include <thread>
 
+#include "tests/support/e2e_models.h"
 #include "tests/support/run_command.h"
 #include "ddp/state_dict.h"
 
@@ -65,12 +66,7 @@ TEST(FaultTolerance, CrashedRankRestartsTheGroupAndTrainingResumesExactly) {
     return a;
   }(), 240);
   ASSERT_EQ(straight.exitCode, 0) << straight.output;
-  for (int r = 0; r < 2; ++r) {
-    const std::string file = "/rank" + std::to_string(r) + "_params.pt";
-    const auto a = ddp::loadTensors(base + "/straight" + file);
-    const auto b = ddp::loadTensors(base + "/crashed" + file);
-    for (const auto& [key, value] : a) EXPECT_TRUE(at::equal(value, b.at(key))) << "rank " << r << " " << key;
-  }
+  test::expectRankParamsBitwiseEqual(base + "/straight", base + "/crashed", 2);
   fs::remove_all(base);
 }
 

@@ -93,4 +93,24 @@ inline double maxExportDifference(const std::string& outA, const std::string& ou
   return maxStateDifference(loadTensors(outA + "/model.pt"), loadTensors(outB + "/model.pt"));
 }
 
+/// The parameters each of a job's `ranks` ranks dumped (rank<r>_params.pt in its output dir,
+/// train.dump_params) equal, bit for bit, another job's: one failure per tensor that differs or is
+/// missing (exact resume, ZeRO vs plain: the same training, so the same bits on every rank).
+inline void expectRankParamsBitwiseEqual(const std::string& outA, const std::string& outB, int ranks) {
+  for (int r = 0; r < ranks; ++r) {
+    const std::string file = "/rank" + std::to_string(r) + "_params.pt";
+    const StateDict a = loadTensors(outA + file);
+    const StateDict b = loadTensors(outB + file);
+    EXPECT_EQ(a.size(), b.size()) << "rank " << r;
+    for (const auto& [key, value] : a) {
+      const auto it = b.find(key);
+      if (it == b.end()) {
+        ADD_FAILURE() << "rank " << r << " " << key << " missing in " << outB << file;
+        continue;
+      }
+      EXPECT_TRUE(at::equal(value, it->second)) << "rank " << r << " " << key;
+    }
+  }
+}
+
 }  // namespace ddp::test
