@@ -279,6 +279,14 @@ TEST(LanguageModel, ShardedCheckpointResumesDdpAndAnotherWorldSize) {
       300);
   ASSERT_EQ(three.exitCode, 0) << three.output;
   EXPECT_NE(three.output.find("was written by 2 ranks, this job has 3"), std::string::npos) << three.output;
+  // Another n_head fits every tensor's shape; the checkpoint's recorded config refuses it.
+  const auto heads = test::runCommand(
+      gptJob(2, split, {"data.sampling=sequential", "eval.enabled=false", "train.max_steps=8", "resume=" + saved,
+                        "model.n_head=4"}),
+      300);
+  EXPECT_NE(heads.exitCode, 0) << heads.output;
+  EXPECT_NE(heads.output.find("'" + saved + "': the GPT that wrote it differs from this run's model.* (its run's "
+                              "config vs this run's): n_head 2 vs 4"), std::string::npos) << heads.output;
   fs::remove_all(straight);
   fs::remove_all(split);
 }
