@@ -8,6 +8,29 @@
 namespace fsdp_test {
 namespace {
 
+// kSteps of SGD on DDP over `plain` and on the sharded `model`, the same batches, each step's
+// loss computed by `loss` from the model's forward (DDP's or the sharded one), x and y.
+using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
+using StepLoss = std::function<torch::Tensor(const Forward&, const torch::Tensor&, const torch::Tensor&)>;
+void trainSideBySide(Net plain, Sharded& model, const StepLoss& loss) {
+  ddp::DistributedDataParallel<Net> ddpModel(plain, group());
+  auto ddpOptimizer = sgd()(plain->parameters());
+  auto optimizer = sgd()(model.net->parameters());
+  for (int s = 0; s < kSteps; ++s) {
+    auto [x, y] = batch(s, group().rank());
+    ddpOptimizer->zero_grad();
+    loss([&](const torch::Tensor& in) { return ddpModel(in); }, x, y).backward();
+    ddpOptimizer->step();
+    optimizer->zero_grad();
+    loss([&](const torch::Tensor& in) { return model.forward(in); }, x, y).backward();
+    optimizer->step();
+  }
+}
+
+torch::Tensor mseLoss(const Forward& forward, const torch::Tensor& x, const torch::Tensor& y) {
+  return torch::mse_loss(forward(x), y);
+}
+
 TEST(FullyShard, ReshardAfterForwardFreesTheGatheredBytes) {
   Sharded model;
   std::optional<c10::Storage> gathered;  // the block's full buffer, seen from inside its forward
@@ -45,21 +68,10 @@ TEST(FullyShard, UnitRunTwiceInOneForward) {
     plain->runBlock = [&](size_t i, const torch::Tensor& x) {
       return i == 0 ? plain->block(0)->forward(plain->block(0)->forward(x)) : plain->block(i)->forward(x);
     };
-    ddp::DistributedDataParallel<Net> ddpModel(plain, group());
-    auto ddpOptimizer = sgd()(plain->parameters());
     Sharded model(options);
     auto runBlock = model.net->runBlock;
     model.net->runBlock = [&](size_t i, const torch::Tensor& x) { return i == 0 ? runBlock(0, runBlock(0, x)) : runBlock(i, x); };
-    auto optimizer = sgd()(model.net->parameters());
-    for (int s = 0; s < kSteps; ++s) {
-      auto [x, y] = batch(s, group().rank());
-      ddpOptimizer->zero_grad();
-      torch::mse_loss(ddpModel(x), y).backward();
-      ddpOptimizer->step();
-      optimizer->zero_grad();
-      torch::mse_loss(model.forward(x), y).backward();
-      optimizer->step();
-    }
+    trainSideBySide(plain, model, mseLoss);
     Params expected;
     for (const auto& p : plain->named_parameters()) expected[p.key()] = p.value().detach().clone();
     EXPECT_LE(maxDiff(model.fullParameters(), expected), 1e-5);
@@ -72,20 +84,10 @@ TEST(FullyShard, TwoForwardsThenOneBackwardEqualDdp) {
   for (const ddp::FullyShardOptions& options : {ddp::FullyShardOptions{}, zero2()}) {
     SCOPED_TRACE(options.replicateParameters ? "zero2" : "full");
     Net plain = makeNet();
-    ddp::DistributedDataParallel<Net> ddpModel(plain, group());
-    auto ddpOptimizer = sgd()(plain->parameters());
     Sharded model(options);
-    auto optimizer = sgd()(model.net->parameters());
-    for (int s = 0; s < kSteps; ++s) {
-      auto [x, y] = batch(s, group().rank());
-      const torch::Tensor x2 = x.flip(0) * 0.5;
-      ddpOptimizer->zero_grad();
-      (torch::mse_loss(ddpModel(x), y) + torch::mse_loss(ddpModel(x2), y)).backward();
-      ddpOptimizer->step();
-      optimizer->zero_grad();
-      (torch::mse_loss(model.forward(x), y) + torch::mse_loss(model.forward(x2), y)).backward();
-      optimizer->step();
-    }
+    trainSideBySide(plain, model, [](const Forward& forward, const torch::Tensor& x, const torch::Tensor& y) {
+      return torch::mse_loss(forward(x), y) + torch::mse_loss(forward(x.flip(0) * 0.5), y);
+    });
     Params expected;
     for (const auto& p : plain->named_parameters()) expected[p.key()] = p.value().detach().clone();
     EXPECT_LE(maxDiff(model.fullParameters(), expected), 1e-5);
@@ -130,19 +132,8 @@ TEST(FullyShard, FullStateDictIsDdpsAndLoadsBack) {
   for (const ddp::FullyShardOptions& options : {ddp::FullyShardOptions{}, zero2()}) {
     SCOPED_TRACE(options.replicateParameters ? "zero2" : "full");
     Net plain = makeNet();
-    ddp::DistributedDataParallel<Net> ddpModel(plain, group());
-    auto ddpOptimizer = sgd()(plain->parameters());
     Sharded model(options);
-    auto optimizer = sgd()(model.net->parameters());
-    for (int s = 0; s < kSteps; ++s) {
-      auto [x, y] = batch(s, group().rank());
-      ddpOptimizer->zero_grad();
-      torch::mse_loss(ddpModel(x), y).backward();
-      ddpOptimizer->step();
-      optimizer->zero_grad();
-      torch::mse_loss(model.forward(x), y).backward();
-      optimizer->step();
-    }
+    trainSideBySide(plain, model, mseLoss);
     const ddp::StateDict full = ddp::fullStateDict(*model.net);
     const ddp::StateDict expected = ddp::stateDict(*plain);
     ASSERT_EQ(full.size(), expected.size());
