@@ -49,9 +49,15 @@ struct GroupHolder final : torch::CustomClassHolder {
 
 struct SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunction> {
   // Returns the normalised input; saves what backward needs, the group with it.
-  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor input, torch::Tensor weight, torch::Tensor bias,
-                               torch::Tensor runningMean, torch::Tensor runningVar, double momentum, double eps,
+  // weight/bias (affine=false) and the running statistics (track_running_stats=false) may be
+  // absent: optionals, since a Function's tensor arguments must be defined (each is a Variable input).
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor input, c10::optional<torch::Tensor> weightArg,
+                               c10::optional<torch::Tensor> biasArg, c10::optional<torch::Tensor> runningMeanArg,
+                               c10::optional<torch::Tensor> runningVarArg, double momentum, double eps,
                                const ProcessGroup& group) {
+    const torch::Tensor weight = weightArg.value_or(torch::Tensor()), bias = biasArg.value_or(torch::Tensor());
+    const torch::Tensor runningMean = runningMeanArg.value_or(torch::Tensor());
+    const torch::Tensor runningVar = runningVarArg.value_or(torch::Tensor());
     const torch::Tensor x = input.contiguous();
     const int64_t channels = x.size(1);
     const int64_t count = x.size(1) > 0 ? x.numel() / channels : 0;
@@ -143,7 +149,9 @@ torch::Tensor syncBatchNorm(const torch::Tensor& input, const torch::Tensor& wei
               input.sizes());
   }
   internal::checkLive(group, "a forward through ddp::SyncBatchNorm");
-  return SyncBatchNormFunction::apply(input, weight, bias, runningMean, runningVar, momentum, eps, group);
+  auto given = [](const torch::Tensor& t) { return t.defined() ? c10::optional<torch::Tensor>(t) : c10::nullopt; };
+  return SyncBatchNormFunction::apply(input, given(weight), given(bias), given(runningMean), given(runningVar), momentum,
+                                      eps, group);
 }
 
 SyncBatchNormImpl::SyncBatchNormImpl(const torch::nn::BatchNormOptions& options_, ProcessGroup group)

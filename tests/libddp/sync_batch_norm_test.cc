@@ -84,6 +84,51 @@ TEST(SyncBatchNorm, UnevenPartsComputeWhatBatchNormComputesOnTheWholeBatch) {
   }
 }
 
+// affine(false) (no weight and bias) and track_running_stats(false) (no running statistics: batch
+// statistics in eval too), as LibTorch's BatchNorm computes them on the whole batch.
+void expectWholeBatchNorm(bool affine, bool track) {
+  SCOPED_TRACE(std::string(affine ? "affine" : "no affine") + (track ? ", tracked" : ", untracked"));
+  const int world = group().size();
+  const int64_t each = 3;
+  torch::manual_seed(11);
+  const auto x = torch::randn({each * world, 4, 5}) * 2 - 1;
+  const auto g = torch::randn({each * world, 4, 5});
+  const auto options = torch::nn::BatchNormOptions(4).affine(affine).track_running_stats(track);
+  torch::nn::BatchNorm1d reference(options);
+  ddp::SyncBatchNorm sync(options, group());
+  EXPECT_EQ(sync->weight.defined(), affine);
+  EXPECT_EQ(sync->running_mean.defined(), track);
+  const auto xWhole = x.clone().requires_grad_();
+  const auto expected = reference(xWhole);
+  (expected * g).sum().backward();
+  const std::vector<int64_t> sizes(world, each);
+  const auto xMine = part(x, sizes).clone().requires_grad_();
+  const auto out = sync(xMine);
+  (out * part(g, sizes)).sum().backward();
+  EXPECT_TRUE(torch::allclose(out, part(expected, sizes), 1e-5, 1e-5));
+  EXPECT_TRUE(torch::allclose(xMine.grad(), part(xWhole.grad(), sizes), 1e-5, 1e-5));
+  if (affine) {
+    EXPECT_TRUE(torch::allclose(summed(sync->weight.grad()), reference->weight.grad(), 1e-5, 1e-4));
+    EXPECT_TRUE(torch::allclose(summed(sync->bias.grad()), reference->bias.grad(), 1e-5, 1e-4));
+  }
+  if (track) {
+    EXPECT_TRUE(torch::allclose(sync->running_mean, reference->running_mean, 1e-5, 1e-6));
+    EXPECT_TRUE(torch::allclose(sync->running_var, reference->running_var, 1e-5, 1e-6));
+  } else {  // eval without running statistics: this rank's batch statistics (Python: no sync in eval)
+    sync->eval();
+    reference->eval();
+    torch::NoGradGuard noGrad;
+    EXPECT_TRUE(torch::allclose(sync(part(x, sizes)), reference(part(x, sizes)), 1e-5, 1e-5));
+  }
+}
+
+// (A loop, not a parameterised test: those would run after Shutdown.Destroy.)
+TEST(SyncBatchNorm, WithoutAffineOrRunningStatisticsComputesWhatBatchNormComputesOnTheWholeBatch) {
+  expectWholeBatchNorm(/*affine=*/false, /*track=*/true);
+  expectWholeBatchNorm(/*affine=*/true, /*track=*/false);
+  expectWholeBatchNorm(/*affine=*/false, /*track=*/false);
+}
+
 struct NetImpl : torch::nn::Module {
   torch::nn::Conv2d conv{nullptr};
   torch::nn::AnyModule norm;
