@@ -219,8 +219,9 @@ at::Tensor clipGradNorm(const std::vector<at::Tensor>& params, double maxNorm, P
 /// parameter of `model` by its name, full, gathered from the shards of its unit (in the
 /// parameters' own dtype, whatever paramDtype says), the other parameters and the buffers as
 /// they are; CPU tensors, on every rank. The keys and shapes of the unsharded model: the export
-/// (`if (group.rank() == 0) ddp::saveStateDict(ddp::fullStateDict(*model), path)`), which Python
-/// and a DDP run load. Collective (one all-gather per unit).
+/// (`auto full = ddp::fullStateDict(*model); if (group.rank() == 0) ddp::saveStateDict(full, path);`,
+/// or ddp::saveModel(*model, path, group)), which Python and a DDP run load. Collective (one
+/// all-gather per unit): every rank calls it, not rank 0 alone.
 StateDict fullStateDict(const torch::nn::Module& model);
 
 /// set_model_state_dict with a full state dict (fullStateDict's, or a DDP or single-process run's

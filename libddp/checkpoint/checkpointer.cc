@@ -201,7 +201,7 @@ void saveModel(const torch::nn::Module& module, const std::string& path) {
   if (checkpoint::holdsShardedParameters(module)) {
     DDP_THROW(ConfigError, "ddp::saveModel('", path, "'): the module has ddp::fullyShard units, whose parameters "
               "each rank holds some rows of; call ddp::saveModel(module, path, group) on every rank, which gathers "
-              "them (or save ddp::fullStateDict(module) from rank 0)");
+              "them (or call ddp::fullStateDict(module) on every rank and save it from rank 0)");
   }
   saveStateDict(stateDict(module), path);
 }
