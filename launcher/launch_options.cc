@@ -484,6 +484,15 @@ LaunchOptions parseLaunchOptions(const cxxopts::ParseResult& parsed) {
       DDP_THROW(ConfigError, "--shutdown_timeout is torchrun's name for --shutdown_grace_s; give one of them");
     }
     launch.shutdownGraceS = parseSeconds("shutdown_timeout", parsed["shutdown_timeout"].as<std::string>(), "30");
+  } else if (const char* env = std::getenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+             env != nullptr && *env != '\0' && parsed.count("shutdown_grace_s") == 0) {
+    // torchrun's default for --shutdown_timeout, where a job script may have set it.
+    try {
+      launch.shutdownGraceS = parseSeconds("shutdown_timeout", env, "30");
+    } catch (const ConfigError&) {
+      DDP_THROW(ConfigError, "environment: TORCH_ELASTIC_SHUTDOWN_TIMEOUT='", env, "' (torchrun's default for "
+                "--shutdown_timeout) must be a number of seconds from 0 to ", kMaxGraceS, "; fix or unset it");
+    }
   }
   parseOutput(parsed, launch);
   readNonEmpty(parsed, "rdzv_token_file", launch.rdzvTokenFile,

@@ -142,10 +142,17 @@ AttemptReport WorkerSupervisor::monitor() {
     if (stopping_ && !killed_) {
       const auto now = Clock::now();
       if (now >= killAt_) {
+        bool anyKilled = false;
         for (const Worker& worker : workers_) {
           if (worker.exited) continue;
+          anyKilled = true;
           spdlog::warn("rank {} (pid {}) still running {} s after {}; sending SIGKILL", worker.rank, worker.pid,
                        grace_.count(), signalName(launcherSignal_ != 0 ? launcherSignal_ : SIGTERM));
+        }
+        if (anyKilled && (launcherSignal_ != 0 || stoppedOnRequest_)) {  // a stop the workers could have saved
+          spdlog::warn("what those workers did since their last checkpoint is lost; if they checkpoint on a signal "
+                       "and need longer for it (a slow step, a large model to write), give them more time with "
+                       "--shutdown_grace_s (torchrun's default is 30 s)");
         }
         killAll();
         continue;

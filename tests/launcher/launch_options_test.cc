@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "common/error.h"
 
 namespace ddp::launcher {
@@ -35,6 +37,20 @@ TEST(LaunchOptions, DefaultsMatchTorchrun) {
   EXPECT_DOUBLE_EQ(options.shutdownGraceS, 5.0);
   EXPECT_EQ(options.worker, "./worker");
   EXPECT_TRUE(options.workerArgs.empty());
+}
+
+// torchrun's --shutdown_timeout defaults to TORCH_ELASTIC_SHUTDOWN_TIMEOUT (else 30 s): a job script
+// that set it for torchrun gets that grace here too; a flag given wins.
+TEST(LaunchOptions, TorchElasticShutdownTimeoutSetsTheGraceWhenNoFlagDoes) {
+  ::setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "12.5", 1);
+  EXPECT_DOUBLE_EQ(parse({"w"}).shutdownGraceS, 12.5);
+  EXPECT_DOUBLE_EQ(parse({"--shutdown_grace_s=2", "w"}).shutdownGraceS, 2.0);
+  EXPECT_DOUBLE_EQ(parse({"--shutdown_timeout=3", "w"}).shutdownGraceS, 3.0);
+  ::setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "soon", 1);
+  EXPECT_EQ(errorOf({"w"}), "environment: TORCH_ELASTIC_SHUTDOWN_TIMEOUT='soon' (torchrun's default for "
+                            "--shutdown_timeout) must be a number of seconds from 0 to 86400; fix or unset it");
+  ::unsetenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+  EXPECT_DOUBLE_EQ(parse({"w"}).shutdownGraceS, 5.0);
 }
 
 TEST(LaunchOptions, MinColonMaxNodesMakesAnElasticJobWithTorchrunsDefaults) {

@@ -102,7 +102,7 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
   resumed_ = checkpointer_.resume(module_, *optimizer_, scaler_ ? &*scaler_ : nullptr);
   result_.steps = resumed_.globalStep;
   result_.samples = resumed_.samples;
-  stopFlag_ = at::zeros({1}, at::TensorOptions().device(group_.collectiveDevice()));
+  stopFlag_ = at::zeros({2}, at::TensorOptions().dtype(at::kDouble).device(group_.collectiveDevice()));
   done_ = train_.maxSteps > 0 && result_.steps >= train_.maxSteps;
   planSteps();
   profile_.emplace(config_, device_, rank_, syncDebug_, bar_);
@@ -262,7 +262,7 @@ void TrainingRun::runEpoch(int64_t epoch) {
     saveIfDue(position, place.epochEnded());
     // GPU, world > 1: at log steps only, where the request came with the loss (stopVotes_).
     const bool stopCheck = world_ == 1 || stopVotes_.defined() ||
-                           (!deviceChecks_ && (result_.steps % kStopCheckEvery == 0 || place.epochEnded()));
+                           (!deviceChecks_ && (result_.steps >= nextStopCheck_ || place.epochEnded()));
     if ((stopCheck && stopRequested(position)) || last) {
       done_ = true;
       return;

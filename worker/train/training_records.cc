@@ -144,14 +144,24 @@ bool TrainingRun::stopRequested(const TrainPosition& position) {
     }
   } else {
     syncDebug_.pause();
+    const int64_t steps = std::max<int64_t>(1, result_.steps - lastStopCheckStep_);
     {
       c10::NoGradGuard noGrad;
-      stopFlag_.fill_(stopSignal() != 0 ? 1.0 : 0.0);
+      // Whole milliseconds: their sum is exact in any order, so every rank derives the same period.
+      const double msPerStep = std::round(1000.0 * secondsSince(lastStopCheck_) / static_cast<double>(steps));
+      stopFlag_.copy_(at::tensor({stopSignal() != 0 ? 1.0 : 0.0, msPerStep}, at::TensorOptions().dtype(at::kDouble)));
     }
     group_.allReduce(stopFlag_);
     step_->await();
     group_.waitForCollectives();
-    if (stopFlag_.item<double>() <= 0) return false;
+    const at::Tensor agreed = stopFlag_.cpu();
+    // The next check about kStopReactionS ahead at the ranks' mean step time.
+    const auto totalMs = static_cast<int64_t>(agreed[1].item<double>());
+    const int64_t fit = totalMs > 0 ? static_cast<int64_t>(1000 * kStopReactionS) * world_ / totalMs : kStopCheckEvery;
+    nextStopCheck_ = result_.steps + std::clamp<int64_t>(fit, 1, kStopCheckEvery);
+    lastStopCheckStep_ = result_.steps;
+    lastStopCheck_ = Clock::now();
+    if (agreed[0].item<double>() <= 0) return false;
   }
   nonfinite_.check(result_, deviceSkips_);
   result_.stopSignal = stopSignal() != 0 ? stopSignal() : SIGTERM;

@@ -35,10 +35,14 @@ inline double secondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// Steps between the all-reduces that agree on a stop request (SIGTERM): the
-// reaction time is this many steps, the cost one 4-byte collective per period. On a GPU the
-// request rides on the log steps' loss all-reduce instead (no host read between log steps).
+// The most steps between the all-reduces that agree on a stop request (SIGTERM): the reaction
+// time is up to this many steps, the cost one 8-byte collective per period. Fewer where steps are
+// slow: the period is chosen (by every rank alike, from the ranks' mean step time the collective
+// carries) to be about kStopReactionS, so that a stop checkpoints well within the launcher's
+// SIGKILL grace (5 s by default). On a GPU the request rides on the log steps' loss all-reduce
+// instead (no host read between log steps).
 constexpr int64_t kStopCheckEvery = 10;
+constexpr double kStopReactionS = 1.0;
 
 // One run of the loop: what the steps share, the epochs, and after each step its records.
 class TrainingRun {
@@ -97,7 +101,10 @@ class TrainingRun {
   std::string stragglerNote(const StragglerReport& report);
   std::optional<StepState> state_;
   std::unique_ptr<TrainStep> step_;  // eager, or train.cuda_graph's
-  at::Tensor stopFlag_;
+  at::Tensor stopFlag_;            // {stop requested, seconds per step since the last check}: summed
+  int64_t nextStopCheck_ = 1;      // the step after which the next stop check runs (CPU, world > 1)
+  int64_t lastStopCheckStep_ = 0;
+  Clock::time_point lastStopCheck_ = Clock::now();
   // On a GPU nothing between log steps reads the device: the non-finite check is a device flag,
   // read at log steps (and before a checkpoint), and (world > 1) the stop request rides on the log
   // steps' loss all-reduce.
