@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "ddp/zero_redundancy_optimizer.h"
 #include "libddp/engine/engine_state.h"
 #include "libddp/internal.h"
 
@@ -22,6 +23,10 @@ Join::Join(DdpEngine& engine, JoinOptions options)
     DDP_THROW(ConfigError, "ddp::Join shadows the buckets of the bucketed reducer; ddp::DdpOptions::reducer is flat");
   }
   state.join = options_;
+}
+
+Join::Join(DdpEngine& engine, ZeroRedundancyOptimizer& optimizer, JoinOptions options) : Join(engine, options) {
+  optimizer_ = &optimizer;
 }
 
 Join::~Join() noexcept(false) {
@@ -56,7 +61,20 @@ void Join::finish() {
     }
     const bool sync = DdpEngine::State::sumOver(group, 0) > 0;
     state.requireForwardParamSync = sync;
-    if (sync) state.reducer->shadowBackward();
+    if (sync && optimizer_ != nullptr) {
+      // ZeRO's step is collective: this rank steps its shard with the step's reduced gradients,
+      // its own counted as zeros (the same collectives as shadowBackward's, results kept).
+      {
+        c10::NoGradGuard noGrad;
+        for (const at::Tensor& p : state.params) {
+          if (p.grad().defined()) p.mutable_grad().zero_();
+        }
+      }
+      state.reducer->reduceWithoutBackward();
+      optimizer_->step();
+    } else if (sync) {
+      state.reducer->shadowBackward();
+    }
     lastJoiner = false;
   }
   const int root = DdpEngine::State::commonRank(group, lastJoiner);

@@ -7,6 +7,8 @@
 
 namespace ddp {
 
+class ZeroRedundancyOptimizer;
+
 struct JoinOptions {
   bool enable = true;                   // false: the context does nothing (Join(..., enable=False))
   bool throwOnEarlyTermination = false; // every rank throws ddp::Error as soon as one runs out
@@ -22,11 +24,23 @@ struct JoinOptions {
 /// communication hook, the unused-parameter map), until all have finished; then the highest of
 /// the last ranks to finish broadcasts its parameters and buffers, so every replica ends equal.
 /// The optimizer of a joined rank takes no steps; its momentum stays as it was (as in PyTorch).
+///
+/// With a ddp::ZeroRedundancyOptimizer, whose step() is collective (each rank broadcasts its
+/// shard), give it too: `ddp::Join join(model, zero);` (`with Join([model, zero]):`). Per step of
+/// the others the joined rank then takes the step's reduced gradients (its own counted as zeros,
+/// as backwardWithoutBatch() does) and steps its shard with them, so every shard, the joined
+/// rank's included, follows the ranks still training exactly. (PyTorch's ZeRO join hook steps with
+/// whatever gradients the joined rank holds; its docs ask the user to set them.) Without it, the
+/// others' ZeRO broadcasts meet the Join's collectives: shm names the mismatch, Gloo times out.
 class Join {
  public:
   explicit Join(DdpEngine& engine, JoinOptions options = {});
+  Join(DdpEngine& engine, ZeroRedundancyOptimizer& optimizer, JoinOptions options = {});
   template <typename Model>
   explicit Join(DistributedDataParallel<Model>& model, JoinOptions options = {}) : Join(model.engine(), options) {}
+  template <typename Model>
+  Join(DistributedDataParallel<Model>& model, ZeroRedundancyOptimizer& optimizer, JoinOptions options = {})
+      : Join(model.engine(), optimizer, options) {}
   /// finish() when it was not called and no exception is leaving the scope (then nothing is sent:
   /// the other ranks meet the failure at their collectives' timeout). Throws what finish() throws.
   ~Join() noexcept(false);
@@ -39,6 +53,7 @@ class Join {
 
  private:
   DdpEngine& engine_;
+  ZeroRedundancyOptimizer* optimizer_ = nullptr;  // stepped per shadowed step, when given
   JoinOptions options_;
   int uncaught_;
   bool finished_ = false;

@@ -68,20 +68,34 @@ struct Trained {
   int steps = 0;
 };
 
-Trained train(ddp::DdpOptions options, ddp::JoinOptions join, int batches) {
+// With `zero`, the optimizer is a ddp::ZeroRedundancyOptimizer given to the Join too (each rank
+// steps and broadcasts its shard, the joined ones included).
+Trained train(ddp::DdpOptions options, ddp::JoinOptions join, int batches, bool zero = false) {
   Trained run{makeModel(), 0};
   ddp::DistributedDataParallel<torch::nn::Sequential> ddpModel(run.model, group(), options);
-  torch::optim::SGD opt(run.model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  {
-    ddp::Join scope(ddpModel, join);
+  const auto sgd = torch::optim::SGDOptions(0.1).momentum(0.9);
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  if (zero) {
+    opt = std::make_unique<ddp::ZeroRedundancyOptimizer>(run.model->parameters(), group(), sgd);
+  } else {
+    opt = std::make_unique<torch::optim::SGD>(run.model->parameters(), sgd);
+  }
+  auto steps = [&] {
     for (int b = 0; b < batches; ++b) {
       auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(100 * group().rank() + b));
       const torch::Tensor x = at::randn({5, 6}, gen);
-      opt.zero_grad();
+      opt->zero_grad();
       ddpModel(x).pow(2).mean().backward();
-      opt.step();
+      opt->step();
       ++run.steps;
     }
+  };
+  if (zero) {  // (a Join's destructor may throw: a scope, not an optional)
+    ddp::Join scope(ddpModel, static_cast<ddp::ZeroRedundancyOptimizer&>(*opt), join);
+    steps();
+  } else {
+    ddp::Join scope(ddpModel, join);
+    steps();
   }
   return run;
 }
@@ -103,9 +117,10 @@ TEST_P(JoinAgainstPyTorch, UnevenRanksFinishTogetherWithPyTorchsModel) {
   options.broadcastBuffers = name.find("buffers1") != std::string::npos;
   ddp::JoinOptions join;
   join.divideByInitialWorldSize = name.find("divide1") != std::string::npos;
-  const nlohmann::json& ref = reference().at(name);
+  const bool zero = name.find("_zero") != std::string::npos;
+  const nlohmann::json& ref = reference().at(zero ? name.substr(0, name.find("_zero")) : name);
   const int rank = group().rank();
-  const Trained run = train(options, join, kBatches[rank]);
+  const Trained run = train(options, join, kBatches[rank], zero);
   EXPECT_EQ(run.steps, ref.at("steps").at(rank).get<int>());
   const nlohmann::json& expected = ref.at("ranks").at(rank);
   int compared = 0;
@@ -123,7 +138,10 @@ TEST_P(JoinAgainstPyTorch, UnevenRanksFinishTogetherWithPyTorchsModel) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Join, JoinAgainstPyTorch,
-                         ::testing::Values("divide1_buffers1", "divide0_buffers1", "divide1_buffers0"));
+                         ::testing::Values("divide1_buffers1", "divide0_buffers1", "divide1_buffers0",
+                                           // ZeRO in the Join: every shard follows the ranks still
+                                           // training, so each rank ends with the last joiner's model
+                                           "divide1_buffers1_zero", "divide0_buffers1_zero"));
 
 TEST(Join, ThrowOnEarlyTerminationStopsEveryRankWithOneLine) {
   ddp::JoinOptions join;
