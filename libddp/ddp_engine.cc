@@ -1,5 +1,7 @@
 // ddp::DdpEngine, DistributedDataParallel's engine, over the gradient sync of libddp/engine/.
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 #include <spdlog/spdlog.h>
@@ -8,6 +10,8 @@
 #include <exception>
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "common/error.h"
 #include "ddp/ddp.h"
@@ -21,6 +25,69 @@ namespace {
 size_t megabytes(double mb, const char* name) {
   if (!(mb > 0)) DDP_THROW(ConfigError, "ddp::DdpOptions::", name, " must be positive (got ", mb, ")");
   return static_cast<size_t>(mb * (1 << 20));
+}
+
+// One tensor's description for comparing replicas: dim, up to kDims sizes (the rest folded into
+// the last), dtype, requires_grad.
+constexpr int64_t kDims = 6;
+constexpr int64_t kRecord = kDims + 3;
+
+void describeInto(const at::Tensor& t, int64_t* out) {
+  out[0] = t.dim();
+  for (int64_t d = 0; d < kDims; ++d) out[1 + d] = d < t.dim() ? t.size(d) : -1;
+  for (int64_t d = kDims; d < t.dim(); ++d) out[kDims] *= t.size(d);
+  out[kDims + 1] = static_cast<int64_t>(t.scalar_type());
+  out[kDims + 2] = t.requires_grad() ? 1 : 0;
+}
+
+std::string describeRecord(const int64_t* r) {
+  std::string shape = "[";
+  for (int64_t d = 0; d < std::min(r[0], kDims); ++d) shape.append(d ? ", " : "").append(std::to_string(r[1 + d]));
+  shape.append(r[0] > kDims ? ", ...]" : "]");
+  shape.append(" ").append(c10::toString(static_cast<c10::ScalarType>(r[kDims + 1])));
+  if (r[kDims + 2] != 0) shape.append(" requiring grad");
+  return shape;
+}
+
+// DDP's _verify_param_shape_across_processes: every rank must wrap the same model (the number,
+// shapes, dtypes and requires_grad of its parameters, then its buffers' number and shapes), or the
+// construction broadcast would pair tensors of different sizes (Gloo aborts the process) and the
+// gradient buckets would not line up. Two small all-gathers; a difference is the same ConfigError
+// on every rank, naming the first one.
+void verifyReplicasMatch(ProcessGroup& group, const std::vector<std::string>& names,
+                         const std::vector<at::Tensor>& tensors, size_t parameters) {
+  const auto options = at::TensorOptions(at::kLong).device(group.collectiveDevice());
+  at::Tensor counts = at::tensor({static_cast<int64_t>(parameters), static_cast<int64_t>(tensors.size() - parameters)},
+                                 at::TensorOptions(at::kLong)).to(options.device());
+  std::vector<at::Tensor> allCounts = group.allGather(counts);
+  auto countOf = [&](int r) { return allCounts[static_cast<size_t>(r)].cpu(); };
+  const at::Tensor zeroCounts = countOf(0);
+  for (int r = 1; r < group.size(); ++r) {
+    const at::Tensor other = countOf(r);
+    if (!at::equal(other, zeroCounts)) {
+      DDP_THROW(ConfigError, "ddp::DistributedDataParallel: the ranks wrap different models: rank 0's has ",
+                zeroCounts[0].item<int64_t>(), " parameters and ", zeroCounts[1].item<int64_t>(), " buffers, rank ", r,
+                "'s ", other[0].item<int64_t>(), " and ", other[1].item<int64_t>(),
+                "; every rank must build the same model before wrapping it");
+    }
+  }
+  at::Tensor mine = at::empty({static_cast<int64_t>(tensors.size()), kRecord}, at::TensorOptions(at::kLong));
+  for (size_t i = 0; i < tensors.size(); ++i) describeInto(tensors[i], mine[static_cast<int64_t>(i)].data_ptr<int64_t>());
+  if (tensors.empty()) return;
+  std::vector<at::Tensor> all = group.allGather(mine.to(options.device()));
+  const at::Tensor zero = all[0].cpu().contiguous();
+  for (int r = 1; r < group.size(); ++r) {
+    const at::Tensor other = all[static_cast<size_t>(r)].cpu().contiguous();
+    if (at::equal(other, zero)) continue;
+    const at::Tensor differs = (other != zero).any(1).nonzero();
+    const int64_t i = differs[0][0].item<int64_t>();
+    const bool buffer = static_cast<size_t>(i) >= parameters;
+    DDP_THROW(ConfigError, "ddp::DistributedDataParallel: the ranks wrap different models: ", buffer ? "buffer" : "parameter",
+              " '", names[static_cast<size_t>(i)], "' (", buffer ? "buffers[" : "parameters[",
+              buffer ? i - static_cast<int64_t>(parameters) : i, "] in this rank's model) is ",
+              describeRecord(zero[i].data_ptr<int64_t>()), " on rank 0 but ", describeRecord(other[i].data_ptr<int64_t>()),
+              " on rank ", r, "; every rank must build the same model before wrapping it");
+  }
 }
 
 }  // namespace
@@ -77,6 +144,12 @@ DdpEngine::DdpEngine(torch::nn::Module& module, ProcessGroup group, DdpOptions o
   // constructor, _sync_module_states).
   std::vector<at::Tensor> all = every;
   all.insert(all.end(), state_->buffers.begin(), state_->buffers.end());
+  if (state_->group.size() > 1) {
+    std::vector<std::string> allNames;
+    for (const auto& item : module.named_parameters(/*recurse=*/true)) allNames.push_back(item.key());
+    for (const auto& item : module.named_buffers(/*recurse=*/true)) allNames.push_back(item.key());
+    verifyReplicasMatch(construction, allNames, all, every.size());
+  }
   construction.broadcast(all, /*root=*/0);
   const int size = state_->group.size();
   state_->syncBuffers = size > 1 && options.broadcastBuffers && !state_->buffers.empty();

@@ -112,6 +112,44 @@ TEST(DistributedDataParallel, AnEmptyModelIsAConfigErrorNotACrash) {
   EXPECT_THROW(ddp::DistributedDataParallel<Net>(empty, group()), ddp::ConfigError);
 }
 
+// Ranks that wrap different models (PyTorch checks them at construction too: "params[0] in this
+// process with sizes [5, 4] appears not to match ..."): one ConfigError on every rank, naming the
+// first difference, before any broadcast pairs tensors of different sizes (which Gloo aborts on).
+std::string constructionError(torch::nn::Module& module) {
+  try {
+    ddp::DdpEngine engine(module, group());
+  } catch (const ddp::ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(DistributedDataParallel, RanksWrappingDifferentModelsAreOneLineOnEveryRank) {
+  const bool other = group().rank() == 1;
+  torch::nn::Linear wider(4, other ? 5 : 3);
+  if (group().size() == 1) {  // alone (api_single): nothing to compare, no collective
+    EXPECT_EQ(constructionError(*wider), "");
+    return;
+  }
+  EXPECT_EQ(constructionError(*wider),
+            "ddp::DistributedDataParallel: the ranks wrap different models: parameter 'weight' (parameters[0] in this "
+            "rank's model) is [3, 4] Float requiring grad on rank 0 but [5, 4] Float requiring grad on rank 1; every "
+            "rank must build the same model before wrapping it");
+  torch::nn::Linear frozen(4, 3);
+  if (other) frozen->bias.set_requires_grad(false);
+  EXPECT_EQ(constructionError(*frozen),
+            "ddp::DistributedDataParallel: the ranks wrap different models: parameter 'bias' (parameters[1] in this "
+            "rank's model) is [3] Float requiring grad on rank 0 but [3] Float on rank 1; every rank must build the "
+            "same model before wrapping it");
+  torch::nn::Sequential deeper(torch::nn::Linear(4, 4));
+  if (other) deeper->push_back(torch::nn::BatchNorm1d(4));
+  EXPECT_EQ(constructionError(*deeper),
+            "ddp::DistributedDataParallel: the ranks wrap different models: rank 0's has 2 parameters and 0 buffers, "
+            "rank 1's 4 and 3; every rank must build the same model before wrapping it");
+  torch::nn::Linear same(4, 3);
+  EXPECT_EQ(constructionError(*same), "");  // and the group still pairs its collectives
+}
+
 TEST(DistributedDataParallel, FlatReducerGivesTheGradientOfTheWholeBatch) {
   torch::manual_seed(11);
   const int64_t w = group().size();

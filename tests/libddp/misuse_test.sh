@@ -101,10 +101,10 @@ for backend in shm gloo; do
       # what the store knows of rank 1's destroy().
       expect "$name" "caught ddp::CommError: ddp::ProcessGroup::destroy() at "
       expect "$name" "shm: the ranks' collectives do not pair: rank 1's collective is barrier but rank 0's is "
-      expect "$name" "; rank 1 had called destroy() after its collective all_reduce #3 (DDP gradients) while this rank was in "
+      expect "$name" "; rank 1 had called destroy() after its collective all_reduce #5 (DDP gradients) while this rank was in "
     else
       expect "$name" "caught ddp::CommError: ddp::ProcessGroup::destroy() at "
-      expect "$name" "ranks called different collectives: rank 1 called destroy() after its collective all_reduce #3 (DDP gradients); rank 0 had not called destroy()"
+      expect "$name" "ranks called different collectives: rank 1 called destroy() after its collective all_reduce #5 (DDP gradients); rank 0 had not called destroy()"
     fi
     expect_not "$name" "rank 1 finished"
     expect_not "$name" "rank 0 finished"
