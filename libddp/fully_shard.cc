@@ -355,11 +355,17 @@ at::Tensor clipGradNorm(const std::vector<at::Tensor>& params, double maxNorm, P
   for (const auto& p : params) {
     if (p.grad().defined()) grads.push_back(p.grad());
   }
-  // Every rank takes part in the all-reduce, even one whose shards are all empty.
-  at::Tensor squares = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(group.device()));
-  for (const auto& g : grads) squares += at::linalg_vector_norm(g, 2.0).pow(2).to(squares.device(), at::kFloat);
+  // Every rank takes part in the all-reduce, even one whose shards are all empty. A parameter of
+  // no unit (DDP's, whole and equal on every rank: DTensor's Replicate) counts once, not size() times.
+  const auto options = at::TensorOptions().dtype(at::kFloat).device(group.device());
+  at::Tensor squares = at::zeros({1}, options), replicated = at::zeros({1}, options);
+  for (const auto& p : params) {
+    if (!p.grad().defined()) continue;
+    at::Tensor& sum = fsdp::shardOfParameter(p) ? squares : replicated;
+    sum += at::linalg_vector_norm(p.grad(), 2.0).pow(2).to(sum.device(), at::kFloat);
+  }
   group.allReduce(squares);
-  const at::Tensor total = squares.sqrt().squeeze(0);
+  const at::Tensor total = (squares + replicated).sqrt().squeeze(0);
   const at::Tensor coefficient = at::clamp((total + 1e-6).reciprocal() * maxNorm, c10::nullopt, 1.0);
   for (auto& g : grads) g.mul_(coefficient.to(g.device(), g.scalar_type()));
   return total;

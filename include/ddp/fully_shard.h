@@ -211,8 +211,9 @@ FullyShardedUnit fullyShard(torch::nn::Module& module, ProcessGroup group, Fully
 /// clip_grad_norm_ over the sharded gradients of fully sharded parameters (FSDP2's DTensors):
 /// the norm is the global one, the square root of the sum over ranks of each rank's sum of
 /// squares (one all-reduce), and every rank scales its shards by maxNorm / (norm + 1e-6) when the
-/// norm exceeds maxNorm. Collective; every parameter in `params` must be a unit's (a replicated
-/// one would count size() times). Returns the norm (0-dim). ConfigError for maxNorm <= 0.
+/// norm exceeds maxNorm. Collective. A parameter of no unit (a DDP model's, whole and equal on
+/// every rank: DTensor's Replicate) counts once, so for a DDP model this is clip_grad_norm_'s
+/// norm. Returns the norm (0-dim). ConfigError for maxNorm <= 0.
 at::Tensor clipGradNorm(const std::vector<at::Tensor>& params, double maxNorm, ProcessGroup& group);
 
 /// FSDP2's get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)): every
