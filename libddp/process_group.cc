@@ -64,6 +64,15 @@ void checkPeer(const ProcessGroup& group, int peer, const char* what) {
   if (peer == group.rank()) DDP_THROW(ConfigError, "ddp::ProcessGroup::", what, ": rank ", peer, " is this rank");
 }
 
+// A default-constructed at::Tensor has no storage, device or dtype: LibTorch's own error for it
+// is "tensor does not have a device" with a backtrace.
+void checkDefined(const at::Tensor& t, const char* what) {
+  if (!t.defined()) {
+    DDP_THROW(ConfigError, "ddp::ProcessGroup::", what, ": the tensor is undefined (a default-constructed "
+              "at::Tensor, or a .grad() no backward has set); pass one that holds data");
+  }
+}
+
 // size() tensors of one shape and dtype, as reduceScatter and allToAll take them.
 void checkParts(const ProcessGroup& group, const std::vector<at::Tensor>& parts, const char* what) {
   if (static_cast<int>(parts.size()) != group.size()) {
@@ -71,7 +80,8 @@ void checkParts(const ProcessGroup& group, const std::vector<at::Tensor>& parts,
               " ranks; pass one per rank");
   }
   for (const at::Tensor& t : parts) {
-    if (!t.defined() || t.sizes() != parts.front().sizes() || t.scalar_type() != parts.front().scalar_type()) {
+    checkDefined(t, what);
+    if (t.sizes() != parts.front().sizes() || t.scalar_type() != parts.front().scalar_type()) {
       DDP_THROW(ConfigError, "ddp::ProcessGroup::", what, ": the tensors must have one shape and dtype (",
                 parts.front().sizes(), " ", parts.front().scalar_type(), " vs ", t.sizes(), ")");
     }
@@ -164,6 +174,7 @@ ProcessGroup ProcessGroup::withLabel(std::string label) const {
 Work ProcessGroup::allReduceAsync(at::Tensor& tensor, const AllReduceOptions& options) {
   Impl& group = impl();
   group.live("all_reduce");
+  checkDefined(tensor, "allReduce");
   return onCollectiveDevice(group, tensor, /*glooTakesCuda=*/true,
                             [&, o = labelled(options)](at::Tensor& t) { return group.allReduce(t, o); });
 }
@@ -176,6 +187,7 @@ Work ProcessGroup::allGatherAsync(std::vector<at::Tensor>& outputs, const at::Te
                                   const CollectiveOptions& options) {
   Impl& group = impl();
   group.live("all_gather");
+  checkDefined(input, "allGather");
   auto staged = std::make_shared<std::vector<at::Tensor>>();
   auto pending = group.allGather(*staged, input.to(group.device()).contiguous(), labelled(options));
   outputs.assign(static_cast<size_t>(size()), at::Tensor());
@@ -228,6 +240,7 @@ std::vector<at::Tensor> ProcessGroup::allToAll(const std::vector<at::Tensor>& in
 Work ProcessGroup::sendAsync(const at::Tensor& tensor, int dst, const CollectiveOptions& options) {
   Impl& group = impl();
   group.live("send");
+  checkDefined(tensor, "send");
   checkPeer(*this, dst, "send");
   auto moved = std::make_shared<at::Tensor>(tensor.to(group.device()).contiguous());
   auto pending = group.send(*moved, dst, labelled(options));
@@ -241,6 +254,7 @@ void ProcessGroup::send(const at::Tensor& tensor, int dst, const CollectiveOptio
 Work ProcessGroup::recvAsync(at::Tensor& tensor, int src, const CollectiveOptions& options) {
   Impl& group = impl();
   group.live("recv");
+  checkDefined(tensor, "recv");
   checkPeer(*this, src, "recv");
   return onCollectiveDevice(group, tensor, /*glooTakesCuda=*/false,
                             [&, o = labelled(options)](at::Tensor& t) { return group.recv(t, src, o); });
@@ -254,6 +268,7 @@ Work ProcessGroup::broadcastAsync(at::Tensor& tensor, const BroadcastOptions& op
   Impl& group = impl();
   group.live("broadcast");
   checkRank(*this, options.root, "broadcast");
+  checkDefined(tensor, "broadcast");
   return onCollectiveDevice(group, tensor, /*glooTakesCuda=*/true,
                             [&, o = labelled(options)](at::Tensor& t) { return group.broadcast(t, o); });
 }
@@ -266,6 +281,7 @@ void ProcessGroup::broadcast(const std::vector<at::Tensor>& tensors, const Broad
   Impl& group = impl();
   group.live("broadcast");
   checkRank(*this, options.root, "broadcast");
+  for (const at::Tensor& t : tensors) checkDefined(t, "broadcast");
   if (size() == 1 || tensors.empty()) return;
   c10::NoGradGuard noGrad;
   at::Tensor buffer = flat::flatten(tensors);

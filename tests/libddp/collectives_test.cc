@@ -238,6 +238,18 @@ TEST(Collectives, MisuseIsOneLine) {
   EXPECT_THROW(group().allToAll({torch::ones({1}), torch::ones({2}), torch::ones({1})}), ddp::ConfigError);
   EXPECT_THROW(group().newGroup({0, 0}), ddp::ConfigError);
   EXPECT_THROW(group().newGroup({0, 3}), ddp::ConfigError);
+  // An undefined tensor (a .grad() no backward set): one line, not c10's "tensor does not have a device".
+  torch::Tensor none;
+  try {
+    group().allReduce(none);
+    ADD_FAILURE() << "an undefined tensor was all-reduced";
+  } catch (const ddp::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("ddp::ProcessGroup::allReduce: the tensor is undefined"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(group().broadcast(none, 0), ddp::ConfigError);
+  EXPECT_THROW(group().broadcast(std::vector<torch::Tensor>{torch::ones({1}), none}, 0), ddp::ConfigError);
+  EXPECT_THROW((void)group().allGather(none), ddp::ConfigError);
 }
 
 TEST(Collectives, NewGroupOfRanksZeroAndTwo) {
