@@ -135,6 +135,28 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   state.stage = Stage::kUnscaled;
 }
 
+namespace {
+
+bool holdsGradients(const torch::optim::Optimizer& optimizer) {
+  for (const auto& paramGroup : optimizer.param_groups()) {
+    for (const auto& param : paramGroup.params()) {
+      if (param.grad().defined()) return true;
+    }
+  }
+  return false;
+}
+
+// PyTorch's "No inf checks were recorded for this optimizer." (after the group's check, which is
+// collective: every rank takes part before one throws).
+void requireInfChecks(bool checked) {
+  if (!checked) {
+    DDP_THROW(Error, "ddp::GradScaler::step: no inf checks were recorded for this optimizer: none of its parameters "
+              "has a gradient; call scale(loss).backward() before step()");
+  }
+}
+
+}  // namespace
+
 void GradScaler::step(torch::optim::Optimizer& optimizer) {
   if (!options_.enabled) {
     optimizer.step();
@@ -143,16 +165,19 @@ void GradScaler::step(torch::optim::Optimizer& optimizer) {
   requireScale("step");
   PerOptimizer& state = perOptimizer_[&optimizer];
   if (state.stage == Stage::kStepped) DDP_THROW(Error, "ddp::GradScaler::step has already been called since the last update()");
+  const bool checked = holdsGradients(optimizer);
   if (auto* fused = dynamic_cast<FusedOptimizer*>(&optimizer)) {
     // PyTorch's _step_supports_amp_scaling path: check without unscaling (× 1), and let the kernel
     // divide by the scale (unless unscale_() did) and skip on the flag.
     const bool unscaled = state.stage == Stage::kUnscaled;
     if (!unscaled) state.foundInf = checkAndUnscale(optimizer, at::ones({}, scale_.options()));
+    requireInfChecks(checked);
     fused->fusedStep(unscaled ? at::Tensor() : scale_, state.foundInf, at::Tensor());
     state.stage = Stage::kStepped;
     return;
   }
   if (state.stage == Stage::kReady) unscale_(optimizer);
+  requireInfChecks(checked);
   if (state.foundInf.item<float>() == 0.0f) optimizer.step();
   state.stage = Stage::kStepped;
 }

@@ -232,6 +232,16 @@ TEST(GradScaler, MisuseIsAnErrorAsInPyTorch) {
   EXPECT_THROW(scaler.unscale_(sgd), ddp::Error);  // after step()
   scaler.update();
   EXPECT_EQ(p.grad()[0].item<float>(), 1.0f);  // unscaled once: 65536 · 1 / 65536
+  // A step with no gradient at all (no backward): PyTorch's "No inf checks were recorded".
+  auto q = torch::ones({2}, torch::requires_grad());
+  torch::optim::SGD idle({q}, torch::optim::SGDOptions(0.1));
+  (void)scaler.scale(q.sum());
+  try {
+    scaler.step(idle);
+    ADD_FAILURE() << "a step without gradients was taken";
+  } catch (const ddp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no inf checks were recorded for this optimizer"), std::string::npos) << e.what();
+  }
   EXPECT_THROW(ddp::GradScaler({65536.0, 1.0}), ddp::ConfigError);        // growth must be > 1
   EXPECT_THROW(ddp::GradScaler({65536.0, 2.0, 1.5}), ddp::ConfigError);   // backoff must be < 1
   EXPECT_THROW(ddp::GradScaler({65536.0, 2.0, 0.5, 0}), ddp::ConfigError);
