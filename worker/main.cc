@@ -88,7 +88,7 @@ int runDataParallel(const ddp::worker::WorkerConfig& config, std::optional<int> 
   if (result.outputsKept) return 0;  // resumed at the run's end: the outputs are that run's
   const double rssMb = static_cast<double>(dp::peakRssBytes()) / kMiB;
   nlohmann::json summary = trainingSummary(config, result, 1, "dp", "none", placement.devices.front().str(),
-                                           config.train.batchSize);
+                                           config.train.batchSize * config.train.accumulateSteps);
   summary["dp_replicas"] = placement.devices.size();
   summary["dp_devices"] = deviceNames;
   summary["dp_output_device"] = placement.outputDevice.str();
@@ -189,7 +189,7 @@ void writeDdpSummary(const ddp::worker::WorkerConfig& config, const ddp::worker:
   nlohmann::json summary =
       trainingSummary(config, result, group.size(), modeName(config.mode),
                       group.backend() == ddp::Backend::kLocal ? "none" : ddp::backendName(group.backend()), group.device().str(),
-                      config.train.batchSize * group.size());
+                      config.train.batchSize * config.train.accumulateSteps * group.size());
   summary["peak_rss_mb"] = rssMb.front();
   summary["peak_rss_mb_per_process"] = rssMb;
   summary["data_copies"] = copies;

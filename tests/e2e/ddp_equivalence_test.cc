@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "ddp/clip_grad.h"
 #include "ddp/lr_schedule.h"
@@ -224,6 +225,10 @@ TEST_P(DdpEquivalence, RanksAgreeAndMatchSingleProcessOnConcatenatedBatches) {
   // The export is rank 0's parameters under plain keys.
   const auto exported = ddp::loadTensors(dir + "/model.pt");
   for (const auto& [key, value] : rank0) EXPECT_TRUE(at::equal(value, exported.at(key))) << key;
+  // The samples of one optimizer step: every rank's micro-batches of every accumulation.
+  const auto summary = nlohmann::json::parse(test::readFile(dir + "/summary.json"));
+  EXPECT_EQ(summary["global_batch_size"].get<int64_t>(),
+            config.train.batchSize * config.train.accumulateSteps * c.world);
   std::filesystem::remove_all(dir);
 }
 
