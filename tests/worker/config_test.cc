@@ -231,6 +231,28 @@ TEST(Config, AResumeNamesTheTrainingSettingsItChanges) {
   EXPECT_EQ(describeResumeChanges("train: {no_such_key: 1}\n", now, "x"), "");   // another version's keys
 }
 
+// A longer run with a cosine decay to its last step (train.decay_steps 0) stretches the schedule.
+TEST(Config, AResumeThatStretchesTheLearningRateDecaySaysSo) {
+  const std::string saved = dumpConfig(parseConfig("train: {lr_schedule: cosine, max_steps: 20}\n"));
+  const std::string line =
+      "resume: the learning-rate decay (train.lr_schedule cosine, train.decay_steps 0: it ends at the run's last "
+      "step) spans this run's length, which changes (train.max_steps 20 -> 40), so the learning rate jumps at the "
+      "resumed step; to continue the checkpoint's schedule, set train.decay_steps to the checkpoint run's last step";
+  EXPECT_EQ(describeResumeChanges(saved, parseConfig("train: {lr_schedule: cosine, max_steps: 40}\n"), "x"), line);
+  // With another change: both, a line each.
+  const std::string both =
+      describeResumeChanges(saved, parseConfig("train: {lr_schedule: cosine, max_steps: 40, lr: 0.5}\n"), "x");
+  EXPECT_NE(both.find("train.lr 0.05 -> 0.5; training continues"), std::string::npos) << both;
+  EXPECT_NE(both.find("\n" + line), std::string::npos) << both;
+  // decay_steps set, or a constant lr: the schedule does not depend on the run's length.
+  EXPECT_EQ(describeResumeChanges(dumpConfig(parseConfig("train: {lr_schedule: cosine, max_steps: 20, decay_steps: 20}\n")),
+                                  parseConfig("train: {lr_schedule: cosine, max_steps: 40, decay_steps: 20}\n"), "x"),
+            "");
+  EXPECT_EQ(describeResumeChanges(dumpConfig(parseConfig("train: {max_steps: 20}\n")),
+                                  parseConfig("train: {max_steps: 40}\n"), "x"),
+            "");
+}
+
 TEST(Config, MissingFileSaysWhatToPass) {
   try {
     loadConfig("/nonexistent/x.yaml");

@@ -1,6 +1,8 @@
 #include "worker/config/config_changes.h"
 
 #include <map>
+#include <string>
+#include <tuple>
 
 #include "common/error.h"
 
@@ -49,7 +51,30 @@ std::string describeResumeChanges(const std::string& savedYaml, const WorkerConf
     return "";  // another version's keys: nothing to compare reliably
   }
   const std::vector<ConfigChange> changes = trainingChanges(saved, now);
-  if (changes.empty()) return "";
+  // How long a run lasts is no training setting (a resumed run is often given more), but with
+  // train.decay_steps unset the cosine/linear decay ends at the run's last step: a longer run
+  // stretches the schedule, and the learning rate jumps at the resumed step.
+  std::string stretched;
+  const bool decays = now.train.lrSchedule == ddp::LrDecay::kCosine || now.train.lrSchedule == ddp::LrDecay::kLinear;
+  if (decays && now.train.decaySteps == 0 && saved.train.decaySteps == 0) {
+    for (const auto& [key, before, after] :
+         {std::tuple<const char*, int64_t, int64_t>{"train.max_steps", saved.train.maxSteps, now.train.maxSteps},
+          {"train.epochs", saved.train.epochs, now.train.epochs}}) {
+      if (before == after) continue;
+      if (!stretched.empty()) stretched += ", ";
+      stretched.append(key).append(" ").append(std::to_string(before)).append(" -> ").append(std::to_string(after));
+    }
+  }
+  if (!stretched.empty()) {
+    stretched = std::string("resume: the learning-rate decay (train.lr_schedule ")
+                    .append(ddp::lrDecayName(now.train.lrSchedule))
+                    .append(", train.decay_steps 0: it ends at the run's last step) spans this run's length, which "
+                            "changes (")
+                    .append(stretched)
+                    .append("), so the learning rate jumps at the resumed step; to continue the checkpoint's schedule, "
+                            "set train.decay_steps to the checkpoint run's last step");
+  }
+  if (changes.empty()) return stretched;
   std::string list;
   for (const ConfigChange& c : changes) {
     if (!list.empty()) list += ", ";
@@ -59,7 +84,7 @@ std::string describeResumeChanges(const std::string& savedYaml, const WorkerConf
   line.append(path).append("), the checkpoint's -> this run's: ");
   line.append(list).append("; training continues with this run's values (resume with the checkpoint's, in its "
                            "run's config.resolved.yaml, to continue it unchanged)");
-  return line;
+  return stretched.empty() ? line : line + "\n" + stretched;
 }
 
 }  // namespace ddp::worker

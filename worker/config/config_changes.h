@@ -25,8 +25,10 @@ bool changesTheTraining(const std::string& key);
 /// The keys for which changesTheTraining() holds whose values differ, in configKeys() order.
 std::vector<ConfigChange> trainingChanges(const WorkerConfig& saved, const WorkerConfig& now);
 
-/// One line for rank 0's log, or "" when `savedYaml` (the checkpoint's recorded config) is empty,
-/// does not parse with this version's keys, or nothing that changes the training differs.
+/// The lines for rank 0's log ('\n' between them), or "" when `savedYaml` (the checkpoint's recorded
+/// config) is empty, does not parse with this version's keys, or nothing that changes the training
+/// differs: the training settings changed, then, with a cosine/linear decay ending at the run's
+/// last step (train.decay_steps 0), a changed train.max_steps or train.epochs (the schedule stretches).
 std::string describeResumeChanges(const std::string& savedYaml, const WorkerConfig& now, const std::string& path);
 
 }  // namespace ddp::worker

@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <optional>
+#include <sstream>
+#include <string>
 
 #include "worker/config/config_changes.h"
 #include "worker/models/models.h"
@@ -44,7 +46,8 @@ TrainPosition TrainingCheckpointer::resume(torch::nn::Module& module, torch::opt
   // A resume with another learning rate or batch size is allowed (a user may mean it) but never silent.
   if (position && rank_ == 0) {
     const std::string changes = describeResumeChanges(checkpointer_.resumedConfig(), config_, from);
-    if (!changes.empty()) spdlog::warn("{}", changes);
+    std::istringstream lines(changes);
+    for (std::string line; std::getline(lines, line);) spdlog::warn("{}", line);
   }
   return position.value_or(TrainPosition{});
 }
