@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <vector>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -25,14 +28,45 @@ ProcStat procStat(pid_t pid) {
   if (close == std::string::npos || close + 2 >= line.size()) return stat;
   std::istringstream fields(line.substr(close + 2));
   std::string field;
-  long long utime = 0, stime = 0;
-  for (int i = 3; i <= 15 && fields >> field; ++i) {  // field 3 is the state; 14 utime, 15 stime
+  long long utime = 0, stime = 0, cutime = 0, cstime = 0;
+  for (int i = 3; i <= 17 && fields >> field; ++i) {  // 3 state, 4 ppid; 14 utime, 15 stime, 16 cutime, 17 cstime
     if (i == 3) stat.state = field.front();
+    if (i == 4) stat.ppid = static_cast<pid_t>(std::atoll(field.c_str()));
     if (i == 14) utime = std::atoll(field.c_str());
     if (i == 15) stime = std::atoll(field.c_str());
+    if (i == 16) cutime = std::atoll(field.c_str());
+    if (i == 17) cstime = std::atoll(field.c_str());
   }
   stat.cpuTicks = utime + stime;
+  stat.reapedTicks = cutime + cstime;
   return stat;
+}
+
+std::map<pid_t, long long> treeCpuTicks(const std::vector<pid_t>& roots) {
+  std::map<pid_t, ProcStat> all;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
+    const auto pid = static_cast<pid_t>(std::atoll(name.c_str()));
+    const ProcStat stat = procStat(pid);
+    if (stat.state != '?') all.emplace(pid, stat);
+  }
+  std::map<pid_t, long long> out;
+  for (pid_t root : roots) {
+    long long ticks = 0;
+    for (const auto& [pid, stat] : all) {
+      // pid is in root's tree when root is among its ancestors (or it is root).
+      pid_t p = pid;
+      for (int depth = 0; p > 1 && p != root && depth < 64; ++depth) {
+        const auto it = all.find(p);
+        p = it == all.end() ? 0 : it->second.ppid;
+      }
+      if (p == root) ticks += stat.cpuTicks + stat.reapedTicks;
+    }
+    out[root] = ticks;
+  }
+  return out;
 }
 
 bool processStopped(pid_t pid) {
@@ -76,12 +110,18 @@ WorkerSupervisor::RunningRanks WorkerSupervisor::lookAtRunningRanks() {
   RunningRanks seen;
   const int64_t nowNs = flight::nowNs();
   auto add = [](std::string& list, int rank) { list += (list.empty() ? "" : ", ") + std::to_string(rank); };
+  std::vector<pid_t> running;
+  for (const Worker& worker : workers_) {
+    if (!worker.exited) running.push_back(worker.pid);
+  }
+  const std::map<pid_t, long long> ticks = treeCpuTicks(running);
   for (Worker& worker : workers_) {
     if (worker.exited) continue;
-    // Using CPU time, or waiting for the disk (state D: a large save): working.
+    // Using CPU time (itself or a child it runs), or waiting for the disk (state D: a large save): working.
     const ProcStat stat = procStat(worker.pid);
-    const bool busy = stat.cpuTicks > worker.cpuTicks + kBusyTicks || stat.state == 'D';
-    worker.cpuTicks = stat.cpuTicks;
+    const long long now = ticks.count(worker.pid) ? ticks.at(worker.pid) : stat.cpuTicks;
+    const bool busy = now > worker.cpuTicks + kBusyTicks || stat.state == 'D';
+    worker.cpuTicks = now;
     std::optional<flight::Record> waiting;
     bool recorded = false;
     if (worker.ring) {

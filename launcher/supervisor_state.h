@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <map>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -35,8 +36,14 @@ inline std::string workers(size_t count) { return std::to_string(count) + (count
 struct ProcStat {
   char state = '?';         // 'R', 'S', 'D' (disk wait), 'T'/'t' (stopped), ...; '?' unreadable
   long long cpuTicks = 0;   // utime + stime over all its threads, in clock ticks
+  long long reapedTicks = 0;  // cutime + cstime: its children's that it waited for
+  pid_t ppid = 0;
 };
 ProcStat procStat(pid_t pid);
+// The CPU time of each root's process tree, in clock ticks: its own, its reaped children's, and
+// every live descendant's (a rank whose work runs in a child: an upload, an evaluation script).
+// One pass over /proc.
+std::map<pid_t, long long> treeCpuTicks(const std::vector<pid_t>& roots);
 // Stopped by a signal or a debugger (state T or t), so not answering.
 bool processStopped(pid_t pid);
 

@@ -256,8 +256,13 @@ void WorkerSupervisor::onExit(Worker& worker) {
       firstCleanExit_ = index;
       firstCleanExitAt_ = Clock::now();
       // The others' CPU time from here on tells working from waiting (lookAtRunningRanks).
+      std::vector<pid_t> running;
+      for (const Worker& other : workers_) {
+        if (!other.exited) running.push_back(other.pid);
+      }
+      const std::map<pid_t, long long> ticks = treeCpuTicks(running);
       for (Worker& other : workers_) {
-        if (!other.exited) other.cpuTicks = procStat(other.pid).cpuTicks;
+        if (!other.exited && ticks.count(other.pid)) other.cpuTicks = ticks.at(other.pid);
       }
     }
     return;

@@ -150,6 +150,24 @@ TEST_F(LaunchSupervisionTest, ARankThatWorksOnPastTheGraceIsLetFinish) {
   EXPECT_GE(result.elapsed, seconds(2));
 }
 
+// The same work in a child process of the rank (a Python rank 0 running an upload or an evaluation
+// script through subprocess; here a subshell): its CPU time counts as the rank's, as torchrun,
+// which waits for every rank, would let it finish.
+TEST_F(LaunchSupervisionTest, ARankWhoseChildWorksOnPastTheGraceIsLetFinish) {
+  const LaunchResult result = run({"--nproc_per_node=2", "--early_exit_grace_s=1",
+                                   earlyExitScript(dir_, "(\n"
+                                                         "  end=$(( $(date +%s) + 3 ))\n"
+                                                         "  while [ $(date +%s) -lt $end ]; do\n"
+                                                         "    i=0; while [ $i -lt 20000 ]; do i=$((i + 1)); done\n"
+                                                         "  done\n"
+                                                         ")\n")});
+  EXPECT_EQ(result.code, 0) << result.err;
+  EXPECT_NE(result.err.find("rank 1 exited with code 0 1 s ago; rank(s) 0 still work outside any collective"),
+            std::string::npos)
+      << result.err;
+  EXPECT_GE(result.elapsed, seconds(2));
+}
+
 TEST_F(LaunchSupervisionTest, RanksFinishingWithinTheGraceSucceed) {
   // Rank 0 works on for 0.3 s after rank 1 has returned: a normal finish, not an early exit.
   const LaunchResult result =
