@@ -166,7 +166,15 @@ ddp::ProcessGroup startGroup(const ddp::worker::WorkerConfig& config, std::optio
     } else {
       data = loadDatasets(config.data, config.seed);
     }
-    if (data.tokens) data.input.classes = data::checkedVocabulary(*data.tokens, config.model);
+    if (data.tokens) {
+      data.input.classes = data::checkedVocabulary(*data.tokens, config.model);
+      const std::vector<std::string> both = data::shardsInBoth(*data.tokens);
+      if (!both.empty() && start.rank() == 0) {
+        spdlog::warn("data: {} shard(s) ({}{}) match both data.train_files and data.val_files: the validation loss is "
+                     "measured on training data; narrow the globs (e.g. train_*.bin and val_*.bin)",
+                     both.size(), both.front(), both.size() > 1 ? ", ..." : "");
+      }
+    }
     checkTrainingFits(config, data.input, start.localSize(), start.size(), start.device().is_cpu(), ddp::memoryLimit());
   };
   return ddp::initProcessGroup(init);

@@ -348,6 +348,20 @@ std::string badShard(const std::string& kind) {
     std::ofstream(dir + "/meta.pkl") << "not a pickle";
     return dir + "/train.bin";
   }
+  if (kind == "othervocab") {  // a good shard of another prepared data set (30 characters)
+    nlohmann::json meta = {{"level", "char"}, {"vocab_size", 30}, {"format", "llmc"}, {"itos", nlohmann::json::array()}};
+    for (int i = 0; i < 30; ++i) meta["itos"].push_back(std::string(1, static_cast<char>('a' + i % 26)) + (i < 26 ? "" : "'"));
+    std::ofstream(dir + "/meta.json") << meta.dump();
+    std::vector<int32_t> header(256, 0);
+    header[0] = 20240520;
+    header[1] = 1;
+    header[2] = 500;
+    std::ofstream shard(dir + "/val_000000.bin", std::ios::binary);
+    shard.write(reinterpret_cast<const char*>(header.data()), 1024);
+    std::vector<uint16_t> tokens(500, 1);
+    shard.write(reinterpret_cast<const char*>(tokens.data()), 1000);
+    return dir + "/val_*.bin";
+  }
   const std::string path = dir + "/train_000000.bin";
   std::vector<int32_t> header(256, 0);
   header[0] = 20240520;
@@ -387,6 +401,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadLm{"NoShardMatches", {"data.train_files=/nonexistent/train_*.bin"}, "data.train_files"},
         BadLm{"DamagedNanoGptMetaPickle", {"data.train_files=" + badShard("nanogpt")},
               "/meta.pkl' is not a pickle of protocol 2 or later"},
+        BadLm{"ShardsOfTwoVocabularies", {"data.val_files=" + badShard("othervocab")},
+              "data: the shards come from data sets of different vocabularies: "},
         BadLm{"GenerateWithAnImageModel", {"model.name=cnn", "data.name=fashion-mnist", "mode=generate"},
               "'mode' is generate, which writes text with a language model"}),
     [](const ::testing::TestParamInfo<BadLm>& info) { return info.param.name; });

@@ -34,8 +34,14 @@ auto asBadTokenInput(F&& f, const std::string& hint = "") {
 
 /// Maps data.train_files (and data.val_files) and reads meta.json (else nanoGPT's meta.pkl) from
 /// the first training shard's directory. A shard the library refuses (wrong magic or version, truncated, a count the size
-/// disagrees with) or a glob with no match is bad input: ConfigError, the library's line.
+/// disagrees with) or a glob with no match is bad input: ConfigError, the library's line; so are
+/// shards from directories whose vocabulary files (meta.json / meta.pkl) differ (one token id
+/// would mean different text in each).
 TokenCorpus loadTokenCorpus(const DataConfig& config);
+
+/// The shards data.val_files and data.train_files both match (a train glob that takes the
+/// validation shards too: the validation loss would be measured on training data).
+std::vector<std::string> shardsInBoth(const TokenCorpus& corpus);
 
 /// The vocabulary a gpt trains with: model.vocab_size, else meta.json's; checks that the shards
 /// hold no token >= it and fit model.block_size + 1 (ConfigError naming the file and position).
