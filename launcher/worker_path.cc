@@ -1,6 +1,7 @@
 #include "launcher/worker_path.h"
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 
 #include <sys/stat.h>
@@ -34,9 +35,16 @@ std::string resolveWorkerPath(const std::string& worker, const std::string& path
       case Check::kDirectory:
         DDP_THROW(ConfigError, "worker '", worker, "' is a directory; give the program inside it, e.g. ",
                   worker, (worker.back() == '/' ? "" : "/"), "worker");
-      case Check::kNotExecutable:
+      case Check::kNotExecutable: {
+        const std::string ext = worker.substr(std::min(worker.size(), worker.rfind('.') == std::string::npos
+                                                                          ? worker.size() : worker.rfind('.')));
+        if (ext == ".yaml" || ext == ".yml" || ext == ".json") {  // the worker left out before its config
+          DDP_THROW(ConfigError, "worker '", worker, "' is a config file, not a program; name the worker program "
+                    "first and give it the config, e.g. ddp-launch ... ./build/worker ", worker);
+        }
         DDP_THROW(ConfigError, "worker '", worker, "' is not executable; chmod +x it, or name its "
                   "interpreter first, e.g. ddp-launch ... /bin/sh ", worker);
+      }
     }
   }
   // execvp's rule: an empty PATH entry means the current directory.

@@ -42,6 +42,11 @@ TEST(WorkerPath, PathsAreCheckedAndBareNamesSearchedOnPath) {
   ::close(::creat(plain.c_str(), 0644));
   EXPECT_NE(errorOf(plain, "").find("is not executable; chmod +x it"), std::string::npos);
   EXPECT_NE(errorOf("plain", dir.path()).find("not executable"), std::string::npos);
+  // The worker left out (`ddp-launch --nproc_per_node=2 configs/x.yaml`): say to name it first.
+  const std::string config = dir.file("x.yaml");
+  ::close(::creat(config.c_str(), 0644));
+  EXPECT_EQ(errorOf(config, ""), "worker '" + config + "' is a config file, not a program; name the worker program "
+                                 "first and give it the config, e.g. ddp-launch ... ./build/worker " + config);
 }
 
 // Whether a listener without SO_REUSEADDR can take `port` on 127.0.0.1 right now.
