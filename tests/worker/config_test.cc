@@ -82,6 +82,10 @@ TEST(Config, AStringOverrideKeepsItsText) {
   EXPECT_EQ(c.checkpoint.dir, "");
   EXPECT_EQ(c.resume, "");
   EXPECT_EQ(c.generate.modelPath, "quoted");  // YAML's quotes still unquote
+  // A prompt's whitespace and YAML's markers, as given (YAML would trim, fold, anchor or list them).
+  for (const std::string prompt : {"\tAll", "Hello\n", "trail  ", "a\n\nb", "&anc x", "- foo", "|", "  two"}) {
+    EXPECT_EQ(parseConfig(lm, {"generate.start=" + prompt}).generate.start, prompt);
+  }
   const std::string e = errorOf("", {"train.lr=|\n  fast\n  slow"});
   EXPECT_NE(e.find("'train.lr' (command-line override) must be a number, got 'fast\\nslow"), std::string::npos) << e;
   EXPECT_EQ(e.find('\n'), std::string::npos) << e;

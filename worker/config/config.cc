@@ -132,10 +132,11 @@ void resolveSharding(TrainConfig& t, const std::set<std::string>& set) {
   t.zero = t.sharding == Sharding::kZero1;
 }
 
-// An override's value parses as YAML (numbers, lists, quotes), but a string key keeps its text where
-// YAML would read something else from it: a glob ('*.bin' is an alias to YAML), a prompt ('%', '#x'
-// and 'The end: 42' are a directive, a comment and a map). `key=` and the null words keep YAML's
-// meaning: the key's default.
+// An override's value parses as YAML (numbers, lists, quotes), but a string key keeps its text as
+// given: a glob ('*.bin' is an alias to YAML), a prompt ('%', '#x' and 'The end: 42' are a
+// directive, a comment and a map; leading spaces, a blank line, '- x' and '|' YAML would change).
+// A quoted value ("..." or '...') is YAML's; `key=` and the null words keep YAML's meaning: the
+// key's default.
 YAML::Node overrideValue(const Field& field, const std::string& text, const std::string& whole) {
   const bool isString = field.type == "string";
   YAML::Node value;
@@ -146,9 +147,10 @@ YAML::Node overrideValue(const Field& field, const std::string& text, const std:
     DDP_THROW(ConfigError, "config: override '", oneLine(whole), "' has a malformed value: ", e.msg);
   }
   static const std::set<std::string> kNullWords = {"~", "null", "Null", "NULL"};
-  if (isString && !text.empty() && ((value.IsNull() && kNullWords.count(text) == 0) || value.IsMap())) {
-    return YAML::Node(text);
-  }
+  // A string key's text as given (a prompt's spaces, tabs and blank lines; '&x', '- x', '|'),
+  // unless it is quoted YAML ("...", '...': the quotes go, escapes apply) or empty / a null word.
+  const bool quoted = !text.empty() && (text.front() == '"' || text.front() == '\'') && value.IsScalar();
+  if (isString && !text.empty() && kNullWords.count(text) == 0 && !quoted) return YAML::Node(text);
   return value;
 }
 
