@@ -112,7 +112,7 @@ int worldValue(const std::atomic<int>& value, const char* what) {
   const int v = value.load();
   if (v < 0) {
     DDP_THROW(ConfigError, "ddp::", what, "() before ddp::initProcessGroup(): call initProcessGroup() first (as "
-              "torch.distributed's get_rank needs init_process_group)");
+              "torch.distributed's get_rank and get_world_size need init_process_group)");
   }
   return v;
 }

@@ -63,8 +63,12 @@ void writeFileAtomic(const std::string& path, std::string_view bytes) {
   const fs::path tmp = dir / ("." + target.filename().string() + ".tmp." + std::to_string(::getpid()));
   // Errors name the file asked for (the temporary beside it is this function's business).
   const auto cannot = [&](const char* what, const std::string& why) {
-    DDP_THROW(CheckpointError, "cannot ", what, " '", path, "': ", why,
-              fs::is_directory(dir, ec) ? "" : "; its directory '" + dir.string() + "' does not exist");
+    std::string where;
+    if (!fs::is_directory(dir, ec)) {
+      where = fs::exists(dir, ec) ? std::string("; '").append(dir.string()).append("' is a file, not a directory")
+                                  : std::string("; its directory '").append(dir.string()).append("' does not exist");
+    }
+    DDP_THROW(CheckpointError, "cannot ", what, " '", path, "': ", why, where);
   };
 
   // A file of its own, never through a link planted under the (predictable) temporary name: what is

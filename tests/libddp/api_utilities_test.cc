@@ -55,6 +55,11 @@ TEST_F(Files, AtomicWriteReplacesTheFileAndLeavesNoTemporary) {
   EXPECT_EQ(entries, 1) << "only the file itself, no .summary.json.tmp.<pid>";
   const std::string missing = errorOf<ddp::CheckpointError>([&] { ddp::writeFileAtomic(dir_ + "/no/such/f", "x"); });
   EXPECT_NE(missing.find(dir_ + "/no/such/"), std::string::npos) << missing;
+  EXPECT_NE(missing.find("does not exist"), std::string::npos) << missing;
+  // Under a file (saveModel to "/etc/passwd/model.pt"): the file is named as such, not as missing.
+  ddp::writeFileAtomic(dir_ + "/afile", "x");
+  const std::string underFile = errorOf<ddp::CheckpointError>([&] { ddp::writeFileAtomic(dir_ + "/afile/m.pt", "x"); });
+  EXPECT_NE(underFile.find("; '" + dir_ + "/afile' is a file, not a directory"), std::string::npos) << underFile;
 }
 
 // Issue 46 (2): a symbolic link planted under the temporary's (predictable) name is not written
