@@ -90,6 +90,15 @@ TEST(LanguageModel, TrainsAndRecordsValidationLossTokensPerSecondAndNanoGptKeys)
       out + "/model.pt", corpus() + "/val_000000.bin",
       "n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=" + std::to_string(vocabulary()), 32, 32);
   EXPECT_NEAR(reference, summary["val_loss"].get<double>(), 1e-5);
+  // mode eval (nanoGPT's eval_only) on the export: one process, eval.iters 8 x 4 windows, the same
+  // 32 rows: the same loss, in eval.json.
+  auto eval = gptJob(1, out, {"mode=eval", "eval.model_path=" + out + "/model.pt", "eval.iters=8"});
+  eval.erase(eval.begin(), eval.begin() + 2);  // the worker alone
+  const auto e = test::runCommand(eval, 120);
+  ASSERT_EQ(e.exitCode, 0) << e.output;
+  const auto evaluated = nlohmann::json::parse(test::readFile(out + "/eval.json"));
+  EXPECT_NEAR(evaluated["val_loss"].get<double>(), reference, 1e-5) << evaluated.dump();
+  EXPECT_EQ(evaluated["windows_per_rank"], 32);
   fs::remove_all(out);
 }
 

@@ -153,9 +153,10 @@ void validateLanguageModel(const WorkerConfig& c) {
   require(c.eval.interval >= 0, "eval.interval", "must be >= 0 (0 = the validation loss at the end only)");
   require(c.eval.iters >= 1, "eval.iters", "must be >= 1 (batches per rank for the validation loss)");
   require(c.output.peakFlops >= 0, "output.peak_flops", "must be >= 0 (0 = the GPU's known peak; none on a CPU)");
-  require(c.mode != Mode::kDp && c.mode != Mode::kEval, "mode",
-          "is " + std::string(c.mode == Mode::kDp ? "dp" : "eval") + ", for image classifiers; use mode ddp (or single) "
-          "with model.name gpt (training reports the validation loss: eval.interval), or mode generate");
+  require(c.mode != Mode::kDp, "mode",
+          "is dp, for image classifiers; use mode ddp (or single) with model.name gpt, or mode generate");
+  require(c.mode != Mode::kEval || !c.data.valFiles.empty(), "data.val_files",
+          "is empty, but mode eval of a gpt measures the validation loss on it; give the validation shards' glob");
   require(c.generate.numSamples >= 1, "generate.num_samples", "must be >= 1");
   require(c.generate.maxNewTokens >= 1, "generate.max_new_tokens", "must be >= 1");
   // Below it the logits divided by it overflow float32 and the softmax is NaN.

@@ -12,6 +12,9 @@
 #include "ddp/files.h"
 #include "worker/data/gather_batch.h"
 #include "worker/train/evaluate.h"
+#include "worker/train/lm_records.h"
+#include "worker/train/optimizer_setup.h"
+#include "worker/data/token_corpus.h"
 #include "worker/train/metrics.h"
 #include "worker/models/model_size.h"
 #include "worker/models/models.h"
@@ -19,9 +22,42 @@
 
 namespace ddp::worker {
 
+namespace {
+
+// A gpt: nanoGPT's estimate_loss on the validation split (eval_only), eval.iters windows of
+// train.batch_size per rank, averaged over the ranks.
+int evalLanguageModel(const WorkerConfig& config, ProcessGroup& group, Datasets data) {
+  const c10::Device device = group.device();
+  data.input.classes = data::checkedVocabulary(*data.tokens, config.model);
+  checkInferenceFits(config.model, data.input, memoryLimit());
+  auto model = makeModel(config.model, data.input);
+  loadModelWeights(*model.ptr(), config.eval.modelPath);  // the file's recorded model.* checked first
+  model.ptr()->to(device);
+  auto records = LanguageModelRecords::make(config, data, *model.ptr(), group, device);
+  const double loss = records->validationLoss(autocastDtype(config.train.precision));
+  spdlog::info("evaluated {} on {}: validation loss {:.4f} ({} batches of {} windows: eval.iters, train.batch_size)",
+               config.eval.modelPath, device.str(), loss, config.eval.iters, config.train.batchSize);
+  makeDirectories(config.output.dir, "output.dir");
+  writeSummary(config.output.dir + "/eval.json",
+               {{"mode", "eval"},
+                {"model_path", std::filesystem::absolute(config.eval.modelPath).string()},
+                {"model", config.model.name},
+                {"data", config.data.name},
+                {"device", device.str()},
+                {"val_loss", loss},
+                {"eval_iters", config.eval.iters},
+                {"windows_per_rank", config.eval.iters * config.train.batchSize},
+                {"world_size", group.size()}});
+  spdlog::info("kept in {}/eval.json", config.output.dir);
+  return 0;
+}
+
+}  // namespace
+
 int runEvalMode(const WorkerConfig& config, ProcessGroup& group) {
   const c10::Device device = group.device();
-  const Datasets data = loadDatasets(config.data, config.seed);
+  Datasets data = loadDatasets(config.data, config.seed);
+  if (data.tokens) return evalLanguageModel(config, group, std::move(data));
   checkInferenceFits(config.model, data.input, memoryLimit());
   auto model = makeModel(config.model, data.input);
   // Loaded on the CPU (every tensor is mapped there), then moved: map_location done right.
