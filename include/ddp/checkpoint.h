@@ -111,6 +111,10 @@ class Checkpointer {
   /// loaded, when every one there is damaged. Ranks that found different
   /// checkpoints get a CommError. Call after the module is on its device and the optimizer built.
   /// With a scaler, its saved state is restored (a file without one leaves it as it is, warning).
+  /// The optimizer's per-parameter state (momentum, Adam's moments) is the file's; its options
+  /// (lr, momentum, betas, weight decay) stay the ones it was built with, unlike Python's
+  /// optimizer.load_state_dict, which restores its param_groups: build it with the run's values
+  /// (a schedule sets the lr of each step anyway).
   std::optional<TrainPosition> resume(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                       GradScaler* scaler = nullptr);
   /// resume() from one file. Both throw ConfigError, before anything is loaded, when the file's

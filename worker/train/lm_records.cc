@@ -3,6 +3,7 @@
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <utility>
@@ -54,6 +55,12 @@ LanguageModelRecords::LanguageModelRecords(const WorkerConfig& config, const Dat
     o.sampling = TokenSampling::kSequential;
     valWindows_ = data::asBadTokenInput([&] { return std::make_unique<TokenSampler>(val_, o); },
                                         " (data.val_files: the validation loss takes train.batch_size windows per rank)");
+    const int64_t distinct = valWindows_->stepsPerEpoch();
+    if (config.eval.iters > distinct && group.rank() == 0) {
+      spdlog::warn("eval.iters is {} but data.val_files holds {} distinct batches of train.batch_size windows per "
+                   "rank: the validation loss takes the first ones again (they weigh more); eval.iters={} covers the "
+                   "validation split once", config.eval.iters, distinct, distinct);
+    }
   }
 }
 
