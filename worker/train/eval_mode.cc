@@ -24,6 +24,20 @@ namespace ddp::worker {
 
 namespace {
 
+// eval.json, not summary.json: output.dir is often the training run's, whose summary it would
+// replace. What was evaluated, then `results`.
+void writeEvalJson(const WorkerConfig& config, c10::Device device, const nlohmann::json& results) {
+  nlohmann::json record = {{"mode", "eval"},
+                           {"model_path", std::filesystem::absolute(config.eval.modelPath).string()},
+                           {"model", config.model.name},
+                           {"data", config.data.name},
+                           {"device", device.str()}};
+  record.update(results);
+  makeDirectories(config.output.dir, "output.dir");
+  writeSummary(config.output.dir + "/eval.json", record);
+  spdlog::info("kept in {}/eval.json", config.output.dir);
+}
+
 // A gpt: nanoGPT's estimate_loss on the validation split (eval_only), eval.iters windows of
 // train.batch_size per rank, averaged over the ranks.
 int evalLanguageModel(const WorkerConfig& config, ProcessGroup& group, Datasets data) {
@@ -37,18 +51,11 @@ int evalLanguageModel(const WorkerConfig& config, ProcessGroup& group, Datasets 
   const double loss = records->validationLoss(autocastDtype(config.train.precision));
   spdlog::info("evaluated {} on {}: validation loss {:.4f} ({} batches of {} windows: eval.iters, train.batch_size)",
                config.eval.modelPath, device.str(), loss, config.eval.iters, config.train.batchSize);
-  makeDirectories(config.output.dir, "output.dir");
-  writeSummary(config.output.dir + "/eval.json",
-               {{"mode", "eval"},
-                {"model_path", std::filesystem::absolute(config.eval.modelPath).string()},
-                {"model", config.model.name},
-                {"data", config.data.name},
-                {"device", device.str()},
-                {"val_loss", loss},
-                {"eval_iters", config.eval.iters},
-                {"windows_per_rank", config.eval.iters * config.train.batchSize},
-                {"world_size", group.size()}});
-  spdlog::info("kept in {}/eval.json", config.output.dir);
+  writeEvalJson(config, device,
+                {{"val_loss", loss},
+                 {"eval_iters", config.eval.iters},
+                 {"windows_per_rank", config.eval.iters * config.train.batchSize},
+                 {"world_size", group.size()}});
   return 0;
 }
 
@@ -81,18 +88,8 @@ int runEvalMode(const WorkerConfig& config, ProcessGroup& group) {
                    logits[i].softmax(0)[predicted[i]].item<double>(), first.labels[i].item<int64_t>());
     }
   }
-  // eval.json, not summary.json: output.dir is often the training run's, whose summary it would replace.
-  makeDirectories(config.output.dir, "output.dir");
-  writeSummary(config.output.dir + "/eval.json",
-               {{"mode", "eval"},
-                {"model_path", std::filesystem::absolute(config.eval.modelPath).string()},
-                {"model", config.model.name},
-                {"data", config.data.name},
-                {"device", device.str()},
-                {"test_correct", counts.correct},
-                {"test_total", counts.total},
-                {"test_accuracy", counts.accuracy()}});
-  spdlog::info("kept in {}/eval.json", config.output.dir);
+  writeEvalJson(config, device,
+                {{"test_correct", counts.correct}, {"test_total", counts.total}, {"test_accuracy", counts.accuracy()}});
   return 0;
 }
 
