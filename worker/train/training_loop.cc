@@ -102,6 +102,7 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
   resumed_ = checkpointer_.resume(module_, *optimizer_, scaler_ ? &*scaler_ : nullptr);
   result_.steps = resumed_.globalStep;
   result_.samples = resumed_.samples;
+  lastStopCheckStep_ = result_.steps;  // the first stop period measures this run's steps only
   stopFlag_ = at::zeros({2}, at::TensorOptions().dtype(at::kDouble).device(group_.collectiveDevice()));
   done_ = train_.maxSteps > 0 && result_.steps >= train_.maxSteps;
   planSteps();
