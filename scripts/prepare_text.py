@@ -26,11 +26,17 @@ Formats (DIR/meta.json always: level, vocab_size, token counts, itos for char, e
            shakespeare_char/prepare.py writes it ({vocab_size, itos, stoi}); byte level writes the
            256 bytes as Latin-1 characters there, gpt2 no meta.pkl (as nanoGPT's openwebtext).
 
+Memory: the inputs are read a chunk at a time (1 MiB), so a corpus of any size takes ~50 MB (the char
+level reads them twice: once for the vocabulary); the gpt2 level writes its tokens to a scratch file
+in the staging folder and cuts the shards from it (the disk holds the tokens twice for a while), and
+gives tiktoken a long document in parts cut where GPT-2's BPE gives the same tokens (safe_cut).
+
 Bad input (a missing, empty or, for char/gpt2, non-UTF-8 input; --val_fraction outside (0, 1); an
 --out holding files; a vocabulary too large for uint16) is one line on stderr and exit 2, with
 nothing written: the output goes to a temporary folder beside DIR, renamed to DIR at the end.
 """
 import argparse
+import codecs
 import hashlib
 import json
 import os
@@ -110,8 +116,14 @@ def check_out(out):
                        "choose a new folder or remove this one")
 
 
-def read_inputs(paths):
-    contents = []
+def chunk_bytes():
+    """Bytes read (and tokens written) at a time: memory stays near a few chunks whatever the corpus's
+    size. PREPARE_TEXT_CHUNK_BYTES sets it (the tests use a few bytes to cross every boundary)."""
+    return max(1, int(os.environ.get("PREPARE_TEXT_CHUNK_BYTES", 1 << 20)))
+
+
+def check_inputs(paths):
+    """Every input is a readable, non-empty regular file: checked before anything is read or written."""
     for path in paths:
         if not os.path.exists(path):
             raise BadInput(f"input {path} does not exist; pass the path of a text file")
@@ -124,40 +136,72 @@ def read_inputs(paths):
             raise BadInput(f"input {path} is a device or socket, not a text file; pass the path of a text file")
         try:
             with open(path, "rb") as f:
-                data = f.read()
+                empty = not f.read(1)
         except OSError as e:
             raise BadInput(f"input {path} cannot be read ({e.strerror}); check its permissions")
-        if not data:
+        if empty:
             raise BadInput(f"input {path} is empty; remove it from the inputs")
-        contents.append(data)
-    return contents
 
 
-def decode_utf8(paths, contents, level):
-    texts = []
-    for path, data in zip(paths, contents):
+def byte_chunks(path):
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(chunk_bytes()):
+                yield chunk
+    except OSError as e:
+        raise BadInput(f"input {path} cannot be read ({e.strerror}); check its permissions")
+
+
+def text_chunks(path, level):
+    """The file's UTF-8 text, a chunk at a time (a character cut by a chunk's end waits for the next)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0  # bytes of the file given to the decoder before this chunk
+    chunks = byte_chunks(path)
+    while True:
+        chunk = next(chunks, None)
+        pending = len(decoder.getstate()[0])
         try:
-            texts.append(data.decode("utf-8"))
+            text = decoder.decode(chunk or b"", final=chunk is None)
         except UnicodeDecodeError as e:
-            raise BadInput(f"input {path} is not UTF-8 text (byte {e.start}: {e.reason}); --level "
-                           f"{level} reads UTF-8: convert it (iconv -t UTF-8) or use --level byte")
-    return texts
+            raise BadInput(f"input {path} is not UTF-8 text (byte {offset - pending + e.start}: {e.reason}); "
+                           f"--level {level} reads UTF-8: convert it (iconv -t UTF-8) or use --level byte")
+        if text:
+            yield text
+        if chunk is None:
+            return
+        offset += len(chunk)
 
 
-def encode_bytes(contents):
-    return np.frombuffer(b"".join(contents), dtype=np.uint8).astype(np.uint16), {}
+def codepoints(text):
+    return np.frombuffer(text.encode("utf-32-le"), dtype="<u4")
 
 
-def encode_chars(texts):
-    """nanoGPT's chars = sorted(set(data)), stoi = index: code points sort as Python sorts str."""
-    text = "".join(texts)
-    codepoints = np.frombuffer(text.encode("utf-32-le"), dtype="<u4")
-    vocab = np.unique(codepoints)
+def char_vocabulary(paths):
+    """nanoGPT's chars = sorted(set(data)) (code points sort as Python sorts str) and the text's length."""
+    vocab, n = np.zeros(0, dtype="<u4"), 0
+    for path in paths:
+        for text in text_chunks(path, "char"):
+            cps = codepoints(text)
+            vocab = np.union1d(vocab, np.unique(cps))
+            n += len(cps)
     if len(vocab) > UINT16_VOCAB:
         raise BadInput(f"the inputs hold {len(vocab)} distinct characters, over the {UINT16_VOCAB} "
                        "a uint16 token can index; use --level byte (vocab 256)")
-    tokens = np.searchsorted(vocab, codepoints).astype(np.uint16)
-    return tokens, {"itos": [chr(c) for c in vocab]}
+    return vocab, n
+
+
+def byte_tokens(paths):
+    for path in paths:
+        for chunk in byte_chunks(path):
+            yield np.frombuffer(chunk, dtype=np.uint8).astype("<u2")
+
+
+def char_tokens(paths, vocab):
+    token_of = np.zeros(int(vocab[-1]) + 1, dtype="<u2")  # code point -> its index in the vocabulary
+    token_of[vocab] = np.arange(len(vocab))
+    for path in paths:
+        for text in text_chunks(path, "char"):
+            yield token_of[codepoints(text)]
 
 
 def tiktoken_cache_dir(tkload):
@@ -210,17 +254,63 @@ def gpt2_encoding():
         tkload.read_file = read_file
 
 
-def encode_gpt2(texts):
-    enc = gpt2_encoding()
-    if enc.n_vocab > UINT16_VOCAB:
-        raise BadInput(f"tiktoken's gpt2 has {enc.n_vocab} tokens, over the {UINT16_VOCAB} "
-                       "a uint16 token can index")
-    eot = enc.eot_token
-    stream = []
-    for text in texts:
-        stream.append(eot)  # llm.c's fineweb.py: [eot] + encode_ordinary(doc), the delimiter first
-        stream.extend(enc.encode_ordinary(text))
-    return np.array(stream, dtype=np.uint16), {"encoding": "gpt2", "eot_token": eot, "vocab_size": enc.n_vocab}
+def safe_cut(text):
+    """Where a text may be cut so that GPT-2's BPE encodes the two parts as it would the whole: after a
+    newline between two non-whitespace characters (tiktoken's encode_ordinary splits the text with
+    GPT-2's pattern, then merges within each piece; such a newline is a piece of its own either way,
+    and the piece after it starts at the next character whole or cut). 0 when there is none."""
+    i = len(text) - 1
+    while (i := text.rfind("\n", 0, i)) > 0:
+        if not text[i - 1].isspace() and not text[i + 1].isspace():
+            return i + 1
+    return 0
+
+
+def gpt2_tokens(paths, enc):
+    """llm.c's fineweb.py stream, [eot] + encode_ordinary(doc) for each input, a chunk at a time."""
+    for path in paths:
+        yield np.array([enc.eot_token], dtype="<u2")
+        held = ""
+        for text in text_chunks(path, "gpt2"):
+            held += text
+            if cut := safe_cut(held):
+                yield np.array(enc.encode_ordinary(held[:cut]), dtype="<u2")
+                held = held[cut:]
+        if held:
+            yield np.array(enc.encode_ordinary(held), dtype="<u2")
+
+
+class ShardWriter:
+    """Writes a stream of tokens into the output files in order: each (name, token count, llm.c
+    header or not) is filled, then the next is opened."""
+
+    def __init__(self, folder, files):
+        self.folder, self.files, self.f, self.left = folder, list(files), None, 0
+
+    def write(self, tokens):
+        while len(tokens):
+            if self.left == 0:
+                self._next()
+            take = tokens[:self.left]
+            self.f.write(take.astype("<u2").tobytes())
+            self.left -= len(take)
+            tokens = tokens[len(take):]
+
+    def _next(self):
+        if self.f:
+            self.f.close()
+        name, count, header = self.files.pop(0)
+        self.f = open(os.path.join(self.folder, name), "wb")
+        if header:
+            ints = np.zeros(LLMC_HEADER_INTS, dtype="<i4")
+            ints[:3] = (LLMC_MAGIC, LLMC_VERSION, count)
+            self.f.write(ints.tobytes())
+        self.left = count
+
+    def close(self):
+        if self.f:
+            self.f.close()
+        assert self.left == 0 and not self.files, (self.left, self.files)
 
 
 def llmc_pieces(n, shard_tokens):
@@ -231,66 +321,87 @@ def llmc_pieces(n, shard_tokens):
     return list(zip(starts, starts[1:] + [n]))
 
 
-def write_llmc(folder, split, tokens, shard_tokens):
-    names = []
-    for i, (start, end) in enumerate(llmc_pieces(len(tokens), shard_tokens)):
-        shard = tokens[start:end]
-        header = np.zeros(LLMC_HEADER_INTS, dtype="<i4")
-        header[:3] = (LLMC_MAGIC, LLMC_VERSION, len(shard))
-        names.append(f"{split}_{i:06d}.bin")
-        with open(os.path.join(folder, names[-1]), "wb") as f:
-            f.write(header.tobytes())
-            f.write(shard.astype("<u2").tobytes())
-    return names
+def output_files(fmt, n_train, n_val, shard_tokens):
+    """(name, token count, llm.c header or not) of every token file, in the stream's order."""
+    if fmt == "nanogpt":
+        return [("train.bin", n_train, False), ("val.bin", n_val, False)]
+    return [(f"{split}_{i:06d}.bin", end - start, True)
+            for split, n in (("train", n_train), ("val", n_val))
+            for i, (start, end) in enumerate(llmc_pieces(n, shard_tokens))]
 
 
-def write_nanogpt(folder, train, val, level, vocab_size, extra):
-    train.astype("<u2").tofile(os.path.join(folder, "train.bin"))
-    val.astype("<u2").tofile(os.path.join(folder, "val.bin"))
+def write_nanogpt_meta(folder, level, vocab_size, extra):
     if level == "gpt2":
-        return ["train.bin", "val.bin"]  # nanoGPT's sample.py falls back to tiktoken's gpt2
+        return  # nanoGPT's sample.py falls back to tiktoken's gpt2 (as its openwebtext: no meta.pkl)
     chars = extra["itos"] if level == "char" else [chr(b) for b in range(256)]  # bytes as Latin-1
     meta = {"vocab_size": vocab_size, "itos": dict(enumerate(chars)),
             "stoi": {ch: i for i, ch in enumerate(chars)}}
     with open(os.path.join(folder, "meta.pkl"), "wb") as f:
         pickle.dump(meta, f)
-    return ["train.bin", "val.bin"]
+
+
+def split_sizes(n, val_fraction):
+    n_train = int(n * (1 - val_fraction))
+    if n_train == 0 or n_train == n:
+        raise BadInput(f"{n} token(s) leave {'no train' if n_train == 0 else 'no val'} tokens at "
+                       f"--val_fraction {val_fraction:g}; give more text or another fraction")
+    return n_train, n - n_train
 
 
 def prepare(args):
+    """Two passes at most over the inputs, a chunk at a time: the byte level knows its token count from
+    the files' sizes, the char level from a first pass that finds the vocabulary, and the gpt2 level
+    encodes once into a scratch file that is then cut into the shards."""
     started = time.perf_counter()
     check_out(args.out)
-    contents = read_inputs(args.inputs)
+    check_inputs(args.inputs)
+    extra, n, scratch = {}, None, None
     if args.level == "byte":
-        tokens, extra = encode_bytes(contents)
-        vocab_size = 256
+        vocab_size, n = 256, sum(os.path.getsize(p) for p in args.inputs)
+        stream = lambda: byte_tokens(args.inputs)
     elif args.level == "char":
-        tokens, extra = encode_chars(decode_utf8(args.inputs, contents, "char"))
-        vocab_size = len(extra["itos"])
+        vocab, n = char_vocabulary(args.inputs)
+        vocab_size, extra = len(vocab), {"itos": [chr(c) for c in vocab]}
+        stream = lambda: char_tokens(args.inputs, vocab)
     else:
-        tokens, extra = encode_gpt2(decode_utf8(args.inputs, contents, "gpt2"))
-        vocab_size = extra.pop("vocab_size")
-    del contents
-
-    n = len(tokens)
-    n_train = int(n * (1 - args.val_fraction))
-    if n_train == 0 or n_train == n:
-        raise BadInput(f"{n} token(s) leave {'no train' if n_train == 0 else 'no val'} tokens at "
-                       f"--val_fraction {args.val_fraction:g}; give more text or another fraction")
-    train, val = tokens[:n_train], tokens[n_train:]
+        for path in args.inputs:  # the text is checked before tiktoken is looked for, or anything written
+            for _ in text_chunks(path, "gpt2"):
+                pass
+        enc = gpt2_encoding()
+        if enc.n_vocab > UINT16_VOCAB:
+            raise BadInput(f"tiktoken's gpt2 has {enc.n_vocab} tokens, over the {UINT16_VOCAB} "
+                           "a uint16 token can index")
+        vocab_size, extra = enc.n_vocab, {"encoding": "gpt2", "eot_token": enc.eot_token}
+    if n is not None:
+        n_train, n_val = split_sizes(n, args.val_fraction)
 
     out = os.path.abspath(args.out)
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", suffix=".tmp", dir=parent)
     try:
-        if args.format == "llmc":
-            written = (write_llmc(staging, "train", train, args.shard_tokens)
-                       + write_llmc(staging, "val", val, args.shard_tokens))
-        else:
-            written = write_nanogpt(staging, train, val, args.level, vocab_size, extra)
+        if args.level == "gpt2":
+            scratch = os.path.join(staging, "tokens.scratch")
+            with open(scratch, "wb") as f:
+                for tokens in gpt2_tokens(args.inputs, enc):
+                    f.write(tokens.tobytes())
+            n = os.path.getsize(scratch) // 2
+            n_train, n_val = split_sizes(n, args.val_fraction)
+            held = np.memmap(scratch, dtype="<u2", mode="r")
+            step = max(1, chunk_bytes() // 2)
+            stream = lambda: (held[i:i + step] for i in range(0, n, step))
+        files = output_files(args.format, n_train, n_val, args.shard_tokens)
+        writer = ShardWriter(staging, files)
+        for tokens in stream():
+            writer.write(tokens)
+        writer.close()
+        if scratch:
+            del held
+            os.remove(scratch)
+        if args.format == "nanogpt":
+            write_nanogpt_meta(staging, args.level, vocab_size, extra)
         meta = {"level": args.level, "vocab_size": vocab_size, "format": args.format,
-                "tokens": {"train": len(train), "val": len(val)}, **extra,
+                "tokens": {"train": n_train, "val": n_val}, **extra,
                 "files": [printable(p) for p in args.inputs]}
         with open(os.path.join(staging, "meta.json"), "w", encoding="utf-8") as f:
             json.dump(meta, f, ensure_ascii=False, indent=1)
@@ -303,9 +414,9 @@ def prepare(args):
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    shards = (f"{sum(w.startswith('train') for w in written)} train + "
-              f"{sum(w.startswith('val') for w in written)} val shard(s)")
-    print(f"prepare_text: {len(train):,} train + {len(val):,} val tokens, vocab {vocab_size:,} "
+    shards = (f"{sum(f[0].startswith('train') for f in files)} train + "
+              f"{sum(f[0].startswith('val') for f in files)} val shard(s)")
+    print(f"prepare_text: {n_train:,} train + {n_val:,} val tokens, vocab {vocab_size:,} "
           f"({args.level}), {shards} ({args.format}) in {printable(args.out)}, "
           f"{time.perf_counter() - started:.1f} s")
 

@@ -10,6 +10,7 @@ Debian's fortunes (scripts/setup.sh --tests installs it).
 """
 import glob
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -277,6 +278,97 @@ class PrepareText(unittest.TestCase):
                      "--level", "gpt2", "--format", "nanogpt", env=env)
         self.assertEqual(sorted(os.listdir(nano)), ["meta.json", "train.bin", "val.bin"])
         self.assert_same(np.fromfile(os.path.join(nano, "train.bin"), dtype="<u2").tolist(), stream[:n_train])
+
+    # --- streaming: a chunk at a time -------------------------------------------------------------
+
+    def test_chunks_of_five_bytes_give_the_same_shards(self):
+        """Read 5 bytes at a time, every boundary is crossed: UTF-8 characters cut in two, shards
+        filled across chunks, documents encoded in parts; the tokens are the formulas' all the same."""
+        texts = ["naïve café ✓ 日本語 – ok\r\n", "To be,\nor not\n\n to be:\nthat 🙂 is\nthe question.\n" * 3]
+        whole = "".join(texts)
+        paths = [self.write(f"c{i}.txt", t) for i, t in enumerate(texts)]
+        env, _, _ = self.fake_tiktoken(["vocab.bpe", "encoder.json"])
+        env["PREPARE_TEXT_CHUNK_BYTES"] = "5"
+        itos = sorted(set(whole))
+        streams = {"byte": list(whole.encode("utf-8")), "char": [itos.index(c) for c in whole],
+                   "gpt2": [t for d in texts for t in [EOT] + toy_gpt2(d)]}
+        for level, stream in streams.items():
+            n_train = int(len(stream) * 0.9)
+            with self.subTest(level=level):
+                out = os.path.join(self.dir, f"{level}_llmc")
+                self.prepare(*paths, "--out", out, "--level", level, "--shard_tokens", "7", env=env)
+                train, val = self.llmc_split(out, "train"), self.llmc_split(out, "val")
+                # Every 7 tokens a shard; a tail shorter than 7 / 2 joins the shard before it.
+                tail = n_train % 7
+                sizes = [7] * (n_train // 7 - (tail < 3.5)) + [7 + tail if tail < 3.5 else tail]
+                self.assertEqual([len(p) for p in train], sizes)
+                self.assert_same(np.concatenate(train).tolist(), stream[:n_train])
+                self.assert_same(np.concatenate(val).tolist(), stream[n_train:])
+                out = os.path.join(self.dir, f"{level}_nanogpt")
+                self.prepare(*paths, "--out", out, "--level", level, "--format", "nanogpt", env=env)
+                self.assert_same(np.fromfile(os.path.join(out, "train.bin"), dtype="<u2").tolist(), stream[:n_train])
+                self.assert_same(np.fromfile(os.path.join(out, "val.bin"), dtype="<u2").tolist(), stream[n_train:])
+        # A bad byte after a character the chunk cut in two: its offset in the file, not in the chunk.
+        data = "abcé".encode() + b"defghij" + b"\xff" + b"tail"  # 0xFF at byte 12; bytes 3-4 are é
+        bad = self.write("bad.txt", data)
+        for level in ("char", "gpt2"):
+            self.assert_refused([bad, "--level", level], bad, "not UTF-8", "byte 12", env=env)
+
+    def test_gpt2_documents_cut_only_where_bpe_cannot_tell(self):
+        """A long document goes to the encoder in parts cut after a newline between two non-space
+        characters: GPT-2's pattern makes such a newline a piece of its own, so encoding the parts
+        gives the whole's tokens (checked once with the regex module on the fortunes corpus: 101476
+        such cuts, the same pieces; cutting after every newline gives other pieces)."""
+        spec = importlib.util.spec_from_file_location("prepare_text", SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        doc = "One line.\nTwo  \nthree\n\nfour\n five\nsix\tseven\nend" * 4
+        path = self.write("doc.txt", doc)
+        given = []
+
+        class Recorder:
+            eot_token = 7
+
+            def encode_ordinary(self, text):
+                given.append(text)
+                return [ord(c) for c in text]
+
+        os.environ["PREPARE_TEXT_CHUNK_BYTES"] = "6"
+        try:
+            tokens = np.concatenate(list(module.gpt2_tokens([path], Recorder()))).tolist()
+        finally:
+            del os.environ["PREPARE_TEXT_CHUNK_BYTES"]
+        self.assertEqual(tokens, [7] + [ord(c) for c in doc])
+        self.assertEqual("".join(given), doc)
+        self.assertGreater(len(given), 4)  # parts, not the whole document at once
+        for part, following in zip(given, given[1:]):
+            self.assertTrue(part.endswith("\n") and not part[-2].isspace() and not following[0].isspace(),
+                            (part, following))
+
+    def test_memory_does_not_grow_with_the_input(self):
+        """Peak memory (the script's VmHWM) for 24 MB of text stays within a few MB of that for
+        a few KB: the inputs are read a chunk at a time (256 KiB here; reading them whole took ~16 x
+        their size)."""
+        line = "The quick brown fox – naïve café – jumps over the lazy dog 1234567890.\n"
+        big = self.write("big.txt", line * (24_000_000 // len(line.encode())))
+        small = self.write("small.txt", line * 100)
+        # VmHWM, the process's own peak (ru_maxrss would keep the spawning test's from before exec).
+        probe = ("import runpy, sys; sys.argv = sys.argv[1:]\n"
+                 "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+                 "except SystemExit as e:\n    assert not e.code, e.code\n"
+                 "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')][0],"
+                 " file=sys.stderr)\n")
+        peak = {}
+        for level in ("byte", "char"):
+            for name, path in (("small", small), ("big", big)):
+                r = subprocess.run([sys.executable, "-c", probe, SCRIPT, path, "--out",
+                                    os.path.join(self.dir, f"{level}_{name}"), "--level", level],
+                                   capture_output=True, text=True, timeout=120,
+                                   env=dict(self.env, PREPARE_TEXT_CHUNK_BYTES=str(1 << 18)))
+                self.assertEqual(r.returncode, 0, r.stderr)
+                peak[level, name] = int(r.stderr.split()[-1]) * 1024  # KiB on Linux
+            growth = peak[level, "big"] - peak[level, "small"]
+            self.assertLess(growth, os.path.getsize(big) / 2, (level, peak))
 
     # --- bad input: one line, exit 2, nothing written ---------------------------------------------
 
