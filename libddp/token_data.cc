@@ -377,7 +377,9 @@ TokenSampler::TokenSampler(std::shared_ptr<const TokenData> data, TokenSamplerOp
     rowStarts_.push_back(rowStarts_.back() + (shard.size() - 1) / t);  // llm.c: B·T + 1 read, B·T moved
     validStarts_.push_back(validStarts_.back() + shard.size() - t);    // nanoGPT: randint(len - T)
   }
-  epochRows_ = options_.sampling == TokenSampling::kSequential ? rowStarts_.back() : data_->totalTokens() / t;
+  // Random windows may overlap (nanoGPT draws them from a corpus of any length): an epoch is one step at least.
+  epochRows_ = options_.sampling == TokenSampling::kSequential ? rowStarts_.back()
+                                                                : std::max(data_->totalTokens() / t, rowsPerStep());
   if (stepsPerEpoch() < 1) {
     DDP_THROW(DataError, "token data '", data_->pattern(), "': an epoch holds ", epochRows_, " windows of ", t,
               " + 1 tokens, fewer than one step takes (world ", options_.world, " x batch ", options_.batchSize,

@@ -191,11 +191,12 @@ struct TokenSamplerOptions {
 /// drawSeed(seed, rank, step) draws at::randint(validStarts(), {B}) (Python:
 /// torch.randint(n, (B,), generator=torch.Generator().manual_seed(drawSeed))), a draw d mapping to
 /// the shard whose starts hold it. nanoGPT has no epochs: epochRows() = floor(total tokens / T), so
-/// stepsPerEpoch() = floor(total / (world·B·T)).
+/// stepsPerEpoch() = floor(total / (world·B·T)), and at least one step: a corpus shorter than a
+/// step's windows is sampled as nanoGPT samples it (windows overlapping), an epoch being one step.
 class TokenSampler {
  public:
-  /// Checks the options (ConfigError), that every shard holds blockSize + 1 tokens and that an
-  /// epoch holds one step (DataError), and advises the shards' pages for the sampling.
+  /// Checks the options (ConfigError), that every shard holds blockSize + 1 tokens and, kSequential,
+  /// that an epoch holds one step (DataError), and advises the shards' pages for the sampling.
   TokenSampler(std::shared_ptr<const TokenData> data, TokenSamplerOptions options);
 
   const TokenSamplerOptions& options() const { return options_; }

@@ -11,7 +11,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <csignal>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -63,6 +65,7 @@ TEST(LanguageModel, TrainsAndRecordsValidationLossTokensPerSecondAndNanoGptKeys)
   // after 20 steps a docs edit moved it over the line; here: 3.48 against 3.77).
   EXPECT_LT(summary["val_loss"].get<double>(), 0.8 * std::log(static_cast<double>(vocabulary()))) << summary.dump();
   EXPECT_GT(summary["tokens_per_s"].get<double>(), 0);
+  EXPECT_EQ(summary["val_loss_step"], 80);
   // A language model has no test set to classify: no test accuracy (it read 0 of 0).
   EXPECT_FALSE(summary.contains("test_accuracy")) << summary.dump();
   // tokens/s = windows/s × block size (all ranks).
@@ -106,8 +109,11 @@ TEST(LanguageModel, TrainsAndRecordsValidationLossTokensPerSecondAndNanoGptKeys)
 // vocabulary, num_samples of them; the same seed draws the same text, another seed other text.
 TEST(LanguageModel, GenerateWritesSamplesThatStartWithThePromptAndRepeatWithTheSeed) {
   const std::string out = test::makeTempDir("lm_generate");
-  const auto r = test::runCommand(gptJob(1, out, {"train.max_steps=10", "eval.enabled=false"}), 300);
+  const auto r = test::runCommand(gptJob(1, out, {"train.max_steps=10", "eval.enabled=false", "eval.interval=4"}), 300);
   ASSERT_EQ(r.exitCode, 0) << r.output;
+  // eval.enabled false: no validation after the last step, so the last one is step 8's, named so.
+  EXPECT_EQ(nlohmann::json::parse(test::readFile(out + "/summary.json"))["val_loss_step"], 8);
+  EXPECT_NE(r.output.find(" at step 8 (eval.enabled false: none after the last step)"), std::string::npos) << r.output;
   const auto generate = [&](const std::string& seed, const std::string& val = "") {
     auto argv = gptJob(1, out, {"mode=generate", "generate.start=The", "generate.num_samples=3",
                                 "generate.max_new_tokens=40", "seed=" + seed});
@@ -175,6 +181,24 @@ TEST(LanguageModel, GenerateWritesSamplesThatStartWithThePromptAndRepeatWithTheS
   EXPECT_NE(other.output.find("beside data.train_files has 256: the model was trained on other data"),
             std::string::npos)
       << other.output;
+  // Ctrl-C while sampling: the sample being made is finished, generated.json keeps those made (the
+  // first one is seed 5's first again), exit 130 as a training run stopped by it.
+  auto many = gptJob(1, out, {"mode=generate", "generate.start=The", "generate.num_samples=100000",
+                              "generate.max_new_tokens=40", "seed=5"});
+  many.erase(many.begin(), many.begin() + 2);
+  fs::remove(out + "/generated.json");
+  test::Background sampling(many, out + "/sampling.log");
+  ASSERT_TRUE(sampling.waitFor("---------------", 120)) << test::readFile(sampling.log);
+  ASSERT_EQ(::kill(sampling.pid, SIGINT), 0);
+  EXPECT_EQ(sampling.wait(120), 130) << test::readFile(sampling.log);
+  const auto kept = nlohmann::json::parse(test::readFile(out + "/generated.json"));
+  const auto made = kept["samples"].get<std::vector<std::string>>();
+  ASSERT_FALSE(made.empty());
+  EXPECT_LT(made.size(), 100000u);
+  EXPECT_EQ(made.front(), first.front());
+  EXPECT_EQ(kept["stopped_by_signal"], SIGINT);
+  EXPECT_NE(test::readFile(sampling.log).find("after " + std::to_string(made.size()) + " of 100000 samples"),
+            std::string::npos) << test::readFile(sampling.log);
   fs::remove_all(out);
 }
 
@@ -298,6 +322,62 @@ TEST(LanguageModel, ShardedCheckpointResumesDdpAndAnotherWorldSize) {
                               "config vs this run's): n_head 2 vs 4"), std::string::npos) << heads.output;
   fs::remove_all(straight);
   fs::remove_all(split);
+}
+
+// Splits shorter than one step's windows (2 ranks x 4 windows of 32 + 1 tokens): nanoGPT's
+// get_batch and estimate_loss draw overlapping random windows from any split of block_size + 1
+// tokens or more, so data.sampling=random trains on them, and the validation loss takes random
+// windows too, the same at every evaluation: those torch.randint draws from (seed, rank, iteration).
+TEST(LanguageModel, SplitsShorterThanAStepAreSampledAsNanoGptSamplesThem) {
+  const std::string out = test::makeTempDir("lm_short_splits");
+  const std::string tiny = out + "/tiny";
+  fs::create_directories(tiny);
+  const auto cut = [&](const std::string& from, const std::string& to, int32_t tokens) {
+    std::string shard = test::readFile(from);
+    ASSERT_GE(shard.size(), 1024u + 2u * static_cast<size_t>(tokens));
+    std::memcpy(&shard[8], &tokens, sizeof tokens);  // llm.c's header[2]: the token count
+    std::ofstream(to, std::ios::binary) << shard.substr(0, 1024 + 2 * static_cast<size_t>(tokens));
+  };
+  cut(corpus() + "/train_000000.bin", tiny + "/train_000000.bin", 200);  // 6 windows of 32
+  cut(corpus() + "/val_000000.bin", tiny + "/val_000000.bin", 80);       // 2 windows of 32
+  fs::copy_file(corpus() + "/meta.json", tiny + "/meta.json");
+  const std::vector<std::string> tinyData = {"data.train_files=" + tiny + "/train_*.bin",
+                                             "data.val_files=" + tiny + "/val_*.bin", "data.sampling=random"};
+  auto train = tinyData;
+  train.insert(train.end(), {"train.max_steps=3", "eval.interval=3"});
+  const auto r = test::runCommand(gptJob(2, out, train), 300);
+  ASSERT_EQ(r.exitCode, 0) << r.output;
+  EXPECT_NE(r.output.find("data.val_files holds 2 window(s) of model.block_size + 1 tokens, fewer than the 8 one "
+                          "evaluation batch takes"), std::string::npos) << r.output;
+  EXPECT_TRUE(std::isfinite(nlohmann::json::parse(test::readFile(out + "/summary.json"))["val_loss"].get<double>()));
+  // mode eval on the export, one rank, seed 11: eval.iters 3 batches of 4 random windows of the
+  // 80 tokens, against the reference's loss on the windows torch.randint draws.
+  auto eval = gptJob(1, out, tinyData);
+  eval.insert(eval.end(), {"mode=eval", "eval.model_path=" + out + "/model.pt", "eval.iters=3", "seed=11"});
+  eval.erase(eval.begin(), eval.begin() + 2);  // the worker alone
+  const auto e = test::runCommand(eval, 120);
+  ASSERT_EQ(e.exitCode, 0) << e.output;
+  const std::string script =
+      "import array, json, sys, torch\n"
+      "sys.path.insert(0, '" + std::string(DDP_SOURCE_DIR) + "/tests/python')\n"
+      "from gpt_reference import Gpt\n"
+      "from token_reference import draw_seed\n"
+      "m = Gpt(dict(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=" + std::to_string(vocabulary()) +
+      ", dropout=0.0, bias=True))\n"
+      "m.load_state_dict(torch.load('" + out + "/model.pt', map_location='cpu'), strict=True); m.eval()\n"
+      "a = array.array('H'); a.frombytes(open('" + tiny + "/val_000000.bin', 'rb').read()[1024:])\n"
+      "t = torch.tensor(a, dtype=torch.int64)\n"
+      "losses = []\n"
+      "for k in range(3):\n"
+      "    ix = torch.randint(len(t) - 32, (4,), generator=torch.Generator().manual_seed(draw_seed(11, 0, k)))\n"
+      "    w = torch.stack([t[i:i + 33] for i in ix.tolist()])\n"
+      "    with torch.no_grad(): losses.append(m(w[:, :-1], w[:, 1:])[1].item())\n"
+      "print(json.dumps({'loss': sum(losses) / 3}))\n";
+  const auto py = test::runCommand({DDP_PYTHON, "-c", script}, test::stdoutOnly());
+  ASSERT_EQ(py.exitCode, 0) << py.output;
+  EXPECT_NEAR(nlohmann::json::parse(test::readFile(out + "/eval.json"))["val_loss"].get<double>(),
+              nlohmann::json::parse(py.output)["loss"].get<double>(), 1e-5);
+  fs::remove_all(out);
 }
 
 // Before any training there is no model to sample: one line that says to train first, exit 2.

@@ -75,6 +75,8 @@ const std::vector<RandomCase>& randomCases() {
       }
     }
     for (int64_t step : {0, 1}) c.push_back({{"gpt2.bin"}, 64, 3, 42, 0, step});
+    // A step's 2 x 64 windows of 16 are more than the 1780 tokens hold: nanoGPT draws them all the same.
+    for (int64_t step : {0, 1}) c.push_back({multi, 16, 64, 5, 1, step});
     return c;
   }();
   return cases;
@@ -571,6 +573,22 @@ TEST_F(TokenDataTest, RandomResumeContinuesWithTheDrawsOfTheNextStep) {
   EXPECT_EQ(rowOf(three.next().x, 0), want["x"][0].get<std::vector<int64_t>>());
   EXPECT_EQ(three.rowsConsumed(), 3 * 2 * 4 + 3 * 4);
   EXPECT_EQ(three.globalStep(), 4);
+}
+
+TEST_F(TokenDataTest, RandomWindowsOfACorpusShorterThanAStepOverlapAsNanoGpts) {
+  // 2 ranks x 64 windows of 16 tokens: 2048 tokens a step, from 1780 (nanoGPT's get_batch draws
+  // randint(len - T) starts whatever the length). The sequential order has no step to give.
+  const auto data = multi();
+  ddp::TokenSampler sampler(data, {64, 16, 1, 2, 5});
+  EXPECT_EQ(sampler.epochRows(), 2 * 64);  // an epoch is one step
+  EXPECT_EQ(sampler.stepsPerEpoch(), 1);
+  sampler.next();
+  sampler.next();
+  EXPECT_EQ(sampler.epoch(), 1);
+  EXPECT_EQ(sampler.globalStep(), 2);
+  ddp::TokenSamplerOptions sequential{64, 16, 1, 2, 5};
+  sequential.sampling = ddp::TokenSampling::kSequential;
+  EXPECT_THROW((ddp::TokenSampler{data, sequential}), ddp::DataError);
 }
 
 TEST_F(TokenDataTest, RefusesBadOptions) {

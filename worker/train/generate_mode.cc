@@ -21,6 +21,7 @@
 #include "worker/models/model_size.h"
 #include "worker/models/models.h"
 #include "worker/train/metrics.h"
+#include "worker/train/stop_signal.h"
 
 namespace ddp::worker {
 namespace {
@@ -177,7 +178,10 @@ int runGenerateMode(const WorkerConfig& config, ProcessGroup& group) {
   const at::Tensor idx = at::tensor(start, at::TensorOptions().dtype(at::kLong)).unsqueeze(0).to(device);
   const auto topK = config.generate.topK > 0 ? std::optional<int64_t>(config.generate.topK) : std::nullopt;
   nlohmann::json samples = nlohmann::json::array();
-  for (int64_t s = 0; s < config.generate.numSamples; ++s) {
+  // Ctrl-C or SIGTERM ends the sampling after the sample being made, and generated.json keeps the
+  // samples made so far (a second Ctrl-C ends the process at once).
+  installStopSignalHandlers();
+  for (int64_t s = 0; s < config.generate.numSamples && stopSignal() == 0; ++s) {
     const at::Tensor out = gpt.generate(idx, config.generate.maxNewTokens, config.generate.temperature, topK).cpu();
     const std::vector<int64_t> tokens(out.data_ptr<int64_t>(), out.data_ptr<int64_t>() + out.numel());
     int64_t outside = 0;
@@ -187,14 +191,23 @@ int runGenerateMode(const WorkerConfig& config, ProcessGroup& group) {
                    "text; they are left out", s + 1, outside, vocabulary.size(), input.classes);
     }
     std::printf("%s\n---------------\n", text.c_str());  // sample.py's separator
+    std::fflush(stdout);  // each sample as it is made, into a pipe or a file too
     samples.push_back(text);
   }
-  std::fflush(stdout);
   makeDirectories(config.output.dir, "output.dir");
-  writeSummary(config.output.dir + "/generated.json",
-               {{"mode", "generate"}, {"model_path", std::filesystem::absolute(path).string()},
-                {"device", device.str()}, {"seed", config.seed}, {"temperature", config.generate.temperature},
-                {"top_k", config.generate.topK}, {"max_new_tokens", config.generate.maxNewTokens}, {"samples", samples}});
+  nlohmann::json record = {{"mode", "generate"}, {"model_path", std::filesystem::absolute(path).string()},
+                           {"device", device.str()}, {"seed", config.seed}, {"temperature", config.generate.temperature},
+                           {"top_k", config.generate.topK}, {"max_new_tokens", config.generate.maxNewTokens},
+                           {"samples", samples}};
+  // A signal during the last sample stopped nothing: the run is complete.
+  const int signal = static_cast<int64_t>(samples.size()) < config.generate.numSamples ? stopSignal() : 0;
+  if (signal != 0) record["stopped_by_signal"] = signal;
+  writeSummary(config.output.dir + "/generated.json", record);
+  if (signal != 0) {
+    spdlog::warn("stopped on signal {} after {} of {} samples (generate.num_samples); they are kept in "
+                 "{}/generated.json", signal, samples.size(), config.generate.numSamples, config.output.dir);
+    return 128 + signal;  // as the training modes: a process stopped by the signal, its work kept
+  }
   spdlog::info("generated {} samples of {} tokens with {} (kept in {}/generated.json)", config.generate.numSamples,
                config.generate.maxNewTokens, path, config.output.dir);
   return 0;

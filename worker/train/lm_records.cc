@@ -52,11 +52,23 @@ LanguageModelRecords::LanguageModelRecords(const WorkerConfig& config, const Dat
     o.blockSize = blockSize_;
     o.rank = group.rank();
     o.world = group.size();
-    o.sampling = TokenSampling::kSequential;
+    // The split's consecutive windows, each once (llm.c's val loader); a split too short for one
+    // step's worth gives random windows that overlap (nanoGPT's estimate_loss draws those whatever
+    // the length), the same ones at every evaluation: iteration k draws (data.seed, rank, k).
+    int64_t windows = 0;
+    for (const auto& shard : val_->shards()) windows += std::max<int64_t>(shard.size() - 1, 0) / blockSize_;
+    const bool overlapping = windows < o.batchSize * o.world;
+    o.sampling = overlapping ? TokenSampling::kRandom : TokenSampling::kSequential;
+    o.seed = config.seed;
     valWindows_ = data::asBadTokenInput([&] { return std::make_unique<TokenSampler>(val_, o); },
                                         " (data.val_files: the validation loss takes train.batch_size windows per rank)");
     const int64_t distinct = valWindows_->stepsPerEpoch();
-    if (config.eval.iters > distinct && group.rank() == 0) {
+    if (overlapping && group.rank() == 0) {
+      spdlog::warn("data.val_files holds {} window(s) of model.block_size + 1 tokens, fewer than the {} one "
+                   "evaluation batch takes (train.batch_size x {} rank(s)): the validation loss is measured on "
+                   "overlapping random windows (as nanoGPT's), the same ones at every evaluation",
+                   windows, o.batchSize * o.world, o.world);
+    } else if (config.eval.iters > distinct && group.rank() == 0) {
       spdlog::warn("eval.iters is {} but data.val_files holds {} distinct batches of train.batch_size windows per "
                    "rank: the validation loss takes the first ones again (they weigh more); eval.iters={} covers the "
                    "validation split once", config.eval.iters, distinct, distinct);
@@ -94,7 +106,7 @@ double LanguageModelRecords::validationLoss(at::ScalarType autocast) {
   const int64_t steps = valWindows_->stepsPerEpoch();  // >= 1 (the sampler's constructor checked)
   for (int64_t k = 0; k < config_.eval.iters; ++k) {
     const int64_t rows = (k % steps) * valWindows_->rowsPerStep();
-    const TokenBatch b = val_->batch(valWindows_->windowStarts(rows, 0), blockSize_);
+    const TokenBatch b = val_->batch(valWindows_->windowStarts(rows, k), blockSize_);
     const Autocast mixed(device_.type(), autocast, /*enabled=*/autocast != at::kFloat);
     const at::Tensor x = b.x.to(device_);
     const at::Tensor loss = lossOf(forward_ ? forward_(x) : model_->forward(x), b.y.to(device_));

@@ -62,7 +62,10 @@ nlohmann::json trainingSummary(const WorkerConfig& config, const TrainResult& re
   if (config.model.name == "gpt") {
     summary["tokens_per_s"] = result.tokensPerSecond;
     summary["block_size"] = config.model.blockSize;
-    if (result.valLoss >= 0) summary["val_loss"] = result.valLoss;
+    if (result.valLoss >= 0) {
+      summary["val_loss"] = result.valLoss;
+      summary["val_loss_step"] = result.valLossStep;  // an earlier step's where eval.enabled is false
+    }
     if (result.mfu >= 0) summary["mfu"] = result.mfu;
   }
   if (result.streamedImages) {
@@ -85,7 +88,12 @@ void logDone(const TrainResult& result) {
                            : std::string();
   const std::string tokens = result.tokensPerSecond > 0 ? fmt::format(" ({:.0f} tokens/s)", result.tokensPerSecond)
                                                        : std::string();
-  const std::string val = result.valLoss >= 0 ? fmt::format(", validation loss {:.4f}", result.valLoss) : std::string();
+  // The last validation loss; with eval.enabled false none is taken at the end, so it may be an earlier step's.
+  const std::string val = result.valLoss < 0 ? std::string()
+                          : result.valLossStep == result.steps
+                              ? fmt::format(", validation loss {:.4f}", result.valLoss)
+                              : fmt::format(", validation loss {:.4f} at step {} (eval.enabled false: none after the last step)",
+                                            result.valLoss, result.valLossStep);
   const std::string loss =
       result.tookNoStep ? "no step taken by this run" : fmt::format("final loss {:.4f}", result.finalLoss);
   spdlog::info("done: {} steps, {:.0f} samples/s{}, {}{}{}, exported {}", result.steps, result.samplesPerSecond, tokens,

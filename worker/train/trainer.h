@@ -47,6 +47,7 @@ struct TrainResult {
   // Language models (model.name gpt): the last validation loss (negative: none), tokens/s over all
   // ranks, and nanoGPT's MFU per device (negative: no peak FLOP/s known).
   double valLoss = -1;
+  int64_t valLossStep = -1;  // the step valLoss was measured after (the last one unless eval.enabled is false)
   double tokensPerSecond = 0;
   double mfu = -1;
   // Streamed images (data.stream): whether the job streamed, and the bad images every rank left

@@ -97,6 +97,7 @@ void TrainingRun::recordValidation() {
   const SyncDebug::Paused paused(syncDebug_);
   result_.valLoss = lm_->validationLoss(state_->autocastDtype);
   validatedStep_ = result_.steps;
+  result_.valLossStep = result_.steps;
   metrics_.write({{"step", result_.steps}, {"val_loss", result_.valLoss}});
   if (board_) board_->addScalar("val/loss", result_.valLoss, result_.steps);
   if (rank_ == 0) {
