@@ -290,7 +290,11 @@ int runElastic(const LaunchOptions& options, const EnvMap& environment, const Su
   } else if (auto given = environment.find(kTokenEnv); given != environment.end() && !given->second.empty()) {
     token = checkedToken(given->second, kTokenEnv);
   } else {
-    DDP_THROW(ConfigError, "--nnodes=", options.elastic.minNodes, ":", options.elastic.maxNodes,
+    // As given: --nnodes=2 with --rdzv_backend=c10d is the elastic 2:2, but the user wrote 2.
+    const std::string nodes = options.elastic.minNodes == options.elastic.maxNodes
+                                  ? std::to_string(options.elastic.minNodes)
+                                  : std::to_string(options.elastic.minNodes) + ":" + std::to_string(options.elastic.maxNodes);
+    DDP_THROW(ConfigError, "--nnodes=", nodes,
               ": the nodes of an elastic job share a secret token, so nothing else can join it; put one in a file "
               "every node can read (mode 600) and pass --rdzv_token_file=PATH on each node, e.g. "
               "(umask 077; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n' > ~/.ddp_token)");

@@ -1,7 +1,11 @@
 #include "launcher/error_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <cstdlib>
 #include <filesystem>
@@ -44,11 +48,46 @@ std::string innermostFrame(const std::string& traceback) {
 
 std::string firstLine(const std::string& text) { return text.substr(0, text.find('\n')); }
 
+
+// "ddp-launch-errors-<host>-": this host's launchers' directories (a $TMPDIR on a shared file
+// system holds other hosts' too, whose pids mean nothing here).
+std::string hostPrefix() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  std::string name(host);
+  for (char& c : name) {
+    if (c == '/') c = '_';
+  }
+  return "ddp-launch-errors-" + name + "-";
+}
+
+// A launcher killed by SIGKILL (or the OOM killer) cannot remove its directory: the next one on the
+// host removes those whose launcher (the pid in the name) is gone, if they are this user's.
+void removeOrphanedErrorDirs(const std::string& tmp, const std::string& prefix) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(tmp, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string rest = name.substr(prefix.size());  // "<pid>-XXXXXX"
+    const size_t dash = rest.find('-');
+    if (dash == 0 || dash == std::string::npos || rest.find_first_not_of("0123456789") != dash || dash > 9) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(rest.substr(0, dash)));
+    struct stat st {};
+    if (::lstat(entry.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) continue;
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to signal: alive)
+    std::error_code ignored;
+    std::filesystem::remove_all(entry.path(), ignored);
+  }
+}
+
 }  // namespace
 
 ErrorFiles::ErrorFiles() {
-  const char* tmp = std::getenv("TMPDIR");
-  std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/ddp-launch-errors-XXXXXX";
+  const char* tmpEnv = std::getenv("TMPDIR");
+  const std::string tmp = tmpEnv != nullptr && *tmpEnv != '\0' ? tmpEnv : "/tmp";
+  const std::string prefix = hostPrefix();
+  removeOrphanedErrorDirs(tmp, prefix);
+  std::string pattern = tmp + "/" + prefix + std::to_string(::getpid()) + "-XXXXXX";
   std::vector<char> name(pattern.begin(), pattern.end());
   name.push_back('\0');
   if (::mkdtemp(name.data()) != nullptr) dir_ = name.data();  // mkdtemp: mode 700

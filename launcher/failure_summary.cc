@@ -66,9 +66,14 @@ bool failedLikeTheFirst(const RankReport& rank, const AttemptReport& attempt) {
     return false;
   }
   const RankReport& first = attempt.ranks[*attempt.firstFailure];
-  if (&first == &rank || first.status.signaled || rank.errorFile.empty() || rank.errorFile != first.errorFile) {
-    return false;
+  if (&first == &rank || first.status.signaled) return false;
+  if (rank.errorFile.empty() && first.errorFile.empty()) {
+    // No error files (a program that writes none: `python missing.py`): the same last line and the
+    // same exit code, reached on its own before or despite the launcher's signal.
+    return !rank.status.signaled && rank.status.code == first.status.code && !rank.lastLines.empty() &&
+           !first.lastLines.empty() && rank.lastLines.back() == first.lastLines.back();
   }
+  if (rank.errorFile.empty() || rank.errorFile != first.errorFile) return false;
   return rank.status.signaled || rank.status.code == first.status.code;
 }
 
@@ -161,9 +166,14 @@ std::vector<std::string> formatFailureSummary(const AttemptReport& attempt) {
       lines.push_back(outputIndent + "error file: " + rank.errorFile);
     }
     if (rank.lastLines.empty()) lines.push_back(outputIndent + "(no output)");
+    const bool sameAsFirst = failedLikeTheFirst(rank, attempt);
+    const auto& firstLines = attempt.firstFailure ? attempt.ranks[*attempt.firstFailure].lastLines : rank.lastLines;
     for (const std::string& line : rank.lastLines) {
-      // Our worker prints its error file's one line too: shown once, as the error file.
-      if (line != rank.errorFile) lines.push_back(outputIndent + line);
+      // Our worker prints its error file's one line too: shown once, as the error file; a rank that
+      // failed as the first did shows only the lines the first's output has not shown.
+      if (line == rank.errorFile) continue;
+      if (sameAsFirst && std::find(firstLines.begin(), firstLines.end(), line) != firstLines.end()) continue;
+      lines.push_back(outputIndent + line);
     }
     if (rank.stoppedByLauncher && !failedLikeTheFirst(rank, attempt) && !failingInPython(rank, attempt)) {
       stuck.push_back(rank.rank);

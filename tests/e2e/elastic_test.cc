@@ -500,7 +500,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadElastic{{"--nnodes=0:2", "TOKEN"}, "--nnodes=0:2: an elastic job needs at least one node"},
         BadElastic{{"--nnodes=1:2", "--node_rank=1", "TOKEN"}, "in an elastic job the rendezvous assigns the node ranks"},
         BadElastic{{"--nnodes=1:2", "--rdzv_token_file=/nonexistent/token"}, "/nonexistent/token"},
-        BadElastic{{"--nnodes=1:2"}, "the nodes of an elastic job share a secret token"},
+        BadElastic{{"--nnodes=1:2"}, "--nnodes=1:2: the nodes of an elastic job share a secret token"},
+        // torchrun's c10d rendezvous makes --nnodes=2 the elastic 2:2; the line says what was given.
+        BadElastic{{"--nnodes=2", "--rdzv_backend=c10d"}, "--nnodes=2: the nodes of an elastic job share a secret token"},
         BadElastic{{"--nnodes=2", "--rdzv_last_call_s=5", "TOKEN"}, "--rdzv_last_call_s is for elastic jobs"}));
 
 }  // namespace

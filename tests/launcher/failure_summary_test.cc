@@ -136,6 +136,25 @@ TEST(FailureSummary, TableHasEveryRankItsLastLinesAndNamesTheStuckOnes) {
   attempt.ranks[3].lastLines = {"  File \"/tmp/t.py\", line 3, in <module>", "all good: 3 steps"};
   EXPECT_NE(joined(formatFailureSummary(attempt)).find("rank 7 was still running when rank 5 failed"), std::string::npos);
 
+  // No error files (python missing.py): rank 7 exited with rank 5's code after the same last line
+  // on its own; not stuck, and the line is shown once, at the first failure.
+  attempt.ranks[1].errorFile = attempt.ranks[2].errorFile = attempt.ranks[3].errorFile = "";
+  const std::string missing = "python: can't open file '/tmp/nope.py': [Errno 2] No such file or directory";
+  attempt.ranks[1].lastLines = {missing};
+  attempt.ranks[2].lastLines = {"an unrelated line"};
+  attempt.ranks[3] = rankReport(7, ExitStatus::exited(7), true);
+  attempt.ranks[3].lastLines = {missing};
+  const std::string script = joined(formatFailureSummary(attempt));
+  EXPECT_NE(script.find("  7     1007  exit code 7, the same error as rank 5\n"), std::string::npos) << script;
+  EXPECT_EQ(script.find(missing), script.rfind(missing)) << "shown once:\n" << script;
+  EXPECT_NE(script.find("rank 6 was still running when rank 5 failed"), std::string::npos)
+      << "rank 6's last line is another, rank 7 not named:\n" << script;
+  // Another code, or the same line ended by the signal: it may have been stuck, as before.
+  attempt.ranks[3].status = ExitStatus::exited(1);
+  EXPECT_NE(joined(formatFailureSummary(attempt)).find("ranks 6, 7 were still running when rank 5 failed"), std::string::npos);
+  attempt.ranks[3].status = ExitStatus::killedBy(SIGTERM);
+  EXPECT_NE(joined(formatFailureSummary(attempt)).find("ranks 6, 7 were still running when rank 5 failed"), std::string::npos);
+
   attempt.ranks.resize(2);  // nobody was stopped: nobody is called stuck
   EXPECT_EQ(joined(formatFailureSummary(attempt)).find("still running"), std::string::npos);
 }

@@ -4,11 +4,13 @@
 // grace periods are range-checked, and shared-memory segments of killed workers are removed.
 #include <csignal>
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -322,6 +324,36 @@ TEST_F(LaunchSupervisionTest, SegmentOfAWorkerKilledDuringStartUpIsRemoved) {
       << result.err;
   EXPECT_TRUE(fileExists(unrelated));  // not the job's
   ::unlink(unrelated.c_str());
+}
+
+// A launcher SIGKILLed (or killed for memory) cannot remove its error-file directory; the next
+// launcher on the host removes this user's whose launcher pid is gone, and no other.
+TEST_F(LaunchSupervisionTest, ErrorFileDirectoriesOfLaunchersThatAreGoneAreRemoved) {
+  const std::string tmp = dir_.file("tmp");
+  std::filesystem::create_directories(tmp);
+  char host[256] = {};
+  ASSERT_EQ(::gethostname(host, sizeof host - 1), 0);
+  const std::string prefix = "ddp-launch-errors-" + std::string(host) + "-";
+  const pid_t gone = ::fork();
+  if (gone == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(gone, nullptr, 0), gone);  // reaped: no process has this pid now
+  const std::string orphan = tmp + "/" + prefix + std::to_string(gone) + "-Ab12Cd";
+  const std::string live = tmp + "/" + prefix + std::to_string(::getpid()) + "-Ab12Cd";
+  const std::string otherHost = tmp + "/ddp-launch-errors-not-" + std::string(host) + "-" + std::to_string(gone) + "-Ab12Cd";
+  for (const auto& d : {orphan, live, otherHost}) std::filesystem::create_directories(d);
+  std::ofstream(orphan + "/rank_0.json") << R"({"message": "left behind"})";
+  LaunchSpec spec;
+  spec.args = {"--nproc_per_node=1", "/bin/true"};
+  spec.env["TMPDIR"] = tmp;
+  spec.outputDir = dir_.path();
+  const LaunchResult result = runLauncher(spec, seconds(30));
+  ASSERT_EQ(result.code, 0) << result.err;
+  EXPECT_FALSE(std::filesystem::exists(orphan));
+  EXPECT_TRUE(std::filesystem::exists(live));       // its launcher (this test) runs
+  EXPECT_TRUE(std::filesystem::exists(otherHost));  // another host's pids mean nothing here
+  int left = 0;  // the launcher's own directory went with it: only the two kept
+  for (const auto& e : std::filesystem::directory_iterator(tmp)) left += e.path().filename().string().rfind("ddp-launch-errors-", 0) == 0;
+  EXPECT_EQ(left, 2);
 }
 
 }  // namespace
