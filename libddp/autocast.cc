@@ -2,6 +2,11 @@
 #include "ddp/autocast.h"
 
 #include <ATen/autocast_mode.h>
+#include <spdlog/spdlog.h>
+
+#include <mutex>
+
+#include "ddp/cuda.h"
 
 #include "common/error.h"
 #include "libddp/torch_compat_autocast.h"
@@ -31,6 +36,17 @@ Autocast::Autocast(c10::DeviceType deviceType, at::ScalarType dtype, bool enable
     DDP_THROW(ConfigError, "ddp::Autocast: this LibTorch cannot autocast ", c10::DeviceTypeName(deviceType), " to ",
               dtypeName(dtype), " (CUDA: float16 or bfloat16; CPU: bfloat16",
               compat::kCpuAutocastHalf ? " or float16" : "", ")");
+  }
+  if (enabled && deviceType == c10::DeviceType::CUDA && cudaDeviceCount() == 0) {
+    // torch.autocast("cuda") without CUDA warns and disables itself; a loop that autocasts CUDA
+    // while its model runs on the CPU would otherwise train in fp32 without a word.
+    static std::once_flag said;
+    std::call_once(said, [] {
+      spdlog::warn("ddp::Autocast(kCUDA, ...): this process sees no CUDA device, so it does nothing (as "
+                   "torch.autocast('cuda') without CUDA): the ops run in float32; autocast the device the model "
+                   "is on (kCPU with kBFloat16)");
+    });
+    enabled = false;
   }
   previousEnabled_ = compat::autocastEnabled(deviceType);
   previousDtype_ = compat::autocastDtype(deviceType);

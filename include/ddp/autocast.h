@@ -11,7 +11,8 @@ namespace ddp {
 /// autocast op lists say; parameters stay fp32. Restores the previous state (nesting works) and, as
 /// PyTorch does, clears the cast-weight cache when the outermost one ends. Autocast is per thread.
 /// CUDA: kHalf or kBFloat16; CPU: kBFloat16 (and kHalf where this LibTorch's CPU autocast has it,
-/// 2.x). Anything else throws ConfigError.
+/// 2.x). Anything else throws ConfigError. kCUDA in a process that sees no CUDA device does
+/// nothing, and says so once (a warning, as torch.autocast("cuda") without CUDA).
 class Autocast {
  public:
   Autocast(c10::DeviceType deviceType, at::ScalarType dtype, bool enabled = true);

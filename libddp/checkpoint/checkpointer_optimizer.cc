@@ -13,6 +13,7 @@
 
 #include <cstring>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "common/error.h"
@@ -87,6 +88,30 @@ void restoreFusedAdamState(FusedAdamW& optimizer, const torch::nn::Module& modul
     }
     st.step = entries["step."].to(param.device(), at::kFloat).reshape({}).clone();
     optimizer.setStateOf(param, std::move(st));
+  }
+}
+
+// State by name ("exp_avg.<name>", "momentum_buffer.<name>") for a parameter of the model that this
+// optimizer does not hold (built over another subset: a frozen backbone, a head alone) would sit in
+// its state unused while it trains a parameter with fresh state: torch's load_state_dict refuses a
+// parameter group of another size, so this refuses too, naming the parameter.
+void checkStateIsForTheOptimizersParameters(const torch::optim::Optimizer& optimizer, const torch::nn::Module& module,
+                                            const checkpoint::NamedTensors& saved, const std::string& path) {
+  std::set<const void*> held;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& p : group.params()) held.insert(p.unsafeGetTensorImpl());
+  }
+  const auto params = namedParameters(module);
+  const std::map<std::string, at::Tensor> byName(params.begin(), params.end());
+  for (const auto& [key, value] : saved) {
+    const size_t dot = key.find('.');
+    if (key == kArchiveKey || dot == std::string::npos) continue;
+    const auto it = byName.find(key.substr(dot + 1));
+    if (it == byName.end() || held.count(it->second.unsafeGetTensorImpl()) != 0) continue;
+    DDP_THROW(CheckpointError, "'", path, "' has optimizer state for '", it->first, "', a parameter this optimizer "
+              "does not hold (it holds ", held.size(), " of the model's ", params.size(), " parameters): build the "
+              "optimizer over the parameters of the run that wrote it (torch's load_state_dict refuses a parameter "
+              "group of another size)");
   }
 }
 
@@ -178,6 +203,7 @@ void restoreOptimizerState(torch::optim::Optimizer& optimizer, const torch::nn::
     restoreShardedState(*zero, module, saved, path, device);
     return;
   }
+  checkStateIsForTheOptimizersParameters(optimizer, module, saved, path);
   if (auto* fused = dynamic_cast<FusedAdamW*>(&optimizer)) {
     restoreFusedAdamState(*fused, module, saved, path);
     return;

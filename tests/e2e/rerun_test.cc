@@ -46,9 +46,13 @@ TEST(Rerun, AFinishedRunResumedAgainLeavesItsOutputsAsTheyWere) {
   const auto shorter = launch(2, out, {"train.max_steps=3", "checkpoint.every_steps=3", "resume=auto"});
   ASSERT_EQ(shorter.exitCode, 0) << shorter.output;
   const std::string shortSummary = test::readFile(out + "/summary.json"), shortModel = test::readFile(out + "/model.pt");
-  const std::vector<std::string> job = {"train.max_steps=6", "checkpoint.every_steps=3", "resume=auto"};
+  // A warm-up longer than the run: said by the run that takes steps, not by one that takes none.
+  const std::string warmUp = "train.warmup_steps is 10 but the run has 6 optimizer steps";
+  const std::vector<std::string> job = {"train.max_steps=6", "checkpoint.every_steps=3", "resume=auto",
+                                        "train.warmup_steps=10"};
   const auto first = launch(2, out, job);  // extended to 6 steps
   ASSERT_EQ(first.exitCode, 0) << first.output;
+  EXPECT_NE(first.output.find(warmUp), std::string::npos) << first.output;
   const auto before = contents(out);
   const double loss = nlohmann::json::parse(test::readFile(out + "/summary.json"))["final_loss"].get<double>();
 
@@ -57,6 +61,7 @@ TEST(Rerun, AFinishedRunResumedAgainLeavesItsOutputsAsTheyWere) {
   EXPECT_NE(again.output.find("nothing left to train: the checkpoint is at the run's end (step 6); summary.json and "
                               "model.pt of the run that took the steps are left as they are"), std::string::npos)
       << again.output;
+  EXPECT_EQ(again.output.find("train.warmup_steps is"), std::string::npos) << again.output;
   EXPECT_EQ(contents(out), before) << "a run with nothing to train rewrote the outputs";
   EXPECT_GT(loss, 0.0);
 

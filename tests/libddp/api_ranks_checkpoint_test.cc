@@ -74,6 +74,41 @@ TEST(Checkpointer, AdamResumesExactly) {
   });
 }
 
+// A checkpoint of AdamW over the whole model resumed into AdamW (or SGD with momentum) over fc2
+// alone: torch's load_state_dict refuses ("loaded state dict contains a parameter group that
+// doesn't match the size of optimizer's group"); fc1's state would have been dropped silently.
+TEST(Checkpointer, StateOfAParameterTheOptimizerDoesNotHoldIsRefused) {
+  for (const bool sgd : {false, true}) {
+    const std::string dir = scratchDir(sgd ? "subset_sgd" : "subset_adamw");
+    if (group().rank() == 0) std::filesystem::remove_all(dir);
+    group().barrier();
+    Net net;
+    ddp::DistributedDataParallel<Net> model(net, group());
+    std::unique_ptr<torch::optim::Optimizer> whole;
+    if (sgd) whole = std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    else whole = std::make_unique<torch::optim::AdamW>(net->parameters(), torch::optim::AdamWOptions(0.01));
+    torch::mse_loss(model(torch::randn({6, 5})), torch::randn({6, 3})).backward();
+    whole->step();
+    ddp::Checkpointer(group(), {dir}).save(*net, *whole, {0, 1, 1, 6});
+    Net fresh;
+    std::unique_ptr<torch::optim::Optimizer> head;
+    if (sgd) head = std::make_unique<torch::optim::SGD>(fresh->fc2->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    else head = std::make_unique<torch::optim::AdamW>(fresh->fc2->parameters(), torch::optim::AdamWOptions(0.01));
+    try {
+      ddp::Checkpointer(group(), {dir}).resume(*fresh, *head);
+      ADD_FAILURE() << "resumed the whole model's optimizer state into one over fc2 alone";
+    } catch (const ddp::CheckpointError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("has optimizer state for 'fc1."), std::string::npos) << what;  // weight or bias
+      EXPECT_NE(what.find("', a parameter this optimizer does not hold (it holds 2 of the model's 4 parameters)"),
+                std::string::npos)
+          << what;
+    }
+    group().barrier();
+    if (group().rank() == 0) std::filesystem::remove_all(dir);
+  }
+}
+
 // FusedAdamW's state (float step tensors, moments) travels under Adam's names too.
 TEST(Checkpointer, FusedAdamWResumesExactly) {
   if (!ddp::FusedAdamW::available(torch::kCPU)) {

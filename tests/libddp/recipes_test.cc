@@ -9,6 +9,8 @@
 #include <torch/torch.h>
 
 #include <nlohmann/json.hpp>
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <unistd.h>
 
@@ -303,6 +305,26 @@ TEST(Autocast, ComputesWhatTorchAutocastComputes) {
     EXPECT_NEAR(loss.item<double>(), want["loss"].get<double>(), TORCH_VERSION_MAJOR >= 2 ? 0.0 : 1e-2);
   }
   EXPECT_THROW(ddp::Autocast(torch::kCPU, torch::kDouble), ddp::ConfigError);
+}
+
+// torch.autocast("cuda") in a process without CUDA warns ("User provided device_type of 'cuda', but
+// CUDA is not available. Disabling") and does nothing; ddp::Autocast says so once, not per step.
+TEST(Autocast, CudaWithoutACudaDeviceWarnsOnceAndDoesNothing) {
+  if (ddp::cudaDeviceCount() > 0) GTEST_SKIP() << "this process sees a CUDA device";
+  const auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(16);
+  spdlog::default_logger()->sinks().push_back(sink);
+  const auto x = torch::randn({4, 8}), w = torch::randn({3, 8});
+  for (int step = 0; step < 3; ++step) {
+    ddp::Autocast autocast(torch::kCUDA, torch::kBFloat16);
+    EXPECT_EQ(torch::mm(x, w.t()).scalar_type(), torch::kFloat);
+  }
+  spdlog::default_logger()->sinks().pop_back();
+  int warnings = 0;
+  for (const std::string& line : sink->last_formatted()) {
+    warnings += line.find("ddp::Autocast(kCUDA, ...): this process sees no CUDA device, so it does nothing") !=
+                std::string::npos;
+  }
+  EXPECT_EQ(warnings, 1);
 }
 
 // ddp::FusedAdamW under a GradScaler equals torch.optim.AdamW(fused=True) (and Adam) under

@@ -101,7 +101,7 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const TrainConfig& t, con
 // the run is one part of a longer schedule (split by max_steps, resumed): its warm-up is measured
 // against that schedule, not this part. A warm-up as long as the run (a short try of a long
 // recipe: train.max_steps=5 with warmup_steps 50) takes the run's steps on the warm-up's line, as
-// nanoGPT's get_lr does; `rank` says so once.
+// nanoGPT's get_lr does; `rank` 0 says so once (-1: nobody, the run takes no step).
 LrSchedule makeSchedule(const TrainConfig& t, int64_t jobSteps, int rank) {
   int64_t totalSteps = t.decaySteps > 0 ? t.decaySteps : jobSteps;
   if (t.decaySteps == 0 && t.warmupSteps > 0 && t.warmupSteps >= jobSteps) {

@@ -178,7 +178,8 @@ void TrainingRun::planSteps() {
     const int64_t all = result_.steps + left + perEpoch_ * (train_.epochs - resumed_.epoch - 1);
     jobSteps_ = train_.maxSteps > 0 ? std::min(all, train_.maxSteps) : all;
   }
-  schedule_.emplace(makeSchedule(train_, jobSteps_, rank_));
+  // A run resumed at its end takes no step: no warning about a warm-up it will not run.
+  schedule_.emplace(makeSchedule(train_, jobSteps_, result_.steps < jobSteps_ ? rank_ : -1));
 }
 
 TrainResult TrainingRun::run() {
