@@ -133,18 +133,18 @@ TEST_F(LaunchSupervisionTest, RankThatExitsZeroWhileOthersRunOnEndsTheJob) {
   for (const pid_t pid : pids) EXPECT_TRUE(waitUntilGone(pid, seconds(2))) << pid;
 }
 
-// Issue 45 (5): a rank that works on past the grace (a 35 s save after the others returned) is
-// not a hang: torchrun lets it finish, and so does ddp-launch while it uses CPU time (a rank of
-// ours, with a flight recorder, while it is in no collective).
-TEST_F(LaunchSupervisionTest, ARankThatWorksOnPastTheGraceIsLetFinish) {
-  const LaunchResult result = run({"--nproc_per_node=2", "--early_exit_grace_s=1",
-                                   // The CPU time in the rank's own process (the launcher reads
-                                   // its /proc stat), not in `date` children: 20000 shell steps
-                                   // per look at the clock, so a loaded machine still shows it.
-                                   earlyExitScript(dir_, "end=$(( $(date +%s) + 3 ))\n"
-                                                         "while [ $(date +%s) -lt $end ]; do\n"
-                                                         "  i=0; while [ $i -lt 20000 ]; do i=$((i + 1)); done\n"
-                                                         "done\n")});
+// Busy for 3 s: 20000 shell steps per look at the clock, so a loaded machine still shows the CPU
+// time; in the rank's own process (the launcher reads its /proc stat) or in a subshell of it.
+std::string busyLoopScript(bool inChild) {
+  const std::string loop = "end=$(( $(date +%s) + 3 ))\n"
+                           "while [ $(date +%s) -lt $end ]; do\n"
+                           "  i=0; while [ $i -lt 20000 ]; do i=$((i + 1)); done\n"
+                           "done\n";
+  return inChild ? "(\n" + loop + ")\n" : loop;
+}
+
+// Rank 0 busy on past the grace while rank 1 has returned: the launcher lets it finish.
+void expectBusyRankLetFinish(const LaunchResult& result) {
   EXPECT_EQ(result.code, 0) << result.err;
   EXPECT_NE(result.err.find("rank 1 exited with code 0 1 s ago; rank(s) 0 still work outside any collective"),
             std::string::npos)
@@ -152,22 +152,20 @@ TEST_F(LaunchSupervisionTest, ARankThatWorksOnPastTheGraceIsLetFinish) {
   EXPECT_GE(result.elapsed, seconds(2));
 }
 
+// Issue 45 (5): a rank that works on past the grace (a 35 s save after the others returned) is
+// not a hang: torchrun lets it finish, and so does ddp-launch while it uses CPU time (a rank of
+// ours, with a flight recorder, while it is in no collective).
+TEST_F(LaunchSupervisionTest, ARankThatWorksOnPastTheGraceIsLetFinish) {
+  expectBusyRankLetFinish(run({"--nproc_per_node=2", "--early_exit_grace_s=1",
+                                      earlyExitScript(dir_, busyLoopScript(/*inChild=*/false))}));
+}
+
 // The same work in a child process of the rank (a Python rank 0 running an upload or an evaluation
 // script through subprocess; here a subshell): its CPU time counts as the rank's, as torchrun,
 // which waits for every rank, would let it finish.
 TEST_F(LaunchSupervisionTest, ARankWhoseChildWorksOnPastTheGraceIsLetFinish) {
-  const LaunchResult result = run({"--nproc_per_node=2", "--early_exit_grace_s=1",
-                                   earlyExitScript(dir_, "(\n"
-                                                         "  end=$(( $(date +%s) + 3 ))\n"
-                                                         "  while [ $(date +%s) -lt $end ]; do\n"
-                                                         "    i=0; while [ $i -lt 20000 ]; do i=$((i + 1)); done\n"
-                                                         "  done\n"
-                                                         ")\n")});
-  EXPECT_EQ(result.code, 0) << result.err;
-  EXPECT_NE(result.err.find("rank 1 exited with code 0 1 s ago; rank(s) 0 still work outside any collective"),
-            std::string::npos)
-      << result.err;
-  EXPECT_GE(result.elapsed, seconds(2));
+  expectBusyRankLetFinish(run({"--nproc_per_node=2", "--early_exit_grace_s=1",
+                                      earlyExitScript(dir_, busyLoopScript(/*inChild=*/true))}));
 }
 
 TEST_F(LaunchSupervisionTest, RanksFinishingWithinTheGraceSucceed) {

@@ -42,9 +42,8 @@ std::string vocabularyOf(const std::filesystem::path& dir) {
 }
 
 int64_t vocabularySize(const std::string& described) {
-  return nlohmann::json::parse(described).value("vocab_size", nlohmann::json(0)).is_number_integer()
-             ? nlohmann::json::parse(described)["vocab_size"].get<int64_t>()
-             : 0;
+  const nlohmann::json size = nlohmann::json::parse(described).value("vocab_size", nlohmann::json(0));
+  return size.is_number_integer() ? size.get<int64_t>() : 0;
 }
 
 // Shards of different vocabularies (a glob over two prepared data sets): token ids would mean
