@@ -49,8 +49,9 @@ std::string innermostFrame(const std::string& traceback) {
 std::string firstLine(const std::string& text) { return text.substr(0, text.find('\n')); }
 
 
-// "ddp-launch-errors-<host>-": this host's launchers' directories (a $TMPDIR on a shared file
-// system holds other hosts' too, whose pids mean nothing here).
+// "ddp-launch-errors-<host>-<pid namespace>-": the directories of launchers whose pids this one
+// can look up (a $TMPDIR on a shared file system holds other hosts' too, a /tmp shared between
+// containers other pid namespaces': their pids mean nothing here).
 std::string hostPrefix() {
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
@@ -58,7 +59,13 @@ std::string hostPrefix() {
   for (char& c : name) {
     if (c == '/') c = '_';
   }
-  return "ddp-launch-errors-" + name + "-";
+  char link[64] = {};
+  const ssize_t n = ::readlink("/proc/self/ns/pid", link, sizeof link - 1);  // "pid:[4026531836]"
+  std::string ns;
+  for (ssize_t i = 0; i < n; ++i) {
+    if (link[i] >= '0' && link[i] <= '9') ns += link[i];
+  }
+  return "ddp-launch-errors-" + name + "-" + (ns.empty() ? "0" : ns) + "-";
 }
 
 // A launcher killed by SIGKILL (or the OOM killer) cannot remove its directory: the next one on the

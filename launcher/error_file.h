@@ -7,7 +7,7 @@
 
 namespace ddp::launcher {
 
-/// A private directory (mode 700, under $TMPDIR or /tmp, ddp-launch-errors-HOST-PID-XXXXXX) for one
+/// A private directory (mode 700, under $TMPDIR or /tmp, ddp-launch-errors-HOST-PIDNS-PID-XXXXXX) for one
 /// attempt's error files, removed with everything in it when this goes. Making one first removes
 /// this user's directories on this host whose launcher is gone (one SIGKILLed cannot remove its own).
 class ErrorFiles {

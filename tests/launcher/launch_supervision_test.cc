@@ -325,20 +325,27 @@ TEST_F(LaunchSupervisionTest, SegmentOfAWorkerKilledDuringStartUpIsRemoved) {
 }
 
 // A launcher SIGKILLed (or killed for memory) cannot remove its error-file directory; the next
-// launcher on the host removes this user's whose launcher pid is gone, and no other.
+// launcher on the host (in the same pid namespace) removes this user's whose launcher pid is gone,
+// and no other.
 TEST_F(LaunchSupervisionTest, ErrorFileDirectoriesOfLaunchersThatAreGoneAreRemoved) {
   const std::string tmp = dir_.file("tmp");
   std::filesystem::create_directories(tmp);
   char host[256] = {};
   ASSERT_EQ(::gethostname(host, sizeof host - 1), 0);
-  const std::string prefix = "ddp-launch-errors-" + std::string(host) + "-";
+  const std::string pidNamespace = std::filesystem::read_symlink("/proc/self/ns/pid").string();  // pid:[N]
+  const std::string ns = pidNamespace.substr(5, pidNamespace.size() - 6);
+  const std::string prefix = "ddp-launch-errors-" + std::string(host) + "-" + ns + "-";
   const pid_t gone = ::fork();
   if (gone == 0) ::_exit(0);
   ASSERT_EQ(::waitpid(gone, nullptr, 0), gone);  // reaped: no process has this pid now
   const std::string orphan = tmp + "/" + prefix + std::to_string(gone) + "-Ab12Cd";
   const std::string live = tmp + "/" + prefix + std::to_string(::getpid()) + "-Ab12Cd";
-  const std::string otherHost = tmp + "/ddp-launch-errors-not-" + std::string(host) + "-" + std::to_string(gone) + "-Ab12Cd";
-  for (const auto& d : {orphan, live, otherHost}) std::filesystem::create_directories(d);
+  const std::string otherHost = tmp + "/ddp-launch-errors-not-" + std::string(host) + "-" + ns + "-" +
+                                std::to_string(gone) + "-Ab12Cd";
+  // Another container's launcher on this host: a pid of its namespace, not one to look up here.
+  const std::string otherNamespace = tmp + "/ddp-launch-errors-" + std::string(host) + "-1" + ns + "-" +
+                                     std::to_string(gone) + "-Ab12Cd";
+  for (const auto& d : {orphan, live, otherHost, otherNamespace}) std::filesystem::create_directories(d);
   std::ofstream(orphan + "/rank_0.json") << R"({"message": "left behind"})";
   LaunchSpec spec;
   spec.args = {"--nproc_per_node=1", "/bin/true"};
@@ -349,9 +356,10 @@ TEST_F(LaunchSupervisionTest, ErrorFileDirectoriesOfLaunchersThatAreGoneAreRemov
   EXPECT_FALSE(std::filesystem::exists(orphan));
   EXPECT_TRUE(std::filesystem::exists(live));       // its launcher (this test) runs
   EXPECT_TRUE(std::filesystem::exists(otherHost));  // another host's pids mean nothing here
-  int left = 0;  // the launcher's own directory went with it: only the two kept
+  EXPECT_TRUE(std::filesystem::exists(otherNamespace));
+  int left = 0;  // the launcher's own directory went with it: only the three kept
   for (const auto& e : std::filesystem::directory_iterator(tmp)) left += e.path().filename().string().rfind("ddp-launch-errors-", 0) == 0;
-  EXPECT_EQ(left, 2);
+  EXPECT_EQ(left, 3);
 }
 
 }  // namespace
