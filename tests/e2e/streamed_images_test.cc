@@ -112,6 +112,22 @@ TEST(StreamedImages, EqualTheInMemoryPathOnTheSamePictures) {
   EXPECT_EQ(summaryOf(streamed)["data_streamed"], true);
   EXPECT_EQ(summaryOf(memory).count("data_streamed"), 0u);
   EXPECT_EQ(test::maxExportDifference(streamed, memory), 0.0);
+  // The first 20 training pictures only, rotated, cropped from a padding and flipped: the streamed
+  // path augments with the in-memory path's draws (both ignored data.train_limit and the
+  // augmentation keys when streaming before: the weights differed).
+  const std::vector<std::string> limitedAndAugmented = {small, "data.train_limit=20", "data.rotate_degrees=10",
+                                                        "data.crop_padding=2", "data.horizontal_flip=true"};
+  auto streamedArgs = limitedAndAugmented, memoryArgs = limitedAndAugmented;
+  streamedArgs.push_back("data.stream=true");
+  memoryArgs.push_back("data.stream=false");
+  const auto c = test::runCommand(imageJob(2, streamed, streamedArgs), 300);
+  ASSERT_EQ(c.exitCode, 0) << c.output;
+  EXPECT_NE(c.output.find("(20 train / 10 test images, streamed)"), std::string::npos) << c.output;
+  const auto d = test::runCommand(imageJob(2, memory, memoryArgs), 300);
+  ASSERT_EQ(d.exitCode, 0) << d.output;
+  EXPECT_EQ(summaryOf(streamed)["steps"], 3);  // DistributedSampler: 10 pictures per rank, batches of 4, 4, 2
+  EXPECT_EQ(summaryOf(streamed)["steps"], summaryOf(memory)["steps"]);
+  EXPECT_EQ(test::maxExportDifference(streamed, memory), 0.0);
   fs::remove_all(streamed);
   fs::remove_all(memory);
 }
@@ -171,10 +187,13 @@ TEST(StreamedImages, ABadImageEndsTheJobWithOneLineNamingIt) {
 TEST(StreamedImages, SkipBadImagesLeavesItOutAndCountsIt) {
   const std::string bad = truncatedImage();
   const std::string out = test::makeTempDir("streamed_skip");
-  const auto r = test::runCommand(imageJob(2, out, {"data.root=" + imageSet() + "/broken", "data.train_transform=imagenet",
-                                                    "data.skip_bad_images=true", "train.epochs=2"}),
+  // data.stream auto: skipping bad images streams (decoding the set up front stopped at the first,
+  // the request dropped), whatever the transform.
+  const auto r = test::runCommand(imageJob(2, out, {"data.root=" + imageSet() + "/broken", "data.skip_bad_images=true",
+                                                    "train.epochs=2"}),
                                   300);
   ASSERT_EQ(r.exitCode, 0) << r.output;
+  EXPECT_NE(r.output.find("streaming the images: data.skip_bad_images"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(bad), std::string::npos) << "the skipped file is logged\n" << r.output;
   const auto s = summaryOf(out);
   EXPECT_EQ(s["skipped_images"], 2) << "once per epoch";

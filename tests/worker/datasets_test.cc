@@ -15,6 +15,7 @@
 #include "ddp/image_data.h"
 #include "libddp/internal.h"
 #include "worker/data/gather_batch.h"
+#include "worker/data/streamed_images.h"
 
 namespace ddp::worker {
 namespace {
@@ -66,6 +67,29 @@ std::vector<RankResult> loadOnRanks(const DataConfig& config, int ranks) {
 }
 
 // The worker's config header keeps the library's image headers out, so it repeats the limit.
+// The evaluation split of an ImageFolder root: val/ (torchvision's ImageNet), else test/; with both
+// val/ (an ImageNet copy may carry an unlabelled test/); with neither one line naming both.
+TEST(ImageFolderLayout, ValIsEvaluatedBeforeTestAndNeitherIsOneLine) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("ddp_eval_dir_" + std::to_string(::getpid()));
+  fs::create_directories(root / "train");
+  EXPECT_THROW(
+      {
+        try {
+          ddp::worker::data::imageFolderEvalDir(root.string());
+        } catch (const ddp::DataError& e) {
+          EXPECT_NE(std::string(e.what()).find("has no val/ (or test/) folder"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      ddp::DataError);
+  fs::create_directories(root / "test");
+  EXPECT_EQ(ddp::worker::data::imageFolderEvalDir(root.string()), (root / "test").string());
+  fs::create_directories(root / "val");
+  EXPECT_EQ(ddp::worker::data::imageFolderEvalDir(root.string()), (root / "val").string());
+  fs::remove_all(root);
+}
+
 TEST(ImageDecodeLimit, TheConfigsDefaultIsTheLibrarys) {
   EXPECT_EQ(DataConfig{}.maxImagePixels, ddp::kMaxImagePixels);
 }

@@ -121,7 +121,7 @@ data::SampleSource Datasets::testSource() const {
 
 std::string describeSizes(const Datasets& data) {
   if (data.images) {
-    return fmt::format("({} train / {} test images, streamed)", data.images->index.train->size(),
+    return fmt::format("({} train / {} test images, streamed)", data.images->trainSize(),
                        data.images->index.test->size());
   }
   if (data.tokens) {

@@ -8,12 +8,14 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <mutex>
 #include <thread>
 #include <utility>
 
 #include "common/error.h"
 #include "common/host_memory.h"
 #include "ddp/launch_env.h"
+#include "worker/data/augment.h"
 
 namespace ddp::worker::data {
 namespace {
@@ -49,8 +51,22 @@ ImageTransformOptions transformOf(const DataConfig& config, bool train) {
   return t;
 }
 
+// RandomRotation / RandomCrop(padding) / RandomHorizontalFlip on the transformed picture, as the
+// in-memory path augments its stored uint8 images (augmentImage: [C, H, W]; RgbImage is [H, W, 3]).
+void augmentPicture(RgbImage& image, const AugmentOptions& augment, uint64_t seed, int64_t epoch, int64_t index) {
+  const int64_t plane = image.height * image.width;
+  std::vector<uint8_t> planar(static_cast<size_t>(3 * plane)), out(planar.size());
+  for (int64_t p = 0; p < plane; ++p) {
+    for (int64_t c = 0; c < 3; ++c) planar[static_cast<size_t>(c * plane + p)] = image.pixels[static_cast<size_t>(p * 3 + c)];
+  }
+  augmentImage(planar.data(), out.data(), 3, image.height, image.width, augment, seed, epoch, index);
+  for (int64_t p = 0; p < plane; ++p) {
+    for (int64_t c = 0; c < 3; ++c) image.pixels[static_cast<size_t>(p * 3 + c)] = out[static_cast<size_t>(c * plane + p)];
+  }
+}
+
 Batch decodeBatch(const StreamedImages& images, bool train, uint64_t seed, int64_t epoch,
-                  const std::vector<int64_t>& items) {
+                  const std::vector<int64_t>& items, const AugmentOptions& augment) {
   c10::NoGradGuard noGrad;
   const ImageDataset& dataset = train ? *images.index.train : *images.index.test;
   const ImageTransformOptions& transform = train ? images.trainTransform : images.evalTransform;
@@ -64,6 +80,7 @@ Batch decodeBatch(const StreamedImages& images, bool train, uint64_t seed, int64
     try {
       const std::vector<uint8_t> bytes = dataset.read(index);
       image = transformImage(bytes.data(), bytes.size(), dataset.name(index), transform, seed, epoch, index);
+      if (augment.any()) augmentPicture(image, augment, seed, epoch, index);
     } catch (const DataError& e) {
       if (!images.skipBadImages) throw;
       spdlog::warn("data: skipped a bad image (data.skip_bad_images): {}", e.what());
@@ -87,7 +104,20 @@ std::string imageFolderEvalDir(const std::string& root) {
   namespace fs = std::filesystem;
   const fs::path test = fs::path(root) / "test";
   const fs::path val = fs::path(root) / "val";
-  return (!fs::is_directory(test) && fs::is_directory(val) ? val : test).string();
+  // val/ first (torchvision's ImageNet, the shipped configs): an ImageNet copy may carry a test/
+  // folder too (unlabelled, or Kaggle's), which is not the evaluation split.
+  if (fs::is_directory(val)) {
+    if (fs::is_directory(test) && launchEnv().rank == 0) {
+      static std::once_flag said;
+      std::call_once(said, [&] { spdlog::info("data: evaluating on {} ({} is left alone)", val.string(), test.string()); });
+    }
+    return val.string();
+  }
+  if (!fs::is_directory(test)) {
+    DDP_THROW(DataError, "data: '", root, "' has no val/ (or test/) folder of <class>/ folders for evaluation; "
+              "ImageFolder's layout is ", root, "/train/<class>/... and ", root, "/val/<class>/...");
+  }
+  return test.string();
 }
 
 ImageIndex openImageIndex(const DataConfig& config) {
@@ -127,6 +157,8 @@ bool streamsImages(const DataConfig& config, const ImageIndex& index, std::strin
   if (config.stream == "false") return false;
   if (!config.trainFiles.empty()) return say("tar shards are read as a stream");
   if (config.trainTransform == "imagenet") return say("data.train_transform: imagenet crops each image anew");
+  // Only a stream meets its bad images one by one; decoding the set up front stops at the first.
+  if (config.skipBadImages) return say("data.skip_bad_images: bad images are left out as the batches meet them");
   const double budget = config.memoryBudgetMb > 0 ? static_cast<double>(config.memoryBudgetMb) * 1024 * 1024
                                                   : hostMemoryBytes() / 4;
   const double bytes = decodedBytes(config, index);
@@ -153,6 +185,7 @@ std::shared_ptr<const StreamedImages> streamedImages(const DataConfig& config, I
   images->stddev = !config.stddev.empty() ? config.stddev : imagenet ? std::vector<float>{0.229f, 0.224f, 0.225f}
                                                                      : std::vector<float>{1, 1, 1};
   images->skipBadImages = config.skipBadImages;
+  images->trainLimit = config.trainLimit;
   if (config.numWorkers < 0) {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     images->autoThreads = std::max(1, cores / std::max(1, launchEnv().localWorldSize));
@@ -161,15 +194,16 @@ std::shared_ptr<const StreamedImages> streamedImages(const DataConfig& config, I
 }
 
 SampleSource streamedSource(std::shared_ptr<const StreamedImages> images, bool train) {
-  const int64_t size = train ? images->index.train->size() : images->index.test->size();
+  const int64_t size = train ? images->trainSize() : images->index.test->size();
   return SampleSource(size, [images = std::move(images), train](std::vector<std::vector<int64_t>> plan,
                                                                  LoaderOptions options) {
     const uint64_t seed = options.seed;
     const int64_t epoch = options.epoch;
-    options.augment = {};  // the transform is the augmentation
+    const AugmentOptions augment = options.augment;  // evaluation's loaders have none
+    options.augment = {};  // applied per picture here, after the transform
     if (images->autoThreads > 0) options.numWorkers = images->autoThreads;
-    auto gather = [images, train, seed, epoch](const std::vector<int64_t>& items) {
-      return decodeBatch(*images, train, seed, epoch, items);
+    auto gather = [images, train, seed, epoch, augment](const std::vector<int64_t>& items) {
+      return decodeBatch(*images, train, seed, epoch, items, augment);
     };
     return std::make_unique<BatchLoader>(std::move(gather), std::move(plan), std::move(options));
   });

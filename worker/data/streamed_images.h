@@ -44,6 +44,13 @@ struct StreamedImages {
   std::vector<float> mean;               // Normalize, after x / 255
   std::vector<float> stddev;
   bool skipBadImages = false;
+  /// data.train_limit: only the first N training samples (0: all), as in memory.
+  int64_t trainLimit = 0;
+  /// The training samples an epoch draws from: the index's, or data.train_limit's first ones.
+  int64_t trainSize() const {
+    const int64_t all = index.train->size();
+    return trainLimit > 0 && trainLimit < all ? trainLimit : all;
+  }
   /// data.num_workers -1 (auto): decoding threads per rank, the host's cores over its ranks (at
   /// least 1; decoding is the work here, unlike gathering rows held in memory); 0: as configured.
   int autoThreads = 0;
@@ -56,7 +63,9 @@ struct StreamedImages {
 std::shared_ptr<const StreamedImages> streamedImages(const DataConfig& config, ImageIndex index);
 
 /// A split as the loop reads it: batches decoded for the loader's epoch and seed, float32
-/// [B, 3, S, S] normalised and int64 labels. With skipBadImages a bad image is logged, counted and
+/// [B, 3, S, S] normalised and int64 labels; the loader's augmentation (data.rotate_degrees,
+/// crop_padding, horizontal_flip: the training loader's) applied after the transform, with the
+/// draws of the in-memory path (seed, epoch, sample index). With skipBadImages a bad image is logged, counted and
 /// left out of its batch (which is one shorter); otherwise its DataError (naming the file) ends the
 /// job.
 SampleSource streamedSource(std::shared_ptr<const StreamedImages> images, bool train);
