@@ -13,8 +13,11 @@
 #include <system_error>
 #include <utility>
 
+#include <spdlog/spdlog.h>
+
 #include "common/error.h"
 #include "ddp/image_data.h"
+#include "ddp/launch_env.h"
 
 namespace ddp {
 namespace {
@@ -220,6 +223,10 @@ ImageDataset ImageDataset::folder(const std::string& root) {
   for (const auto& entry : fs::directory_iterator(root)) {
     if (entry.is_directory()) impl->classes.push_back(entry.path().filename().string());
   }
+  // What torchvision's ImageFolder would list but this does not: its other IMG_EXTENSIONS, and
+  // links that lead nowhere (it lists them and fails when it reads one). Said, not dropped silently.
+  int64_t otherFormats = 0, deadLinks = 0;
+  std::string firstOther, firstDead;
   std::sort(impl->classes.begin(), impl->classes.end());
   if (impl->classes.empty()) DDP_THROW(DataError, "data: '", root, "' has no class folders (<class>/image.jpg)");
   for (size_t c = 0; c < impl->classes.size(); ++c) {
@@ -229,10 +236,17 @@ ImageDataset ImageDataset::folder(const std::string& root) {
     byFolder[classDir.string()];
     try {
       for (const auto& entry : fs::recursive_directory_iterator(classDir, fs::directory_options::follow_directory_symlink)) {
-        if (!entry.is_regular_file()) continue;
         const std::string ext = lower(entry.path().extension().string());
-        if (ext == ".jpg" || ext == ".jpeg" || ext == ".png") {
+        const bool ours = ext == ".jpg" || ext == ".jpeg" || ext == ".png";
+        if (!entry.is_regular_file()) {
+          if (ours && entry.is_symlink() && !entry.exists() && deadLinks++ == 0) firstDead = entry.path().string();
+          continue;
+        }
+        if (ours) {
           byFolder[entry.path().parent_path().string()].push_back(entry.path().filename().string());
+        } else if ((ext == ".bmp" || ext == ".webp" || ext == ".tif" || ext == ".tiff" || ext == ".ppm" ||
+                    ext == ".pgm") && otherFormats++ == 0) {
+          firstOther = entry.path().string();
         }
       }
     } catch (const fs::filesystem_error& e) {
@@ -253,6 +267,15 @@ ImageDataset ImageDataset::folder(const std::string& root) {
       DDP_THROW(DataError, "data: class folder '", classDir.string(),
                 "' has no .jpg/.jpeg/.png images; every class needs some (or remove the folder)");
     }
+  }
+  if (otherFormats > 0 && launchEnv().rank == 0) {
+    spdlog::warn("data: '{}' holds {} image(s) in formats torchvision's ImageFolder reads but this does not (the "
+                 "first: '{}'); only .jpg/.jpeg/.png are samples, these are left out: convert them to use them",
+                 root, otherFormats, firstOther);
+  }
+  if (deadLinks > 0 && launchEnv().rank == 0) {
+    spdlog::warn("data: '{}' holds {} link(s) to images that do not exist (the first: '{}'); they are left out "
+                 "(torchvision's ImageFolder lists them and fails when it reads one)", root, deadLinks, firstDead);
   }
   return ImageDataset(std::move(impl));
 }

@@ -11,6 +11,8 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <sys/stat.h>
 
@@ -201,6 +203,30 @@ TEST_F(ImageDataTest, FolderOrderAndLabelsAreImageFolders) {
   EXPECT_TRUE(has(data().name(5), "ant/sub/a5.png")) << data().name(5);
   EXPECT_TRUE(has(data().name(6), "bee/b0.jpg")) << data().name(6);
   for (int64_t i = 0; i < data().size(); ++i) EXPECT_EQ(data().label(i), i / 6) << i;
+}
+
+// torchvision's ImageFolder also lists .bmp/.webp/.tif/.tiff/.ppm/.pgm and links that lead nowhere
+// (then fails reading one); this lists JPEG and PNG only, and says what it left out (was silent).
+TEST_F(ImageDataTest, ImagesTorchvisionWouldListButThisDoesNotAreNamed) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::path(*dir_) / "other_formats";
+  fs::create_directories(root / "a");
+  fs::copy_file(data().name(0), root / "a" / "kept.jpg");
+  std::ofstream(root / "a" / "x.bmp") << "BM";
+  std::ofstream(root / "a" / "y.webp") << "RIFF";
+  std::ofstream(root / "a" / "notes.txt") << "not an image";
+  fs::create_symlink(root / "a" / "nowhere.jpg", root / "a" / "dead.jpg");
+  const auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(16);
+  spdlog::default_logger()->sinks().push_back(sink);
+  const ddp::ImageDataset listed = ddp::ImageDataset::folder(root.string());
+  spdlog::default_logger()->sinks().pop_back();
+  EXPECT_EQ(listed.size(), 1);
+  std::string log;
+  for (const std::string& line : sink->last_formatted()) log += line;
+  EXPECT_TRUE(has(log, "holds 2 image(s) in formats torchvision's ImageFolder reads but this does not")) << log;
+  EXPECT_TRUE(has(log, "holds 1 link(s) to images that do not exist (the first: '" + (root / "a" / "dead.jpg").string()))
+      << log;
+  fs::remove_all(root);
 }
 
 TEST_F(ImageDataTest, DecodesWhatPillowDecodes) {
