@@ -192,6 +192,12 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"DpWithManyRanks", [](const Fixture& f) { return worker({"mode=dp"}, f); }, "start it with --nproc_per_node=1", 2},
         BadInput{"EvalWithoutModelPath", [](const Fixture& f) { return worker({"mode=eval"}, f, 1); }, "'eval.model_path' must name the model file", 2},
         // Issue 15: wrong results reported as success.
+        // 18 samples over 2 ranks in batches of 4: each rank's last batch holds 1; a ResNet's last
+        // BatchNorm then sees one value per channel (PyTorch's error, with what to change).
+        BadInput{"BatchOfOneIntoBatchNorm", [](const Fixture& f) {
+                   return worker({"model.name=resnet18", "data.synthetic_train=18", "train.batch_size=4"}, f);
+                 },
+                 "a rank's last batch of the epoch held 1 sample; choose a train.batch_size", 1},
         BadInput{"DivergingLearningRate", [](const Fixture& f) { return worker({"train.lr=1e30"}, f); },
                  "training diverged: a gradient is NaN or infinite at step 2 (epoch 0), so it was not applied", 1},
         BadInput{"DivergingLearningRateInDataParallel", [](const Fixture& f) { return worker({"mode=dp", "train.lr=1e30"}, f, 1); },
