@@ -99,8 +99,9 @@ std::chrono::milliseconds WorkerSupervisor::checkEarlyExit(std::chrono::millisec
     spdlog::warn("rank {} (pid {}) exited with code 0 {:.0f} s ago while rank(s) {} wait in a collective it never "
                  "entered ({}); stopping the job", left.rank, left.pid, after, seen.blocked, seen.collective);
   } else {
-    spdlog::warn("rank {} (pid {}) exited with code 0 {:.0f} s ago and rank(s) {} show no sign of life since (no "
-                 "CPU time, no collective); stopping the job", left.rank, left.pid, after, seen.idle);
+    spdlog::warn("rank {} (pid {}) exited with code 0 {:.0f} s ago and rank(s) {} have shown no sign of life for {:.0f} s "
+                 "(no CPU time, no collective); stopping the job", left.rank, left.pid, after, seen.idle,
+                 earlyExitGrace_->count());
   }
   fail(*firstCleanExit_);
   return std::chrono::milliseconds(0);
@@ -120,8 +121,16 @@ WorkerSupervisor::RunningRanks WorkerSupervisor::lookAtRunningRanks() {
     // Using CPU time (itself or a child it runs), or waiting for the disk (state D: a large save): working.
     const ProcStat stat = procStat(worker.pid);
     const long long now = ticks.count(worker.pid) ? ticks.at(worker.pid) : stat.cpuTicks;
-    const bool busy = now > worker.cpuTicks + kBusyTicks || stat.state == 'D';
-    worker.cpuTicks = now;
+    // CPU time counted from the last look that found it busy (or the early exit): a little work cut
+    // across two looks still adds up.
+    const bool busyNow = now > worker.cpuTicks + kBusyTicks || stat.state == 'D';
+    const auto at = std::chrono::steady_clock::now();
+    if (busyNow) {
+      worker.cpuTicks = now;
+      worker.lastBusyAt = at;
+    }
+    // Idle since the last look, but busy within a grace: between two bursts of its work.
+    const bool busy = busyNow || (worker.lastBusyAt && earlyExitGrace_ && at - *worker.lastBusyAt < *earlyExitGrace_);
     std::optional<flight::Record> waiting;
     bool recorded = false;
     if (worker.ring) {

@@ -23,6 +23,8 @@
 #include "launcher/free_port.h"
 #include "launcher/launch_plan.h"
 #include "launcher/signal_watch.h"
+#include "launcher/worker_env.h"
+#include "launcher/worker_path.h"
 
 namespace ddp::launcher {
 namespace elastic {
@@ -91,7 +93,9 @@ std::optional<LaunchPlan> Agent::planFor(const Round& round) {
   if (round.index == 0) {
     // Rank 0's store on a fresh port of this node, bound before it is published.
     options.masterAddr = address_;
-    options.masterPort = isPythonInterpreter(options_.worker) ? pickFreePort(address_) : 0;
+    const auto path = environment.find("PATH");
+    const std::string workerPath = resolveWorkerPath(options_.worker, path != environment.end() ? path->second : "/bin:/usr/bin");
+    options.masterPort = workerRunsPython(options_, workerPath) ? pickFreePort(address_) : 0;
     plan = makeLaunchPlan(options, environment);
     store_->set(masterKey, bytes(address_ + " " + std::to_string(plan.masterPort)));
   } else {

@@ -36,6 +36,8 @@ struct LaunchOptions {
   // Not a flag: what --gpus chose; non-empty: every worker gets it as CUDA_VISIBLE_DEVICES, with
   // CUDA_DEVICE_ORDER=PCI_BUS_ID so CUDA numbers GPUs as nvidia-smi does.
   std::string cudaVisibleDevices;
+  // Not a flag: set by makeLaunchPlan (workerRunsPython): the worker runs Python, whatever its name.
+  bool workerRunsPython = false;
   int nnodes = 1;                        // --nnodes: nodes in the job
   int nodeRank = 0;                      // --node_rank: this node, 0 <= node_rank < nnodes
   std::string masterAddr = "127.0.0.1";  // --master_addr: where rank 0 listens

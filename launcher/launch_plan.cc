@@ -49,7 +49,9 @@ std::string jobToken(const LaunchOptions& options, const EnvMap& inherited) {
 
 // Workers that bind MASTER_PORT themselves (torch.distributed's rank 0 hosts its own TCPStore)
 // must find it free: for them the launcher only picks a port.
-bool workerServesItsOwnStore(const LaunchOptions& options) { return isPythonInterpreter(options.worker); }
+bool workerServesItsOwnStore(const LaunchOptions& options) {
+  return options.workerRunsPython || isPythonInterpreter(options.worker);
+}
 
 // One job per --log_dir: a second one would truncate the first's rank logs. Its own lock file, not
 // the worker's .ddp-launch.lock (a --log_dir may be the worker's output.dir).
@@ -89,11 +91,13 @@ void createLogDir(const std::string& dir) {
 
 }  // namespace
 
-LaunchPlan makeLaunchPlan(const LaunchOptions& options, const EnvMap& inherited) {
+LaunchPlan makeLaunchPlan(const LaunchOptions& given, const EnvMap& inherited) {
   LaunchPlan plan;
   const auto path = inherited.find("PATH");
   const std::string workerPath =
-      resolveWorkerPath(options.worker, path != inherited.end() ? path->second : kDefaultPath);
+      resolveWorkerPath(given.worker, path != inherited.end() ? path->second : kDefaultPath);
+  LaunchOptions options = given;
+  options.workerRunsPython = workerRunsPython(given, workerPath);
   const std::string token = jobToken(options, inherited);
   plan.masterAddr = options.masterAddr;
   plan.portPicked = !options.masterPort && options.nnodes == 1;

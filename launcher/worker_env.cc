@@ -1,5 +1,7 @@
 #include "launcher/worker_env.h"
 
+#include <algorithm>
+#include <fstream>
 #include <string>
 
 extern char** environ;  // NOLINT: POSIX
@@ -56,7 +58,7 @@ EnvMap workerEnvironment(const LaunchOptions& options, int localRank, int master
   // Debian's 1.13 logs through glog, the PyPI 2.x wheel through c10's own logger.
   // A Python worker gets torchrun's environment instead: PyTorch's own defaults (its NCCL watchdog's
   // timeout reports are LOG(ERROR) lines), and the NCCL error handling torchrun's agent asks for.
-  if (isPythonInterpreter(options.worker)) {
+  if (options.workerRunsPython || isPythonInterpreter(options.worker)) {
     if (inherited.count("TORCH_NCCL_ASYNC_ERROR_HANDLING") == 0) env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1";
     return env;
   }
@@ -70,6 +72,21 @@ bool isPythonInterpreter(const std::string& worker) {
   if (name.rfind("python", 0) != 0) return false;
   const std::string version = name.substr(6);  // "", "3", "3.11"
   return version.find_first_not_of("0123456789.") == std::string::npos;
+}
+
+bool workerRunsPython(const LaunchOptions& options, const std::string& resolvedPath) {
+  const auto python = [](const std::string& word) {
+    return isPythonInterpreter(word) || (word.size() > 3 && word.compare(word.size() - 3, 3, ".py") == 0);
+  };
+  if (options.workerRunsPython || python(options.worker)) return true;
+  // A wrapper that starts Python: env python3 train.py, nsys profile python ..., uv run train.py.
+  if (std::any_of(options.workerArgs.begin(), options.workerArgs.end(), python)) return true;
+  // A script (not a program): its #! line, or what it runs (exec python3 "$@", conda run ... python).
+  std::ifstream in(resolvedPath, std::ios::binary);
+  std::string head(64 * 1024, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(in.gcount()));
+  return head.rfind("#!", 0) == 0 && head.find("python") != std::string::npos;
 }
 
 namespace {

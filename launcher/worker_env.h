@@ -33,4 +33,11 @@ std::vector<std::string> workerArguments(const LaunchOptions& options, int local
 /// True for python, python3, python3.11, ... (any directory): WORKER runs a script.
 bool isPythonInterpreter(const std::string& worker);
 
+/// Whether the worker runs Python, so its rank 0 binds MASTER_PORT itself (torch.distributed's
+/// TCPStore; a socket handed over would only block it) and it gets torchrun's environment: a
+/// Python interpreter, a .py file, a wrapper given one (env python3 x.py, nsys profile python ...,
+/// uv run x.py), or a script whose first 64 KiB name python (#!/usr/bin/env python3, a shell
+/// entrypoint that execs python). `resolvedPath` is the worker as it will be executed.
+bool workerRunsPython(const LaunchOptions& options, const std::string& resolvedPath);
+
 }  // namespace ddp::launcher

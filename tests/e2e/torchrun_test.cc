@@ -203,6 +203,30 @@ TEST_P(DdpLaunchStartsAPythonScript, TrainsLikeASingleProcess) {
 
 INSTANTIATE_TEST_SUITE_P(EnvAndLegacy, DdpLaunchStartsAPythonScript, ::testing::Bool());
 
+// A Python worker started under another name — an executable #! script, a shell entrypoint that
+// execs python (a container's command) — hosts its own TCPStore on MASTER_PORT as under torchrun:
+// the launcher must not hold the port for it (rank 0 failed with EADDRINUSE, every time).
+TEST(DropIn, APythonWorkerUnderAnotherNameHostsItsOwnStore) {
+  const std::string dir = test::makeTempDir("python_named_otherwise");
+  const std::string body =
+      "import torch, torch.distributed as dist\n"
+      "dist.init_process_group('gloo')\n"
+      "t = torch.tensor([dist.get_rank() + 1.0]); dist.all_reduce(t)\n"
+      "print('rank', dist.get_rank(), 'sum', t.item(), flush=True)\n"
+      "dist.destroy_process_group()\n";
+  std::ofstream(dir + "/train") << "#!" << DDP_PYTHON << "\n" << body;
+  std::ofstream(dir + "/dist.py") << body;
+  std::ofstream(dir + "/entrypoint.sh") << "#!/bin/sh\nexec " << DDP_PYTHON << " " << dir << "/dist.py \"$@\"\n";
+  for (const char* name : {"/train", "/entrypoint.sh"}) {
+    fs::permissions(dir + name, fs::perms::owner_all);
+    const auto run = test::runCommand({DDP_LAUNCH_BIN, "--nproc_per_node=2", dir + name}, 120);
+    EXPECT_EQ(run.exitCode, 0) << name << "\n" << run.output;
+    EXPECT_NE(run.output.find("rank 0 sum 3.0"), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find("rank 1 sum 3.0"), std::string::npos) << run.output;
+  }
+  fs::remove_all(dir);
+}
+
 // --- issue 45: a drop-in where torchrun's scripts and manifests run -------------------------------
 
 // The Python beside DDP_PYTHON first on PATH: what "python3 on PATH" finds when a pod or a job

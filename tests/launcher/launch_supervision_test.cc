@@ -122,8 +122,8 @@ TEST_F(LaunchSupervisionTest, RankThatExitsZeroWhileOthersRunOnEndsTheJob) {
   EXPECT_LT(result.elapsed, seconds(10));
   const std::vector<pid_t> pids = dir_.readPids("pid", 3);
   EXPECT_NE(result.err.find("ddp-launch: rank 1 (pid " + std::to_string(pids[1]) +
-                            ") exited with code 0 1 s ago and rank(s) 0, 2 show no sign of life since (no CPU time, "
-                            "no collective); stopping the job"),
+                            ") exited with code 0 1 s ago and rank(s) 0, 2 have shown no sign of life for 1 s (no CPU "
+                            "time, no collective); stopping the job"),
             std::string::npos)
       << result.err;
   EXPECT_NE(result.err.find("rank 1 (pid " + std::to_string(pids[1]) + ") exited with code 0 before the job ended"),
@@ -166,6 +166,20 @@ TEST_F(LaunchSupervisionTest, ARankThatWorksOnPastTheGraceIsLetFinish) {
 TEST_F(LaunchSupervisionTest, ARankWhoseChildWorksOnPastTheGraceIsLetFinish) {
   expectBusyRankLetFinish(run({"--nproc_per_node=2", "--early_exit_grace_s=1",
                                       earlyExitScript(dir_, busyLoopScript(/*inChild=*/true))}));
+}
+
+// A rank that works in bursts with idle seconds between (an upload: a little CPU, then a wait on the
+// network; polling; GPU syncs): one idle look after the others returned is no reason to stop it,
+// only a whole grace without CPU time is (torchrun waits for it whatever it does).
+TEST_F(LaunchSupervisionTest, ARankWorkingInBurstsWithIdleSecondsIsLetFinish) {
+  const LaunchResult result = run({"--nproc_per_node=2", "--early_exit_grace_s=3",
+                                   earlyExitScript(dir_, "for k in 1 2 3 4; do\n"
+                                                         "  i=0; while [ $i -lt 60000 ]; do i=$((i + 1)); done\n"
+                                                         "  sleep 1.5\n"
+                                                         "done\n")});
+  EXPECT_EQ(result.code, 0) << result.err;
+  EXPECT_NE(result.err.find("still work outside any collective"), std::string::npos) << result.err;
+  EXPECT_EQ(result.err.find("stopping the job"), std::string::npos) << result.err;
 }
 
 TEST_F(LaunchSupervisionTest, RanksFinishingWithinTheGraceSucceed) {

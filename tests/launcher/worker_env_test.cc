@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 namespace ddp::launcher {
 namespace {
 
@@ -62,6 +64,37 @@ TEST(WorkerEnv, APythonWorkerGetsTorchrunsLogLevelsAndNcclErrorHandling) {
   const EnvMap ours = workerEnvironment(native, 0, 29123, {});
   EXPECT_EQ(ours.at("TORCH_CPP_LOG_LEVEL"), "FATAL");
   EXPECT_EQ(ours.count("TORCH_NCCL_ASYNC_ERROR_HANDLING"), 0u);
+}
+
+// Python under another name: a #! script, a shell entrypoint that execs python, env/nsys/uv given
+// python or a .py; not a program or a script that runs no Python (those may take the store socket).
+TEST(WorkerEnv, WorkersThatRunPythonAreKnownWhateverTheirName) {
+  const std::string dir = ::testing::TempDir();
+  const auto script = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name) << text;
+    return dir + "/" + name;
+  };
+  LaunchOptions o;
+  const auto runs = [&](const std::string& worker, std::vector<std::string> args, const std::string& path) {
+    o.worker = worker;
+    o.workerArgs = std::move(args);
+    return workerRunsPython(o, path);
+  };
+  EXPECT_TRUE(runs("python3", {"train.py"}, "/usr/bin/python3"));
+  EXPECT_TRUE(runs("./train", {}, script("train", "#!/usr/bin/env python3\nimport torch\n")));
+  EXPECT_TRUE(runs("./train.py", {}, script("train.py", "import torch\n")));
+  EXPECT_TRUE(runs("./entrypoint.sh", {"--lr=1"}, script("entrypoint.sh", "#!/bin/sh\nset -e\nexec python3 -u train.py \"$@\"\n")));
+  EXPECT_TRUE(runs("env", {"OMP_NUM_THREADS=4", "python3", "x.py"}, "/usr/bin/env"));
+  EXPECT_TRUE(runs("nsys", {"profile", "-o", "p", "/opt/venv/bin/python", "x.py"}, "/usr/bin/nsys"));
+  EXPECT_TRUE(runs("uv", {"run", "train.py"}, "/usr/bin/uv"));
+  EXPECT_FALSE(runs("./worker", {"config.yaml", "train.lr=0.1"}, "/bin/sh"));  // a program: its bytes are not read as a script
+  EXPECT_FALSE(runs("./run.sh", {"config.yaml"}, script("run.sh", "#!/bin/sh\nexec ./build/worker \"$@\"\n")));
+  // Its environment is torchrun's.
+  o.worker = "./train";
+  o.workerArgs = {};
+  o.workerRunsPython = true;
+  EXPECT_EQ(workerEnvironment(o, 0, 29123, {}).at("TORCH_NCCL_ASYNC_ERROR_HANDLING"), "1");
+  EXPECT_EQ(workerEnvironment(o, 0, 29123, {}).count("TORCH_CPP_LOG_LEVEL"), 0u);
 }
 
 TEST(WorkerEnv, TellsTheWorkersWhetherTheConsoleIsATerminal) {
