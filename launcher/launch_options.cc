@@ -388,14 +388,8 @@ void parseOutput(const cxxopts::ParseResult& parsed, LaunchOptions& launch) {
   launch.tee = parsed.count("tee") != 0 && torchrun::streamsOfEveryRank("tee", parsed["tee"].as<std::string>());
   const bool redirects =
       parsed.count("redirects") != 0 && torchrun::streamsOfEveryRank("redirects", parsed["redirects"].as<std::string>());
-  if (redirects && launch.logDir.empty()) {
-    DDP_THROW(ConfigError, "--redirects=3 sends each rank's output to files, but no --log_dir was given; add "
-              "--log_dir=DIR");
-  }
-  if (launch.tee && launch.logDir.empty()) {
-    DDP_THROW(ConfigError, "--tee copies the output that --log_dir writes to files back to the console, "
-              "but no --log_dir was given; add --log_dir=DIR or drop --tee");
-  }
+  // As torchrun: without --log_dir the files go to a fresh temporary directory.
+  launch.logDirTemporary = (redirects || launch.tee) && launch.logDir.empty();
 }
 
 // --rdzv_backend: static (node ranks given) or c10d, where the rendezvous numbers the nodes: for

@@ -51,6 +51,9 @@ struct LaunchOptions {
   int maxRestarts = 0;                   // --max_restarts: restarts of the whole group after a failure
   ElasticOptions elastic;                // --nnodes=MIN:MAX and the --rdzv_* flags of elastic jobs
   std::string logDir;                    // --log_dir: empty = worker output to the console only
+  // --tee/--redirects without --log_dir: the logs go to a new temporary directory (torchrun's
+  // tempfile.mkdtemp), made by the launcher before it starts (makeTemporaryLogDir).
+  bool logDirTemporary = false;
   bool tee = false;                      // --tee (torchrun: --tee=3): with --log_dir, the console gets the lines too
   std::string role = "default";          // --role: the workers' ROLE_NAME
   // --local_ranks_filter / --ranks_filter: the console shows only these ranks (empty: all).

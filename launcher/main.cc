@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
+#include <cstring>
 
 #include <csignal>
 #include <cstdio>
@@ -27,6 +29,10 @@
 #include "launcher/worker_supervisor.h"
 
 namespace {
+
+// How long a node other than node 0 waits for --master_addr to resolve: 10 minutes, as long as
+// an elastic round waits for its nodes (--rdzv_timeout_s).
+constexpr double kMasterAddressWaitS = 600;
 
 // Bad command line or environment; nothing was started.
 constexpr int kUsageExitCode = 2;
@@ -71,6 +77,17 @@ int main(int argc, char** argv) {
     }
     for (const std::string& note : command.notes) spdlog::info("{}", note);
     LaunchOptions options = command.options;
+    if (options.logDirTemporary) {
+      const char* tmp = std::getenv("TMPDIR");
+      std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/ddp-launch-logs-XXXXXX";
+      if (::mkdtemp(pattern.data()) == nullptr) {
+        DDP_THROW(ddp::ConfigError, "--tee/--redirects without --log_dir: cannot make a log directory like ", pattern,
+                  " (", std::strerror(errno), "); give --log_dir=DIR");
+      }
+      options.logDir = pattern;
+      spdlog::info("--tee/--redirects without --log_dir: the rank logs go to {} (a new directory, as torchrun's)",
+                   options.logDir);
+    }
     options.consoleIsTerminal = ::isatty(STDOUT_FILENO) == 1 && (options.logDir.empty() || options.tee);
     if (const std::string derived = applySrunStep(options, environment); !derived.empty()) {
       spdlog::info("{}", derived);
@@ -84,7 +101,9 @@ int main(int argc, char** argv) {
     checkSrunLayout(options, environment);
     assignRunId(options);
     torchrun::checkInheritedWorld(options, environment);
-    checkMasterAddress(options.masterAddr);
+    // Node 0 runs rank 0: its address must resolve now. Another node may start before rank 0's pod
+    // has its DNS name: it waits, as torchrun's agent retries.
+    checkMasterAddress(options.masterAddr, options.nodeRank > 0 ? kMasterAddressWaitS : 0);
     SupervisionOptions supervision;
     supervision.earlyExitGraceS = options.earlyExitGraceS;
     if (options.elastic.enabled) return runElastic(options, environment, supervision);

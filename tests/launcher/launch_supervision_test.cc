@@ -241,6 +241,39 @@ TEST_F(LaunchSupervisionTest, UnresolvableMasterAddressFailsAtOnceNamingIt) {
   EXPECT_FALSE(fileExists(dir_.file("started")));
 }
 
+// Another node than rank 0's may start before rank 0's pod has its DNS name: it waits for the name
+// (saying so once) instead of failing at once, and a SIGTERM meanwhile ends it with nothing started.
+TEST_F(LaunchSupervisionTest, ANodeOtherThanNodeZeroWaitsForTheMasterAddressToResolve) {
+  LaunchSpec spec;
+  spec.args = {"--nnodes=2", "--node_rank=1", "--master_addr=not-yet-a-host.invalid", "--master_port=29599",
+               "/bin/sh", "-c", "touch \"" + dir_.file("started") + "\""};
+  spec.outputDir = dir_.path();
+  LaunchedProcess launcher(spec);
+  ASSERT_TRUE(launcher.waitForStderr("--master_addr 'not-yet-a-host.invalid' does not resolve yet (", seconds(10)))
+      << launcher.stderrText();
+  EXPECT_FALSE(launcher.waitFor(milliseconds(1500)).has_value()) << "it waits\n" << launcher.stderrText();
+  launcher.sendSignal(SIGTERM);
+  EXPECT_EQ(launcher.waitFor(seconds(10)), std::optional<int>(128 + SIGTERM)) << launcher.stderrText();
+  EXPECT_FALSE(fileExists(dir_.file("started")));
+}
+
+// torchrun's --tee/--redirects without --log_dir write to a new temporary directory: so do we (a
+// manifest written for torchrun runs as it is), and say where.
+TEST_F(LaunchSupervisionTest, TeeWithoutALogDirWritesToANewTemporaryOne) {
+  LaunchSpec spec;
+  spec.args = {"--nproc_per_node=2", "--tee=3", "/bin/sh", "-c", "echo hello from $RANK"};
+  spec.env["TMPDIR"] = dir_.path();
+  spec.outputDir = dir_.path();
+  const LaunchResult result = runLauncher(spec, seconds(30));
+  ASSERT_EQ(result.code, 0) << result.err;
+  const std::string said = "the rank logs go to " + dir_.path() + "/ddp-launch-logs-";
+  const size_t at = result.err.find(said);
+  ASSERT_NE(at, std::string::npos) << result.err;
+  const std::string logs = dir_.path() + "/ddp-launch-logs-" + result.err.substr(at + said.size(), 6);
+  EXPECT_EQ(readFile(logs + "/rank_1.log"), "hello from 1\n");
+  EXPECT_NE(result.out.find("hello from 0"), std::string::npos) << "--tee: on the console too\n" << result.out;
+}
+
 TEST_F(LaunchSupervisionTest, StoppedRankIsTheOneNamedWhenAnotherTimesOut) {
   // Rank 2 stops itself; rank 0 then fails as a collective timeout would. Ranks 1 and 3 run on.
   const std::string worker = dir_.writeScript(

@@ -153,7 +153,9 @@ TEST(TorchrunFlags, OutputAndProcessFlags) {
   EXPECT_FALSE(parseWith({"--log_dir=logs", "--tee=0", "w"}).options.tee);
   EXPECT_FALSE(parseWith({"--log_dir=logs", "-r", "3", "w"}).options.tee);
   EXPECT_NE(errorOf({"--log_dir=logs", "--redirects=1", "w"}).find("give --redirects=3 (or 0)"), std::string::npos);
-  EXPECT_NE(errorOf({"--redirects=3", "w"}).find("no --log_dir was given"), std::string::npos);
+  // Without --log_dir, as torchrun: a temporary directory (made by the launcher, not the parser).
+  EXPECT_TRUE(parseWith({"--redirects=3", "w"}).options.logDirTemporary);
+  EXPECT_FALSE(parseWith({"--log_dir=logs", "--redirects=3", "w"}).options.logDirTemporary);
   const LaunchOptions filtered = parseWith({"--local-ranks-filter=0,2", "--ranks_filter=5", "w"}).options;
   EXPECT_EQ(filtered.localRanksFilter, (std::vector<int>{0, 2}));
   EXPECT_EQ(filtered.ranksFilter, (std::vector<int>{5}));
