@@ -165,7 +165,7 @@ TEST_F(LaunchSummaryTest, BadLogDirIsOneLineAndExitCodeTwoWithNothingStarted) {
   const std::string file = dir_.file("marker");
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"--log_dir=" + file + "/logs", marker}, {"--log_dir", file, marker},
-        {"--tee", marker}, {"--max_restarts=-2", marker}}) {
+        {"--max_restarts=-2", marker}}) {
     SCOPED_TRACE(args[0]);
     const LaunchResult result = run(args);
     EXPECT_EQ(result.code, 2);
