@@ -121,14 +121,13 @@ WorkerSupervisor::RunningRanks WorkerSupervisor::lookAtRunningRanks() {
     // Using CPU time (itself or a child it runs), or waiting for the disk (state D: a large save): working.
     const ProcStat stat = procStat(worker.pid);
     const long long now = ticks.count(worker.pid) ? ticks.at(worker.pid) : stat.cpuTicks;
-    // CPU time counted from the last look that found it busy (or the early exit): a little work cut
-    // across two looks still adds up.
-    const bool busyNow = now > worker.cpuTicks + kBusyTicks || stat.state == 'D';
+    // CPU time over the last two looks (the first: since the early exit), so a burst cut by a look
+    // still counts; a hung rank's watchdog threads (a tick now and then) stay below it.
+    const bool busyNow = now > worker.cpuTicksBefore + kBusyTicks || stat.state == 'D';
+    worker.cpuTicksBefore = worker.cpuTicks;
+    worker.cpuTicks = now;
     const auto at = std::chrono::steady_clock::now();
-    if (busyNow) {
-      worker.cpuTicks = now;
-      worker.lastBusyAt = at;
-    }
+    if (busyNow) worker.lastBusyAt = at;
     // Idle since the last look, but busy within a grace: between two bursts of its work.
     const bool busy = busyNow || (worker.lastBusyAt && earlyExitGrace_ && at - *worker.lastBusyAt < *earlyExitGrace_);
     std::optional<flight::Record> waiting;

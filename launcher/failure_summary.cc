@@ -166,14 +166,23 @@ std::vector<std::string> formatFailureSummary(const AttemptReport& attempt) {
       lines.push_back(outputIndent + "error file: " + rank.errorFile);
     }
     if (rank.lastLines.empty()) lines.push_back(outputIndent + "(no output)");
-    const bool sameAsFirst = failedLikeTheFirst(rank, attempt);
+    // Without error files, a rank that failed as the first did shows only the lines the first's
+    // output has not shown.
+    const bool sameAsFirst = failedLikeTheFirst(rank, attempt) && rank.errorFile.empty();
     const auto& firstLines = attempt.firstFailure ? attempt.ranks[*attempt.firstFailure].lastLines : rank.lastLines;
+    size_t hidden = 0;
     for (const std::string& line : rank.lastLines) {
-      // Our worker prints its error file's one line too: shown once, as the error file; a rank that
-      // failed as the first did shows only the lines the first's output has not shown.
+      // Our worker prints its error file's one line too: shown once, as the error file.
       if (line == rank.errorFile) continue;
-      if (sameAsFirst && std::find(firstLines.begin(), firstLines.end(), line) != firstLines.end()) continue;
+      if (sameAsFirst && std::find(firstLines.begin(), firstLines.end(), line) != firstLines.end()) {
+        ++hidden;
+        continue;
+      }
       lines.push_back(outputIndent + line);
+    }
+    if (hidden > 0 && hidden == rank.lastLines.size()) {
+      lines.push_back(outputIndent + "(the same lines as rank " +
+                      std::to_string(attempt.ranks[*attempt.firstFailure].rank) + ")");
     }
     if (rank.stoppedByLauncher && !failedLikeTheFirst(rank, attempt) && !failingInPython(rank, attempt)) {
       stuck.push_back(rank.rank);

@@ -34,6 +34,26 @@ namespace {
 // an elastic round waits for its nodes (--rdzv_timeout_s).
 constexpr double kMasterAddressWaitS = 600;
 
+// --tee/--redirects without --log_dir: a new $TMPDIR/ddp-launch-logs-XXXXXX (torchrun's
+// tempfile.mkdtemp), removed again if the job ends before anything is written there.
+struct TemporaryLogDir {
+  std::string dir;
+  std::string make() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/ddp-launch-logs-XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      DDP_THROW(ddp::ConfigError, "--tee/--redirects without --log_dir: cannot make a log directory like ", pattern,
+                " (", std::strerror(errno), "); give --log_dir=DIR");
+    }
+    dir = pattern;
+    spdlog::info("--tee/--redirects without --log_dir: the rank logs go to {} (a new directory, as torchrun's)", dir);
+    return dir;
+  }
+  ~TemporaryLogDir() {
+    if (!dir.empty()) ::rmdir(dir.c_str());  // fails, and keeps it, once it holds anything
+  }
+};
+
 // Bad command line or environment; nothing was started.
 constexpr int kUsageExitCode = 2;
 // The launcher itself broke (not the user's input, not a worker).
@@ -77,18 +97,8 @@ int main(int argc, char** argv) {
     }
     for (const std::string& note : command.notes) spdlog::info("{}", note);
     LaunchOptions options = command.options;
-    if (options.logDirTemporary) {
-      const char* tmp = std::getenv("TMPDIR");
-      std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/ddp-launch-logs-XXXXXX";
-      if (::mkdtemp(pattern.data()) == nullptr) {
-        DDP_THROW(ddp::ConfigError, "--tee/--redirects without --log_dir: cannot make a log directory like ", pattern,
-                  " (", std::strerror(errno), "); give --log_dir=DIR");
-      }
-      options.logDir = pattern;
-      spdlog::info("--tee/--redirects without --log_dir: the rank logs go to {} (a new directory, as torchrun's)",
-                   options.logDir);
-    }
-    options.consoleIsTerminal = ::isatty(STDOUT_FILENO) == 1 && (options.logDir.empty() || options.tee);
+    options.consoleIsTerminal =
+        ::isatty(STDOUT_FILENO) == 1 && ((options.logDir.empty() && !options.logDirTemporary) || options.tee);
     if (const std::string derived = applySrunStep(options, environment); !derived.empty()) {
       spdlog::info("{}", derived);
       // The step decided the worker count: --nproc_per_node=auto means Slurm's, not ours.
@@ -101,13 +111,21 @@ int main(int argc, char** argv) {
     checkSrunLayout(options, environment);
     assignRunId(options);
     torchrun::checkInheritedWorld(options, environment);
-    // Node 0 runs rank 0: its address must resolve now. Another node may start before rank 0's pod
-    // has its DNS name: it waits, as torchrun's agent retries.
-    checkMasterAddress(options.masterAddr, options.nodeRank > 0 ? kMasterAddressWaitS : 0);
+    // Node 0 runs rank 0: its address must resolve now. Another node (any node of an elastic job,
+    // whose rendezvous host is --rdzv_endpoint's) may start before that pod has its DNS name: it
+    // waits, as torchrun's agent retries, once everything else about the job is checked.
+    const bool otherNode = options.nodeRank > 0 || options.elastic.enabled;
+    if (!otherNode) checkMasterAddress(options.masterAddr);
     SupervisionOptions supervision;
     supervision.earlyExitGraceS = options.earlyExitGraceS;
-    if (options.elastic.enabled) return runElastic(options, environment, supervision);
+    TemporaryLogDir temporaryLogs;  // after every check that can refuse the job: none is left behind then
+    if (options.logDirTemporary) options.logDir = temporaryLogs.make();
+    if (options.elastic.enabled) {
+      checkMasterAddress(options.masterAddr, options.elastic.rdzvTimeoutS);
+      return runElastic(options, environment, supervision);
+    }
     const LaunchPlan plan = makeLaunchPlan(options, environment);
+    if (otherNode) checkMasterAddress(options.masterAddr, kMasterAddressWaitS);
     return runWorkers(plan, supervision);
   } catch (const ddp::ConfigError& error) {
     spdlog::error("{}", error.what());

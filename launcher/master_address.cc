@@ -30,7 +30,12 @@ void checkMasterAddress(const std::string& host, double waitS) {
   if (status == 0) return;
   // A name that may appear: a Kubernetes pod's DNS name exists once the pod runs, and another
   // node's launcher may start first (torchrun retries until its rendezvous timeout too).
-  const bool mayAppear = waitS > 0 && (status == EAI_NONAME || status == EAI_AGAIN || status == EAI_NODATA);
+#ifdef EAI_NODATA
+  const bool noData = status == EAI_NODATA;  // a GNU extension
+#else
+  const bool noData = false;
+#endif
+  const bool mayAppear = waitS > 0 && (status == EAI_NONAME || status == EAI_AGAIN || noData);
   if (mayAppear) {
     spdlog::info("--master_addr '{}' does not resolve yet ({}); waiting up to {:.0f} s for it (the node of rank 0 "
                  "may not have started: a pod's DNS name exists once it runs)", host, ::gai_strerror(status), waitS);

@@ -49,7 +49,7 @@ bool processStopped(pid_t pid);
 
 // How often the ranks left running are looked at again after an early exit that found them working.
 constexpr std::chrono::milliseconds kEarlyExitRecheck{1000};
-// More CPU time than this since the last busy look (ticks of 10 ms): working, not waiting.
+// More CPU time than this over the last two looks (ticks of 10 ms): working, not waiting.
 constexpr long long kBusyTicks = 2;
 // A collective running this long is waited in, not passing through.
 constexpr int64_t kBlockedAfterNs = 1000000000;
@@ -84,7 +84,8 @@ class WorkerSupervisor {
     bool leftEarly = false;          // exited 0, and others ran on past the early-exit grace
     bool stoppedBySignal = false;    // in state T when the first failure came
     ExitStatus status;
-    long long cpuTicks = 0;          // user + system CPU time at the early exit, then at the last busy look
+    long long cpuTicks = 0;          // user + system CPU time at the last look (first: at the early exit)
+    long long cpuTicksBefore = 0;    // ... at the look before that
     // The last look that found it busy: a rank that works in bursts (uploads, polls, syncs) between
     // idle seconds is working until it has been idle for a whole early-exit grace.
     std::optional<std::chrono::steady_clock::time_point> lastBusyAt;

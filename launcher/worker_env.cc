@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 extern char** environ;  // NOLINT: POSIX
@@ -81,12 +82,30 @@ bool workerRunsPython(const LaunchOptions& options, const std::string& resolvedP
   if (options.workerRunsPython || python(options.worker)) return true;
   // A wrapper that starts Python: env python3 train.py, nsys profile python ..., uv run train.py.
   if (std::any_of(options.workerArgs.begin(), options.workerArgs.end(), python)) return true;
-  // A script (not a program): its #! line, or what it runs (exec python3 "$@", conda run ... python).
+  // A script (not a program): its #! line names python, or a command it runs is one (exec python3
+  // "$@", conda run -n env python x.py, uv run x.py). Comments and other words that merely contain
+  // "python" (module load python/3.11, /opt/python/venv/bin/activate) do not count.
   std::ifstream in(resolvedPath, std::ios::binary);
   std::string head(64 * 1024, '\0');
   in.read(head.data(), static_cast<std::streamsize>(head.size()));
   head.resize(static_cast<size_t>(in.gcount()));
-  return head.rfind("#!", 0) == 0 && head.find("python") != std::string::npos;
+  if (head.rfind("#!", 0) != 0) return false;
+  std::istringstream lines(head);
+  std::string line;
+  std::getline(lines, line);
+  if (line.find("python") != std::string::npos) return true;
+  while (std::getline(lines, line)) {
+    const size_t first = line.find_first_not_of(" \t");
+    if (first == std::string::npos || line[first] == '#') continue;
+    for (char& c : line) {
+      if (c == ';' || c == '&' || c == '|' || c == '"' || c == '\'') c = ' ';
+    }
+    std::istringstream words(line);
+    for (std::string word; words >> word;) {
+      if (python(word)) return true;
+    }
+  }
+  return false;
 }
 
 namespace {

@@ -262,7 +262,7 @@ void WorkerSupervisor::onExit(Worker& worker) {
       }
       const std::map<pid_t, long long> ticks = treeCpuTicks(running);
       for (Worker& other : workers_) {
-        if (!other.exited && ticks.count(other.pid)) other.cpuTicks = ticks.at(other.pid);
+        if (!other.exited && ticks.count(other.pid)) other.cpuTicks = other.cpuTicksBefore = ticks.at(other.pid);
       }
     }
     return;

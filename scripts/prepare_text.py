@@ -27,7 +27,7 @@ Formats (DIR/meta.json always: level, vocab_size, token counts, itos for char, e
            256 bytes as Latin-1 characters there, gpt2 no meta.pkl (as nanoGPT's openwebtext).
 
 Memory: the inputs are read a chunk at a time (1 MiB), so a corpus of any size takes ~50 MB (the char
-level reads them twice: once for the vocabulary); the gpt2 level writes its tokens to a scratch file
+level reads them twice: once for the vocabulary; a pipe, <(zcat x.gz), is copied to $TMPDIR first); the gpt2 level writes its tokens to a scratch file
 in the staging folder and cuts the shards from it (the disk holds the tokens twice for a while), and
 gives tiktoken a long document in parts cut where GPT-2's BPE gives the same tokens (safe_cut).
 
@@ -122,8 +122,28 @@ def chunk_bytes():
     return max(1, int(os.environ.get("PREPARE_TEXT_CHUNK_BYTES", 1 << 20)))
 
 
-def check_inputs(paths):
-    """Every input is a readable, non-empty regular file: checked before anything is read or written."""
+# An input that can be read once only (a pipe: <(zcat corpus.gz), a FIFO) is copied to a file first,
+# a chunk at a time, and read from there: user path -> the copy.
+SPOOLED = {}
+
+
+def readable(path):
+    return SPOOLED.get(path, path)
+
+
+def spool(path, folder):
+    copy = os.path.join(folder, f"input_{len(SPOOLED)}")
+    try:
+        with open(path, "rb") as src, open(copy, "wb") as dst:
+            shutil.copyfileobj(src, dst, chunk_bytes())
+    except OSError as e:
+        raise BadInput(f"input {path} cannot be read ({e.strerror}); check its permissions")
+    SPOOLED[path] = copy
+
+
+def check_inputs(paths, scratch):
+    """Every input is a readable, non-empty file (a pipe is copied into `scratch` first): checked before
+    anything is written."""
     for path in paths:
         if not os.path.exists(path):
             raise BadInput(f"input {path} does not exist; pass the path of a text file")
@@ -134,8 +154,10 @@ def check_inputs(paths):
         if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISSOCK(mode):
             # /dev/zero would be read for ever; a terminal would wait for typing.
             raise BadInput(f"input {path} is a device or socket, not a text file; pass the path of a text file")
+        if stat.S_ISFIFO(mode) and path not in SPOOLED:
+            spool(path, scratch)
         try:
-            with open(path, "rb") as f:
+            with open(readable(path), "rb") as f:
                 empty = not f.read(1)
         except OSError as e:
             raise BadInput(f"input {path} cannot be read ({e.strerror}); check its permissions")
@@ -145,7 +167,7 @@ def check_inputs(paths):
 
 def byte_chunks(path):
     try:
-        with open(path, "rb") as f:
+        with open(readable(path), "rb") as f:
             while chunk := f.read(chunk_bytes()):
                 yield chunk
     except OSError as e:
@@ -254,15 +276,19 @@ def gpt2_encoding():
         tkload.read_file = read_file
 
 
-def safe_cut(text):
-    """Where a text may be cut so that GPT-2's BPE encodes the two parts as it would the whole: after a
-    newline between two non-whitespace characters (tiktoken's encode_ordinary splits the text with
-    GPT-2's pattern, then merges within each piece; such a newline is a piece of its own either way,
-    and the piece after it starts at the next character whole or cut). 0 when there is none."""
-    i = len(text) - 1
-    while (i := text.rfind("\n", 0, i)) > 0:
-        if not text[i - 1].isspace() and not text[i + 1].isspace():
-            return i + 1
+CUT_BEFORE = "\n\r\t\v\f"  # whitespace that no GPT-2 piece glues to the word after it (a space does: " word")
+
+
+def safe_cut(text, start=1):
+    """Where a text may be cut so that GPT-2's BPE encodes the two parts as it would the whole: before
+    the last character of a whitespace run when that character is a newline, tab or the like and a
+    non-space follows (tiktoken's encode_ordinary splits the text with GPT-2's pattern, then merges
+    within each piece: whole, the run's last character is a piece of its own, `\\s+` after
+    `\\s+(?!\\S)` took the rest; cut, the rest ends the first part, the same piece, and the
+    second part starts with the same one). Searched from the end down to `start`; 0 when none."""
+    for i in range(len(text) - 2, max(start, 1) - 1, -1):
+        if text[i] in CUT_BEFORE and not text[i + 1].isspace():
+            return i
     return 0
 
 
@@ -272,8 +298,9 @@ def gpt2_tokens(paths, enc):
         yield np.array([enc.eot_token], dtype="<u2")
         held = ""
         for text in text_chunks(path, "gpt2"):
+            searched = len(held)  # held holds no cut: only the new text (and its seam) is searched
             held += text
-            if cut := safe_cut(held):
+            if cut := safe_cut(held, searched - 1):
                 yield np.array(enc.encode_ordinary(held[:cut]), dtype="<u2")
                 held = held[cut:]
         if held:
@@ -349,15 +376,23 @@ def split_sizes(n, val_fraction):
 
 
 def prepare(args):
-    """Two passes at most over the inputs, a chunk at a time: the byte level knows its token count from
-    the files' sizes, the char level from a first pass that finds the vocabulary, and the gpt2 level
-    encodes once into a scratch file that is then cut into the shards."""
+    """The inputs a chunk at a time: the byte level reads them once (its token count is their size),
+    the char level twice (the vocabulary first), the gpt2 level twice (a UTF-8 check, then the encoding
+    into a scratch file that is cut into the shards). A pipe is copied to $TMPDIR first."""
     started = time.perf_counter()
     check_out(args.out)
-    check_inputs(args.inputs)
+    scratch = tempfile.mkdtemp(prefix="prepare_text.")  # pipes' copies, removed at the end
+    try:
+        return prepare_inputs(args, started, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def prepare_inputs(args, started, scratch):
+    check_inputs(args.inputs, scratch)
     extra, n, scratch = {}, None, None
     if args.level == "byte":
-        vocab_size, n = 256, sum(os.path.getsize(p) for p in args.inputs)
+        vocab_size, n = 256, sum(os.path.getsize(readable(p)) for p in args.inputs)
         stream = lambda: byte_tokens(args.inputs)
     elif args.level == "char":
         vocab, n = char_vocabulary(args.inputs)

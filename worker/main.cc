@@ -375,8 +375,9 @@ int main(int argc, char** argv) {
     what = what.substr(0, what.find('\n'));
     if (what.find("Expected more than 1 value per channel when training") != std::string::npos) {
       // BatchNorm in training on a batch of one sample: the epoch's last batch of a rank, mostly.
-      what += " (a batch of one sample reached a BatchNorm layer in training: a rank's last batch of the epoch "
-              "held 1 sample; choose a train.batch_size (or data.train_limit) that leaves no rank a last batch of 1)";
+      what += " (a batch of one sample reached a BatchNorm layer in training: train.batch_size 1, a rank's last "
+              "batch of the epoch holding 1 sample, or mode dp splitting a batch over more replicas than it has samples; "
+              "choose a train.batch_size (or data.train_limit) that gives every replica at least 2)";
     }
     const bool outOfMemory = dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr ||
                              what.find("can't allocate memory") != std::string::npos;

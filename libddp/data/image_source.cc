@@ -10,6 +10,8 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <mutex>
+#include <set>
 #include <system_error>
 #include <utility>
 
@@ -268,12 +270,20 @@ ImageDataset ImageDataset::folder(const std::string& root) {
                 "' has no .jpg/.jpeg/.png images; every class needs some (or remove the folder)");
     }
   }
-  if (otherFormats > 0 && launchEnv().rank == 0) {
+  // Once per folder in this process (the worker may list a split twice: to decide, then to load).
+  static std::mutex saidMutex;
+  static std::set<std::string> said;
+  bool first = false;
+  if (otherFormats + deadLinks > 0 && launchEnv().rank == 0) {
+    std::lock_guard<std::mutex> lock(saidMutex);
+    first = said.insert(root).second;
+  }
+  if (otherFormats > 0 && first) {
     spdlog::warn("data: '{}' holds {} image(s) in formats torchvision's ImageFolder reads but this does not (the "
                  "first: '{}'); only .jpg/.jpeg/.png are samples, these are left out: convert them to use them",
                  root, otherFormats, firstOther);
   }
-  if (deadLinks > 0 && launchEnv().rank == 0) {
+  if (deadLinks > 0 && first) {
     spdlog::warn("data: '{}' holds {} link(s) to images that do not exist (the first: '{}'); they are left out "
                  "(torchvision's ImageFolder lists them and fails when it reads one)", root, deadLinks, firstDead);
   }

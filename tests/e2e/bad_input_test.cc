@@ -197,7 +197,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"BatchOfOneIntoBatchNorm", [](const Fixture& f) {
                    return worker({"model.name=resnet18", "data.synthetic_train=18", "train.batch_size=4"}, f);
                  },
-                 "a rank's last batch of the epoch held 1 sample; choose a train.batch_size", 1},
+                 "a rank's last batch of the epoch holding 1 sample", 1},
         BadInput{"DivergingLearningRate", [](const Fixture& f) { return worker({"train.lr=1e30"}, f); },
                  "training diverged: a gradient is NaN or infinite at step 2 (epoch 0), so it was not applied", 1},
         BadInput{"DivergingLearningRateInDataParallel", [](const Fixture& f) { return worker({"mode=dp", "train.lr=1e30"}, f, 1); },

@@ -209,6 +209,10 @@ TEST(StreamedImages, SettingsThatDoNotFitAreOneLineExitTwo) {
        "data.stream: auto or true"},
       {{"data.stream=true", "data.image_size=0"}, "config: 'data.image_size' is needed with data.stream: true"},
       {{"data.stream=maybe"}, "config: 'data.stream' is 'maybe'; use auto"},
+      // Skipping bad images streams them, and a stream needs the size to resize them to.
+      {{"data.skip_bad_images=true", "data.image_size=0"},
+       "config: 'data.skip_bad_images' leaves bad images out as a stream meets them, and a stream resizes each image "
+       "to data.image_size, which is 0"},
   };
   for (const auto& [settings, line] : cases) {
     const auto r = test::runCommand(imageJob(1, out, settings), 120);

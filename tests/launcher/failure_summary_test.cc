@@ -147,6 +147,8 @@ TEST(FailureSummary, TableHasEveryRankItsLastLinesAndNamesTheStuckOnes) {
   const std::string script = joined(formatFailureSummary(attempt));
   EXPECT_NE(script.find("  7     1007  exit code 7, the same error as rank 5\n"), std::string::npos) << script;
   EXPECT_EQ(script.find(missing), script.rfind(missing)) << "shown once:\n" << script;
+  EXPECT_NE(script.find("1007  exit code 7, the same error as rank 5\n              | (the same lines as rank 5)\n"),
+            std::string::npos) << script;
   EXPECT_NE(script.find("rank 6 was still running when rank 5 failed"), std::string::npos)
       << "rank 6's last line is another, rank 7 not named:\n" << script;
   // Another code, or the same line ended by the signal: it may have been stuck, as before.

@@ -247,6 +247,7 @@ TEST_F(LaunchSupervisionTest, ANodeOtherThanNodeZeroWaitsForTheMasterAddressToRe
   LaunchSpec spec;
   spec.args = {"--nnodes=2", "--node_rank=1", "--master_addr=not-yet-a-host.invalid", "--master_port=29599",
                "/bin/sh", "-c", "touch \"" + dir_.file("started") + "\""};
+  spec.env["DDP_RDZV_TOKEN"] = "0123456789abcdef0123456789abcdef";  // a multi-node job's shared token
   spec.outputDir = dir_.path();
   LaunchedProcess launcher(spec);
   ASSERT_TRUE(launcher.waitForStderr("--master_addr 'not-yet-a-host.invalid' does not resolve yet (", seconds(10)))

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 
 namespace ddp::launcher {
@@ -69,7 +70,9 @@ TEST(WorkerEnv, APythonWorkerGetsTorchrunsLogLevelsAndNcclErrorHandling) {
 // Python under another name: a #! script, a shell entrypoint that execs python, env/nsys/uv given
 // python or a .py; not a program or a script that runs no Python (those may take the store socket).
 TEST(WorkerEnv, WorkersThatRunPythonAreKnownWhateverTheirName) {
-  const std::string dir = ::testing::TempDir();
+  std::string tmpl = ::testing::TempDir() + "worker_env_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+  const std::string dir = tmpl;
   const auto script = [&](const std::string& name, const std::string& text) {
     std::ofstream(dir + "/" + name) << text;
     return dir + "/" + name;
@@ -89,12 +92,18 @@ TEST(WorkerEnv, WorkersThatRunPythonAreKnownWhateverTheirName) {
   EXPECT_TRUE(runs("uv", {"run", "train.py"}, "/usr/bin/uv"));
   EXPECT_FALSE(runs("./worker", {"config.yaml", "train.lr=0.1"}, "/bin/sh"));  // a program: its bytes are not read as a script
   EXPECT_FALSE(runs("./run.sh", {"config.yaml"}, script("run.sh", "#!/bin/sh\nexec ./build/worker \"$@\"\n")));
+  // A wrapper of a C++ worker that only mentions python keeps the launcher's store socket.
+  EXPECT_FALSE(runs("./hpc.sh", {"config.yaml"},
+                    script("hpc.sh", "#!/bin/bash\n# needs python for the data step\nmodule load python/3.11\n"
+                                     "source /opt/python/venv/bin/activate\nexec ./build/worker \"$@\"\n")));
+  EXPECT_TRUE(runs("./conda.sh", {}, script("conda.sh", "#!/bin/bash\nconda run -n torch python -u train.py\n")));
   // Its environment is torchrun's.
   o.worker = "./train";
   o.workerArgs = {};
   o.workerRunsPython = true;
   EXPECT_EQ(workerEnvironment(o, 0, 29123, {}).at("TORCH_NCCL_ASYNC_ERROR_HANDLING"), "1");
   EXPECT_EQ(workerEnvironment(o, 0, 29123, {}).count("TORCH_CPP_LOG_LEVEL"), 0u);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(WorkerEnv, TellsTheWorkersWhetherTheConsoleIsATerminal) {

@@ -315,14 +315,16 @@ class PrepareText(unittest.TestCase):
             self.assert_refused([bad, "--level", level], bad, "not UTF-8", "byte 12", env=env)
 
     def test_gpt2_documents_cut_only_where_bpe_cannot_tell(self):
-        """A long document goes to the encoder in parts cut after a newline between two non-space
-        characters: GPT-2's pattern makes such a newline a piece of its own, so encoding the parts
-        gives the whole's tokens (checked once with the regex module on the fortunes corpus: 101476
-        such cuts, the same pieces; cutting after every newline gives other pieces)."""
+        """A long document goes to the encoder in parts cut before a newline (or \\r, \\t) that a
+        non-space follows: GPT-2's pattern makes it a piece of its own, so encoding the parts gives the
+        whole's tokens (checked once with the regex module on the fortunes, as they are, with CRLF
+        line ends and with every newline doubled: 134694 cuts each, the same pieces; cutting after
+        every newline gives other pieces)."""
         spec = importlib.util.spec_from_file_location("prepare_text", SCRIPT)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        doc = "One line.\nTwo  \nthree\n\nfour\n five\nsix\tseven\nend" * 4
+        doc = ("One line.\nTwo  \nthree\n\nfour\n five\nsix\tseven\nend" * 4
+               + "Windows\r\nline\r\n\r\nends\r\n" * 4)  # CRLF and blank lines: cut too, not held whole
         path = self.write("doc.txt", doc)
         given = []
 
@@ -340,10 +342,25 @@ class PrepareText(unittest.TestCase):
             del os.environ["PREPARE_TEXT_CHUNK_BYTES"]
         self.assertEqual(tokens, [7] + [ord(c) for c in doc])
         self.assertEqual("".join(given), doc)
-        self.assertGreater(len(given), 4)  # parts, not the whole document at once
-        for part, following in zip(given, given[1:]):
-            self.assertTrue(part.endswith("\n") and not part[-2].isspace() and not following[0].isspace(),
-                            (part, following))
+        self.assertGreater(len(given), 8)  # parts, not the whole document at once
+        self.assertTrue(any("\r" in part for part in given[1:-1]), given)
+        for following in given[1:]:  # each part after the first starts with \n, \r or \t, then a non-space
+            self.assertTrue(following[0] in "\n\r\t\v\f" and not following[1].isspace(), following)
+
+    def test_a_pipe_is_read_once(self):
+        """<(zcat corpus.gz) or a FIFO: read once (copied first), the tokens those of its text."""
+        text = "piped text, read once\n" * 50
+        fifo = os.path.join(self.dir, "pipe")
+        os.mkfifo(fifo)
+        writer = subprocess.Popen(["/bin/sh", "-c", f'printf "%s" "$0" > {fifo}', text])
+        out = os.path.join(self.dir, "out")
+        self.prepare(fifo, "--out", out, "--level", "char")
+        writer.wait(timeout=30)
+        itos = sorted(set(text))
+        n_train = int(len(text) * 0.9)
+        tokens = np.concatenate(self.llmc_split(out, "train") + self.llmc_split(out, "val"))
+        self.assert_same(tokens.tolist(), [itos.index(c) for c in text])
+        self.assertEqual(load_json(os.path.join(out, "meta.json"))["tokens"], {"train": n_train, "val": len(text) - n_train})
 
     def test_memory_does_not_grow_with_the_input(self):
         """Peak memory (the script's VmHWM) for 24 MB of text stays within a few MB of that for

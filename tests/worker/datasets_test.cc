@@ -66,7 +66,6 @@ std::vector<RankResult> loadOnRanks(const DataConfig& config, int ranks) {
   return results;
 }
 
-// The worker's config header keeps the library's image headers out, so it repeats the limit.
 // The evaluation split of an ImageFolder root: val/ (torchvision's ImageNet), else test/; with both
 // val/ (an ImageNet copy may carry an unlabelled test/); with neither one line naming both.
 TEST(ImageFolderLayout, ValIsEvaluatedBeforeTestAndNeitherIsOneLine) {
@@ -90,6 +89,7 @@ TEST(ImageFolderLayout, ValIsEvaluatedBeforeTestAndNeitherIsOneLine) {
   fs::remove_all(root);
 }
 
+// The worker's config header keeps the library's image headers out, so it repeats the limit.
 TEST(ImageDecodeLimit, TheConfigsDefaultIsTheLibrarys) {
   EXPECT_EQ(DataConfig{}.maxImagePixels, ddp::kMaxImagePixels);
 }

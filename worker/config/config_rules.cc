@@ -98,6 +98,10 @@ void validateImageStream(const WorkerConfig& c) {
   require(d.stream != "false" || !d.skipBadImages, "data.skip_bad_images",
           "skips bad images met while streaming; with data.stream: false every image is decoded at start-up, where "
           "a bad one is named and ends the job");
+  // auto streams to skip them, and a stream resizes every image to data.image_size.
+  require(d.stream != "auto" || !d.skipBadImages || d.imageSize > 0 || !d.trainFiles.empty(), "data.skip_bad_images",
+          "leaves bad images out as a stream meets them, and a stream resizes each image to data.image_size, which "
+          "is 0; set data.image_size (e.g. 224), or data.skip_bad_images: false");
   require(d.stream == "false" || d.trainTransform == "none" || d.imageSize > 0, "data.image_size",
           "is needed with data.train_transform: imagenet: the side of the crops, e.g. 224");
   require(d.stream != "true" || d.imageSize > 0, "data.image_size",

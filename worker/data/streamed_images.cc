@@ -109,7 +109,10 @@ std::string imageFolderEvalDir(const std::string& root) {
   if (fs::is_directory(val)) {
     if (fs::is_directory(test) && launchEnv().rank == 0) {
       static std::once_flag said;
-      std::call_once(said, [&] { spdlog::info("data: evaluating on {} ({} is left alone)", val.string(), test.string()); });
+      std::call_once(said, [&] {
+        spdlog::warn("data: {} and {} both exist: evaluating on {} (torchvision's ImageNet layout; {} is left alone)",
+                     val.string(), test.string(), val.string(), test.string());
+      });
     }
     return val.string();
   }
@@ -158,7 +161,7 @@ bool streamsImages(const DataConfig& config, const ImageIndex& index, std::strin
   if (!config.trainFiles.empty()) return say("tar shards are read as a stream");
   if (config.trainTransform == "imagenet") return say("data.train_transform: imagenet crops each image anew");
   // Only a stream meets its bad images one by one; decoding the set up front stops at the first.
-  if (config.skipBadImages) return say("data.skip_bad_images: bad images are left out as the batches meet them");
+  if (config.skipBadImages) return say("data.skip_bad_images: bad images are left out as the batches meet them");  // needs image_size (a config rule)
   const double budget = config.memoryBudgetMb > 0 ? static_cast<double>(config.memoryBudgetMb) * 1024 * 1024
                                                   : hostMemoryBytes() / 4;
   const double bytes = decodedBytes(config, index);

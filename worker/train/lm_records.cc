@@ -54,7 +54,7 @@ LanguageModelRecords::LanguageModelRecords(const WorkerConfig& config, const Dat
     o.world = group.size();
     // The split's consecutive windows, each once (llm.c's val loader); a split too short for one
     // step's worth gives random windows that overlap (nanoGPT's estimate_loss draws those whatever
-    // the length), the same ones at every evaluation: iteration k draws (data.seed, rank, k).
+    // the length), the same ones at every evaluation: iteration k draws (seed, rank, k).
     int64_t windows = 0;
     for (const auto& shard : val_->shards()) windows += std::max<int64_t>(shard.size() - 1, 0) / blockSize_;
     const bool overlapping = windows < o.batchSize * o.world;
