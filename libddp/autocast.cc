@@ -23,6 +23,11 @@ const char* dtypeName(at::ScalarType t) {
   }
 }
 
+bool processSeesCuda() {
+  static const bool sees = cudaDeviceCount() > 0;
+  return sees;
+}
+
 }  // namespace
 
 bool Autocast::supports(c10::DeviceType deviceType, at::ScalarType dtype) {
@@ -37,9 +42,10 @@ Autocast::Autocast(c10::DeviceType deviceType, at::ScalarType dtype, bool enable
               dtypeName(dtype), " (CUDA: float16 or bfloat16; CPU: bfloat16",
               compat::kCpuAutocastHalf ? " or float16" : "", ")");
   }
-  if (enabled && deviceType == c10::DeviceType::CUDA && cudaDeviceCount() == 0) {
-    // torch.autocast("cuda") without CUDA warns and disables itself; a loop that autocasts CUDA
-    // while its model runs on the CPU would otherwise train in fp32 without a word.
+  // torch.autocast("cuda") without CUDA warns and disables itself; a loop that autocasts CUDA
+  // while its model runs on the CPU would otherwise train in fp32 without a word. Asked once: an
+  // Autocast is made every step, and the devices a process sees do not change.
+  if (enabled && deviceType == c10::DeviceType::CUDA && !processSeesCuda()) {
     static std::once_flag said;
     std::call_once(said, [] {
       spdlog::warn("ddp::Autocast(kCUDA, ...): this process sees no CUDA device, so it does nothing (as "
