@@ -14,6 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/temp_dir.h"
+
 namespace ddp::launcher {
 namespace {
 
@@ -90,8 +92,7 @@ void removeOrphanedErrorDirs(const std::string& tmp, const std::string& prefix) 
 }  // namespace
 
 ErrorFiles::ErrorFiles() {
-  const char* tmpEnv = std::getenv("TMPDIR");
-  const std::string tmp = tmpEnv != nullptr && *tmpEnv != '\0' ? tmpEnv : "/tmp";
+  const std::string tmp = ddp::temporaryRoot();
   const std::string prefix = hostPrefix();
   removeOrphanedErrorDirs(tmp, prefix);
   std::string pattern = tmp + "/" + prefix + std::to_string(::getpid()) + "-XXXXXX";

@@ -165,7 +165,9 @@ std::vector<std::string> formatFailureSummary(const AttemptReport& attempt) {
     if (!rank.errorFile.empty() && !failedLikeTheFirst(rank, attempt)) {
       lines.push_back(outputIndent + "error file: " + rank.errorFile);
     }
-    if (rank.lastLines.empty()) lines.push_back(outputIndent + "(no output)");
+    // A rank that failed as the first did needs no line of its own (a worker's other ranks refuse a
+    // bad config silently, into their error files).
+    if (rank.lastLines.empty() && !failedLikeTheFirst(rank, attempt)) lines.push_back(outputIndent + "(no output)");
     // Without error files, a rank that failed as the first did shows only the lines the first's
     // output has not shown.
     const bool sameAsFirst = failedLikeTheFirst(rank, attempt) && rank.errorFile.empty();

@@ -18,6 +18,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
+#include "common/temp_dir.h"
 #include "launcher/elastic.h"
 #include "launcher/gpu_launch.h"
 #include "launcher/launch_options.h"
@@ -39,8 +40,7 @@ constexpr double kMasterAddressWaitS = 600;
 struct TemporaryLogDir {
   std::string dir;
   std::string make() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/ddp-launch-logs-XXXXXX";
+    std::string pattern = ddp::temporaryRoot() + "/ddp-launch-logs-XXXXXX";
     if (::mkdtemp(pattern.data()) == nullptr) {
       DDP_THROW(ddp::ConfigError, "--tee/--redirects without --log_dir: cannot make a log directory like ", pattern,
                 " (", std::strerror(errno), "); give --log_dir=DIR");

@@ -9,14 +9,16 @@
 #include <cmath>
 
 #include "common/error.h"
+#include "libddp/distinct_tensors.h"
 #include "libddp/fsdp/sharded_parameter.h"
 
 namespace ddp {
 
-at::Tensor clipGradNorm(const std::vector<at::Tensor>& params, double maxNorm) {
+at::Tensor clipGradNorm(const std::vector<at::Tensor>& given, double maxNorm) {
   if (!(maxNorm > 0) || !std::isfinite(maxNorm)) {
     DDP_THROW(ConfigError, "ddp::clipGradNorm: maxNorm must be a positive finite number (got ", maxNorm, ")");
   }
+  const std::vector<at::Tensor> params = internal::distinctTensors(given);  // a tied weight counts once
   for (const auto& p : params) {
     // A unit's rows on this rank: the norm of the rows would be this rank's part of the norm only.
     const auto shard = fsdp::shardOfParameter(p);

@@ -19,6 +19,8 @@
 #include <utility>
 
 #include "common/error.h"
+#include "libddp/checkpoint/state_dict_loader.h"
+#include "libddp/distinct_tensors.h"
 #include "libddp/fsdp/sharded_parameter.h"
 #include "libddp/fsdp/unit.h"
 
@@ -346,10 +348,11 @@ void FullyShardedUnit::setRequiresGradientSync(bool requiresSync, bool recurse) 
   visit(*impl_->module);
 }
 
-at::Tensor clipGradNorm(const std::vector<at::Tensor>& params, double maxNorm, ProcessGroup& group) {
+at::Tensor clipGradNorm(const std::vector<at::Tensor>& given, double maxNorm, ProcessGroup& group) {
   if (!(maxNorm > 0) || !std::isfinite(maxNorm)) {
     DDP_THROW(ConfigError, "ddp::clipGradNorm: maxNorm must be a positive finite number (got ", maxNorm, ")");
   }
+  const std::vector<at::Tensor> params = internal::distinctTensors(given);  // a tied weight counts once
   c10::NoGradGuard noGrad;
   std::vector<at::Tensor> grads;
   for (const auto& p : params) {
@@ -412,8 +415,12 @@ StateDict fullStateDict(const torch::nn::Module& model) {
   return out;
 }
 
-void loadFullStateDict(torch::nn::Module& model, const StateDict& state) {
+void loadFullStateDict(torch::nn::Module& model, const StateDict& given) {
   c10::NoGradGuard noGrad;
+  // A DDP or DataParallel module's keys ("module.fc.weight") and torch.compile's ("_orig_mod.")
+  // name the model's own, as ddp::loadModel reads them.
+  StateDict state;
+  for (const auto& [key, value] : given) state[checkpoint::stripWrapperPrefix(key)] = value;
   // Every key and shape first: a bad file changes nothing.
   auto entry = [&](const std::string& key, at::IntArrayRef shape) -> const at::Tensor& {
     auto it = state.find(key);
@@ -434,6 +441,17 @@ void loadFullStateDict(torch::nn::Module& model, const StateDict& state) {
     entry(item.key(), unit ? at::IntArrayRef(unit->layout[index].fullShape) : item.value().sizes());
   }
   for (const auto& item : buffers) entry(item.key(), item.value().sizes());
+  // Strict, as set_model_state_dict and load_state_dict are: a key the model does not have is
+  // another model's (or a renamed module's) weight that would be dropped silently.
+  std::vector<std::string> unexpected;
+  for (const auto& [key, value] : state) {
+    if (params.find(key) == nullptr && buffers.find(key) == nullptr) unexpected.push_back(key);
+  }
+  if (!unexpected.empty()) {
+    DDP_THROW(ConfigError, "ddp::loadFullStateDict(", model.name(), "): the state dict has '", unexpected.front(), "'",
+              unexpected.size() > 1 ? " and " + std::to_string(unexpected.size() - 1) + " more key(s)" : "",
+              " that the model does not have; is it this model's?");
+  }
   for (const auto& item : params) {
     auto [unit, index] = ownerOf(item.value());
     if (!unit) {

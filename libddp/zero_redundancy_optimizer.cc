@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "ddp/fused_optim.h"
+#include "libddp/fsdp/sharded_parameter.h"
 #include "libddp/internal.h"
 
 namespace ddp {
@@ -70,6 +71,17 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<torch::optim::Optim
   for (const auto& g : param_groups()) count += g.params().size();
   if (count == 0) DDP_THROW(ConfigError, "ddp::ZeroRedundancyOptimizer: no parameters to optimize");
   if (!make) DDP_THROW(ConfigError, "ddp::ZeroRedundancyOptimizer: no optimizer factory");
+  for (const auto& g : param_groups()) {
+    for (const auto& p : g.params()) {
+      // Each rank holds other rows of a unit's parameters: broadcasting an owner's rows would write
+      // them over the others' (wrong weights, silently, where the shards' shapes agree).
+      if (const auto shard = fsdp::shardOfParameter(p)) {
+        DDP_THROW(ConfigError, "ddp::ZeroRedundancyOptimizer: a parameter of the ddp::fullyShard unit ", shard->unit,
+                  " is given; a fully sharded unit already shards its gradients and optimizer state (each rank "
+                  "steps its own rows): use a plain optimizer (torch::optim::AdamW, ddp::FusedAdamW) on the sharded model");
+      }
+    }
+  }
   impl_->shards.resize(static_cast<size_t>(impl_->group.size()));
   impl_->sizes.assign(static_cast<size_t>(impl_->group.size()), 0);
   std::vector<torch::optim::OptimizerParamGroup> localGroups;

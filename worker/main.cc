@@ -52,6 +52,10 @@ constexpr double kMiB = 1024.0 * 1024.0;
 
 // What the out-of-memory line tells the user to shrink: the configured model's size keys.
 std::string gSmallerModel = "a smaller model";
+// A config that does not load fails every rank alike (the same file and overrides): under a launcher
+// that collects the ranks' error files (ddp-launch, torchrun), only each host's first rank prints
+// the line, the others record it for the launcher's summary (8 ranks printed it 8 times).
+bool gConfigErrorRecordedOnly = false;
 
 /// Mode eval and dp run one process: its group is a group of one (no network) on `device`.
 ddp::ProcessGroup startGroupOfOne(const std::string& device, std::optional<int> legacyLocalRank) {
@@ -280,7 +284,10 @@ int runWorker(std::vector<std::string> args) {
                                : "%H:%M:%S.%e [rank " + std::to_string(env.rank) + "] %^%l%$ %v");
 
   const std::vector<std::string> overrides(args.begin() + 1, args.end());
+  const char* errorFile = std::getenv("TORCHELASTIC_ERROR_FILE");
+  gConfigErrorRecordedOnly = env.localRank != 0 && errorFile != nullptr && *errorFile != '\0';
   const WorkerConfig config = loadConfig(args[0], overrides);
+  gConfigErrorRecordedOnly = false;  // later errors may be this rank's own (its device, its files)
   gSmallerModel = smallerModelKeys(config.model);
   checkInputPaths(config);
   applyNumerics(config);
@@ -349,10 +356,10 @@ static void recordError(const std::string& line) {
   std::ofstream(path) << data.dump();
 }
 
-// Prints the worker's one-line error, records it, and returns the exit code.
-static int fail(const std::string& line, int code) {
+// Prints the worker's one-line error (unless `recordOnly`), records it, and returns the exit code.
+static int fail(const std::string& line, int code, bool recordOnly = false) {
   ddp::worker::removeUnusedOutputDirs();  // nothing written: nothing left behind
-  std::cerr << line << std::endl;
+  if (!recordOnly) std::cerr << line << std::endl;
   recordError(line);
   return code;
 }
@@ -368,7 +375,7 @@ int main(int argc, char** argv) {
   try {
     return runWorker(std::move(args));
   } catch (const ddp::ConfigError& e) {
-    return fail("worker: " + inConfigTerms(e.what()), 2);
+    return fail("worker: " + inConfigTerms(e.what()), 2, gConfigErrorRecordedOnly);
   } catch (const c10::Error& e) {
     // LibTorch's own errors: the message without its C++ backtrace, on one line.
     std::string what = inConfigTerms(e.what_without_backtrace());

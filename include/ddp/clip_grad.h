@@ -13,7 +13,9 @@ namespace ddp {
 /// PyTorch's clip_grad_norm_(params, max_norm) does (same kernels, same order: equal bits on the
 /// CPU). Returns the norm before clipping as a 0-dim tensor where the gradients live: reading it
 /// (item()) waits for a GPU, so read it at log steps only. A NaN or infinite norm makes every
-/// gradient NaN, as in PyTorch (error_if_nonfinite=False). Throws ConfigError for maxNorm <= 0,
+/// gradient NaN, as in PyTorch (error_if_nonfinite=False). A tensor listed twice counts once (a
+/// weight tied into two modules, which LibTorch's parameters() lists under both names where
+/// Python's model.parameters() yields it once). Throws ConfigError for maxNorm <= 0,
 /// and for rows of a ddp::fullyShard unit (their norm needs the group: the overload in
 /// <ddp/fully_shard.h>).
 at::Tensor clipGradNorm(const std::vector<at::Tensor>& params, double maxNorm);

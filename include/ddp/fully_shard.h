@@ -226,9 +226,9 @@ at::Tensor clipGradNorm(const std::vector<at::Tensor>& params, double maxNorm, P
 StateDict fullStateDict(const torch::nn::Module& model);
 
 /// set_model_state_dict with a full state dict (fullStateDict's, or a DDP or single-process run's
-/// state dict): each rank copies its rows of every sharded parameter, and the other parameters
-/// and buffers whole. Not a collective. ConfigError naming a missing or mis-shaped key, before
-/// anything is changed.
+/// state dict, its keys' "module." / "_orig_mod." prefixes dropped): each rank copies its rows of
+/// every sharded parameter, and the other parameters and buffers whole. Not a collective. Strict:
+/// ConfigError naming a missing, mis-shaped or unexpected key, before anything is changed.
 void loadFullStateDict(torch::nn::Module& model, const StateDict& state);
 
 /// A module and its unit in one, as DistributedDataParallel<Model>: `ddp::FullyShard<Block>

@@ -36,7 +36,8 @@ struct OptimizerOf<torch::optim::AdamWOptions> { using type = torch::optim::Adam
 /// elements so far). step(): the shard's step, then every rank broadcasts its shard (one coalesced
 /// broadcast per rank). zero_grad() clears every gradient. Collective: every rank steps together;
 /// gradients must be equal on every rank (as DDP leaves them). The result equals the unsharded
-/// optimizer's, with about 1/size() of its state per rank.
+/// optimizer's, with about 1/size() of its state per rank. ConfigError for parameters of a
+/// ddp::fullyShard unit (each rank holds other rows; the unit shards their state already).
 class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
  public:
   /// The local optimizer over one shard: its parameter groups mirror param_groups() (possibly empty).

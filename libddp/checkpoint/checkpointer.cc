@@ -27,6 +27,28 @@
 namespace ddp {
 namespace {
 
+// "the 2nd epoch": epochs counted from 1 in words, so the line reads the same to a loop that numbers
+// them from 0 (TrainPosition, DistributedSampler::set_epoch) and to one that prints "epoch 1/3".
+std::string nthEpoch(int64_t epoch) {
+  const int64_t n = epoch + 1;
+  const char* suffix = "th";
+  if (n % 100 < 11 || n % 100 > 13) {
+    if (n % 10 == 1) suffix = "st";
+    else if (n % 10 == 2) suffix = "nd";
+    else if (n % 10 == 3) suffix = "rd";
+  }
+  return "the " + std::to_string(n) + suffix + " epoch";
+}
+
+// "global step 20, 4 steps into the 2nd epoch" / "global step 13, at the start of the 2nd epoch".
+std::string describePosition(const TrainPosition& position) {
+  std::string out = "global step " + std::to_string(position.globalStep) + ", ";
+  if (position.stepInEpoch == 0) return out.append("at the start of ").append(nthEpoch(position.epoch));
+  return out.append(std::to_string(position.stepInEpoch))
+      .append(position.stepInEpoch == 1 ? " step into " : " steps into ")
+      .append(nthEpoch(position.epoch));
+}
+
 // What a checkpoint holds of this rank: its model and optimizer entries (ZeRO's gathered shards
 // when given), the position, the generators and the scaler.
 checkpoint::TrainingState trainingState(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
@@ -292,8 +314,7 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
     }
     if (group.rank() == 0) {
       prune(path);
-      spdlog::info("checkpoint {} ({} ranks' shards; epoch {} step {})", path, group.size(), position.epoch,
-                   position.stepInEpoch);
+      spdlog::info("checkpoint {} ({} ranks' shards; {})", path, group.size(), describePosition(position));
     }
     lastSavedStep_ = position.globalStep;
     return path;
@@ -310,7 +331,7 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
         rethrowSaveError(e, dir, options_.keepLast);
       }
       prune(path);
-      spdlog::info("checkpoint {} (epoch {} step {})", path, position.epoch, position.stepInEpoch);
+      spdlog::info("checkpoint {} ({})", path, describePosition(position));
     } catch (const Error& e) {
       error = e.what();
     }
@@ -414,17 +435,17 @@ TrainPosition Checkpointer::resumeFrom(const std::string& path, torch::nn::Modul
   if (state.worldSize != group.size() && position.epochSamples >= 0) {
     // The position is global (positions of the epoch's permutation): the new world continues it.
     if (group.rank() == 0) {
-      spdlog::info("resume: {} was written by {} ranks, this job has {}; epoch {} continues after the {} samples of "
+      spdlog::info("resume: {} was written by {} ranks, this job has {}; {} continues after the {} samples of "
                    "its permutation already seen, dealt out over the {} ranks",
-                   path, state.worldSize, group.size(), state.epoch, position.epochSamples, group.size());
+                   path, state.worldSize, group.size(), nthEpoch(state.epoch), position.epochSamples, group.size());
     }
   } else if (state.worldSize != group.size()) {
     // An older checkpoint: the shards depend on the world size, so the saved step means nothing now.
     if (group.rank() == 0) {
       spdlog::warn("resume: {} was written by {} ranks, this job has {}, and holds no global sample position "
                    "(TrainPosition::epochSamples was -1 when it was saved, or the file predates it): restarting "
-                   "epoch {} from its first batch",
-                   path, state.worldSize, group.size(), state.epoch);
+                   "{} from its first batch",
+                   path, state.worldSize, group.size(), nthEpoch(state.epoch));
     }
     position.stepInEpoch = 0;
   }
@@ -437,8 +458,7 @@ TrainPosition Checkpointer::resumeFrom(const std::string& path, torch::nn::Modul
     checkpoint::recordResume(options_.dir, position.globalStep);
   }
   if (group.rank() == 0) {
-    spdlog::info("resumed from {} at epoch {} step {} (global step {})", path, position.epoch, position.stepInEpoch,
-                 position.globalStep);
+    spdlog::info("resumed from {} at {}", path, describePosition(position));
   }
   return position;
 }

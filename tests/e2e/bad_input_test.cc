@@ -199,7 +199,7 @@ INSTANTIATE_TEST_SUITE_P(
                  },
                  "a rank's last batch of the epoch holding 1 sample", 1},
         BadInput{"DivergingLearningRate", [](const Fixture& f) { return worker({"train.lr=1e30"}, f); },
-                 "training diverged: a gradient is NaN or infinite at step 2 (epoch 0), so it was not applied", 1},
+                 "training diverged: a gradient is NaN or infinite at step 2 (epoch 1), so it was not applied", 1},
         BadInput{"DivergingLearningRateInDataParallel", [](const Fixture& f) { return worker({"mode=dp", "train.lr=1e30"}, f, 1); },
                  "training diverged: a gradient is NaN or infinite at step", 1},
         BadInput{"InfiniteLearningRate", [](const Fixture& f) { return worker({"train.lr=.inf"}, f); }, "'train.lr' must be a finite number", 2},
@@ -391,6 +391,26 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"ExportNameTooLong", [](const Fixture& f) { return worker({"output.export=" + std::string(300, 'x')}, f); },
                  "config: 'output.export': cannot create", 2}),
     [](const auto& info) { return info.param.name; });
+
+// A config every rank refuses alike is printed by the host's first rank only (the others record it
+// in their error files for the launcher's summary), not once per rank; the launcher's line names it.
+// (Rank 0 may be stopped by the launcher before it prints, when another rank fails first: at most once.)
+TEST(BadInput, AConfigErrorIsPrintedOnceNotOncePerRank) {
+  const std::string dir = test::makeTempDir("bad_once");
+  const auto r = test::runCommand({DDP_LAUNCH_BIN, "--nproc_per_node=4", DDP_WORKER_BIN, kConfig,
+                                   "output.dir=" + dir + "/out", "trian.lr=0.1"},
+                                  90);
+  EXPECT_EQ(r.exitCode, 2) << r.output;
+  const std::string line = "worker: config: unknown key 'trian.lr' (command-line override) (did you mean 'train.lr'?)";
+  size_t printed = 0;
+  for (size_t at = r.output.find("] " + line); at != std::string::npos; at = r.output.find("] " + line, at + 1)) {
+    ++printed;
+  }
+  EXPECT_LE(printed, 1u) << r.output;
+  EXPECT_EQ(r.output.find("[rank 1] " + line), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("failed with exit code 2: " + line), std::string::npos) << r.output;
+  fs::remove_all(dir);
+}
 
 }  // namespace
 }  // namespace ddp

@@ -205,11 +205,11 @@ TEST_P(ResumeAtAnotherWorldSize, EveryEpochSeesEverySampleOnce) {
   ASSERT_EQ(a.exitCode, 0) << a.output;
   const auto b = run(2, "b", {"train.max_steps=12", "resume=auto"});
   ASSERT_EQ(b.exitCode, 0) << b.output;
-  EXPECT_NE(b.output.find("was written by 4 ranks, this job has 2; epoch 0 continues after the 64 samples"),
+  EXPECT_NE(b.output.find("was written by 4 ranks, this job has 2; the 1st epoch continues after the 64 samples"),
             std::string::npos) << b.output;
   const auto c = run(3, "c", {"resume=auto"});
   ASSERT_EQ(c.exitCode, 0) << c.output;
-  EXPECT_NE(c.output.find("was written by 2 ranks, this job has 3; epoch 1 continues after the 24 samples"),
+  EXPECT_NE(c.output.find("was written by 2 ranks, this job has 3; the 2nd epoch continues after the 24 samples"),
             std::string::npos) << c.output;
   // Steps: 4 at world 4; epoch 0's other 36 samples at world 2 (18 per rank: 5 steps), epoch 1 at
   // world 2 to step 12; its other 76 samples at world 3 (26 per rank, 7 steps), epoch 2 at world 3
@@ -252,6 +252,59 @@ TEST_P(ResumeAtAnotherWorldSize, EveryEpochSeesEverySampleOnce) {
 }
 
 INSTANTIATE_TEST_SUITE_P(UnevenInputs, ResumeAtAnotherWorldSize, ::testing::Values("pad", "join"));
+
+// output.sample_log: a fresh run's logs are its own (an earlier run's lines, and the files of ranks
+// an earlier, larger run had, are gone); a resumed run appends after a line naming itself.
+TEST(SampleLog, AFreshRunStartsItsLogsAndAResumedRunContinuesThem) {
+  const std::string base = tempDir();
+  const std::string out = base + "/out";
+  fs::create_directories(out);
+  for (int r : {0, 2, 3}) {
+    std::ofstream(out + "/samples_rank" + std::to_string(r) + ".txt") << "# restart 0 world 4\n0 1 7 7 7\n";
+  }
+  auto args = trainArgs(out, base + "/ckpt");
+  args.push_back("output.sample_log=true");
+  auto lines = [&](int rank) {
+    std::vector<std::string> all;
+    std::ifstream in(out + "/samples_rank" + std::to_string(rank) + ".txt");
+    for (std::string line; std::getline(in, line);) all.push_back(line);
+    return all;
+  };
+  auto first = args;
+  first.push_back("train.max_steps=3");
+  const auto a = launch(2, first);
+  ASSERT_EQ(a.exitCode, 0) << a.output;
+  EXPECT_FALSE(fs::exists(out + "/samples_rank2.txt"));
+  EXPECT_FALSE(fs::exists(out + "/samples_rank3.txt"));
+  for (int r : {0, 1}) {
+    const auto got = lines(r);
+    ASSERT_EQ(got.size(), 4u) << "rank " << r;  // its header and its 3 steps, of 8 samples each
+    EXPECT_EQ(got[0], "# restart 0 world 2");
+    for (int step = 1; step <= 3; ++step) {
+      std::istringstream fields(got[static_cast<size_t>(step)]);
+      int64_t epoch = -1, at = -1, index = 0, count = 0;
+      fields >> epoch >> at;
+      while (fields >> index) ++count;
+      EXPECT_EQ(epoch, 0);
+      EXPECT_EQ(at, step);
+      EXPECT_EQ(count, 8);
+    }
+  }
+  // Another fresh run (checkpoints every 4 steps: one at step 4), then a resume from it.
+  auto second = args;
+  second.push_back("train.max_steps=6");
+  ASSERT_EQ(launch(2, second).exitCode, 0);  // a fresh run again (no resume): starts anew
+  EXPECT_EQ(lines(0).size(), 7u);
+  auto third = args;
+  third.insert(third.end(), {"train.max_steps=8", "resume=auto"});  // resumes from step 4
+  const auto c = launch(2, third);
+  ASSERT_EQ(c.exitCode, 0) << c.output;
+  const auto got = lines(0);
+  ASSERT_EQ(got.size(), 7u + 1 + 4) << c.output;
+  EXPECT_EQ(got[7], "# restart 0 world 2");
+  EXPECT_EQ(got[8].substr(0, 4), "0 5 ");
+  fs::remove_all(base);
+}
 
 TEST(CheckpointSchedule, EveryEpochSavesAtEpochEndsAsTheStartOfTheNext) {
   const std::string base = tempDir();

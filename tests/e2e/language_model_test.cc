@@ -181,6 +181,16 @@ TEST(LanguageModel, GenerateWritesSamplesThatStartWithThePromptAndRepeatWithTheS
   EXPECT_NE(other.output.find("beside data.train_files has 256: the model was trained on other data"),
             std::string::npos)
       << other.output;
+  // Another n_head fits every tensor of the export, a plain state dict that records no settings;
+  // the resolved config its run left beside it refuses it (it sampled with 4 heads before).
+  auto heads = gptJob(1, out, {"mode=generate", "generate.num_samples=1", "model.n_head=4"});
+  heads.erase(heads.begin(), heads.begin() + 2);
+  const auto h = test::runCommand(heads, 120);
+  EXPECT_EQ(h.exitCode, 1) << h.output;
+  EXPECT_NE(h.output.find("model.pt': the GPT that wrote it differs from this run's model.* (the config.resolved.yaml "
+                          "of the run that wrote it vs this run's): n_head 2 vs 4"),
+            std::string::npos)
+      << h.output;
   // Ctrl-C while sampling: the sample being made is finished, generated.json keeps those made (the
   // first one is seed 5's first again), exit 130 as a training run stopped by it.
   auto many = gptJob(1, out, {"mode=generate", "generate.start=The", "generate.num_samples=100000",

@@ -132,6 +132,30 @@ TEST(StreamedImages, EqualTheInMemoryPathOnTheSamePictures) {
   fs::remove_all(memory);
 }
 
+// mode eval reads the evaluation split only: a root with val/ alone (the classes its folders, as
+// torchvision's ImageFolder(root/val) maps them) evaluates the trained model as the training run's
+// own evaluation did, decoded into memory or streamed (it needed train/ before, and decoded it).
+TEST(StreamedImages, ModeEvalNeedsOnlyTheEvaluationSplit) {
+  const std::string trained = test::makeTempDir("eval_only_trained");
+  const auto t = test::runCommand(imageJob(1, trained, {"data.root=" + imageSet() + "/small/folder", "data.stream=false"}), 300);
+  ASSERT_EQ(t.exitCode, 0) << t.output;
+  const std::string root = test::makeTempDir("eval_only_root");
+  fs::copy(imageSet() + "/small/folder/val", root + "/val", fs::copy_options::recursive);
+  for (const char* stream : {"false", "true"}) {
+    const std::string out = test::makeTempDir("eval_only_out");
+    const auto r = test::runCommand(imageJob(1, out, {"data.root=" + root, std::string("data.stream=") + stream,
+                                                      "mode=eval", "eval.model_path=" + trained + "/model.pt"}),
+                                    300);
+    ASSERT_EQ(r.exitCode, 0) << "data.stream=" << stream << "\n" << r.output;
+    const auto e = nlohmann::json::parse(test::readFile(out + "/eval.json"));
+    EXPECT_EQ(e["test_total"], 10) << stream;
+    EXPECT_EQ(e["test_correct"], summaryOf(trained)["test_correct"]) << stream;
+    fs::remove_all(out);
+  }
+  fs::remove_all(root);
+  fs::remove_all(trained);
+}
+
 TEST(StreamedImages, TarShardsInImageFolderOrderEqualTheFolder) {
   const std::string folder = test::makeTempDir("streamed_folder");
   const std::string shards = test::makeTempDir("streamed_shards");

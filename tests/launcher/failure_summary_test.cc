@@ -102,7 +102,8 @@ TEST(FailureSummary, TableHasEveryRankItsLastLinesAndNamesTheStuckOnes) {
   attempt.ranks[1].errorFile = attempt.ranks[2].errorFile = "worker: config: 'mode' is 'dp' but WORLD_SIZE=4";
   attempt.ranks[2].status = ExitStatus::exited(7);
   const std::string same = joined(formatFailureSummary(attempt));
-  EXPECT_NE(same.find("  6     1006  exit code 7, the same error as rank 5\n"), std::string::npos) << same;
+  EXPECT_NE(same.find("  6     1006  exit code 7, the same error as rank 5\n  7 "), std::string::npos)
+      << "no '(no output)' line for a rank that failed as the first did:\n" << same;
   EXPECT_NE(same.find("rank 7 was still running when rank 5 failed"), std::string::npos) << same;
   EXPECT_EQ(same.find("1006  exit code 7, the same error as rank 5\n              | error file:"), std::string::npos)
       << "the same error line once, at the first failure:\n" << same;

@@ -166,6 +166,21 @@ TEST(FullyShard, FullStateDictIsDdpsAndLoadsBack) {
     reshaped["head.weight"] = torch::zeros({7, 3});
     EXPECT_THROW(ddp::loadFullStateDict(*fresh.net, reshaped), ddp::ConfigError);
     EXPECT_TRUE(torch::equal(ddp::fullStateDict(*fresh.net).at("head.weight"), full.at("head.weight")));
+    // Strict, as set_model_state_dict: a key the model does not have is refused, naming it; a DDP
+    // module's keys ("module.") load.
+    ddp::StateDict extra = full;
+    extra["blocks.9.fc1.weight"] = torch::zeros({2});
+    try {
+      ddp::loadFullStateDict(*fresh.net, extra);
+      ADD_FAILURE() << "a state dict with a key the model does not have loaded";
+    } catch (const ddp::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("has 'blocks.9.fc1.weight' that the model does not have"), std::string::npos)
+          << e.what();
+    }
+    ddp::StateDict wrapped;
+    for (const auto& [key, t] : full) wrapped["module." + key] = torch::zeros_like(t);
+    ddp::loadFullStateDict(*fresh.net, wrapped);
+    for (const auto& [key, t] : ddp::fullStateDict(*fresh.net)) EXPECT_EQ(t.abs().max().item<double>(), 0.0) << key;
   }
 }
 
@@ -197,6 +212,12 @@ TEST(FullyShard, TheExportIsTheWholeModelAndDdpOverShardsIsRefused) {
     EXPECT_FALSE(std::filesystem::exists(path + ".alone"));
     if (group().size() > 1) {  // each rank's rows: the norm is over every rank's (the group's form)
       EXPECT_THROW(ddp::clipGradNorm(model.net->parameters(), 1.0), ddp::ConfigError);
+    }
+    try {  // its owners' broadcasts wrote their rows over the other ranks' (wrong weights, silently)
+      ddp::ZeroRedundancyOptimizer zero(model.net->parameters(), group(), torch::optim::SGDOptions(0.1));
+      ADD_FAILURE() << "ZeroRedundancyOptimizer took a unit's shards";
+    } catch (const ddp::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("a fully sharded unit already shards"), std::string::npos) << e.what();
     }
     try {
       ddp::DistributedDataParallel<Net> wrapped(model.net, group());
@@ -276,7 +297,11 @@ TEST(FullyShard, ClippingUsesTheGlobalNorm) {
     ddpOptimizer->step();
     optimizer->zero_grad();
     torch::mse_loss(model.forward(x), y).backward();
-    const double norm = ddp::clipGradNorm(model.net->parameters(), 0.05, group()).item<double>();
+    // Every parameter listed twice (as LibTorch's parameters() lists a tied weight): each counts once.
+    auto twice = model.net->parameters();
+    const auto once = twice;
+    twice.insert(twice.end(), once.begin(), once.end());
+    const double norm = ddp::clipGradNorm(twice, 0.05, group()).item<double>();
     optimizer->step();
     EXPECT_GT(expected, 0.05) << "the test means to clip";
     normDiff = std::max(normDiff, std::abs(norm - expected) / expected);

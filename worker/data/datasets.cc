@@ -60,9 +60,9 @@ void checkSyntheticFits(const DataConfig& config, const data::SyntheticOptions& 
 }
 
 // data.name image_folder when it streams (data.stream, and auto's reasons), else nullopt.
-std::optional<Datasets> streamedDatasets(const DataConfig& config) {
+std::optional<Datasets> streamedDatasets(const DataConfig& config, Splits splits) {
   if (config.stream == "false") return std::nullopt;
-  data::ImageIndex index = data::openImageIndex(config);
+  data::ImageIndex index = data::openImageIndex(config, splits == Splits::kEvalOnly);
   std::string why;
   if (!data::streamsImages(config, index, &why)) return std::nullopt;
   Datasets d;
@@ -73,14 +73,19 @@ std::optional<Datasets> streamedDatasets(const DataConfig& config) {
   return d;
 }
 
-// ImageFolder's layout decoded into memory (uint8, one copy per host).
-Datasets loadImageFolder(const DataConfig& config) {
+// ImageFolder's layout decoded into memory (uint8, one copy per host); kEvalOnly decodes the
+// evaluation split only (its classes its own when there is no train/).
+Datasets loadImageFolder(const DataConfig& config, Splits splits) {
   Datasets d;
   namespace fs = std::filesystem;
   const std::string trainDir = (fs::path(config.root) / "train").string();
   const std::string testDir = data::imageFolderEvalDir(config.root);
   // The library lists both splits: torchvision's ImageFolder order, linked folders followed.
-  const ImageDataset train = ImageDataset::folder(trainDir), test = ImageDataset::folder(testDir);
+  const ImageDataset test = ImageDataset::folder(testDir);
+  const bool evalOnly = splits == Splits::kEvalOnly;
+  std::optional<ImageDataset> listedTrain;
+  if (!evalOnly || fs::is_directory(trainDir)) listedTrain.emplace(ImageDataset::folder(trainDir));
+  const ImageDataset& train = listedTrain ? *listedTrain : test;  // eval alone: the classes of its split
   const std::vector<std::string>& classes = train.classes();
   if (classes != test.classes()) {
     auto join = [](const std::vector<std::string>& v) {
@@ -98,8 +103,12 @@ Datasets loadImageFolder(const DataConfig& config) {
   if (!config.stddev.empty()) o.stddev = config.stddev;
   o.threads = config.numWorkers > 0 ? static_cast<int>(config.numWorkers)
                                     : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  d.train = data::loadImageFolderSplit(train, o);
   d.test = data::loadImageFolderSplit(test, o);
+  if (evalOnly) {
+    d.input = InputSpec{3, d.test.images.size(2), d.test.images.size(3), static_cast<int64_t>(classes.size())};
+    return d;
+  }
+  d.train = data::loadImageFolderSplit(train, o);
   if (d.train.images.sizes().slice(1) != d.test.images.sizes().slice(1)) {
     DDP_THROW(DataError, "data: the train images are ", d.train.images.size(3), "x", d.train.images.size(2),
               " but the test images are ", d.test.images.size(3), "x", d.test.images.size(2),
@@ -131,7 +140,7 @@ std::string describeSizes(const Datasets& data) {
   return fmt::format("({} train / {} test)", data.train.size(), data.test.size());
 }
 
-Datasets loadDatasets(const DataConfig& config, uint64_t seed) {
+Datasets loadDatasets(const DataConfig& config, uint64_t seed, Splits splits) {
   Datasets d;
   if (config.name == "tokens") {
     d.tokens = std::make_shared<const data::TokenCorpus>(data::loadTokenCorpus(config));
@@ -143,8 +152,8 @@ Datasets loadDatasets(const DataConfig& config, uint64_t seed) {
     d.test = data::loadFashionMnist(config.root, data::Split::kTest);
     d.input = InputSpec{1, 28, 28, 10};
   } else if (config.name == "image_folder") {
-    if (auto streamed = streamedDatasets(config)) return std::move(*streamed);
-    d = loadImageFolder(config);
+    if (auto streamed = streamedDatasets(config, splits)) return std::move(*streamed);
+    d = loadImageFolder(config, splits);
   } else if (config.name == "tensors") {
     d.train = data::loadTensorFile(config.trainFile, "data.train_file");
     d.test = data::loadTensorFile(config.testFile, "data.test_file");
@@ -199,7 +208,7 @@ data::LoaderOptions loaderOptions(const DataConfig& config, c10::Device device, 
 Datasets loadDatasetsOncePerHost(const DataConfig& config, uint64_t seed, const GroupStart& start,
                                  DataOrigin* origin) {
   if (config.name == "image_folder") {  // streamed images are read per batch: nothing to share
-    if (auto streamed = streamedDatasets(config)) {
+    if (auto streamed = streamedDatasets(config, Splits::kTrainAndEval)) {
       if (origin != nullptr) *origin = DataOrigin::kLoaded;
       return std::move(*streamed);
     }

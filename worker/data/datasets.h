@@ -30,8 +30,13 @@ struct Datasets {
 /// "(60000 train / 10000 test)", or for tokens "(1234567 train / 4567 val tokens)".
 std::string describeSizes(const Datasets& data);
 
+/// Which splits a job reads: training reads both; mode eval only the evaluation split (an image
+/// folder's training images are then neither decoded nor needed: without train/, the classes are
+/// the evaluation split's folders).
+enum class Splits { kTrainAndEval, kEvalOnly };
+
 /// Loads the configured data set in this process (data.name selects the source).
-Datasets loadDatasets(const DataConfig& config, uint64_t seed);
+Datasets loadDatasets(const DataConfig& config, uint64_t seed, Splits splits = Splits::kTrainAndEval);
 
 /// The loader's options for this job's `device`: data.num_workers (-1 = 0 on CPU, 2 on a GPU),
 /// prefetch, pinning, and the training-set augmentation drawn from (seed, epoch, sample).

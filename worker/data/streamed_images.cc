@@ -35,7 +35,8 @@ double decodedBytes(const DataConfig& config, const ImageIndex& index) {
     const ImageHeader h = readImageHeader(first.data(), first.size(), index.train->name(0));
     pixels = static_cast<double>(h.height) * static_cast<double>(h.width);
   }
-  return 3.0 * pixels * static_cast<double>(index.train->size() + index.test->size());
+  const int64_t images = index.evalOnly ? index.test->size() : index.train->size() + index.test->size();
+  return 3.0 * pixels * static_cast<double>(images);
 }
 
 ImageTransformOptions transformOf(const DataConfig& config, bool train) {
@@ -123,8 +124,9 @@ std::string imageFolderEvalDir(const std::string& root) {
   return test.string();
 }
 
-ImageIndex openImageIndex(const DataConfig& config) {
+ImageIndex openImageIndex(const DataConfig& config, bool evalOnly) {
   ImageIndex index;
+  index.evalOnly = evalOnly;
   if (!config.trainFiles.empty()) {
     index.train = std::make_shared<const ImageDataset>(ImageDataset::tarShards(config.trainFiles));
     if (config.valFiles.empty()) {
@@ -134,8 +136,13 @@ ImageIndex openImageIndex(const DataConfig& config) {
     index.test = std::make_shared<const ImageDataset>(ImageDataset::tarShards(config.valFiles));
   } else {
     namespace fs = std::filesystem;
-    index.train = std::make_shared<const ImageDataset>(ImageDataset::folder((fs::path(config.root) / "train").string()));
+    const fs::path trainDir = fs::path(config.root) / "train";
     index.test = std::make_shared<const ImageDataset>(ImageDataset::folder(imageFolderEvalDir(config.root)));
+    if (evalOnly && !fs::is_directory(trainDir)) {
+      index.train = index.test;  // the classes: the evaluation split's folders, as ImageFolder(val) maps them
+    } else {
+      index.train = std::make_shared<const ImageDataset>(ImageDataset::folder(trainDir.string()));
+    }
     if (index.train->classes() != index.test->classes()) {
       DDP_THROW(DataError, "data: ", (fs::path(config.root) / "train").string(), " has classes [",
                 joined(index.train->classes()), "] but ", imageFolderEvalDir(config.root), " has [",

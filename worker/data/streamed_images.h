@@ -17,8 +17,8 @@
 
 namespace ddp::worker::data {
 
-/// The evaluation split of an ImageFolder root: root/test (the worker's layout), else root/val
-/// (ImageNet's).
+/// The evaluation split of an ImageFolder root: root/val (ImageNet's), else root/test (the
+/// worker's layout).
 std::string imageFolderEvalDir(const std::string& root);
 
 /// The two splits' indexes (nothing decoded yet).
@@ -26,11 +26,15 @@ struct ImageIndex {
   std::shared_ptr<const ImageDataset> train;
   std::shared_ptr<const ImageDataset> test;
   std::vector<std::string> classes;  // the training split's
+  /// Only the evaluation split is read (mode eval): `train` may be the evaluation split itself.
+  bool evalOnly = false;
 };
 
-/// data.root/train and data.root/test (or val), or the data.train_files / data.val_files tar
+/// data.root/train and data.root/val (or test), or the data.train_files / data.val_files tar
 /// globs. Throws DataError naming what is missing, and when the splits' classes differ.
-ImageIndex openImageIndex(const DataConfig& config);
+/// `evalOnly` (mode eval): an image folder without train/ takes its classes from the evaluation
+/// split (torchvision's ImageFolder(val) mapping; with train/, the two must agree as always).
+ImageIndex openImageIndex(const DataConfig& config, bool evalOnly = false);
 
 /// Whether the job streams: data.stream true; auto: tar shards, data.train_transform imagenet, or
 /// decoded splits (uint8, data.image_size² or the first image's size) beyond data.memory_budget_mb

@@ -3,6 +3,10 @@
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/pooling.h>
 
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
 #include "common/error.h"
 #include "ddp/checkpoint.h"
 #include "ddp/sync_batch_norm.h"
@@ -153,10 +157,36 @@ RecordedGptSettings recordedGptSettings(const ModelFile& file) {
   return out;
 }
 
+// An export (a plain state dict) records no settings, but the training run that wrote it left its
+// resolved config beside it (output.dir/config.resolved.yaml, written when that run started). Taken
+// when it names this file as its export and is not newer than it: a later run in that directory,
+// which may not have got as far as exporting, does not describe the file.
+RecordedGptSettings settingsBeside(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path file(path);
+  const fs::path yaml = file.parent_path() / "config.resolved.yaml";
+  const auto fileTime = fs::last_write_time(file, ec);
+  if (ec) return {};
+  const auto yamlTime = fs::last_write_time(yaml, ec);
+  if (ec || yamlTime > fileTime) return {};
+  std::ifstream in(yaml);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  try {
+    if (parseConfig(text).output.exportName != file.filename().string()) return {};
+  } catch (const Error&) {
+    return {};
+  }
+  RecordedGptSettings out = recordedGptSettings(ModelFile{{}, {}, text});
+  if (!out.values.empty()) out.from = "the config.resolved.yaml of the run that wrote it";
+  return out;
+}
+
 }  // namespace
 
 void loadGptModelFile(GptImpl& model, ModelFile file, const std::string& path) {
-  checkGptSettings(model.options(), recordedGptSettings(file), path);
+  const bool recordsNothing = file.modelArgs.empty() && file.config.empty();
+  checkGptSettings(model.options(), recordsNothing ? settingsBeside(path) : recordedGptSettings(file), path);
   loadGptStateDict(model, std::move(file.state), path);
 }
 

@@ -63,7 +63,7 @@ int evalLanguageModel(const WorkerConfig& config, ProcessGroup& group, Datasets 
 
 int runEvalMode(const WorkerConfig& config, ProcessGroup& group) {
   const c10::Device device = group.device();
-  Datasets data = loadDatasets(config.data, config.seed);
+  Datasets data = loadDatasets(config.data, config.seed, Splits::kEvalOnly);
   if (data.tokens) return evalLanguageModel(config, group, std::move(data));
   checkInferenceFits(config.model, data.input, memoryLimit());
   auto model = makeModel(config.model, data.input);

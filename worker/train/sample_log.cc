@@ -1,6 +1,7 @@
 #include "worker/train/sample_log.h"
 
 #include <cstdlib>
+#include <filesystem>
 
 #include "common/error.h"
 #include "common/no_follow.h"
@@ -8,13 +9,28 @@
 
 namespace ddp::worker {
 
-SampleLog::SampleLog(const std::string& dir, int rank, int world) {
+namespace {
+
+std::string logPath(const std::string& dir, int rank) {
+  return dir + "/samples_rank" + std::to_string(rank) + ".txt";
+}
+
+}  // namespace
+
+SampleLog::SampleLog(const std::string& dir, int rank, int world, bool append) {
   makeDirectories(dir, "output.dir");
-  const std::string path = dir + "/samples_rank" + std::to_string(rank) + ".txt";
-  if (const std::string why = claimFile(path, /*append=*/true); !why.empty()) {
+  const std::string path = logPath(dir, rank);
+  if (const std::string why = claimFile(path, append); !why.empty()) {
     DDP_THROW(ConfigError, "config: 'output.sample_log': cannot write '", path, "': ", why);
   }
-  out_.open(path, std::ios::app);
+  if (!append && rank == 0) {
+    // A fresh run's logs are its own: an earlier run with more ranks left files no rank writes now.
+    for (int r = world;; ++r) {
+      std::error_code ec;
+      if (!std::filesystem::remove(logPath(dir, r), ec)) break;
+    }
+  }
+  out_.open(path, append ? std::ios::app : std::ios::trunc);
   if (!out_) DDP_THROW(ConfigError, "config: 'output.sample_log': cannot write '", path, "'; fix output.dir");
   const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
   out_ << "# restart " << (restart != nullptr && *restart != '\0' ? restart : "0") << " world " << world << '\n'

@@ -11,9 +11,11 @@ namespace ddp::worker {
 
 class SampleLog {
  public:
-  /// Appends to `dir`/samples_rank<rank>.txt, after a line naming this run (the restart count and
-  /// the world size: a restart redoes the steps after its checkpoint). ConfigError when it cannot.
-  SampleLog(const std::string& dir, int rank, int world);
+  /// Writes `dir`/samples_rank<rank>.txt, from a line naming this run (the restart count and the
+  /// world size: a restart redoes the steps after its checkpoint). `append`: a resumed or restarted
+  /// run continues the file; a fresh run starts it anew (and rank 0 removes the files of ranks
+  /// beyond this world, left by an earlier, larger run). ConfigError when it cannot.
+  SampleLog(const std::string& dir, int rank, int world, bool append);
   /// "EPOCH STEP i0 i1 ...", flushed.
   void write(int64_t epoch, int64_t step, const std::vector<int64_t>& indices);
 

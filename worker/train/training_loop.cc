@@ -130,7 +130,11 @@ void TrainingRun::openRecords() {
       board_ = std::make_unique<tensorboard::EventWriter>(config_.output.dir + "/tensorboard");
     }
   }
-  if (config_.output.sampleLog) sampleLog_.emplace(config_.output.dir, rank_, world_);
+  if (config_.output.sampleLog) {
+    // A resumed run, or a restart of this job (which may have failed before its first checkpoint),
+    // continues the logs; a fresh run starts them anew.
+    sampleLog_.emplace(config_.output.dir, rank_, world_, resumed_.globalStep > 0 || launchEnv().restartCount > 0);
+  }
 }
 
 // Whether this LibTorch can autocast the device to train.precision.
