@@ -75,7 +75,9 @@ std::shared_ptr<StoreServer> serveStore(const RendezvousOptions& options) {
     }
     StoreServerOptions serverOptions;
     serverOptions.token = options.token;
-    return std::make_shared<StoreServer>(socket.release(), serverOptions);
+    const int fd = socket.release();
+    serverOptions.keepAlive = std::make_shared<ListenSocket>(std::move(socket));
+    return std::make_shared<StoreServer>(fd, serverOptions);
   } catch (const ConfigError& e) {
     DDP_THROW(CommError, "rendezvous: rank 0 ", e.what());
   }

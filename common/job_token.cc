@@ -1,6 +1,7 @@
 #include "common/job_token.h"
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 
@@ -26,11 +27,30 @@ std::string trimmed(const std::string& text) {
 
 constexpr std::size_t kMaxTokenFileBytes = 1 << 16;
 
-// Printable ASCII and whitespace only: a token typed or written as text (hex, base64, a passphrase),
-// whose surrounding whitespace (the trailing newline) is not part of it.
+// UTF-8 text without control characters but whitespace: a token typed or written as text (hex,
+// base64, a passphrase, in any language), whose surrounding whitespace (the trailing newline an
+// editor adds) is not part of it.
 bool isTextToken(const std::string& raw) {
-  for (const unsigned char c : raw) {
-    if ((c < 0x20 || c > 0x7e) && c != '\t' && c != '\n' && c != '\r') return false;
+  for (size_t i = 0; i < raw.size();) {
+    const auto c = static_cast<unsigned char>(raw[i]);
+    if (c < 0x80) {
+      if ((c < 0x20 || c == 0x7f) && c != '\t' && c != '\n' && c != '\r') return false;
+      ++i;
+      continue;
+    }
+    // A multi-byte sequence: its length from the lead byte, continuation bytes 10xxxxxx, no
+    // overlong form, no surrogate, nothing past U+10FFFF, no C1 control (U+0080..U+009F).
+    const size_t length = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 ? 2 : 0;
+    if (length == 0 || c > 0xf4 || i + length > raw.size()) return false;
+    uint32_t code = c & (0x7f >> length);
+    for (size_t k = 1; k < length; ++k) {
+      const auto next = static_cast<unsigned char>(raw[i + k]);
+      if ((next & 0xc0) != 0x80) return false;
+      code = (code << 6) | (next & 0x3f);
+    }
+    const uint32_t smallest = length == 2 ? 0x80 : length == 3 ? 0x800 : 0x10000;
+    if (code < smallest || code > 0x10ffff || (code >= 0xd800 && code <= 0xdfff) || code < 0xa0) return false;
+    i += length;
   }
   return true;
 }

@@ -3,7 +3,9 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <utility>
 
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -23,46 +25,142 @@ int portOf(int fd) {
   return 0;
 }
 
+bool sameAddress(const sockaddr_storage& a, const sockaddr_storage& b) {
+  if (a.ss_family != b.ss_family) return false;
+  if (a.ss_family == AF_INET) {
+    const auto& x = reinterpret_cast<const sockaddr_in&>(a);
+    const auto& y = reinterpret_cast<const sockaddr_in&>(b);
+    return x.sin_addr.s_addr == y.sin_addr.s_addr;
+  }
+  if (a.ss_family == AF_INET6) {
+    const auto& x = reinterpret_cast<const sockaddr_in6&>(a);
+    const auto& y = reinterpret_cast<const sockaddr_in6&>(b);
+    return std::memcmp(&x.sin6_addr, &y.sin6_addr, sizeof(x.sin6_addr)) == 0 && x.sin6_scope_id == y.sin6_scope_id;
+  }
+  return false;
+}
+
+void setPort(sockaddr_storage& address, int port) {
+  if (address.ss_family == AF_INET) reinterpret_cast<sockaddr_in&>(address).sin_port = htons(static_cast<uint16_t>(port));
+  if (address.ss_family == AF_INET6) reinterpret_cast<sockaddr_in6&>(address).sin6_port = htons(static_cast<uint16_t>(port));
+}
+
+std::string addressText(const sockaddr_storage& address) {
+  char text[INET6_ADDRSTRLEN] = {};
+  if (address.ss_family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(address).sin_addr, text, sizeof(text));
+    return text;
+  }
+  ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6&>(address).sin6_addr, text, sizeof(text));
+  return std::string("[") + text + "]";
+}
+
+// An address that is not this machine's (or a family it lacks): not the store's, skipped.
+bool notHere(int error) { return error == EADDRNOTAVAIL || error == EAFNOSUPPORT; }
+
 }  // namespace
 
-ListenSocket::ListenSocket(const std::string& host, int port) {
+struct ListenSocket::Candidate {
+  sockaddr_storage address{};
+  socklen_t length = 0;
+  int family = 0, type = 0, protocol = 0;
+};
+
+std::vector<ListenSocket::Candidate> ListenSocket::resolve(const std::string& host, int port, int flags) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
+  hints.ai_flags = AI_PASSIVE | flags;
   addrinfo* found = nullptr;
-  const std::string where = host + ":" + std::to_string(port);
   const int status = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
   if (status != 0) {
-    DDP_THROW(ConfigError, "cannot listen on ", where, ": '", host, "' does not resolve (", ::gai_strerror(status),
-              "); give an address of this machine");
+    DDP_THROW(ConfigError, "cannot listen on ", host, ":", port, ": '", host, "' does not resolve (",
+              ::gai_strerror(status), "); give an address of this machine");
   }
-  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> addresses(found, &::freeaddrinfo);
+  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> owned(found, &::freeaddrinfo);
+  std::vector<Candidate> out;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    if (a->ai_addrlen > sizeof(sockaddr_storage)) continue;
+    Candidate c;
+    std::memcpy(&c.address, a->ai_addr, a->ai_addrlen);
+    c.length = a->ai_addrlen;
+    c.family = a->ai_family;
+    c.type = a->ai_socktype;
+    c.protocol = a->ai_protocol;
+    out.push_back(c);
+  }
+  return out;
+}
+
+ListenSocket::ListenSocket(const std::string& host, int port) { bindAll(host, port, resolve(host, port, 0)); }
+
+ListenSocket ListenSocket::onAddresses(const std::vector<std::string>& numericHosts, int port) {
+  std::vector<Candidate> all;
+  std::string host;
+  for (const std::string& h : numericHosts) {
+    const auto some = resolve(h, port, AI_NUMERICHOST);
+    all.insert(all.end(), some.begin(), some.end());
+    host += (host.empty() ? "" : ",") + h;
+  }
+  ListenSocket socket;
+  socket.bindAll(host, port, all);
+  return socket;
+}
+
+void ListenSocket::bindAll(const std::string& host, int port, const std::vector<Candidate>& candidates) {
+  const std::string where = host + ":" + std::to_string(port);
+  std::vector<sockaddr_storage> taken;
   int error = 0;
-  for (const addrinfo* address = found; address != nullptr; address = address->ai_next) {
-    const int fd = ::socket(address->ai_family, address->ai_socktype | SOCK_CLOEXEC, address->ai_protocol);
+  for (const Candidate& candidate : candidates) {
+    sockaddr_storage at = candidate.address;
+    if (fd_ >= 0) setPort(at, port_);  // port 0: the others hold the port the kernel picked
+    bool seen = false;
+    for (const auto& t : taken) seen |= sameAddress(t, at);
+    if (seen) continue;
+    const int fd = ::socket(candidate.family, candidate.type | SOCK_CLOEXEC, candidate.protocol);
     if (fd < 0) {
-      error = errno;
+      if (fd_ < 0) error = errno;
       continue;
     }
-    // Like c10d's TCPStore: a port whose old connections linger in TIME_WAIT can be bound again
-    // (two live listeners on one port still cannot: Linux refuses the second).
-    const int on = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
-    if (::bind(fd, address->ai_addr, address->ai_addrlen) == 0 && ::listen(fd, 1024) == 0) {
-      fd_ = fd;
-      port_ = portOf(fd);
-      return;
+    if (fd_ < 0) {
+      // Like c10d's TCPStore: a port whose old connections linger in TIME_WAIT can be bound again
+      // (two live listeners on one port still cannot: Linux refuses the second).
+      const int on = 1;
+      ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+      if (::bind(fd, reinterpret_cast<const sockaddr*>(&at), candidate.length) == 0 && ::listen(fd, 1024) == 0) {
+        fd_ = fd;
+        port_ = portOf(fd);
+        taken.push_back(at);
+        continue;
+      }
+      error = errno;
+      ::close(fd);
+      if (notHere(error)) continue;
+      break;  // in use: never on to an address the clients try after the one someone else holds
     }
-    error = errno;
+    // Without SO_REUSEADDR nothing else can bind it while this is held; not listening, a client
+    // that tries it is refused at once and tries the next address.
+    if (::bind(fd, reinterpret_cast<const sockaddr*>(&at), candidate.length) == 0) {
+      guards_.push_back(fd);
+      taken.push_back(at);
+      continue;
+    }
+    const int guardError = errno;
     ::close(fd);
+    if (notHere(guardError)) continue;
+    const int held = port_;
+    closeAll();
+    DDP_THROW(ConfigError, "cannot listen on ", where, ": '", host, "' is also ", addressText(at), " here, where ",
+              "another socket holds port ", held, " (", std::strerror(guardError), "): the ranks could reach it "
+              "instead of the job's store; pick another --master_port, or give one address as --master_addr");
   }
+  if (fd_ >= 0) return;
   if (error == EADDRINUSE) {
     DDP_THROW(ConfigError, "cannot listen on ", where,
               " (address already in use); is another job using MASTER_PORT? Pick a free --master_port or let "
               "ddp-launch choose one");
   }
-  if (error == EADDRNOTAVAIL) {
+  if (notHere(error)) {
     DDP_THROW(ConfigError, "cannot listen on ", where, ": '", host,
               "' is not an address of this machine; rank 0's host serves the job's store there, so give its "
               "own address (or the address to bind with --rdzv_bind / DDP_RDZV_BIND)");
@@ -86,11 +184,20 @@ ListenSocket ListenSocket::adopt(int fd, const std::string& what) {
   return socket;
 }
 
-ListenSocket::~ListenSocket() {
+void ListenSocket::closeAll() {
   if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  for (int fd : guards_) ::close(fd);
+  guards_.clear();
 }
 
-ListenSocket::ListenSocket(ListenSocket&& other) noexcept : fd_(other.fd_), port_(other.port_) { other.fd_ = -1; }
+ListenSocket::~ListenSocket() { closeAll(); }
+
+ListenSocket::ListenSocket(ListenSocket&& other) noexcept
+    : fd_(other.fd_), port_(other.port_), guards_(std::move(other.guards_)) {
+  other.fd_ = -1;
+  other.guards_.clear();
+}
 
 int ListenSocket::release() {
   const int fd = fd_;

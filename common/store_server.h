@@ -18,6 +18,9 @@ struct StoreServerOptions {
   std::chrono::milliseconds handshakeTimeout{5000};
   /// Connections still in their handshake beyond this many: the oldest is closed (floods).
   std::size_t maxUnauthenticated = 64;
+  /// Kept until the server is destroyed: the ListenSocket whose fd it serves, for the port it
+  /// holds on the host's other addresses.
+  std::shared_ptr<const void> keepAlive;
 };
 
 struct StoreServerStats {

@@ -26,7 +26,9 @@ void Agent::connect() {
     ListenSocket socket(bind, port);
     comm::StoreServerOptions serverOptions;
     serverOptions.token = token_;
-    server_ = std::make_unique<comm::StoreServer>(socket.release(), serverOptions);
+    const int fd = socket.release();
+    serverOptions.keepAlive = std::make_shared<ListenSocket>(std::move(socket));
+    server_ = std::make_unique<comm::StoreServer>(fd, serverOptions);
   } catch (const ConfigError& e) {
     // Another launcher holds the port, or the address is not this machine's: join its store.
     spdlog::debug("not hosting the rendezvous ({})", e.what());

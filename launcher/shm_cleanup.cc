@@ -5,6 +5,7 @@
 #include <memory>
 
 #include <dirent.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
@@ -24,6 +25,9 @@ std::vector<std::string> removeShmSegments(const std::vector<pid_t>& pids, const
     for (const std::string& prefix : prefixes) {
       if (name.compare(0, prefix.size(), prefix) != 0) continue;
       const std::string path = shmDir + "/" + name;
+      // Only this user's: a name like a worker's that another user made there is theirs to keep.
+      struct stat info {};
+      if (::lstat(path.c_str(), &info) != 0 || info.st_uid != ::geteuid()) break;
       if (::unlink(path.c_str()) == 0) {
         spdlog::debug("removed {} that a worker left behind", path);
         removed.push_back(name);

@@ -2,7 +2,11 @@
 // torch.profiler.profile drives from Python.
 #include "ddp/profiler.h"
 
+#include <stdlib.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <set>
 #include <system_error>
@@ -63,17 +67,26 @@ int64_t Profiler::stop(const std::string& path) {
   const std::unique_ptr<torch::autograd::profiler::ProfilerResult> result =
       torch::autograd::profiler::disableProfiler();
   const auto events = static_cast<int64_t>(result->events().size());
-  const std::string partial = path + ".partial";
+  // The profiler writes by name and follows a link there: into a directory of our own (mode 0700),
+  // then renamed into place (a link planted at `path` is replaced, never written through).
+  std::string scratch = path + ".partial-XXXXXX";
+  if (::mkdtemp(scratch.data()) == nullptr) {
+    DDP_THROW(Error, "ddp::Profiler::stop: cannot write the trace to '", path, "': cannot make ", scratch, " (",
+              std::strerror(errno), ")");
+  }
+  const std::string partial = scratch + "/trace.json";
+  std::error_code ec;
   try {
     result->save(partial);
   } catch (const std::exception& e) {
-    std::remove(partial.c_str());
+    std::filesystem::remove_all(scratch, ec);
     DDP_THROW(Error, "ddp::Profiler::stop: cannot write the trace to '", path, "': ", e.what());
   }
-  std::error_code ec;
   std::filesystem::rename(partial, path, ec);
-  if (ec || !std::filesystem::exists(path)) {
-    std::remove(partial.c_str());
+  std::error_code ignored;
+  const bool written = !ec && std::filesystem::exists(path, ignored);
+  std::filesystem::remove_all(scratch, ignored);
+  if (!written) {
     DDP_THROW(Error, "ddp::Profiler::stop: cannot write the trace to '", path, "'",
               ec ? ": " + ec.message() : std::string(" (nothing was written)"));
   }

@@ -93,6 +93,16 @@ TEST_F(TokenFile, TextIsTrimmedAndRawBytesAreUsedWholeAsHex) {
   for (int i = 0; i < 16; ++i) hex += "7f";
   EXPECT_EQ(readTokenFile(write(raw)), hex + "0a");  // the whole file: the newline is a byte of it
   EXPECT_EQ(readTokenFile(write(std::string(20, '\0') + "x")), std::string(40, '0') + "78");
+  // A passphrase in UTF-8 is text too: its trailing newline is not part of it (it was hex-encoded
+  // whole, so the same passphrase with and without the newline made two tokens).
+  const std::string phrase = "gr\xc3\xbc\xc3\x9f" "e aus K\xc3\xb6ln \xe7\xa7\x98\xe5\xaf\x86 \xf0\x9f\x94\x91";
+  EXPECT_EQ(readTokenFile(write(" " + phrase + "\n")), phrase);
+  EXPECT_EQ(readTokenFile(write(phrase)), phrase);
+  // Not UTF-8 (a lone continuation byte, an overlong '/', a C1 control): bytes, used whole as hex.
+  for (const std::string& odd : {std::string("\x80"), std::string("\xc0\xaf"), std::string("\xc2\x85")}) {
+    const std::string text = "0123456789abcdef" + odd;
+    EXPECT_EQ(readTokenFile(write(text)), "30313233343536373839616263646566" + crypto::toHex(odd)) << crypto::toHex(odd);
+  }
 }
 
 TEST_F(TokenFile, WeakOrStrangeFilesAreRefusedInOneLine) {
@@ -187,6 +197,73 @@ TEST(ListenSocket, BindsOnlyTheAddressItIsGiven) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("not an address of this machine"), std::string::npos) << e.what();
   }
+}
+
+// A socket on 127.0.0.`host`:port, SO_REUSEADDR set (as an intruder would), bound; listening
+// when `listen`. -1 (errno kept) when the bind fails.
+int socketOn(int host, uint16_t port, bool listen) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int on = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  sockaddr_in address = test::loopbackAddress(port);
+  address.sin_addr.s_addr = htonl(0x7f000000u | static_cast<uint32_t>(host));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 || (listen && ::listen(fd, 4) != 0)) {
+    const int error = errno;
+    ::close(fd);
+    errno = error;
+    return -1;
+  }
+  return fd;
+}
+
+// A name of several addresses of this machine (localhost: ::1 and 127.0.0.1; a dual-stack host
+// name): clients try them in order, so a process listening on one the store does not hold would
+// take the ranks' connections and relay them (found by a review: it read every key). The store
+// listens on the first and holds the port on the others; someone else on any of them is refused.
+TEST(ListenSocket, HoldsItsPortOnEveryAddressOfItsName) {
+  {
+    ListenSocket socket = ListenSocket::onAddresses({"127.0.0.1", "127.0.0.2"}, 0);
+    EXPECT_EQ(ntohl(test::boundAddress(socket.fd()).sin_addr.s_addr), INADDR_LOOPBACK);
+    const auto port = static_cast<uint16_t>(socket.port());
+    EXPECT_EQ(socketOn(2, port, false), -1) << "an intruder bound the port on the other address";
+    EXPECT_EQ(errno, EADDRINUSE);
+    // A client that tries the other address first is refused at once, and goes on to the next.
+    const int client = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in other = test::loopbackAddress(port);
+    other.sin_addr.s_addr = htonl(0x7f000002u);
+    EXPECT_NE(::connect(client, reinterpret_cast<sockaddr*>(&other), sizeof other), 0);
+    EXPECT_EQ(errno, ECONNREFUSED);
+    ::close(client);
+  }
+  // Someone listening on the first address: refused, not moved on to the second (where the store
+  // would serve while the clients reach the intruder first).
+  const int first = socketOn(1, 0, true);
+  ASSERT_GE(first, 0);
+  const int firstPort = test::boundPort(first);
+  try {
+    ListenSocket taken = ListenSocket::onAddresses({"127.0.0.1", "127.0.0.2"}, firstPort);
+    ADD_FAILURE() << "listened on port " << taken.port() << " of the second address";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("address already in use"), std::string::npos) << e.what();
+  }
+  ::close(first);
+  // ... or on a later one: refused, naming it, and nothing is left held.
+  const int later = socketOn(2, 0, true);
+  ASSERT_GE(later, 0);
+  const auto laterPort = test::boundPort(later);
+  try {
+    ListenSocket taken = ListenSocket::onAddresses({"127.0.0.1", "127.0.0.2"}, laterPort);
+    ADD_FAILURE() << "served on 127.0.0.1 with 127.0.0.2:" << laterPort << " someone else's";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("is also 127.0.0.2 here, where another socket holds port " +
+                                         std::to_string(laterPort)),
+              std::string::npos)
+        << e.what();
+  }
+  ::close(later);
+  const int free = socketOn(1, laterPort, true);
+  EXPECT_GE(free, 0) << "the refused socket kept the port";
+  if (free >= 0) ::close(free);
 }
 
 }  // namespace

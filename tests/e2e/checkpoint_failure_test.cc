@@ -234,6 +234,33 @@ TEST(FullDisk, AnExportThatDoesNotFitIsKeptInTheCheckpointDirectoryAndNamed) {
   removeAfter(base, {&disk});
 }
 
+// No room in the checkpoint directory either: the model goes to $TMPDIR, into a new directory of
+// the job's own (mode 0700: a fixed name in a shared /tmp could be read, or taken first, by another
+// user; found by a review).
+TEST(FullDisk, AnExportRescuedToTmpdirGoesToADirectoryOfItsOwn) {
+  const std::string base = tempDir();
+  SmallDisk out(base + "/out", "1m");
+  if (!out.mounted) GTEST_SKIP() << "needs root to mount a small tmpfs";
+  fs::create_directories(base + "/tmp");
+  auto args = largerModel(out.path + "/o");
+  args.push_back("checkpoint.dir=" + out.path + "/ckpt");
+  std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nproc_per_node=2", DDP_WORKER_BIN};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const auto run = test::runCommand(argv, 300, {"TMPDIR=" + base + "/tmp"});
+  EXPECT_EQ(run.exitCode, 1) << run.output;
+  std::vector<fs::path> made;
+  for (const auto& e : fs::directory_iterator(base + "/tmp")) {
+    if (e.path().filename().string().rfind("ddp-rescued-", 0) == 0) made.push_back(e.path());
+  }
+  ASSERT_EQ(made.size(), 1u) << run.output;
+  const std::string rescued = (made.front() / "model.pt.rescued").string();
+  EXPECT_NE(run.output.find("the trained model was saved to '" + rescued + "' instead"), std::string::npos)
+      << run.output;
+  EXPECT_EQ(fs::status(made.front()).permissions() & fs::perms::all, fs::perms::owner_all);
+  EXPECT_EQ(ddp::loadTensors(rescued).size(), 4u);  // the two layers' weights and biases
+  removeAfter(base, {&out});
+}
+
 // Nowhere to put the model (output, checkpoint directory and TMPDIR all full): the line names the
 // newest training checkpoint, which resume= continues from.
 TEST(FullDisk, WithNoRoomAnywhereTheLineNamesTheNewestCheckpoint) {

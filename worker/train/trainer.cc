@@ -4,11 +4,14 @@
 #include <spdlog/spdlog.h>
 #include <torch/utils.h>
 
+#include <stdlib.h>
+
 #include <filesystem>
 #include <memory>
 #include <optional>
 
 #include "common/error.h"
+#include "common/temp_dir.h"
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/checkpoint.h"
 #include "ddp/files.h"
@@ -127,15 +130,24 @@ void exportTrainedModel(const WorkerConfig& config, const std::map<std::string, 
     namespace fs = std::filesystem;
     const std::string name = fs::path(path).filename().string() + ".rescued";
     std::error_code ec;
-    const std::string tmp = fs::temp_directory_path(ec).string();
-    for (const std::string& dir : {checkpointDir(config), tmp}) {
-      if (dir.empty()) continue;
+    const std::string tmp = temporaryRoot();
+    for (const std::string& place : {checkpointDir(config), tmp}) {
+      if (place.empty()) continue;
+      std::string dir = place;
+      if (place == tmp) {
+        // A directory of our own (mode 0700): a fixed name in a shared /tmp could be read by other
+        // users (the trained model) or taken by them first.
+        std::string made = tmp + "/ddp-rescued-XXXXXX";
+        if (::mkdtemp(made.data()) == nullptr) continue;
+        dir = made;
+      }
       const std::string rescue = (fs::path(dir) / name).string();
       if (fs::weakly_canonical(rescue, ec) == fs::weakly_canonical(path, ec)) continue;
       try {
         makeDirectories(dir, "checkpoint.dir");
         saveStateDict(state, rescue);
       } catch (const Error&) {
+        if (dir != place) fs::remove_all(dir, ec);
         continue;
       }
       DDP_THROW(CheckpointError, "export failed: ", e.what(), "; the trained model was saved to '", rescue,

@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "common/error.h"
+#include "common/no_follow.h"
 #include "event.pb.h"
 
 namespace ddp::worker::tensorboard {
@@ -65,9 +66,13 @@ EventWriter::EventWriter(const std::string& dir) {
   const double now = unixSeconds();
   path_ = dir + "/events.out.tfevents." + std::to_string(static_cast<int64_t>(now)) + "." + host + "." +
           std::to_string(::getpid());
-  file_ = std::fopen(path_.c_str(), "ab");
+  // Never through a link planted where the file goes (it would append to whatever it points at).
+  const int fd = openForWriting(path_, /*append=*/true);
+  file_ = fd >= 0 ? ::fdopen(fd, "ab") : nullptr;
   if (file_ == nullptr) {
-    DDP_THROW(Error, "tensorboard: cannot create '", path_, "' (", std::strerror(errno),
+    const int error = errno;
+    if (fd >= 0) ::close(fd);
+    DDP_THROW(Error, "tensorboard: cannot create '", path_, "' (", openFailure(error),
               "); make output.dir writable or set output.tensorboard=false");
   }
   Event event;
