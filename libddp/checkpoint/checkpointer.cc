@@ -40,10 +40,14 @@ std::string nthEpoch(int64_t epoch) {
   return "the " + std::to_string(n) + suffix + " epoch";
 }
 
-// "global step 20, 4 steps into the 2nd epoch" / "global step 13, at the start of the 2nd epoch".
+// "global step 20, 4 steps into the 2nd epoch" / "global step 13, at the end of the 1st epoch" (an
+// epoch-end checkpoint's position is the next epoch's start: the last epoch's has no next one).
 std::string describePosition(const TrainPosition& position) {
   std::string out = "global step " + std::to_string(position.globalStep) + ", ";
-  if (position.stepInEpoch == 0) return out.append("at the start of ").append(nthEpoch(position.epoch));
+  if (position.stepInEpoch == 0) {
+    if (position.epoch == 0) return out.append("at the start of ").append(nthEpoch(0));
+    return out.append("at the end of ").append(nthEpoch(position.epoch - 1));
+  }
   return out.append(std::to_string(position.stepInEpoch))
       .append(position.stepInEpoch == 1 ? " step into " : " steps into ")
       .append(nthEpoch(position.epoch));

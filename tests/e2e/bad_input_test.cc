@@ -388,6 +388,20 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"ResumeIsADirectory", [](const Fixture& f) { return worker({"resume=" + f.dir}, f); }, "config: 'resume' is the directory", 2},
         BadInput{"EvalModelPathIsADirectory", [](const Fixture& f) { return worker({"mode=eval", "eval.model_path=" + f.dir}, f, 1); },
                  "config: 'eval.model_path' is the directory", 2},
+        // Found by a docs review: a file a key names is a config error naming the key (were exit 1, or
+        // "not a TorchScript file" for a file that does not exist); a missing image root says so.
+        BadInput{"TensorFileMissing", [](const Fixture& f) {
+                   return worker({"data.name=tensors", "data.train_file=" + f.dir + "/nope.pt",
+                                  "data.test_file=" + f.dir + "/nope.pt"}, f);
+                 }, "config: 'data.train_file' is '", 2},
+        BadInput{"TorchScriptFileMissing", [](const Fixture& f) {
+                   return worker({"model.name=torchscript", "model.path=" + f.dir + "/nope.pt"}, f);
+                 }, "/nope.pt', which does not exist; give a TorchScript file", 2},
+        BadInput{"ImageRootMissing", [](const Fixture& f) {
+                   return worker({"data.name=image_folder", "data.root=" + f.dir + "/nope"}, f);
+                 }, "/nope' is not a directory; ImageFolder's layout is", 1},
+        BadInput{"EmptyMode", [](const Fixture& f) { return worker({"mode="}, f); },
+                 "config: 'mode' is ''; use one of ddp | dp | single | eval | generate", 2},
         BadInput{"ExportNameTooLong", [](const Fixture& f) { return worker({"output.export=" + std::string(300, 'x')}, f); },
                  "config: 'output.export': cannot create", 2}),
     [](const auto& info) { return info.param.name; });

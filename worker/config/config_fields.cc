@@ -62,7 +62,7 @@ Field bindField<std::vector<double>>(const std::string& key, const std::string& 
 Field bindMode(const std::string& key, Mode& ref) {
   return Field{key, "one of ddp | dp | single | eval | generate",
                [&ref, key](const YAML::Node& n) {
-                 const auto v = n.as<std::string>();
+                 const std::string v = n.IsNull() ? std::string() : n.as<std::string>();  // `mode=`: '', not 'null'
                  if (v == "ddp") ref = Mode::kDdp;
                  else if (v == "dp") ref = Mode::kDp;
                  else if (v == "single") ref = Mode::kSingle;

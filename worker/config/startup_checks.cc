@@ -128,6 +128,15 @@ void checkInputPaths(const WorkerConfig& config) {
     requireReadable("init.model_path", config.init.modelPath, modelFile + ", or leave it empty to start from fresh weights");
   }
   if (config.mode == Mode::kEval) requireReadable("eval.model_path", config.eval.modelPath, modelFile);
+  // Files a key names, read at start (a data set's own folder, data.root, is data: its reader names
+  // what is missing in it).
+  if (config.data.name == "tensors" && config.mode != Mode::kGenerate) {
+    requireReadable("data.train_file", config.data.trainFile, "give a torch.save'd dict of images and labels");
+    requireReadable("data.test_file", config.data.testFile, "give a torch.save'd dict of images and labels");
+  }
+  if (config.model.name == "torchscript") {
+    requireReadable("model.path", config.model.path, "give a TorchScript file (torch.jit.script(model).save(path))");
+  }
   if (config.mode == Mode::kGenerate) {
     requireReadable("generate.model_path", config.generate.modelPath,
                     modelFile + ", or leave it empty to sample from output.dir's export");

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "common/relative_path.h"
 #include "common/host_memory.h"
 #include "ddp/launch_env.h"
 #include "worker/data/augment.h"
@@ -103,6 +104,10 @@ Batch decodeBatch(const StreamedImages& images, bool train, uint64_t seed, int64
 
 std::string imageFolderEvalDir(const std::string& root) {
   namespace fs = std::filesystem;
+  if (!fs::is_directory(root)) {
+    DDP_THROW(DataError, "data: data.root '", root, "'", relativePathNote(root), " is not a directory; ImageFolder's "
+              "layout is ", root, "/train/<class>/... and ", root, "/val/<class>/...");
+  }
   const fs::path test = fs::path(root) / "test";
   const fs::path val = fs::path(root) / "val";
   // val/ first (torchvision's ImageNet, the shipped configs): an ImageNet copy may carry a test/

@@ -196,7 +196,9 @@ void TrainingRun::finish() {
                                ", the last one, so nothing is exported");
   }
   if (config_.eval.enabled && lm_) {
+    const auto evalStart = Clock::now();
     if (lm_->hasValidation() && validatedStep_ != result_.steps) recordValidation();
+    result_.evalSeconds = secondsSince(evalStart);  // the final validation loss (0: taken at the last step already)
   } else if (config_.eval.enabled) {
     const auto evalStart = Clock::now();
     const EvalCounts counts = [&] {
