@@ -120,6 +120,14 @@ std::string firstHost(const std::string& name, const std::string& value) {
   return expand(name, value, true).front();
 }
 
-int clusterJobPort(unsigned long long jobId) { return 20000 + static_cast<int>(jobId % 10000); }
+int clusterJobPort(unsigned long long jobId, unsigned long long stepId) {
+  return 20000 + static_cast<int>((jobId % 10000 + 1009 * (stepId % 10000)) % 10000);
+}
+
+unsigned long long slurmStepNumber(const std::string& stepId) {
+  if (stepId.empty() || stepId.size() > 10 || stepId.find_first_not_of("0123456789") != std::string::npos) return 0;
+  const unsigned long long step = std::stoull(stepId);
+  return step >= 4294967290ULL ? 0 : step;  // Slurm's special steps (batch, extern, interactive)
+}
 
 }  // namespace ddp

@@ -16,9 +16,14 @@ std::vector<std::string> expandHostlist(const std::string& name, const std::stri
 std::string firstHost(const std::string& name, const std::string& value);
 
 /// The port a job launched by Slurm or Open MPI uses when MASTER_PORT is not given: the same on
-/// every node of the job (it depends only on the job's id), different for jobs whose ids differ by
-/// less than 10000, and below Linux's ephemeral range (32768-60999), so outgoing connections do not
-/// take it: 20000 + id % 10000.
-int clusterJobPort(unsigned long long jobId);
+/// every node of the job step (it depends only on the job's and the step's ids), different for the
+/// steps of one job (two srun steps running at once would otherwise meet at one store) and for jobs
+/// whose ids differ by less than 10000 (step 0), and below Linux's ephemeral range (32768-60999), so
+/// outgoing connections do not take it: 20000 + (job + 1009 * step) % 10000.
+int clusterJobPort(unsigned long long jobId, unsigned long long stepId = 0);
+
+/// A Slurm step id (SLURM_STEP_ID) as a number for clusterJobPort: 0 when empty, not a number, or one
+/// of Slurm's special steps (the batch script's 4294967294, the extern step's 4294967295).
+unsigned long long slurmStepNumber(const std::string& stepId);
 
 }  // namespace ddp

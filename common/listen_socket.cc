@@ -55,8 +55,9 @@ std::string addressText(const sockaddr_storage& address) {
   return std::string("[") + text + "]";
 }
 
-// An address that is not this machine's (or a family it lacks): not the store's, skipped.
-bool notHere(int error) { return error == EADDRNOTAVAIL || error == EAFNOSUPPORT; }
+// An address that is not this machine's, a family it lacks, or one it cannot bind as given (an IPv6
+// link-local address without its interface): not the store's, skipped.
+bool notHere(int error) { return error == EADDRNOTAVAIL || error == EAFNOSUPPORT || error == EINVAL; }
 
 }  // namespace
 

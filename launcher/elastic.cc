@@ -33,11 +33,13 @@ void Agent::pause(std::chrono::milliseconds time) {
   const auto deadline = Clock::now() + time;
   for (auto now = Clock::now(); now < deadline; now = Clock::now()) {
     const int signal = signals_.wait(std::chrono::ceil<std::chrono::milliseconds>(deadline - now));
+    if (SignalWatch::suspendedOn(signal)) continue;
     if (signal != 0 && signals_.isForwarded(signal)) throw Interrupted{signal};
   }
   // A zero pause still looks at the signals.
   if (time.count() == 0) {
     const int signal = signals_.wait(std::chrono::milliseconds(0));
+    SignalWatch::suspendedOn(signal);
     if (signal != 0 && signals_.isForwarded(signal)) throw Interrupted{signal};
   }
 }

@@ -255,6 +255,7 @@ std::vector<std::string> formatHangReport(const std::vector<RankRing>& ranks, co
   std::vector<std::string> lines;
   // A mismatch the backend saw at once fails the collective without a timeout: named as what it is.
   const std::string why = f.mismatchSeq != 0 && (!f.timedOut || f.failedOnly) ? "collectives do not pair"
+                          : f.timedOut && f.failedOnly                       ? "a collective failed (a peer's connection broke)"
                           : f.timedOut                                       ? "a collective timed out"
                           : f.stall                                          ? "a collective stalls"
                                                                              : "collectives do not pair";

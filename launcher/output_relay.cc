@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <chrono>
 
 #include <fcntl.h>
@@ -278,7 +279,14 @@ void OutputRelay::writeOut(const Source& source, RankOutput& output, const Lines
     }
   }
   if (!console.empty()) writeAll(fd, broken_[stream], console);
-  if (!lines.raw.empty()) writeAll(output.logFd, output.logBroken, lines.raw);
+  if (!lines.raw.empty() && !output.logBroken) {
+    if (const int error = writeAll(output.logFd, output.logBroken, lines.raw); error != 0) {
+      // Once per rank: the job runs on (the workers must never block on their output), the log not.
+      const std::string line = "ddp-launch: cannot write rank " + std::to_string(source.rank) + "'s log file (" +
+                               std::strerror(error) + "): the rest of its output is not in --log_dir; free space there\n";
+      writeAll(options_.stderrFd, broken_[1], line);
+    }
+  }
 }
 
 void OutputRelay::eraseRedraw() {
@@ -289,7 +297,7 @@ void OutputRelay::eraseRedraw() {
   redrawShown_.clear();
 }
 
-void OutputRelay::writeAll(int fd, bool& broken, const std::string& text) {
+int OutputRelay::writeAll(int fd, bool& broken, const std::string& text) {
   size_t written = 0;
   while (!broken && written < text.size()) {
     const ssize_t count = ::write(fd, text.data() + written, text.size() - written);
@@ -303,8 +311,10 @@ void OutputRelay::writeAll(int fd, bool& broken, const std::string& text) {
     } else if (errno != EINTR) {
       // EPIPE, ENOSPC and the like: keep draining the workers so they never block, drop the text.
       broken = true;
+      return errno;
     }
   }
+  return 0;
 }
 
 void OutputRelay::close(Source& source) {

@@ -126,7 +126,8 @@ class OutputRelay {
   // Erases the redraw on the terminal it is drawn on, if one is.
   void eraseRedraw();
   // Writes all of `text` to `fd` unless `broken`; sets `broken` on EPIPE and the like.
-  void writeAll(int fd, bool& broken, const std::string& text);
+  /// Writes all of `text` unless `broken`; a failure (EPIPE, ENOSPC) sets `broken` and returns its errno.
+  int writeAll(int fd, bool& broken, const std::string& text);
   void close(Source& source);
   RankOutput& rankOutput(int rank);
 

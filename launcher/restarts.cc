@@ -25,6 +25,7 @@ namespace {
 // A forwarded signal that arrived after the attempt's monitor returned, or 0.
 int pendingSignal(SignalWatch& signals) {
   while (const int signal = signals.wait(std::chrono::milliseconds(0))) {
+    if (SignalWatch::suspendedOn(signal)) continue;
     if (signals.isForwarded(signal)) return signal;
   }
   return 0;
@@ -36,6 +37,7 @@ int waitBeforeRestart(SignalWatch& signals, double seconds, int restart, int max
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
   for (auto now = Clock::now(); now < deadline; now = Clock::now()) {
     const int signal = signals.wait(std::chrono::ceil<std::chrono::milliseconds>(deadline - now));
+    if (SignalWatch::suspendedOn(signal)) continue;
     if (signal != 0 && signals.isForwarded(signal)) return signal;
   }
   return 0;

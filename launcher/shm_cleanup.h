@@ -15,4 +15,11 @@ namespace ddp::launcher {
 /// Returns the names removed.
 std::vector<std::string> removeShmSegments(const std::vector<pid_t>& pids, const std::string& shmDir = "/dev/shm");
 
+/// Unlinks this user's segments in `shmDir` left by a job whose launcher was killed with its workers
+/// during start-up (a scheduler's SIGKILL of the whole step: nobody was left to remove them): those
+/// whose creating process is gone and that are older than `minAgeS` (a live job's segment is
+/// unlinked once its ranks have mapped it, within its start-up; the age guards a job of another
+/// pid namespace sharing /dev/shm, whose pids mean nothing here). Returns the names removed.
+std::vector<std::string> removeOrphanedShmSegments(const std::string& shmDir = "/dev/shm", double minAgeS = 600);
+
 }  // namespace ddp::launcher

@@ -5,6 +5,7 @@
 #include <ctime>
 
 #include <pthread.h>
+#include <unistd.h>
 
 #include "common/error.h"
 
@@ -24,6 +25,10 @@ SignalWatch::SignalWatch() {
     forwarded_.push_back(signal);
     sigaddset(&watched_, signal);
   }
+  // SIGTSTP (Ctrl-Z): taken here so the workers stop with the launcher (not forwarded as a stop).
+  struct sigaction tstp {};
+  ::sigaction(SIGTSTP, nullptr, &tstp);
+  if (tstp.sa_handler != SIG_IGN) sigaddset(&watched_, SIGTSTP);
   const int status = ::pthread_sigmask(SIG_BLOCK, &watched_, &previous_);
   DDP_ENFORCE(status == 0, "pthread_sigmask failed with ", status);
 }
@@ -42,6 +47,12 @@ int SignalWatch::wait(std::chrono::milliseconds timeout) {
     return 0;
   }
   return signal;
+}
+
+bool SignalWatch::suspendedOn(int signal) {
+  if (signal != SIGTSTP) return false;
+  ::kill(::getpid(), SIGSTOP);  // SIGTSTP itself is blocked here, taken by the watch
+  return true;
 }
 
 bool SignalWatch::isForwarded(int signal) const {

@@ -8,8 +8,8 @@
 
 namespace ddp::launcher {
 
-/// Blocks SIGCHLD and the forwarded signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT) in the
-/// calling thread, so threads started later inherit the mask and the signals wait in the
+/// Blocks SIGCHLD, SIGTSTP (the supervisor stops the workers with the launcher) and the forwarded
+/// signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2) in the calling thread, so threads started later inherit the mask and the signals wait in the
 /// queue for wait(). A forwarded signal that was ignored when the launcher started (nohup,
 /// `cmd &` in a script) stays ignored and is not watched. Restores the mask on destruction.
 /// Children must reset their mask before exec (startWorker does).
@@ -26,6 +26,10 @@ class SignalWatch {
   /// The signals the launcher passes on to its workers, in the order it watches them.
   const std::vector<int>& forwarded() const { return forwarded_; }
   bool isForwarded(int signal) const;
+
+  /// SIGTSTP (Ctrl-Z) where no worker runs (a restart's back-off, an elastic wait): stops the
+  /// launcher as the signal's own action would, until SIGCONT (fg); true when `signal` was it.
+  static bool suspendedOn(int signal);
 
  private:
   std::vector<int> forwarded_;

@@ -1,5 +1,7 @@
 #include "launcher/slurm_step.h"
 
+#include <algorithm>
+
 #include <string>
 
 #include "common/cluster_env.h"
@@ -76,7 +78,7 @@ std::string applySrunStep(LaunchOptions& options, const EnvMap& env) {
   if (options.nnodes > 1 && !options.masterPort) {
     const std::string job = get(env, "SLURM_JOB_ID");
     if (!job.empty() && job.find_first_not_of("0123456789") == std::string::npos && job.size() < 19) {
-      options.masterPort = clusterJobPort(std::stoull(job));
+      options.masterPort = clusterJobPort(std::stoull(job), slurmStepNumber(get(env, "SLURM_STEP_ID")));
       note("--master_port=" + std::to_string(*options.masterPort));
     }
   }
@@ -110,10 +112,18 @@ void checkSrunLayout(const LaunchOptions& options, const EnvMap& env) {
   const auto perNode = expandTasksPerNode("SLURM_STEP_TASKS_PER_NODE", layoutValue);
   const int tasksHere = node < static_cast<int>(perNode.size()) ? perNode[static_cast<std::size_t>(node)] : 1;
   const std::string layout = "SLURM_STEP_TASKS_PER_NODE=" + layoutValue;
-  if (tasksHere > 1) {
-    DDP_THROW(ConfigError, "ddp-launch is one of ", tasksHere, " srun tasks on this node (", layout,
-              "), and each would start the whole job again; start one launcher per node with srun "
-              "--ntasks-per-node=1 ddp-launch ... (or let srun start the workers: srun -n N worker CONFIG)");
+  int most = 1;
+  for (int n : perNode) most = std::max(most, n);
+  if (most > 1) {
+    // Every node refuses (a node of one task too, when another has several: `srun -N2 -n3`). Inside
+    // an allocation of more tasks srun keeps its SLURM_NTASKS and ignores --ntasks-per-node=1 alone
+    // ("can't honor"): the advice gives -n as well.
+    const std::string nodes = std::to_string(perNode.size());
+    DDP_THROW(ConfigError,
+              tasksHere > 1 ? "ddp-launch is one of " + std::to_string(tasksHere) + " srun tasks on this node ("
+                            : "this srun step runs up to " + std::to_string(most) + " ddp-launch tasks on a node (",
+              layout, "), and each would start the whole job again; start one launcher per node with srun -n ",
+              nodes, " --ntasks-per-node=1 ddp-launch ... (or let srun start the workers: srun -n N worker CONFIG)");
   }
   const int tasks = number(env, "SLURM_STEP_NUM_TASKS", number(env, "SLURM_NTASKS", 1));
   if (tasks > 1 && !options.elastic.enabled && (options.nnodes != tasks || options.nodeRank != node)) {

@@ -115,6 +115,7 @@ class WorkerSupervisor {
   // Exited 0 or 128 + the forwarded signal, or was ended by that signal or the launcher's SIGKILL.
   bool endedBySignalAsAsked(const Worker& worker) const;
   void beginStop(int signal);
+  void suspendWithWorkers();
   void killAll();
   void reapAll();
   size_t running() const;

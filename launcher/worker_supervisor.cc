@@ -160,6 +160,10 @@ AttemptReport WorkerSupervisor::monitor() {
       timeout = std::min(timeout, std::chrono::ceil<std::chrono::milliseconds>(killAt_ - now));
     }
     const int signal = signals_.wait(timeout);
+    if (signal == SIGTSTP) {
+      suspendWithWorkers();
+      continue;
+    }
     if (signal == 0 || !signals_.isForwarded(signal)) continue;  // SIGCHLD or timeout: poll again
     if (!stopping_) {
       spdlog::warn("received {}; forwarding it to {} (SIGKILL after {} s)", signalName(signal),
@@ -303,6 +307,21 @@ void WorkerSupervisor::beginStop(int signal) {
   }
 }
 
+// Ctrl-Z. The workers run in process groups of their own (a terminal's Ctrl-C reaches the launcher
+// alone, which stops them in order), so the terminal's SIGTSTP stopped only the launcher: its
+// workers ran on, filled the output pipes nobody drained, blocked, and the other ranks timed out
+// in their collectives (torchrun's workers share its group and stop with it). They stop with the
+// launcher now, and continue with it (fg, SIGCONT).
+void WorkerSupervisor::suspendWithWorkers() {
+  for (const Worker& worker : workers_) {
+    if (!worker.reaped) ::kill(-worker.pid, SIGSTOP);
+  }
+  SignalWatch::suspendedOn(SIGTSTP);
+  for (const Worker& worker : workers_) {
+    if (!worker.reaped) ::kill(-worker.pid, SIGCONT);
+  }
+}
+
 void WorkerSupervisor::killAll() {
   killed_ = true;
   for (Worker& worker : workers_) {
@@ -366,6 +385,9 @@ AttemptReport runAttempt(const LaunchPlan& plan, const SupervisionOptions& optio
   }
   // Each worker's TORCHELASTIC_ERROR_FILE, as torchrun gives it (a @record Python worker writes its
   // exception there); read for the failure summary before the directory goes.
+  for (const std::string& name : removeOrphanedShmSegments()) {
+    spdlog::info("removed /dev/shm/{}, a shared-memory segment a killed job left at its start", name);
+  }
   const ErrorFiles errorFiles;
   supervision::WorkerSupervisor supervisor(signals, plan.shutdownGraceS, options.earlyExitGraceS, options.stopRequested,
                               options.onSignal);

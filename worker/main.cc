@@ -1,5 +1,6 @@
 // worker: one rank of a data-parallel job. Started by ddp-launch (or torchrun,
 // Slurm, mpirun) with the env contract; `worker config.yaml [key=value ...]`.
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
@@ -29,6 +30,7 @@
 #include "worker/config/config_agreement.h"
 #include "worker/dp/dp_trainer.h"
 #include "worker/report/memory_stats.h"
+#include "worker/report/progress.h"
 #include "worker/train/eval_mode.h"
 #include "worker/train/generate_mode.h"
 #include "worker/train/stop_signal.h"
@@ -282,6 +284,13 @@ int runWorker(std::vector<std::string> args) {
   const bool prefixed = std::getenv("DDP_LAUNCH_PREFIXED") != nullptr;
   spdlog::set_pattern(prefixed ? "%H:%M:%S.%e %^%l%$ %v"
                                : "%H:%M:%S.%e [rank " + std::to_string(env.rank) + "] %^%l%$ %v");
+  if (underMpirun()) {  // a pseudo-terminal even when mpirun's output is a file: no colour codes in it
+    for (auto& sink : spdlog::default_logger()->sinks()) {
+      if (auto* colour = dynamic_cast<spdlog::sinks::stdout_color_sink_mt*>(sink.get())) {
+        colour->set_color_mode(spdlog::color_mode::never);
+      }
+    }
+  }
 
   const std::vector<std::string> overrides(args.begin() + 1, args.end());
   const char* errorFile = std::getenv("TORCHELASTIC_ERROR_FILE");

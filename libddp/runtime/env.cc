@@ -97,6 +97,16 @@ void readOpenMpi(const EnvLookup& env, DistEnv& out) {
   }
 }
 
+// A task of an srun step (srun sets SLURM_STEP_TASKS_PER_NODE for its tasks). The shell of an
+// sbatch script (the batch step, 4294967294) has SLURM_PROCID=0 and the job's SLURM_NTASKS too, but
+// a program it runs directly is one process (as ddp-launch there is one launcher): as rank 0 of
+// SLURM_NTASKS it waited for ranks that never came.
+bool inSlurmStep(const EnvLookup& env) {
+  const std::string step = env("SLURM_STEP_ID").value_or("");
+  const bool stepVariables = !env("SLURM_STEP_TASKS_PER_NODE").value_or("").empty() || !step.empty();
+  return stepVariables && step != "4294967294" && step != "batch";
+}
+
 void readSlurm(const EnvLookup& env, DistEnv& out) {
   out.source = "slurm";
   out.rank = *intVar(env, "SLURM_PROCID", 0);
@@ -116,7 +126,7 @@ void readSlurm(const EnvLookup& env, DistEnv& out) {
     }
   }
   if (auto job = env("SLURM_JOB_ID"); job && !job->empty()) {
-    out.masterPort = clusterJobPort(jobId("SLURM_JOB_ID", *job));
+    out.masterPort = clusterJobPort(jobId("SLURM_JOB_ID", *job), slurmStepNumber(env("SLURM_STEP_ID").value_or("")));
   }
 }
 
@@ -154,7 +164,7 @@ DistEnv readDistEnv(const EnvLookup& env, std::optional<int> legacyLocalRank) {
     // Before Slurm's: mpirun inside an allocation starts its daemons with srun, so its ranks
     // inherit SLURM_PROCID (the daemon's node) as well.
     readOpenMpi(env, out);
-  } else if (env("SLURM_PROCID") && env("SLURM_NTASKS")) {
+  } else if (env("SLURM_PROCID") && env("SLURM_NTASKS") && inSlurmStep(env)) {
     readSlurm(env, out);
   } else {
     // torchrun's contract without its RANK: a world of one would train alone, and every process

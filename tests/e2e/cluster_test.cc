@@ -288,6 +288,10 @@ TEST_F(OpenMpi, MpirunStartsTheWorkers) {
   const auto run = test::runCommand(argv, 300);
   ASSERT_EQ(run.exitCode, 0) << run.output;
   EXPECT_NE(run.output.find("OMP_NUM_THREADS is unset under openmpi"), std::string::npos) << run.output;
+  // mpirun gives its ranks a pseudo-terminal whatever its own output is (here a pipe): no colour
+  // codes and no live bar in it (a review found both in `mpirun ... > log`).
+  EXPECT_EQ(run.output.find('\033'), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find('\r'), std::string::npos) << run.output;
   expectSameTraining(summaryOf(dir), 2, run.output);
 }
 

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "common/error.h"
 
 namespace ddp {
@@ -46,6 +48,17 @@ TEST(JobPort, SameForEveryNodeOfAJobBelowTheEphemeralRange) {
     EXPECT_GE(clusterJobPort(id), 20000);
     EXPECT_LT(clusterJobPort(id), 30000);
   }
+  // Each step of a job its own port: two srun steps running at once met at one store (a review
+  // under a real Slurm: one step's rank joined the other's job). 20000 + (job + 1009 step) % 10000.
+  EXPECT_EQ(clusterJobPort(123456, 1), 20000 + (3456 + 1009) % 10000);
+  EXPECT_EQ(clusterJobPort(123456, 9), 20000 + (3456 + 9081) % 10000);
+  std::set<int> ports;
+  for (unsigned long long step = 0; step < 100; ++step) ports.insert(clusterJobPort(123456, step));
+  EXPECT_EQ(ports.size(), 100u);
+  EXPECT_EQ(slurmStepNumber("3"), 3u);
+  EXPECT_EQ(slurmStepNumber("4294967294"), 0u);  // the batch script's step
+  EXPECT_EQ(slurmStepNumber(""), 0u);
+  EXPECT_EQ(slurmStepNumber("batch"), 0u);
 }
 
 }  // namespace

@@ -59,6 +59,24 @@ TEST(HangReport, NamesTheRankBehindAndTheCollectiveItNeverEntered) {
   EXPECT_TRUE(named);
 }
 
+// A peer that died (its connection reset) fails the others' collective at once, without a
+// timeout: the heading says failed, not timed out (a Slurm review: kill -9 of one node's launcher,
+// "a collective timed out" after 3.1 s of a 300 s timeout).
+TEST(HangReport, ACollectiveThatFailedWithoutATimeoutIsNamedSo) {
+  std::vector<RankRing> ranks = {
+      rank(0, {call(1, "all_reduce", 10), call(2, "all_reduce", 10, flight::State::kFailed)}),
+      rank(1, {call(1, "all_reduce", 10)}),
+  };
+  const HangFinding f = analyseRings(ranks, 10'000'000'000);
+  EXPECT_TRUE(f.failedOnly);
+  const auto lines = formatHangReport(ranks, f, {}, 10'000'000'000);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines.front().rfind("hang report (a collective failed (a peer's connection broke);", 0), 0u) << lines.front();
+  ranks[1].ring.records.push_back(call(2, "all_reduce", 10, flight::State::kTimedOut));
+  const auto timedOut = formatHangReport(ranks, analyseRings(ranks, 10'000'000'000), {}, 10'000'000'000);
+  EXPECT_EQ(timedOut.front().rfind("hang report (a collective timed out;", 0), 0u) << timedOut.front();
+}
+
 TEST(HangReport, FirstMismatchByOperationSizeDtypeAndRoot) {
   {  // a barrier where the others all-reduce
     std::vector<RankRing> ranks = {rank(0, {call(1, "all_reduce", 10), call(2, "all_reduce", 10)}),

@@ -6,9 +6,12 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <ctime>
 #include <sstream>
 #include <thread>
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -275,6 +278,41 @@ TEST_F(LaunchSupervisionTest, TeeWithoutALogDirWritesToANewTemporaryOne) {
   EXPECT_NE(result.out.find("hello from 0"), std::string::npos) << "--tee: on the console too\n" << result.out;
 }
 
+// A process's state letter in /proc/PID/stat ('T': stopped), polled until `wanted` is (or is not) it.
+bool waitForState(pid_t pid, bool stopped, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t close = stat.rfind(") ");
+    if (close != std::string::npos && close + 2 < stat.size() && (stat[close + 2] == 'T') == stopped) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a polling interval
+  }
+  return false;
+}
+
+// Ctrl-Z (SIGTSTP) stops the workers with the launcher, and fg (SIGCONT) continues them: in process
+// groups of their own they ran on alone, filled the output pipes nobody drained, and the other
+// ranks timed out in their collectives (a fault-injection review; torchrun's workers stop with it).
+TEST_F(LaunchSupervisionTest, CtrlZStopsTheWorkersWithTheLauncherAndFgContinuesThem) {
+  const std::string worker = dir_.writeScript(
+      "worker", dir_.publish("pid", "$$") + "while [ ! -f \"" + dir_.file("go") + "\" ]; do sleep 0.02; done\n");
+  LaunchSpec spec;
+  spec.args = {"--nproc_per_node=2", worker};
+  spec.outputDir = dir_.path();
+  LaunchedProcess launcher(spec);
+  ASSERT_TRUE(dir_.waitForFiles({"pid.0", "pid.1"}, seconds(10))) << launcher.stderrText();
+  const std::vector<pid_t> pids = dir_.readPids("pid", 2);
+  launcher.sendSignal(SIGTSTP);
+  for (const pid_t pid : {launcher.pid(), pids[0], pids[1]}) {
+    EXPECT_TRUE(waitForState(pid, /*stopped=*/true, seconds(10))) << "pid " << pid << " did not stop";
+  }
+  launcher.sendSignal(SIGCONT);
+  for (const pid_t pid : pids) EXPECT_TRUE(waitForState(pid, /*stopped=*/false, seconds(10))) << "pid " << pid;
+  std::ofstream(dir_.file("go")) << "1";
+  EXPECT_EQ(launcher.waitFor(seconds(20)), 0) << launcher.stderrText();
+}
+
 TEST_F(LaunchSupervisionTest, StoppedRankIsTheOneNamedWhenAnotherTimesOut) {
   // Rank 2 stops itself; rank 0 then fails as a collective timeout would. Ranks 1 and 3 run on.
   const std::string worker = dir_.writeScript(
@@ -346,6 +384,33 @@ TEST(ShmCleanup, RemovesOnlyTheSegmentsOfTheGivenPids) {
   EXPECT_TRUE(fileExists(shm.file(shmSegmentPrefix(1234) + "3")));
   EXPECT_TRUE(fileExists(shm.file("other-123")));
   EXPECT_FALSE(fileExists(shm.file(shmSegmentPrefix(123) + "1")));
+}
+
+// A launcher SIGKILLed with its workers during start-up (a scheduler ending the step) leaves rank 0's
+// segment with nobody to remove it (a fault-injection review: 12 MiB each time); the next launcher
+// removes this user's segments whose maker is gone, once older than a start-up takes.
+TEST(ShmCleanup, OrphanedSegmentsOfAGoneMakerAreRemovedOnceOld) {
+  ScratchDir shm;
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);  // reaped: its pid names nobody now
+  const auto age = [&](const std::string& name, int seconds) {
+    std::ofstream(shm.file(name)) << "x";
+    const timespec when[2] = {{std::time(nullptr) - seconds, 0}, {std::time(nullptr) - seconds, 0}};
+    ASSERT_EQ(::utimensat(AT_FDCWD, shm.file(name).c_str(), when, 0), 0);
+  };
+  const std::string gone = shmSegmentPrefix(child) + "a1", fresh = shmSegmentPrefix(child) + "b2",
+                    alive = shmSegmentPrefix(::getpid()) + "c3";
+  age(gone, 700);
+  age(fresh, 5);
+  age(alive, 700);
+  age("ddp-launch-notapid-d4", 700);
+  EXPECT_EQ(removeOrphanedShmSegments(shm.path(), 600), std::vector<std::string>{gone});
+  EXPECT_FALSE(fileExists(shm.file(gone)));
+  EXPECT_TRUE(fileExists(shm.file(fresh)));   // perhaps a job starting now in another pid namespace
+  EXPECT_TRUE(fileExists(shm.file(alive)));   // its maker runs
+  EXPECT_TRUE(fileExists(shm.file("ddp-launch-notapid-d4")));
 }
 
 TEST_F(LaunchSupervisionTest, SegmentOfAWorkerKilledDuringStartUpIsRemoved) {

@@ -231,6 +231,26 @@ TEST_F(OutputRelayTest, ProgressBarsAreDrawnInPlaceOnATerminalAndNeverLogged) {
   EXPECT_EQ(relay.lastLines(0), (std::vector<std::string>{"line1", "line2"}));
 }
 
+// A rank's log file that cannot be written (--log_dir on a full disk: /dev/full here) is said once on
+// the launcher's stderr; the console goes on (a fault-injection review: the job exited 0, the logs
+// cut at 8 KiB, and nothing said so).
+TEST_F(OutputRelayTest, ALogFileThatCannotBeWrittenIsSaidOnce) {
+  OutputRelay relay(terminalOptions(outFd_, errFd_, /*stderrIsTerminal=*/false));
+  Pipe out0;
+  relay.add(out0.read, 0, false);
+  relay.addLogFile(0, ::open("/dev/full", O_WRONLY | O_CLOEXEC));
+  writeText(out0.write, "line1\nline2\n");
+  relay.start();
+  writeText(out0.write, "line3\n");
+  ::close(out0.write);
+  relay.finish();
+  EXPECT_NE(out().find("[rank 0] line3\n"), std::string::npos) << out();
+  const std::string said = "ddp-launch: cannot write rank 0's log file (No space left on device)";
+  const std::string errors = err();
+  ASSERT_NE(errors.find(said), std::string::npos) << errors;
+  EXPECT_EQ(errors.find(said, errors.find(said) + 1), std::string::npos) << "said once:\n" << errors;
+}
+
 // A redraw that a newline in the same read already finished is stale: the terminal gets the
 // finished line only, not the old redraw drawn below it.
 TEST_F(OutputRelayTest, ATerminalNeverGetsARedrawOlderThanTheLineThatEndedIt) {

@@ -29,9 +29,17 @@ TEST(SrunLayout, TwoLaunchersOnOneNodeAreRefused) {
   options.nprocPerNode = 2;
   const std::string error = errorOf(options, srunTask(1, 0, "2", 2));
   EXPECT_NE(error.find("one of 2 srun tasks on this node (SLURM_STEP_TASKS_PER_NODE=2)"), std::string::npos) << error;
-  EXPECT_NE(error.find("--ntasks-per-node=1"), std::string::npos) << error;
+  // With -n: in an allocation of more tasks srun keeps SLURM_NTASKS and ignores --ntasks-per-node=1
+  // alone (a Slurm review: the advice failed in the very case it names).
+  EXPECT_NE(error.find("srun -n 1 --ntasks-per-node=1 ddp-launch"), std::string::npos) << error;
   // Uneven layouts: node 1 of "1,2(x2)" runs two.
   EXPECT_NE(errorOf(options, srunTask(2, 1, "1,2(x2)", 5)).find("one of 2 srun tasks"), std::string::npos);
+  // ... and node 0, with one task, refuses as well, naming the layout (it said "runs on 5 nodes").
+  const std::string single = errorOf(options, srunTask(0, 0, "1,2(x2)", 5));
+  EXPECT_NE(single.find("this srun step runs up to 2 ddp-launch tasks on a node (SLURM_STEP_TASKS_PER_NODE=1,2(x2))"),
+            std::string::npos)
+      << single;
+  EXPECT_NE(single.find("srun -n 3 --ntasks-per-node=1"), std::string::npos) << single;
 }
 
 TEST(SrunLayout, OneLauncherPerNodeMustBeToldTheNodes) {
@@ -80,6 +88,12 @@ TEST(SrunStep, OneLauncherPerNodeTakesTheJobFromTheStep) {
   EXPECT_EQ(line, "under srun (job 123456 step 0, node 1 of 2): --nnodes=2 --node_rank=1 --master_addr=gpu07 "
                   "--master_port=23456 --nproc_per_node=16 (SLURM_CPUS_ON_NODE=16)");
   EXPECT_NO_THROW(checkSrunLayout(options, twoNodeStep(1)));
+  // Another step of the job, running beside it: another port.
+  EnvMap second = twoNodeStep(1);
+  second["SLURM_STEP_ID"] = "1";
+  LaunchOptions other;
+  applySrunStep(other, second);
+  EXPECT_EQ(*other.masterPort, 20000 + (123456 % 10000 + 1009) % 10000);
 }
 
 TEST(SrunStep, GpusOutrankCpusAndCpusPerTaskOutranksTheNode) {

@@ -39,7 +39,8 @@ TEST(Env, TorchrunContract) {
 }
 
 TEST(Env, SlurmAndOpenMpiWhenRankIsAbsent) {
-  const DistEnv s = readDistEnv(fakeEnv({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "1"}, {"SLURM_NTASKS_PER_NODE", "2"}}));
+  const DistEnv s = readDistEnv(fakeEnv({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "1"},
+                                         {"SLURM_NTASKS_PER_NODE", "2"}, {"SLURM_STEP_ID", "0"}}));
   EXPECT_EQ(s.source, "slurm");
   EXPECT_EQ(s.rank, 3);
   EXPECT_EQ(s.worldSize, 4);
@@ -76,14 +77,15 @@ TEST(Env, SlurmTasksPerNodeComeFromTheStepLayoutNotTheJobSize) {
   EXPECT_EQ(slurmTask(3, 1, 0, "3,1", 4).localWorldSize, 1);
   // The allocation's SLURM_TASKS_PER_NODE when the step's is absent; SLURM_NTASKS_PER_NODE last.
   EXPECT_EQ(readDistEnv(fakeEnv({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "3"}, {"SLURM_NODEID", "1"},
-                                 {"SLURM_TASKS_PER_NODE", "2,1"}}))
+                                 {"SLURM_TASKS_PER_NODE", "2,1"}, {"SLURM_STEP_ID", "0"}}))
                 .localWorldSize,
             1);
-  EXPECT_EQ(readDistEnv(fakeEnv({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}, {"SLURM_NTASKS_PER_NODE", "2"}}))
+  EXPECT_EQ(readDistEnv(fakeEnv({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}, {"SLURM_NTASKS_PER_NODE", "2"},
+                                 {"SLURM_STEP_ID", "0"}}))
                 .localWorldSize,
             2);
   // One node, nothing per node: the whole step is local.
-  EXPECT_EQ(readDistEnv(fakeEnv({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}})).localWorldSize, 2);
+  EXPECT_EQ(readDistEnv(fakeEnv({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_ID", "0"}})).localWorldSize, 2);
 }
 
 TEST(Env, MalformedSlurmLayoutsNameTheVariable) {
@@ -122,10 +124,31 @@ TEST(Env, SrunWorkersFindRankZerosHostAndPortInTheStep) {
   EXPECT_EQ(exported.masterAddr, "10.0.0.9");
   EXPECT_EQ(exported.masterPort, 29411);
   // One node: loopback, still the job's port (two jobs on one node do not collide).
-  const DistEnv one = readDistEnv(fakeEnv({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_NUM_NODES", "1"},
-                                           {"SLURM_STEP_NODELIST", "gpu07"}, {"SLURM_JOB_ID", "77"}}));
+  std::map<std::string, std::string> oneNode{{"SLURM_PROCID", "1"},          {"SLURM_NTASKS", "2"},
+                                             {"SLURM_STEP_NUM_NODES", "1"},  {"SLURM_STEP_NODELIST", "gpu07"},
+                                             {"SLURM_STEP_TASKS_PER_NODE", "2"}, {"SLURM_JOB_ID", "77"}};
+  const DistEnv one = readDistEnv(fakeEnv(oneNode));
   EXPECT_EQ(one.masterAddr, "127.0.0.1");
   EXPECT_EQ(one.masterPort, 20077);
+  EXPECT_EQ(one.worldSize, 2);
+  // The job's second step running beside the first: a port of its own.
+  oneNode["SLURM_STEP_ID"] = "1";
+  EXPECT_EQ(readDistEnv(fakeEnv(oneNode)).masterPort, 20000 + (77 + 1009) % 10000);
+}
+
+// A worker run directly in an sbatch script (no srun): the batch shell has SLURM_PROCID=0 and the
+// job's SLURM_NTASKS=2 but is no task of a step; it is a job of one process, as a launcher there is
+// (as rank 0 of 2 it waited comm.timeout_s for a rank that never came).
+TEST(Env, TheBatchScriptOfAnSbatchJobIsNoStep) {
+  std::map<std::string, std::string> batch{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_ID", "77"},
+                                           {"SLURM_TASKS_PER_NODE", "2"}, {"SLURM_NNODES", "1"}};
+  const DistEnv alone = readDistEnv(fakeEnv(batch));
+  EXPECT_EQ(alone.worldSize, 1);
+  EXPECT_EQ(alone.rank, 0);
+  EXPECT_NE(alone.source, "slurm");
+  batch["SLURM_STEP_ID"] = "4294967294";
+  batch["SLURM_STEP_TASKS_PER_NODE"] = "2";  // even where the batch step carries a step's variables
+  EXPECT_EQ(readDistEnv(fakeEnv(batch)).worldSize, 1);
 }
 
 TEST(Env, MpirunWorkers) {

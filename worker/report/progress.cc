@@ -70,8 +70,12 @@ int64_t totalSteps(int64_t epochs, int64_t perEpoch, int64_t maxSteps) {
 
 bool progressBarWanted() {
   if (const char* v = std::getenv("DDP_PROGRESS"); v != nullptr && *v != '\0') return std::string(v) == "bar";
+  // Open MPI gives its ranks a pseudo-terminal whatever mpirun's own output is (a file, a pipe).
+  if (underMpirun()) return false;
   return ::isatty(STDOUT_FILENO) == 1;
 }
+
+bool underMpirun() { return std::getenv("OMPI_COMM_WORLD_RANK") != nullptr; }
 
 void ProgressBar::update(const ProgressPoint& p) {
   if (!enabled_) return;

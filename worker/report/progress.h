@@ -42,6 +42,10 @@ int64_t totalSteps(int64_t epochs, int64_t stepsPerEpoch, int64_t maxSteps);
 /// stdout is a terminal), else a bar when stdout is a terminal.
 bool progressBarWanted();
 
+/// Whether Open MPI's mpirun started this process: its stdout is a pseudo-terminal even when
+/// mpirun's output goes to a file, so neither the live bar nor colours belong there.
+bool underMpirun();
+
 /// Draws the bar on `out` at most 10 times a second, and clears it before a log line. On a
 /// terminal it writes "\r<bar>\033[K"; under ddp-launch (`relayed`) it writes "<bar>\r" and the
 /// launcher's relay draws it in place and clears it before the next line of any rank.
