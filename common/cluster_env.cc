@@ -124,10 +124,15 @@ int clusterJobPort(unsigned long long jobId, unsigned long long stepId) {
   return 20000 + static_cast<int>((jobId % 10000 + 1009 * (stepId % 10000)) % 10000);
 }
 
+bool slurmSpecialStep(const std::string& stepId) {
+  if (stepId == "batch" || stepId == "extern" || stepId == "interactive") return true;
+  if (stepId.empty() || stepId.size() > 10 || stepId.find_first_not_of("0123456789") != std::string::npos) return false;
+  return std::stoull(stepId) >= 4294967290ULL;
+}
+
 unsigned long long slurmStepNumber(const std::string& stepId) {
   if (stepId.empty() || stepId.size() > 10 || stepId.find_first_not_of("0123456789") != std::string::npos) return 0;
-  const unsigned long long step = std::stoull(stepId);
-  return step >= 4294967290ULL ? 0 : step;  // Slurm's special steps (batch, extern, interactive)
+  return slurmSpecialStep(stepId) ? 0 : std::stoull(stepId);
 }
 
 }  // namespace ddp

@@ -19,11 +19,16 @@ std::string firstHost(const std::string& name, const std::string& value);
 /// every node of the job step (it depends only on the job's and the step's ids), different for the
 /// steps of one job (two srun steps running at once would otherwise meet at one store) and for jobs
 /// whose ids differ by less than 10000 (step 0), and below Linux's ephemeral range (32768-60999), so
-/// outgoing connections do not take it: 20000 + (job + 1009 * step) % 10000.
+/// outgoing connections do not take it: 20000 + (job + 1009 * step) % 10000. (Step s of job J
+/// shares a port with step 0 of job J + 1009 s: the price of a port per step in 10000 ports.)
 int clusterJobPort(unsigned long long jobId, unsigned long long stepId = 0);
 
-/// A Slurm step id (SLURM_STEP_ID) as a number for clusterJobPort: 0 when empty, not a number, or one
-/// of Slurm's special steps (the batch script's 4294967294, the extern step's 4294967295).
+/// Whether SLURM_STEP_ID names one of Slurm's special steps, not an srun step: the batch script's,
+/// the extern and the interactive step (4294967290..4294967295 over Slurm's versions, or their names).
+bool slurmSpecialStep(const std::string& stepId);
+
+/// A Slurm step id (SLURM_STEP_ID) as a number for clusterJobPort: 0 when empty, not a number, or a
+/// special step.
 unsigned long long slurmStepNumber(const std::string& stepId);
 
 }  // namespace ddp

@@ -109,6 +109,21 @@ ListenSocket ListenSocket::onAddresses(const std::vector<std::string>& numericHo
 }
 
 void ListenSocket::bindAll(const std::string& host, int port, const std::vector<Candidate>& candidates) {
+  // Port 0: the kernel picks a port free on the first address only; one that is taken on another
+  // address is no reason to refuse (nobody asked for it): pick again.
+  for (int attempt = 0;; ++attempt) {
+    const int held = tryBindAll(host, port, candidates);
+    if (held == 0) return;
+    if (port != 0 || attempt == 31) {
+      DDP_THROW(ConfigError, "cannot listen on ", host, ":", port, ": '", host, "' is also ", guardText_,
+                " here, where another socket holds port ", held, " (", std::strerror(EADDRINUSE),
+                "): the ranks could reach it instead of the job's store; pick another --master_port, give one "
+                "address as --master_addr, or (an earlier job's connections there still closing) wait a minute");
+    }
+  }
+}
+
+int ListenSocket::tryBindAll(const std::string& host, int port, const std::vector<Candidate>& candidates) {
   const std::string where = host + ":" + std::to_string(port);
   std::vector<sockaddr_storage> taken;
   int error = 0;
@@ -151,11 +166,15 @@ void ListenSocket::bindAll(const std::string& host, int port, const std::vector<
     if (notHere(guardError)) continue;
     const int held = port_;
     closeAll();
+    if (guardError == EADDRINUSE) {
+      guardText_ = addressText(at);
+      return held;  // bindAll picks again (port 0) or says so
+    }
     DDP_THROW(ConfigError, "cannot listen on ", where, ": '", host, "' is also ", addressText(at), " here, where ",
-              "another socket holds port ", held, " (", std::strerror(guardError), "): the ranks could reach it "
-              "instead of the job's store; pick another --master_port, or give one address as --master_addr");
+              "port ", held, " cannot be held (", std::strerror(guardError), "): the ranks could reach another "
+              "process there instead of the job's store; pick another --master_port, or give one address as --master_addr");
   }
-  if (fd_ >= 0) return;
+  if (fd_ >= 0) return 0;
   if (error == EADDRINUSE) {
     DDP_THROW(ConfigError, "cannot listen on ", where,
               " (address already in use); is another job using MASTER_PORT? Pick a free --master_port or let "

@@ -39,10 +39,13 @@ class ListenSocket {
   struct Candidate;  // one address getaddrinfo gave
   static std::vector<Candidate> resolve(const std::string& host, int port, int flags);
   void bindAll(const std::string& host, int port, const std::vector<Candidate>& candidates);
+  /// One try: 0 when bound, else the port another socket holds on guardText_'s address (nothing held).
+  int tryBindAll(const std::string& host, int port, const std::vector<Candidate>& candidates);
   void closeAll();
   int fd_ = -1;
   int port_ = 0;
   std::vector<int> guards_;  // the port held, not listening, on the host's other addresses
+  std::string guardText_;    // the address where another socket held the port (tryBindAll)
 };
 
 }  // namespace ddp

@@ -19,7 +19,8 @@ std::vector<std::string> removeShmSegments(const std::vector<pid_t>& pids, const
 /// during start-up (a scheduler's SIGKILL of the whole step: nobody was left to remove them): those
 /// whose creating process is gone and that are older than `minAgeS` (a live job's segment is
 /// unlinked once its ranks have mapped it, within its start-up; the age guards a job of another
-/// pid namespace sharing /dev/shm, whose pids mean nothing here). Returns the names removed.
-std::vector<std::string> removeOrphanedShmSegments(const std::string& shmDir = "/dev/shm", double minAgeS = 600);
+/// pid namespace sharing /dev/shm under the same user, whose pids mean nothing here, unless its
+/// ranks take longer than that to meet). Returns the names removed.
+std::vector<std::string> removeOrphanedShmSegments(const std::string& shmDir = "/dev/shm", double minAgeS = 3600);
 
 }  // namespace ddp::launcher

@@ -27,8 +27,7 @@ int number(const EnvMap& env, const char* name, int fallback) {
 // ddp-launch run there directly is one launcher, as it should be.
 bool inSrunStep(const EnvMap& env) {
   const std::string step = get(env, "SLURM_STEP_ID");
-  return !get(env, "SLURM_STEP_TASKS_PER_NODE").empty() && !get(env, "SLURM_PROCID").empty() &&
-         step != "4294967294" && step != "batch";
+  return !get(env, "SLURM_STEP_TASKS_PER_NODE").empty() && !get(env, "SLURM_PROCID").empty() && !slurmSpecialStep(step);
 }
 
 // Entries of a comma-separated list such as SLURM_STEP_GPUS="0,1,3"; 0 when empty.

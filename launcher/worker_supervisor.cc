@@ -316,10 +316,14 @@ void WorkerSupervisor::suspendWithWorkers() {
   for (const Worker& worker : workers_) {
     if (!worker.reaped) ::kill(-worker.pid, SIGSTOP);
   }
+  const auto stoppedAt = Clock::now();
   SignalWatch::suspendedOn(SIGTSTP);
   for (const Worker& worker : workers_) {
     if (!worker.reaped) ::kill(-worker.pid, SIGCONT);
   }
+  // The clock ran on while everything was stopped: a grace period (the SIGTERM's checkpoint) starts
+  // over where it was, not spent.
+  if (stopping_) killAt_ += Clock::now() - stoppedAt;
 }
 
 void WorkerSupervisor::killAll() {

@@ -419,8 +419,14 @@ void loadFullStateDict(torch::nn::Module& model, const StateDict& given) {
   c10::NoGradGuard noGrad;
   // A DDP or DataParallel module's keys ("module.fc.weight") and torch.compile's ("_orig_mod.")
   // name the model's own, as ddp::loadModel reads them.
+  const auto named = model.named_parameters(/*recurse=*/true);
+  const auto namedBuffers = model.named_buffers(/*recurse=*/true);
   StateDict state;
-  for (const auto& [key, value] : given) state[checkpoint::stripWrapperPrefix(key)] = value;
+  for (const auto& [key, value] : given) {
+    // A key that is the model's own stays (a submodule may itself be called "module").
+    const bool own = named.find(key) != nullptr || namedBuffers.find(key) != nullptr;
+    state[own ? key : checkpoint::stripWrapperPrefix(key)] = value;
+  }
   // Every key and shape first: a bad file changes nothing.
   auto entry = [&](const std::string& key, at::IntArrayRef shape) -> const at::Tensor& {
     auto it = state.find(key);

@@ -104,7 +104,7 @@ void readOpenMpi(const EnvLookup& env, DistEnv& out) {
 bool inSlurmStep(const EnvLookup& env) {
   const std::string step = env("SLURM_STEP_ID").value_or("");
   const bool stepVariables = !env("SLURM_STEP_TASKS_PER_NODE").value_or("").empty() || !step.empty();
-  return stepVariables && step != "4294967294" && step != "batch";
+  return stepVariables && !slurmSpecialStep(step);
 }
 
 void readSlurm(const EnvLookup& env, DistEnv& out) {

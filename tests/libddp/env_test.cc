@@ -146,9 +146,14 @@ TEST(Env, TheBatchScriptOfAnSbatchJobIsNoStep) {
   EXPECT_EQ(alone.worldSize, 1);
   EXPECT_EQ(alone.rank, 0);
   EXPECT_NE(alone.source, "slurm");
-  batch["SLURM_STEP_ID"] = "4294967294";
   batch["SLURM_STEP_TASKS_PER_NODE"] = "2";  // even where the batch step carries a step's variables
-  EXPECT_EQ(readDistEnv(fakeEnv(batch)).worldSize, 1);
+  // The batch, extern and interactive steps' ids over Slurm's versions (20.11 renumbered them).
+  for (const char* special : {"4294967294", "4294967291", "4294967292", "4294967290", "batch", "interactive"}) {
+    batch["SLURM_STEP_ID"] = special;
+    EXPECT_EQ(readDistEnv(fakeEnv(batch)).worldSize, 1) << special;
+  }
+  batch["SLURM_STEP_ID"] = "0";
+  EXPECT_EQ(readDistEnv(fakeEnv(batch)).worldSize, 2);  // an srun step's task
 }
 
 TEST(Env, MpirunWorkers) {
