@@ -419,12 +419,12 @@ void loadFullStateDict(torch::nn::Module& model, const StateDict& given) {
   c10::NoGradGuard noGrad;
   // A DDP or DataParallel module's keys ("module.fc.weight") and torch.compile's ("_orig_mod.")
   // name the model's own, as ddp::loadModel reads them.
-  const auto named = model.named_parameters(/*recurse=*/true);
-  const auto namedBuffers = model.named_buffers(/*recurse=*/true);
+  const auto params = model.named_parameters(/*recurse=*/true);
+  const auto buffers = model.named_buffers(/*recurse=*/true);
   StateDict state;
   for (const auto& [key, value] : given) {
     // A key that is the model's own stays (a submodule may itself be called "module").
-    const bool own = named.find(key) != nullptr || namedBuffers.find(key) != nullptr;
+    const bool own = params.find(key) != nullptr || buffers.find(key) != nullptr;
     state[own ? key : checkpoint::stripWrapperPrefix(key)] = value;
   }
   // Every key and shape first: a bad file changes nothing.
@@ -440,8 +440,6 @@ void loadFullStateDict(torch::nn::Module& model, const StateDict& given) {
     }
     return it->second;
   };
-  const auto params = model.named_parameters(/*recurse=*/true);
-  const auto buffers = model.named_buffers(/*recurse=*/true);
   for (const auto& item : params) {
     auto [unit, index] = ownerOf(item.value());
     entry(item.key(), unit ? at::IntArrayRef(unit->layout[index].fullShape) : item.value().sizes());

@@ -218,6 +218,17 @@ int socketOn(int host, uint16_t port, bool listen) {
   return fd;
 }
 
+// Why ListenSocket refuses 127.0.0.1 + 127.0.0.2 at `port`; "" (a test failure) when it listened.
+std::string refusalAt(int port) {
+  try {
+    ListenSocket taken = ListenSocket::onAddresses({"127.0.0.1", "127.0.0.2"}, port);
+    ADD_FAILURE() << "listened on port " << taken.port() << " with someone else on it";
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
 // A name of several addresses of this machine (localhost: ::1 and 127.0.0.1; a dual-stack host
 // name): clients try them in order, so a process listening on one the store does not hold would
 // take the ranks' connections and relay them (found by a review: it read every key). The store
@@ -242,26 +253,17 @@ TEST(ListenSocket, HoldsItsPortOnEveryAddressOfItsName) {
   const int first = socketOn(1, 0, true);
   ASSERT_GE(first, 0);
   const int firstPort = test::boundPort(first);
-  try {
-    ListenSocket taken = ListenSocket::onAddresses({"127.0.0.1", "127.0.0.2"}, firstPort);
-    ADD_FAILURE() << "listened on port " << taken.port() << " of the second address";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("address already in use"), std::string::npos) << e.what();
-  }
+  const std::string onFirst = refusalAt(firstPort);
+  EXPECT_NE(onFirst.find("address already in use"), std::string::npos) << onFirst;
   ::close(first);
   // ... or on a later one: refused, naming it, and nothing is left held.
   const int later = socketOn(2, 0, true);
   ASSERT_GE(later, 0);
   const auto laterPort = test::boundPort(later);
-  try {
-    ListenSocket taken = ListenSocket::onAddresses({"127.0.0.1", "127.0.0.2"}, laterPort);
-    ADD_FAILURE() << "served on 127.0.0.1 with 127.0.0.2:" << laterPort << " someone else's";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("is also 127.0.0.2 here, where another socket holds port " +
-                                         std::to_string(laterPort)),
-              std::string::npos)
-        << e.what();
-  }
+  const std::string onLater = refusalAt(laterPort);
+  EXPECT_NE(onLater.find("is also 127.0.0.2 here, where another socket holds port " + std::to_string(laterPort)),
+            std::string::npos)
+      << onLater;
   ::close(later);
   const int free = socketOn(1, laterPort, true);
   EXPECT_GE(free, 0) << "the refused socket kept the port";

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 
 #include "common/error.h"
 #include "ddp/checkpoint.h"
@@ -131,6 +132,28 @@ StateDict withExportKeys(const torch::nn::Module& module, StateDict state) {
 
 namespace {
 
+// A recorded config's model.* keys (nothing when it is not a GPT's: the tensors' check names another model).
+RecordedGptSettings settingsOf(const WorkerConfig& saved, const std::string& from) {
+  RecordedGptSettings out;
+  if (saved.model.name != "gpt") return out;
+  const ModelConfig& m = saved.model;
+  out.from = from;
+  out.values = {{"n_layer", std::to_string(m.nLayer)},   {"n_head", std::to_string(m.nHead)},
+                {"n_embd", std::to_string(m.nEmbd)},     {"block_size", std::to_string(m.blockSize)},
+                {"bias", m.bias ? "true" : "false"}};
+  if (m.vocabSize > 0) out.values["vocab_size"] = std::to_string(m.vocabSize);  // 0: the data's, shown by wte
+  return out;
+}
+
+// `text` parsed as a config; nullopt for another version's keys (nothing to compare reliably).
+std::optional<WorkerConfig> parsedConfig(const std::string& text) {
+  try {
+    return parseConfig(text);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
 RecordedGptSettings recordedGptSettings(const ModelFile& file) {
   RecordedGptSettings out;
   if (!file.modelArgs.empty()) {
@@ -141,20 +164,8 @@ RecordedGptSettings recordedGptSettings(const ModelFile& file) {
     return out;
   }
   if (file.config.empty()) return out;
-  WorkerConfig saved;
-  try {
-    saved = parseConfig(file.config);
-  } catch (const Error&) {
-    return out;  // another version's keys: nothing to compare reliably
-  }
-  if (saved.model.name != "gpt") return out;  // the tensors' check names another model
-  const ModelConfig& m = saved.model;
-  out.from = "its run's config";
-  out.values = {{"n_layer", std::to_string(m.nLayer)},   {"n_head", std::to_string(m.nHead)},
-                {"n_embd", std::to_string(m.nEmbd)},     {"block_size", std::to_string(m.blockSize)},
-                {"bias", m.bias ? "true" : "false"}};
-  if (m.vocabSize > 0) out.values["vocab_size"] = std::to_string(m.vocabSize);  // 0: the data's, shown by wte
-  return out;
+  const auto saved = parsedConfig(file.config);
+  return saved ? settingsOf(*saved, "its run's config") : out;
 }
 
 // An export (a plain state dict) records no settings, but the training run that wrote it left its
@@ -172,14 +183,9 @@ RecordedGptSettings settingsBeside(const std::string& path) {
   if (ec || yamlTime > fileTime) return {};
   std::ifstream in(yaml);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  try {
-    if (parseConfig(text).output.exportName != file.filename().string()) return {};
-  } catch (const Error&) {
-    return {};
-  }
-  RecordedGptSettings out = recordedGptSettings(ModelFile{{}, {}, text});
-  if (!out.values.empty()) out.from = "the config.resolved.yaml of the run that wrote it";
-  return out;
+  const auto saved = parsedConfig(text);
+  if (!saved || saved->output.exportName != file.filename().string()) return {};
+  return settingsOf(*saved, "the config.resolved.yaml of the run that wrote it");
 }
 
 }  // namespace
