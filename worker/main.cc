@@ -385,6 +385,9 @@ int main(int argc, char** argv) {
     return runWorker(std::move(args));
   } catch (const ddp::ConfigError& e) {
     return fail("worker: " + inConfigTerms(e.what()), 2, gConfigErrorRecordedOnly);
+  } catch (const ddp::CheckpointsDamagedError& e) {
+    // The user must move them out or repair one: exit 2, which ddp-launch does not restart into.
+    return fail("worker: " + inConfigTerms(e.what()), 2);
   } catch (const c10::Error& e) {
     // LibTorch's own errors: the message without its C++ backtrace, on one line.
     std::string what = inConfigTerms(e.what_without_backtrace());

@@ -7,6 +7,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -54,6 +55,12 @@ struct CheckpointOptions {
   /// only one side has are not compared).
   std::map<std::string, std::string> sampleOrder;
   std::string config;    // recorded in the file: the run's settings, as text (e.g. YAML)
+  /// Called on every rank by resume()/resumeFrom() with the `config` text the file records ("" when
+  /// its writer recorded none) and the file's path, after the seed and sampleOrder checks and before
+  /// anything is loaded: throw (ConfigError) to refuse the file, nothing loaded and nothing logged as
+  /// resumed. For settings no tensor's shape shows (a transformer's head count: the weights would
+  /// load and compute another model). Every rank reads the same file, so all refuse alike.
+  std::function<void(const std::string& recordedConfig, const std::string& path)> checkRecordedConfig;
   /// The GPUs whose generators a one-process job saves and restores, in this order (DataParallel's
   /// replicas, as torch.cuda.get_rng_state_all() lists them). Empty: each rank's own GPU (the group's
   /// device), one state per rank. With several ranks, save() and resume throw ConfigError.
@@ -107,8 +114,9 @@ class Checkpointer {
   std::string save(torch::nn::Module& module, torch::optim::Optimizer& optimizer, const TrainPosition& position,
                    const GradScaler* scaler = nullptr);
   /// Collective: loads the newest checkpoint of dir that verifies (skipping damaged ones) into the
-  /// module, optimizer and generators; nullopt when there is none; CheckpointError, nothing
-  /// loaded, when every one there is damaged. Ranks that found different
+  /// module, optimizer and generators; nullopt when there is none; CheckpointsDamagedError (a
+  /// CheckpointError), nothing loaded, when every one there is damaged: a restart would meet them
+  /// again, the user must move them out or repair one. Ranks that found different
   /// checkpoints get a CommError. Call after the module is on its device and the optimizer built.
   /// With a scaler, its saved state is restored (a file without one leaves it as it is, warning).
   /// The optimizer's per-parameter state (momentum, Adam's moments) is the file's; its options

@@ -37,6 +37,13 @@ class CheckpointError : public Error {
   using Error::Error;
 };
 
+/// Every checkpoint in a Checkpointer's directory is damaged (Checkpointer::resume): nothing was
+/// loaded; restarting the job meets them again, so a launcher should not (the worker exits 2).
+class CheckpointsDamagedError : public CheckpointError {
+ public:
+  using CheckpointError::CheckpointError;
+};
+
 /// Data set files missing or malformed.
 class DataError : public Error {
  public:

@@ -371,7 +371,7 @@ std::optional<TrainPosition> Checkpointer::resume(torch::nn::Module& module, tor
       if (!skipped.empty()) {
         // Damaged, all of them: starting from the beginning would train again what they hold, and
         // its saves would sit among them. Nothing is loaded or removed; the user decides.
-        DDP_THROW(CheckpointError, "resume: every checkpoint in ", options_.dir, " is damaged (", skipped.size(),
+        DDP_THROW(CheckpointsDamagedError, "resume: every checkpoint in ", options_.dir, " is damaged (", skipped.size(),
                   ", the newest ", skipped.front(), "; the warnings above say why): none was loaded; move them out of ",
                   "ddp::CheckpointOptions::dir", " to start from the beginning, or repair the newest");
       }
@@ -397,6 +397,7 @@ TrainPosition Checkpointer::resumeFrom(const std::string& path, torch::nn::Modul
   // Another model's checkpoint is named as such before its seed or sample order would differ too.
   checkpoint::checkStateDictFits(module, state.model, path);
   checkSampleOrder(options_, state, path);
+  if (options_.checkRecordedConfig) options_.checkRecordedConfig(state.config, path);
 
   const c10::Device device = group_.device();
   checkpoint::loadStateDictInto(module, state.model, path);

@@ -441,7 +441,7 @@ TEST_F(Checkpoint, ResumeReadsAOneFileCheckpointOnceAndStillLooksPastADamagedOne
   try {
     Checkpointer(group, {d}).resume(*fresh, freshSgd);
     ADD_FAILURE() << "resume started afresh past two damaged checkpoints";
-  } catch (const CheckpointError& e) {
+  } catch (const CheckpointsDamagedError& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("every checkpoint in " + d + " is damaged (3, the newest " + sharded), std::string::npos)
         << what;

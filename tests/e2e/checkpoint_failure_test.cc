@@ -338,12 +338,17 @@ TEST(CheckpointErrors, DamagedFilesGiveTheDocumentedErrorAndExitNonZero) {
   EXPECT_NE(wrongModel.output.find("fc1.weight [64, 784] in the file vs [128, 784] in the model"), std::string::npos)
       << wrongModel.output;
   // Every checkpoint there cut in half (the runs above left several): one line in the worker's
-  // keys, and no fresh start over them.
+  // keys, and no fresh start over them. Exit 2, as a configuration the user must mend: a restart
+  // would meet the same files (it restarted --max_restarts times, saying the same each time).
   for (const auto& entry : fs::directory_iterator(ckpt)) {
     if (entry.path().extension() == ".pt") fs::resize_file(entry.path(), fs::file_size(entry.path()) / 2);
   }
-  const auto allDamaged = launch(1, args({"resume=auto", "train.max_steps=14"}));
-  EXPECT_EQ(allDamaged.exitCode, 1) << allDamaged.output;
+  std::vector<std::string> restartable = {DDP_LAUNCH_BIN, "--nproc_per_node=1", "--max_restarts=2", DDP_WORKER_BIN};
+  for (const std::string& a : args({"resume=auto", "train.max_steps=14"})) restartable.push_back(a);
+  const auto allDamaged = test::runCommand(restartable, 300);
+  EXPECT_EQ(allDamaged.exitCode, 2) << allDamaged.output;
+  EXPECT_NE(allDamaged.output.find("not restarting the group"), std::string::npos) << allDamaged.output;
+  EXPECT_EQ(allDamaged.output.find("restarting the group (restart"), std::string::npos) << allDamaged.output;
   EXPECT_NE(allDamaged.output.find("resume: every checkpoint in " + ckpt + " is damaged"), std::string::npos)
       << allDamaged.output;
   EXPECT_NE(allDamaged.output.find("move them out of checkpoint.dir to start from the beginning"), std::string::npos)

@@ -328,9 +328,11 @@ TEST(LanguageModel, ShardedCheckpointResumesDdpAndAnotherWorldSize) {
       gptJob(2, split, {"data.sampling=sequential", "eval.enabled=false", "train.max_steps=8", "resume=" + saved,
                         "model.n_head=4"}),
       300);
-  EXPECT_NE(heads.exitCode, 0) << heads.output;
+  EXPECT_EQ(heads.exitCode, 2) << heads.output;  // this run's config to mend: no restart into it
   EXPECT_NE(heads.output.find("'" + saved + "': the GPT that wrote it differs from this run's model.* (its run's "
                               "config vs this run's): n_head 2 vs 4"), std::string::npos) << heads.output;
+  // Refused before anything was loaded: no "resumed from" line above the refusal.
+  EXPECT_EQ(heads.output.find("resumed from"), std::string::npos) << heads.output;
   fs::remove_all(straight);
   fs::remove_all(split);
 }

@@ -32,17 +32,31 @@ TrainingCheckpointer::TrainingCheckpointer(const WorkerConfig& config, ProcessGr
                                            std::vector<c10::Device> cudaGenerators)
     : config_(config),
       rank_(group.rank()),
-      checkpointer_(std::move(group), checkpointOptions(config, trainSamples, std::move(cudaGenerators))) {}
+      checkpointer_(std::move(group), withRecordedConfigCheck(checkpointOptions(config, trainSamples,
+                                                                                std::move(cudaGenerators)))) {}
+
+CheckpointOptions TrainingCheckpointer::withRecordedConfigCheck(CheckpointOptions options) {
+  // A GPT of another n_head is refused before anything is loaded (or logged as resumed).
+  options.checkRecordedConfig = [this](const std::string& recordedConfig, const std::string& path) {
+    if (resuming_ == nullptr) return;
+    try {
+      checkResumedModelSettings(*resuming_, recordedConfig, path);
+    } catch (const CheckpointError& e) {
+      throw ConfigError(e.what());  // "set model.n_head=2": this run's config to mend (exit 2)
+    }
+  };
+  return options;
+}
 
 TrainPosition TrainingCheckpointer::resume(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                            GradScaler* scaler) {
   if (config_.resume.empty()) return {};
+  resuming_ = &module;
   const std::optional<TrainPosition> position = config_.resume == "auto"
                                                     ? checkpointer_.resume(module, optimizer, scaler)
                                                     : checkpointer_.resumeFrom(config_.resume, module, optimizer, scaler);
+  resuming_ = nullptr;
   const std::string from = config_.resume == "auto" ? checkpointDir(config_) : config_.resume;
-  // Every rank read the same recorded config: all refuse alike.
-  if (position) checkResumedModelSettings(module, checkpointer_.resumedConfig(), from);
   // A resume with another learning rate or batch size is allowed (a user may mean it) but never silent.
   if (position && rank_ == 0) {
     const std::string changes = describeResumeChanges(checkpointer_.resumedConfig(), config_, from);

@@ -20,6 +20,9 @@ class TrainingCheckpointer {
   /// train.shuffle): a checkpoint of another one is refused at resume.
   TrainingCheckpointer(const WorkerConfig& config, ProcessGroup group, int64_t trainSamples,
                        std::vector<c10::Device> cudaGenerators = {});
+  // Its Checkpointer calls back into it: it stays where it was made.
+  TrainingCheckpointer(const TrainingCheckpointer&) = delete;
+  TrainingCheckpointer& operator=(const TrainingCheckpointer&) = delete;
   /// Applies config.resume (auto | path) to `module` and `optimizer` and the RNGs;
   /// returns where to continue (the start when there is nothing to resume).
   /// Collective. Throws CheckpointError for an explicit path that does not load.
@@ -35,8 +38,11 @@ class TrainingCheckpointer {
                    const GradScaler* scaler = nullptr);
 
  private:
+  CheckpointOptions withRecordedConfigCheck(CheckpointOptions options);
+
   const WorkerConfig& config_;
   int rank_;
+  const torch::nn::Module* resuming_ = nullptr;  // the module resume() loads into, while it does
   Checkpointer checkpointer_;  // also knows the last step saved: a step is never written twice
 };
 
