@@ -410,7 +410,7 @@ def prepare_inputs(args, started, scratch):
     if n is not None:
         n_train, n_val = split_sizes(n, args.val_fraction)
 
-    out = os.path.abspath(args.out)
+    out = os.path.realpath(args.out)  # a link to an empty folder: that folder (a link cannot be renamed over)
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", suffix=".tmp", dir=parent)

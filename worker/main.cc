@@ -89,8 +89,11 @@ int runDataParallel(const ddp::worker::WorkerConfig& config, std::optional<int> 
 
   // The training loop writes config.resolved.yaml once every check passed.
   dp::DpTrainer trainer(config, placement, startGroupOfOne(placement.devices.front().str(), legacyLocalRank));
+  // From here on a SIGTERM finishes the step, saves a checkpoint and exits, as in mode ddp.
+  installStopSignalHandlers();
   const dp::DpResult dpResult = trainer.run(data);
   const TrainResult& result = dpResult.train;
+  if (result.stopSignal != 0) return 128 + result.stopSignal;  // its work saved
   if (result.outputsKept) return 0;  // resumed at the run's end: the outputs are that run's
   const double rssMb = static_cast<double>(dp::peakRssBytes()) / kMiB;
   nlohmann::json summary = trainingSummary(config, result, 1, "dp", "none", placement.devices.front().str(),
@@ -296,11 +299,11 @@ int runWorker(std::vector<std::string> args) {
   const char* errorFile = std::getenv("TORCHELASTIC_ERROR_FILE");
   gConfigErrorRecordedOnly = env.localRank != 0 && errorFile != nullptr && *errorFile != '\0';
   const WorkerConfig config = loadConfig(args[0], overrides);
-  gConfigErrorRecordedOnly = false;  // later errors may be this rank's own (its device, its files)
   gSmallerModel = smallerModelKeys(config.model);
   checkInputPaths(config);
   applyNumerics(config);
-  checkOneProcessModes(config, env.worldSize);
+  checkOneProcessModes(config, env.worldSize);  // every rank alike too (mode dp with 2: said once, not twice)
+  gConfigErrorRecordedOnly = false;  // later errors may be this rank's own (its device, its files)
   if (config.mode == Mode::kEval) {
     ddp::ProcessGroup group = startGroupOfOne(config.device, legacyLocalRank);
     return runEvalMode(config, group);

@@ -110,7 +110,9 @@ class Checkpointer {
   /// With a scaler, its state is saved too. ConfigError on every rank when the ranks' steps differ,
   /// or the step is below one of this run's checkpoints in `dir` (written by this process, through
   /// any Checkpointer, or resumed from there): resume takes the highest step, so such a save would
-  /// never be resumed from.
+  /// never be resumed from. A second save at the step of the last one returns its path without
+  /// writing (a stop's save after a periodic one); at another position it is a ConfigError (a loop
+  /// that does not count TrainPosition::globalStep would keep one checkpoint, its first).
   std::string save(torch::nn::Module& module, torch::optim::Optimizer& optimizer, const TrainPosition& position,
                    const GradScaler* scaler = nullptr);
   /// Collective: loads the newest checkpoint of dir that verifies (skipping damaged ones) into the
@@ -145,6 +147,7 @@ class Checkpointer {
   ProcessGroup group_;
   CheckpointOptions options_;
   int64_t lastSavedStep_ = -1;
+  std::optional<TrainPosition> lastSavedPosition_;  // of the last save (not of a resume)
   bool dirHeld_ = false;
   std::string resumedConfig_;
 };

@@ -53,6 +53,11 @@ std::string describePosition(const TrainPosition& position) {
       .append(nthEpoch(position.epoch));
 }
 
+bool samePosition(const TrainPosition& a, const TrainPosition& b) {
+  return a.epoch == b.epoch && a.stepInEpoch == b.stepInEpoch && a.globalStep == b.globalStep &&
+         a.samples == b.samples && a.epochSamples == b.epochSamples;
+}
+
 // What a checkpoint holds of this rank: its model and optimizer entries (ZeRO's gathered shards
 // when given), the position, the generators and the scaler.
 checkpoint::TrainingState trainingState(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
@@ -282,7 +287,17 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
   const bool shardedModel = checkpoint::holdsShardedParameters(module);
   const std::string path = shardedModel ? checkpoint::shardedCheckpointPath(dir, position.globalStep)
                                         : checkpoint::checkpointPath(dir, position.globalStep);
-  if (position.globalStep == lastSavedStep_) return path;  // this very step is on disk already
+  if (position.globalStep == lastSavedStep_) {
+    // This very step is on disk already (a stop's save after a periodic one). The same step at
+    // another position is a loop that does not count its steps: its saves would all be one file.
+    if (lastSavedPosition_ && !samePosition(*lastSavedPosition_, position)) {
+      DDP_THROW(ConfigError, "ddp::Checkpointer::save: ", describePosition(*lastSavedPosition_),
+                " is saved already, and this save is at global step ", position.globalStep, " again but at another ",
+                "position (", describePosition(position), ", ", position.samples, " samples): resume takes the ",
+                "highest step, one checkpoint per step; count TrainPosition::globalStep up with every optimizer step");
+    }
+    return path;
+  }
   // Collective: another job's lock (taken on the first save), another rank's step, or a step below
   // this run's newest checkpoint there fails every rank.
   holdDirectory(group, /*create=*/true, position.globalStep);
@@ -321,6 +336,7 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
       spdlog::info("checkpoint {} ({} ranks' shards; {})", path, group.size(), describePosition(position));
     }
     lastSavedStep_ = position.globalStep;
+    lastSavedPosition_ = position;
     return path;
   }
   std::string error;
@@ -346,6 +362,7 @@ std::string Checkpointer::save(torch::nn::Module& module, torch::optim::Optimize
   if (!error.empty()) throw CheckpointError(error);
   if (failed.item<double>() > 0) DDP_THROW(CheckpointError, "rank 0 could not write checkpoint '", path, "' (its log says why)");
   lastSavedStep_ = position.globalStep;
+  lastSavedPosition_ = position;
   return path;
 }
 
@@ -460,6 +477,7 @@ TrainPosition Checkpointer::resumeFrom(const std::string& path, torch::nn::Modul
   const auto parent = std::filesystem::weakly_canonical(std::filesystem::path(path).parent_path(), ec);
   if (!ec && parent == std::filesystem::weakly_canonical(options_.dir, ec) && !ec) {
     lastSavedStep_ = position.globalStep;
+    lastSavedPosition_.reset();  // a save there at this step: this world's view of the same position
     checkpoint::recordResume(options_.dir, position.globalStep);
   }
   if (group.rank() == 0) {

@@ -206,6 +206,17 @@ void Reducer::reduceWithoutBackward() {
 
 void Reducer::prepareForBackward(const std::vector<at::Tensor>& outputs) {
   std::lock_guard<std::mutex> lock(mutex_);
+  // A parameter cast or moved after wrapping (net->to(torch::kDouble), set_data of another type) has
+  // a new AccumulateGrad node without our hook: its gradients would stay this rank's, the replicas
+  // drifting apart with no error. PyTorch's DDP documents it; here it is refused.
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (torch::autograd::impl::try_get_grad_accumulator(params_[i]).get() != slots_[i].accumulator.get()) {
+      DDP_THROW(ConfigError, "DistributedDataParallel: parameter '", names_[i], "' was replaced after the model was ",
+                "wrapped (a cast or move such as net->to(torch::kDouble), or its .data set to another type): its ",
+                "gradients would no longer be all-reduced; cast and move the model before wrapping it (it is now ",
+                params_[i].scalar_type(), " on ", params_[i].device().str(), ")");
+    }
+  }
   // The last forward's output was never backpropagated (a loss computed for a log line with grad
   // mode on, a step abandoned): no gradient arrived and nothing was sent, so this forward takes
   // its place, as PyTorch's DDP lets it.

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/arange.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
 #include <torch/nn/cloneable.h>
@@ -95,7 +96,9 @@ TEST_P(DataParallelStep, EqualsSingleProcessStepOnTheFullBatch) {
     dpSgd.zero_grad();
     const at::Tensor dpLoss = torch::nn::functional::cross_entropy(dp.forward(x), y);
     dpLoss.backward();
-    EXPECT_EQ(dp.lastReplicasUsed(), std::min<int64_t>(rows, c.replicas)) << "step " << step;
+    // torch.chunk's parts: ceil(rows / replicas) each, so as many replicas as that fills (9 over 4: 3).
+    const int64_t part = (rows + c.replicas - 1) / c.replicas;
+    EXPECT_EQ(dp.lastReplicasUsed(), (rows + part - 1) / part) << "step " << step;
     EXPECT_NEAR(dpLoss.item<double>(), refLoss.item<double>(), 1e-6) << "step " << step;
 
     const auto refParams = reference.ptr()->named_parameters();
@@ -129,18 +132,21 @@ INSTANTIATE_TEST_SUITE_P(
       return name.str();
     });
 
-TEST(ScatterSizes, EvenAsPossibleLargerFirstNeverEmpty) {
+// nn.DataParallel's scatter is torch.chunk (torch/csrc/cuda/comm.cpp scatter: tensor.chunk(devices)):
+// with BatchNorm the parts' sizes shape the result, so they must be PyTorch's. Python's
+// [c.shape[0] for c in torch.arange(b).chunk(n)] gives the literals; LibTorch's chunk the rest.
+TEST(ScatterSizes, AreTorchChunksAsNnDataParallelScatters) {
   using worker::dp::scatterSizes;
-  EXPECT_EQ(scatterSizes(10, 4), (std::vector<int64_t>{3, 3, 2, 2}));
+  EXPECT_EQ(scatterSizes(10, 4), (std::vector<int64_t>{3, 3, 3, 1}));
+  EXPECT_EQ(scatterSizes(9, 4), (std::vector<int64_t>{3, 3, 3}));  // three replicas of four
+  EXPECT_EQ(scatterSizes(5, 4), (std::vector<int64_t>{2, 2, 1}));
   EXPECT_EQ(scatterSizes(8, 4), (std::vector<int64_t>{2, 2, 2, 2}));
   EXPECT_EQ(scatterSizes(2, 4), (std::vector<int64_t>{1, 1}));
   for (int64_t n = 1; n <= 5; ++n) {
     for (int64_t b = 1; b <= 23; ++b) {
-      const auto s = scatterSizes(b, n);
-      ASSERT_EQ(static_cast<int64_t>(s.size()), std::min(b, n));
-      EXPECT_EQ(std::accumulate(s.begin(), s.end(), int64_t{0}), b);
-      EXPECT_LE(*std::max_element(s.begin(), s.end()) - *std::min_element(s.begin(), s.end()), 1);
-      EXPECT_GE(*std::min_element(s.begin(), s.end()), 1);
+      std::vector<int64_t> chunks;
+      for (const auto& c : torch::arange(b).chunk(n)) chunks.push_back(c.size(0));
+      EXPECT_EQ(scatterSizes(b, n), chunks) << b << " rows over " << n;
     }
   }
 }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <ATen/ops/equal.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
@@ -13,6 +14,8 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "libddp/checkpoint/checkpoint_dir.h"
+#include "libddp/checkpoint/training_checkpoint.h"
 #include "sampler/batching.h"
 #include "sampler/distributed_sampler.h"
 #include "tests/support/run_command.h"
@@ -72,7 +75,49 @@ TEST(DpWorker, TwoProcessesAreRefusedWithAClearLine) {
   EXPECT_NE(run.output.find("--nproc_per_node=1"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("mode: ddp"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("ddp-launch: rank"), std::string::npos) << "the launcher reports it: " << run.output;
+  // Printed by the host's first rank only (every rank refuses alike), not once per rank.
+  EXPECT_EQ(run.output.find("[rank 1] worker: config: mode 'dp'"), std::string::npos) << run.output;
   EXPECT_FALSE(std::filesystem::exists(dir + "/model.pt"));
+  std::filesystem::remove_all(dir);
+}
+
+// Preemption in mode dp as in ddp (worker.md "Preemption"): SIGTERM to the launcher finishes the
+// step, saves a checkpoint, exits 143; resumed, the run ends where an uninterrupted one does, bit
+// for bit. (dp installed no handler: the signal killed it, no checkpoint, all its training lost.)
+TEST(DpWorker, SigtermSavesACheckpointAndTheResumedRunIsTheUninterruptedOne) {
+  const std::string dir = test::makeTempDir("dp_sigterm");
+  auto args = [&](const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> a = {DDP_LAUNCH_BIN, "--nproc_per_node=1", DDP_WORKER_BIN, kConfig,
+                                  "mode=dp", "dp.replicas=2", "seed=5", "model.hidden=[32]",
+                                  "data.synthetic_train=200", "data.synthetic_test=64", "train.batch_size=16",
+                                  "train.lr=0.05", "train.momentum=0.9", "train.log_every=1",
+                                  "checkpoint.every_steps=0", "output.dir=" + dir + "/" + name};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  const test::SignalledRun stopped = test::runSignalledAt(args("stopped", {"train.epochs=100000"}), "step 15/", SIGTERM);
+  ASSERT_TRUE(stopped.signalled) << "the job ended before step 15:\n" << stopped.output;
+  ASSERT_TRUE(WIFEXITED(stopped.status)) << stopped.output;
+  EXPECT_EQ(WEXITSTATUS(stopped.status), 128 + SIGTERM) << stopped.output;
+  ASSERT_NE(stopped.output.find("stopping after step"), std::string::npos) << stopped.output;
+  const auto saved = checkpoint::latestValidCheckpoint(dir + "/stopped/checkpoints", nullptr);
+  ASSERT_TRUE(saved.has_value()) << stopped.output;
+  const int64_t step = checkpoint::loadTrainingCheckpoint(*saved).globalStep;
+  EXPECT_GE(step, 15);
+
+  const std::string target = "train.max_steps=" + std::to_string(step + 7);
+  const auto resumed = test::runCommand(args("stopped", {"train.epochs=100000", target, "resume=auto"}), 240);
+  ASSERT_EQ(resumed.exitCode, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from " + *saved), std::string::npos) << resumed.output;
+  const auto straight = test::runCommand(args("straight", {"train.epochs=100000", target}), 240);
+  ASSERT_EQ(straight.exitCode, 0) << straight.output;
+  const auto a = ddp::loadTensors(dir + "/stopped/model.pt");
+  const auto b = ddp::loadTensors(dir + "/straight/model.pt");
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [key, value] : b) {
+    ASSERT_TRUE(a.count(key)) << key;
+    EXPECT_TRUE(torch::equal(a.at(key), value)) << key << " differs from the uninterrupted run's";
+  }
   std::filesystem::remove_all(dir);
 }
 

@@ -263,7 +263,31 @@ INSTANTIATE_TEST_SUITE_P(
                  "config: 'train.precision' is bf16 but mode dp (DataParallel) trains in fp32 only; use mode ddp", 2},
         BadInput{"SyncBatchNormInModeDp",
                  [](const Fixture& f) { return worker({"mode=dp", "model.name=cnn", "model.batch_norm=true", "model.sync_batch_norm=true"}, f, 1); },
-                 "config: 'model.sync_batch_norm' is for mode ddp; dp and single train in one process", 2},
+                 "config: 'model.sync_batch_norm' is for mode ddp (as PyTorch's SyncBatchNorm is for "
+                 "DistributedDataParallel only): in single, BatchNorm sees the whole batch; in dp, each replica "
+                 "normalises its part of the batch", 2},
+        // Mode dp: one GPU named (it trained on CPU threads silently), a replica count no machine has
+        // cores for (100000 threads, no step in 10 minutes), wire compression it has no wire for (it
+        // was ignored), a layer its replicas cannot copy (LibTorch's clone() error).
+        BadInput{"DpOnOneNamedGpu", [](const Fixture& f) { return worker({"mode=dp", "device=cuda:1"}, f, 1); },
+                 "config: 'device' is cuda:1, one GPU, but mode dp spreads its replicas over dp.device_ids (logical "
+                 "ids, default every visible GPU) and gathers on dp.output_device; use device: cuda (or auto) with "
+                 "dp.device_ids: [1, ...]", 2},
+        BadInput{"DpReplicasBeyondThreads", [](const Fixture& f) { return worker({"mode=dp", "dp.replicas=100000"}, f, 1); },
+                 "config: 'dp.replicas' must be from 1 to 64 (CPU replicas, one thread each)", 2},
+        BadInput{"DpWithWireCompression", [](const Fixture& f) { return worker({"mode=dp", "comm.compression=fp16"}, f, 1); },
+                 "config: 'comm.compression' is fp16, for mode ddp: dp sums its replicas' gradients in one process "
+                 "and sends none; set comm.compression: none", 2},
+        BadInput{"DpWithUnusedLayer", [](const Fixture& f) { return worker({"mode=dp", "model.unused_layer=true"}, f, 1); },
+                 "config: 'model.unused_layer' (a layer forward never reaches, for DDP's find_unused_parameters) is "
+                 "for mode ddp and single", 2},
+        BadInput{"TrainLimitOnTokens",
+                 [](const Fixture& f) {
+                   return worker({"model.name=gpt", "data.name=tokens", "data.train_files=" + f.dir + "/none_*.bin",
+                                  "data.train_limit=8"}, f, 1);
+                 },
+                 "config: 'data.train_limit' limits the samples of an image or tensors data set; data.name tokens "
+                 "draws windows from its shards: use train.max_steps", 2},
         BadInput{"SyncBatchNormWithoutBatchNorm", [](const Fixture& f) { return worker({"model.sync_batch_norm=true"}, f); },
                  "config: 'model.sync_batch_norm' synchronises BatchNorm layers; use a ResNet (model.name: resnet18, ...) or "
                  "model.name: cnn with model.batch_norm: true", 2},

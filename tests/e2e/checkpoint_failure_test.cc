@@ -137,30 +137,11 @@ TEST(Preemption, SigtermFinishesTheStepSavesAndResumesExactly) {
   // A long run on 2 ranks, SIGTERM to the launcher once it is well into training.
   std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nproc_per_node=2", DDP_WORKER_BIN};
   for (auto& a : args("stopped", {"train.epochs=100000", "train.log_every=1"})) argv.push_back(a);
-  int out[2];
-  ASSERT_EQ(::pipe2(out, O_CLOEXEC), 0);
-  const pid_t pid = test::startInGroup(argv, out[1]);
-  ::close(out[1]);
-  // Blocking reads of the job's output: preempt once step 25 is logged, then read to the end
-  // (every writer gone) so no process blocks on a full pipe.
-  std::string output;
-  bool preempted = false;
-  char chunk[4096];
-  for (ssize_t n; (n = ::read(out[0], chunk, sizeof chunk)) != 0;) {
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      break;
-    }
-    output.append(chunk, static_cast<size_t>(n));
-    if (!preempted && output.find("step 25/") != std::string::npos) {
-      ::kill(pid, SIGTERM);
-      preempted = true;
-    }
-  }
-  ::close(out[0]);
-  if (!preempted) ::kill(pid, SIGKILL);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
+  // Preempt once step 25 is logged.
+  const test::SignalledRun run = test::runSignalledAt(argv, "step 25/", SIGTERM);
+  const bool preempted = run.signalled;
+  const int status = run.status;
+  const std::string& output = run.output;
   ASSERT_TRUE(preempted) << "the job ended before step 25:\n" << output;
   ASSERT_TRUE(WIFEXITED(status)) << output;
   EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM) << output;

@@ -353,6 +353,41 @@ TEST(Checkpointer, ASaveBelowTheLastStepIsRefused) {
   }
 }
 
+// A save at the step of the last one writes nothing (a stop's save right after a periodic one) when
+// the position is the same; at another position it is a loop that does not count its steps (the
+// docs' loop once saved {epoch + 1, 0, 0} every epoch: one checkpoint, the first epoch's, for ever).
+TEST(Checkpointer, ASaveAtTheSameStepButAnotherPositionIsRefused) {
+  const std::string dir = scratchDir("same_step");
+  if (group().rank() == 0) std::filesystem::remove_all(dir);
+  group().barrier();
+  Net net;
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  ddp::Checkpointer checkpointer(group(), {dir});
+  const std::string first = checkpointer.save(*net, sgd, {1, 0, 0, 0, 0});
+  {
+    torch::NoGradGuard noGrad;
+    for (auto& p : net->parameters()) p.add_(1.0);
+  }
+  EXPECT_EQ(checkpointer.save(*net, sgd, {1, 0, 0, 0, 0}), first);  // the same position: nothing to write
+  try {
+    checkpointer.save(*net, sgd, {2, 0, 0, 0, 0});
+    ADD_FAILURE() << "a second epoch's save at global step 0 was dropped silently";
+  } catch (const ddp::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("global step 0, at the end of the 1st epoch is saved already, and this save "
+                                         "is at global step 0 again but at another position (global step 0, at the "
+                                         "end of the 2nd epoch"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("count TrainPosition::globalStep up with every optimizer step"),
+              std::string::npos)
+        << e.what();
+  }
+  group().barrier();
+  EXPECT_EQ(checkpointNames(dir), std::vector<std::string>{"ckpt-00000000.pt"});
+  group().barrier();
+  if (group().rank() == 0) std::filesystem::remove_all(dir);
+}
+
 // A directory another job holds (its lock file, here held by flock(1) and naming pid 4242): every
 // rank's save is refused before anything is written; once the other job is gone, the save goes.
 TEST(Checkpointer, ADirectoryAnotherJobHoldsIsRefused) {

@@ -336,6 +336,28 @@ TEST(DistributedDataParallel, AForwardWithoutBackwardIsTakenOverByTheNext) {
   EXPECT_TRUE(torch::allclose(flatGrads(*net), flatGrads(*reference), 1e-5, 1e-6));
 }
 
+// A model cast after it was wrapped has new AccumulateGrad nodes, without DDP's hooks: its gradients
+// stayed each rank's and the replicas drifted apart silently (a reviewer's 3 steps: not equal). The
+// first forward after the cast is refused on every rank (api_ddp), naming the parameter and its new type.
+TEST(DistributedDataParallel, AModelCastAfterWrappingIsRefused) {
+  Net net;
+  ddp::DistributedDataParallel<Net> model(net, group());
+  const auto x = torch::randn({2, 5});
+  torch::mse_loss(model(x), torch::zeros({2, 3})).backward();  // wrapped as it is: fine
+  net->to(torch::kDouble);
+  if (group().size() == 1) {  // alone (api_single): no gradient is reduced, no replica to drift from
+    EXPECT_NO_THROW((void)model(x.to(torch::kDouble)));
+    return;
+  }
+  try {
+    (void)model(x.to(torch::kDouble));
+    ADD_FAILURE() << "a forward of the cast model went on";
+  } catch (const ddp::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("was replaced after the model was wrapped"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("(it is now Double on cpu)"), std::string::npos) << e.what();
+  }
+}
+
 TEST(DistributedDataParallel, BuffersFollowRankZeroBeforeEachForward) {
   torch::nn::BatchNorm1d net(3);
   ddp::DistributedDataParallel<torch::nn::BatchNorm1d> model(net, group());

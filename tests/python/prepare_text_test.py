@@ -461,6 +461,13 @@ class PrepareText(unittest.TestCase):
         os.makedirs(os.path.join(self.dir, "empty_out"))  # an empty folder is fine
         self.prepare(good, "--out", os.path.join(self.dir, "empty_out"))
         self.assertIn("meta.json", os.listdir(os.path.join(self.dir, "empty_out")))
+        # A link to an empty folder: the shards go into that folder, the link stays (it failed with
+        # "cannot write .../.linked.XXXX.tmp: Not a directory", blaming the disk).
+        os.makedirs(os.path.join(self.dir, "real_out"))
+        os.symlink(os.path.join(self.dir, "real_out"), os.path.join(self.dir, "linked"))
+        self.prepare(good, "--out", os.path.join(self.dir, "linked"))
+        self.assertTrue(os.path.islink(os.path.join(self.dir, "linked")))
+        self.assertIn("meta.json", os.listdir(os.path.join(self.dir, "real_out")))
 
     def test_vocab_over_uint16_refused(self):
         chars = [chr(c) for c in range(0x100, 0x100 + 65537 + 2048) if not 0xD800 <= c <= 0xDFFF][:65537]

@@ -175,6 +175,38 @@ inline pid_t startInGroup(const std::vector<std::string>& argv, int outFd) {
   return pid;
 }
 
+/// Runs argv in its own process group and sends `signal` to it (the launcher, or a lone worker) once
+/// its output holds `marker` (e.g. "step 25/"), then reads to the end (every writer gone, so no
+/// process blocks on a full pipe). `signalled` is false when the program ended before the marker.
+struct SignalledRun {
+  bool signalled = false;
+  int status = 0;  // waitpid's
+  std::string output;
+};
+inline SignalledRun runSignalledAt(const std::vector<std::string>& argv, const std::string& marker, int signal) {
+  SignalledRun run;
+  int out[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
+  const pid_t pid = startInGroup(argv, out[1]);
+  ::close(out[1]);
+  char chunk[4096];
+  for (ssize_t n; (n = ::read(out[0], chunk, sizeof chunk)) != 0;) {
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    run.output.append(chunk, static_cast<size_t>(n));
+    if (!run.signalled && run.output.find(marker) != std::string::npos) {
+      ::kill(pid, signal);
+      run.signalled = true;
+    }
+  }
+  ::close(out[0]);
+  if (!run.signalled) ::kill(-pid, SIGKILL);
+  ::waitpid(pid, &run.status, 0);
+  return run;
+}
+
 /// argv that runs `command` through /bin/sh (for a command line with pipes or PATH look-ups).
 inline std::vector<std::string> shellCommand(const std::string& command) { return {"/bin/sh", "-c", command}; }
 

@@ -92,22 +92,46 @@ TEST(TokenOrder, TheLoaderMakesTheWindowsAndTheirNextTokens) {
   EXPECT_EQ(b.labels[2][7].item<int64_t>(), 5 * 8 + 8);
 }
 
-// Random windows: a slot's draws depend on (seed, rank, epoch and slot), so the same position gives
-// the same batch, whoever asks, and a resumed run draws what the interrupted one would have.
+// Random windows: a slot's draws depend on (seed, rank, the run's micro-batch), so the same position
+// gives the same batch, whoever asks, and a resumed run draws what the interrupted one would have.
 TEST(TokenOrder, RandomDrawsDependOnThePositionOnly) {
   const auto data = shardOf(8 * 50 + 1);
   auto o = options(0, 2);
   o.sampling = TokenSampling::kRandom;
   auto straight = tokenOrder(data, o);
-  straight->setEpoch(1, 0);
+  straight->setEpoch(1, 0, 8);  // after the 8 steps of epoch 0 (50 rows / 6 a step)
   const auto all = straight->batches();
   auto resumed = tokenOrder(data, o);
-  resumed->setEpoch(1, 2 * 6);  // after two steps of 2 ranks × 3
+  resumed->setEpoch(1, 2 * 6, 10);  // after two steps of 2 ranks × 3
   const auto rest = resumed->batches();
   ASSERT_EQ(rest.size() + 2, all.size());
   for (size_t k = 0; k < rest.size(); ++k) EXPECT_EQ(rest[k], all[k + 2]) << k;
-  straight->setEpoch(0, 0);
+  straight->setEpoch(0, 0, 0);
   EXPECT_NE(straight->batches()[0], all[0]) << "another epoch draws other windows";
+}
+
+// A resume at another world size draws windows no step drew before: 5 steps of one rank (rows 0-14),
+// then two ranks from row 15 at the run's 6th micro-batch. (The key was the epoch's rows / this
+// world's rows per step: 15 / 6 = 2, so rank 0 drew the one-rank run's steps 3, 4, 5... again.)
+TEST(TokenOrder, RandomDrawsAfterAResumeAtAnotherWorldSizeAreNew) {
+  const auto data = shardOf(8 * 500 + 1);
+  auto one = options(0, 1);
+  one.sampling = TokenSampling::kRandom;
+  auto alone = tokenOrder(data, one);
+  alone->setEpoch(0, 0, 0);
+  auto drawn = alone->batches();
+  drawn.resize(5);
+  std::set<std::vector<int64_t>> before(drawn.begin(), drawn.end());
+  ASSERT_EQ(before.size(), 5u);
+  for (int rank = 0; rank < 2; ++rank) {
+    auto o = options(rank, 2);
+    o.sampling = TokenSampling::kRandom;
+    auto resumed = tokenOrder(data, o);
+    resumed->setEpoch(0, 5 * 3, 5);
+    for (const auto& batch : resumed->batches()) {
+      EXPECT_EQ(before.count(batch), 0u) << "rank " << rank << " drew a batch of the run before the resume again";
+    }
+  }
 }
 
 }  // namespace

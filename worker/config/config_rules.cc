@@ -70,7 +70,8 @@ void validateModel(const WorkerConfig& c) {
           "synchronises BatchNorm layers; use a ResNet (model.name: resnet18, ...) or model.name: cnn with "
           "model.batch_norm: true");
   require(!c.model.syncBatchNorm || c.mode == Mode::kDdp || c.mode == Mode::kEval, "model.sync_batch_norm",
-          "is for mode ddp; dp and single train in one process, where BatchNorm already sees the whole batch");
+          "is for mode ddp (as PyTorch's SyncBatchNorm is for DistributedDataParallel only): in single, BatchNorm sees "
+          "the whole batch; in dp, each replica normalises its part of the batch, as nn.DataParallel's do");
   for (auto h : c.model.hidden) require(h > 0, "model.hidden", "widths must be positive");
 }
 
@@ -170,6 +171,9 @@ void validateLanguageModel(const WorkerConfig& c) {
   require(c.train.unevenInputs == "pad", "train.uneven_inputs",
           "is join, but every rank has a full batch of windows at every step with data.name tokens; leave it pad");
   require(!c.output.sampleLog, "output.sample_log", "lists image sample indices; data.name tokens has none, set it false");
+  require(c.data.trainLimit == 0, "data.train_limit",
+          "limits the samples of an image or tensors data set; data.name tokens draws windows from its shards: "
+          "use train.max_steps (or fewer shards in data.train_files)");
 }
 
 // output.profile_*: which steps the profiler traces.
@@ -300,11 +304,28 @@ void validateComm(const WorkerConfig& c) {
           "must be >= 2: PowerSGD's error feedback and warm start begin after plain all-reduce iterations");
 }
 
-// dp.*: DataParallel's devices and replicas.
+// More CPU replicas than this only adds threads (each replica is one).
+constexpr int64_t kMaxDpReplicas = 64;
+
+// dp.*: DataParallel's devices and replicas, and what mode dp does not run.
 void validateDp(const WorkerConfig& c) {
   for (auto id : c.dp.deviceIds) require(id >= 0, "dp.device_ids", "ids must be >= 0");
   require(c.dp.outputDevice >= -1, "dp.output_device", "must be a device id or -1 (= device_ids[0])");
-  require(c.dp.replicas >= 1, "dp.replicas", "must be >= 1");
+  require(c.dp.replicas >= 1 && c.dp.replicas <= kMaxDpReplicas, "dp.replicas",
+          "must be from 1 to " + std::to_string(kMaxDpReplicas) + " (CPU replicas, one thread each)");
+  if (c.mode != Mode::kDp) return;
+  if (c.device.rfind("cuda:", 0) == 0) {
+    require(false, "device",
+            "is " + c.device + ", one GPU, but mode dp spreads its replicas over dp.device_ids (logical ids, default "
+            "every visible GPU) and gathers on dp.output_device; use device: cuda (or auto) with dp.device_ids: [" +
+            c.device.substr(5) + ", ...]");
+  }
+  require(c.comm.ddp.compression == ddp::GradientCompression::kNone, "comm.compression",
+          std::string("is ") + ddp::compressionName(c.comm.ddp.compression) +
+              ", for mode ddp: dp sums its replicas' gradients in one process and sends none; set comm.compression: none");
+  require(!c.model.unusedLayer, "model.unused_layer",
+          "(a layer forward never reaches, for DDP's find_unused_parameters) is for mode ddp and single; dp's "
+          "replicas are copies of the built model without it; set it false");
 }
 
 // train.zero: ZeroRedundancyOptimizer's mode and optimizer.

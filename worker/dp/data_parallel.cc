@@ -63,9 +63,11 @@ torch::nn::AnyModule cloneKeepingRng(const torch::nn::AnyModule& master, c10::De
 
 std::vector<int64_t> scatterSizes(int64_t batch, int64_t replicas) {
   DDP_ENFORCE(replicas >= 1, "DataParallel needs at least one replica, got ", replicas);
-  const int64_t parts = std::min(batch, replicas);
+  // torch.chunk(batch, replicas), as nn.DataParallel's scatter splits: parts of ceil(batch / replicas)
+  // rows, the last one smaller, and fewer parts than replicas where they run out (9 over 4: 3, 3, 3).
+  const int64_t part = (batch + replicas - 1) / replicas;
   std::vector<int64_t> sizes;
-  for (int64_t i = 0; i < parts; ++i) sizes.push_back(batch / parts + (i < batch % parts ? 1 : 0));
+  for (int64_t left = batch; left > 0; left -= part) sizes.push_back(std::min(part, left));
   return sizes;
 }
 

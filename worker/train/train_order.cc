@@ -11,7 +11,7 @@ class SamplerOrder final : public TrainOrder {
       : train_(std::move(train)), sampler_(train_.size(), world, rank, options), batchSize_(batchSize) {}
 
   int64_t epochSize() const override { return train_.size(); }
-  int64_t setEpoch(int64_t epoch, int64_t start) override {
+  int64_t setEpoch(int64_t epoch, int64_t start, int64_t /*firstMicroStep*/) override {
     sampler_.setEpoch(epoch, start);
     return sampler_.batchesPerRank(batchSize_);
   }
@@ -39,9 +39,9 @@ class TokenOrder final : public TrainOrder {
       : data_(data), sampler_(std::move(data), options) {}
 
   int64_t epochSize() const override { return sampler_.epochRows(); }
-  int64_t setEpoch(int64_t epoch, int64_t start) override {
-    epoch_ = epoch;
+  int64_t setEpoch(int64_t epoch, int64_t start, int64_t firstMicroStep) override {
     start_ = start;
+    firstMicroStep_ = firstMicroStep;
     return sampler_.stepsFrom(start);
   }
   std::vector<std::vector<int64_t>> batches() const override {
@@ -51,7 +51,10 @@ class TokenOrder final : public TrainOrder {
     plan.reserve(static_cast<size_t>(slots));
     for (int64_t k = 0; k < slots; ++k) {
       const int64_t consumed = start_ + k * rows;
-      plan.push_back(sampler_.windowStarts(consumed, epoch_ * sampler_.stepsPerEpoch() + consumed / rows));
+      // The run's micro-batch count, not the epoch's row count / this world's rows per step: after a
+      // resume at another world size that repeated the draws of steps already taken (1 -> 2 ranks:
+      // rank 0 trained the 1-rank run's steps 6-10 again).
+      plan.push_back(sampler_.windowStarts(consumed, firstMicroStep_ + k));
     }
     return plan;
   }
@@ -72,8 +75,8 @@ class TokenOrder final : public TrainOrder {
  private:
   std::shared_ptr<const TokenData> data_;
   TokenSampler sampler_;
-  int64_t epoch_ = 0;
   int64_t start_ = 0;
+  int64_t firstMicroStep_ = 0;
 };
 
 }  // namespace

@@ -304,9 +304,10 @@ int64_t TrainingRun::resumedStart() {
   return order_->positionAfter(resumed_.stepInEpoch * train_.accumulateSteps);
 }
 
-// Sets the sampler to `epoch` from `start`; the batches every rank steps through from there.
+// Sets the sampler to `epoch` from `start`, after the steps taken so far (random token windows are
+// drawn per micro-batch of the run); the batches every rank steps through from there.
 int64_t TrainingRun::epochBatchesFrom(int64_t epoch, int64_t start) {
-  return order_->setEpoch(epoch, start);
+  return order_->setEpoch(epoch, start, result_.steps * train_.accumulateSteps);
 }
 
 }  // namespace loop
