@@ -233,6 +233,12 @@ TEST(Config, AResumeNamesTheTrainingSettingsItChanges) {
   EXPECT_EQ(describeResumeChanges(saved, parseConfig(saved), "x"), "");           // nothing changed
   EXPECT_EQ(describeResumeChanges("", now, "x"), "");                              // the file recorded none
   EXPECT_EQ(describeResumeChanges("train: {no_such_key: 1}\n", now, "x"), "");   // another version's keys
+  // train.batch_size is per rank in ddp and the whole batch in dp: between the two, the line says so.
+  const WorkerConfig dp = parseConfig("mode: dp\ntrain: {lr: 0.1, batch_size: 64}\nmodel: {dropout: 0.0}\n");
+  EXPECT_NE(describeResumeChanges(saved, dp, "x").find("train.batch_size 32 -> 64 (per rank in the checkpoint's mode, "
+                                                       "the whole batch in this mode dp)"),
+            std::string::npos)
+      << describeResumeChanges(saved, dp, "x");
 }
 
 // A longer run with a cosine decay to its last step (train.decay_steps 0) stretches the schedule.

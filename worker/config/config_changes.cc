@@ -79,6 +79,11 @@ std::string describeResumeChanges(const std::string& savedYaml, const WorkerConf
   for (const ConfigChange& c : changes) {
     if (!list.empty()) list += ", ";
     list.append(c.key).append(" ").append(c.saved).append(" -> ").append(c.now);
+    if (c.key == "train.batch_size" && (saved.mode == Mode::kDp) != (now.mode == Mode::kDp)) {
+      // ddp's is per rank, dp's the whole batch: 32 on 2 ranks -> 64 in dp is the same global batch.
+      list.append(saved.mode == Mode::kDp ? " (the whole batch in the checkpoint's mode dp, per rank now)"
+                                          : " (per rank in the checkpoint's mode, the whole batch in this mode dp)");
+    }
   }
   std::string line = "resume: this run changes settings of the run that wrote the checkpoint (";
   line.append(path).append("), the checkpoint's -> this run's: ");
