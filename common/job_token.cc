@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <set>
 
 #include <fcntl.h>
 #include <linux/magic.h>
@@ -131,6 +132,21 @@ std::string checkedToken(const std::string& token, const std::string& source) {
   if (token.find_first_not_of(token.front()) == std::string::npos) {
     DDP_THROW(ConfigError, source, " holds one character repeated, which anyone could guess; a job token needs ",
               kMinTokenChars, " random ones (e.g. 32 hex digits from /dev/urandom)");
+  }
+  // A short pattern repeated ("abababab...", "passwordpassword") or a handful of characters: as
+  // guessable. (16 random hex digits repeat a pattern of 8 or hold under 5 kinds with odds below 1e-6.)
+  for (size_t period = 2; period <= 8 && period < token.size(); ++period) {
+    bool repeats = true;
+    for (size_t i = period; i < token.size() && repeats; ++i) repeats = token[i] == token[i - period];
+    if (repeats) {
+      DDP_THROW(ConfigError, source, " holds a pattern of ", period, " characters repeated, which anyone could guess; ",
+                "a job token needs ", kMinTokenChars, " random characters (e.g. 32 hex digits from /dev/urandom)");
+    }
+  }
+  if (std::set<char>(token.begin(), token.end()).size() < 5) {
+    DDP_THROW(ConfigError, source, " holds only ", std::set<char>(token.begin(), token.end()).size(),
+              " different characters, which anyone could guess; a job token needs ", kMinTokenChars,
+              " random ones (e.g. 32 hex digits from /dev/urandom)");
   }
   return token;
 }

@@ -94,7 +94,9 @@ TEST_F(TokenFile, TextIsTrimmedAndRawBytesAreUsedWholeAsHex) {
   std::string hex = "010200ff";  // the bytes' hex digits, written out
   for (int i = 0; i < 16; ++i) hex += "7f";
   EXPECT_EQ(readTokenFile(write(raw)), hex + "0a");  // the whole file: the newline is a byte of it
-  EXPECT_EQ(readTokenFile(write(std::string(20, '\0') + "x")), std::string(40, '0') + "78");
+  std::string bytes;  // 0x00..0x13 and 'x': control bytes, not text
+  for (char c = 0; c < 20; ++c) bytes += c;
+  EXPECT_EQ(readTokenFile(write(bytes + "x")), "000102030405060708090a0b0c0d0e0f10111213" "78");
   // A passphrase in UTF-8 is text too: its trailing newline is not part of it (it was hex-encoded
   // whole, so the same passphrase with and without the newline made two tokens).
   const std::string phrase = "gr\xc3\xbc\xc3\x9f" "e aus K\xc3\xb6ln \xe7\xa7\x98\xe5\xaf\x86 \xf0\x9f\x94\x91";
@@ -112,6 +114,13 @@ TEST_F(TokenFile, WeakOrStrangeFilesAreRefusedInOneLine) {
   EXPECT_NE(errorOf(write(std::string(8, '\0'))).find("holds 8 bytes"), std::string::npos);
   EXPECT_NE(errorOf(write(std::string(40, 'z'))).find("one character repeated"), std::string::npos);
   EXPECT_NE(errorOf(write(std::string(32, '\0'))).find("one character repeated"), std::string::npos);
+  // A short pattern repeated, or a handful of characters (the raw bytes' hex: "0000...0078"): the
+  // message names neither the pattern nor the characters (no part of a secret in a log).
+  EXPECT_NE(errorOf(write("abababababababababab\n")).find("holds a pattern of 2 characters repeated"), std::string::npos);
+  EXPECT_NE(errorOf(write("passwordpassword")).find("holds a pattern of 8 characters repeated"), std::string::npos);
+  EXPECT_EQ(errorOf(write("passwordpassword")).find("password"), std::string::npos);
+  EXPECT_NE(errorOf(write(std::string(20, '\0') + "x")).find("holds only 3 different characters"), std::string::npos);
+  EXPECT_NE(errorOf(write("abcddcbaacbdbdacdcab")).find("holds only 4 different characters"), std::string::npos);
   EXPECT_NE(errorOf(write(std::string(70000, 'q') + "r")).find("over 64 KiB"), std::string::npos);
   EXPECT_NE(errorOf(write("0123456789abcdef0123", 0640)).find("has mode 0640"), std::string::npos);
   const std::string fifo = dir_ + "/fifo";
