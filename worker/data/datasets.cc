@@ -59,10 +59,10 @@ void checkSyntheticFits(const DataConfig& config, const data::SyntheticOptions& 
             "; use fewer samples or classes");
 }
 
-// data.name image_folder when it streams (data.stream, and auto's reasons), else nullopt.
-std::optional<Datasets> streamedDatasets(const DataConfig& config, Splits splits) {
+// data.name image_folder when it streams (data.stream, and auto's reasons; it takes `index` then),
+// else nullopt.
+std::optional<Datasets> streamedDatasets(const DataConfig& config, data::ImageIndex& index) {
   if (config.stream == "false") return std::nullopt;
-  data::ImageIndex index = data::openImageIndex(config, splits == Splits::kEvalOnly);
   std::string why;
   if (!data::streamsImages(config, index, &why)) return std::nullopt;
   Datasets d;
@@ -75,27 +75,12 @@ std::optional<Datasets> streamedDatasets(const DataConfig& config, Splits splits
 
 // ImageFolder's layout decoded into memory (uint8, one copy per host); kEvalOnly decodes the
 // evaluation split only (its classes its own when there is no train/).
-Datasets loadImageFolder(const DataConfig& config, Splits splits) {
+// `index`: the listing a stream reads too (openImageIndex: torchvision's ImageFolder order, linked
+// folders followed, the splits' classes agreed; eval alone without train/: the evaluation split's own).
+Datasets loadImageFolder(const DataConfig& config, const data::ImageIndex& index) {
   Datasets d;
-  namespace fs = std::filesystem;
-  const std::string trainDir = (fs::path(config.root) / "train").string();
-  const std::string testDir = data::imageFolderEvalDir(config.root);
-  // The library lists both splits: torchvision's ImageFolder order, linked folders followed.
-  const ImageDataset test = ImageDataset::folder(testDir);
-  const bool evalOnly = splits == Splits::kEvalOnly;
-  std::optional<ImageDataset> listedTrain;
-  if (!evalOnly || fs::is_directory(trainDir)) listedTrain.emplace(ImageDataset::folder(trainDir));
-  const ImageDataset& train = listedTrain ? *listedTrain : test;  // eval alone: the classes of its split
-  const std::vector<std::string>& classes = train.classes();
-  if (classes != test.classes()) {
-    auto join = [](const std::vector<std::string>& v) {
-      std::string s;
-      for (const auto& c : v) s += (s.empty() ? "" : ", ") + c;
-      return s;
-    };
-    DDP_THROW(DataError, "data: ", trainDir, " has classes [", join(classes), "] but ", testDir, " has [",
-              join(test.classes()), "]; both splits need the same class folders");
-  }
+  const bool evalOnly = index.evalOnly;
+  const std::vector<std::string>& classes = index.classes;
   data::ImageFolderOptions o;
   o.resize = config.imageSize;
   o.maxPixels = config.maxImagePixels;
@@ -103,12 +88,12 @@ Datasets loadImageFolder(const DataConfig& config, Splits splits) {
   if (!config.stddev.empty()) o.stddev = config.stddev;
   o.threads = config.numWorkers > 0 ? static_cast<int>(config.numWorkers)
                                     : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  d.test = data::loadImageFolderSplit(test, o);
+  d.test = data::loadImageFolderSplit(*index.test, o);
   if (evalOnly) {
     d.input = InputSpec{3, d.test.images.size(2), d.test.images.size(3), static_cast<int64_t>(classes.size())};
     return d;
   }
-  d.train = data::loadImageFolderSplit(train, o);
+  d.train = data::loadImageFolderSplit(*index.train, o);
   if (d.train.images.sizes().slice(1) != d.test.images.sizes().slice(1)) {
     DDP_THROW(DataError, "data: the train images are ", d.train.images.size(3), "x", d.train.images.size(2),
               " but the test images are ", d.test.images.size(3), "x", d.test.images.size(2),
@@ -152,8 +137,9 @@ Datasets loadDatasets(const DataConfig& config, uint64_t seed, Splits splits) {
     d.test = data::loadFashionMnist(config.root, data::Split::kTest);
     d.input = InputSpec{1, 28, 28, 10};
   } else if (config.name == "image_folder") {
-    if (auto streamed = streamedDatasets(config, splits)) return std::move(*streamed);
-    d = loadImageFolder(config, splits);
+    data::ImageIndex index = data::openImageIndex(config, splits == Splits::kEvalOnly);  // listed once
+    if (auto streamed = streamedDatasets(config, index)) return std::move(*streamed);
+    d = loadImageFolder(config, index);
   } else if (config.name == "tensors") {
     d.train = data::loadTensorFile(config.trainFile, "data.train_file");
     d.test = data::loadTensorFile(config.testFile, "data.test_file");
@@ -208,7 +194,8 @@ data::LoaderOptions loaderOptions(const DataConfig& config, c10::Device device, 
 Datasets loadDatasetsOncePerHost(const DataConfig& config, uint64_t seed, const GroupStart& start,
                                  DataOrigin* origin) {
   if (config.name == "image_folder") {  // streamed images are read per batch: nothing to share
-    if (auto streamed = streamedDatasets(config, Splits::kTrainAndEval)) {
+    data::ImageIndex index = data::openImageIndex(config);
+    if (auto streamed = streamedDatasets(config, index)) {
       if (origin != nullptr) *origin = DataOrigin::kLoaded;
       return std::move(*streamed);
     }
