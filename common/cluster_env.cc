@@ -130,6 +130,10 @@ bool slurmSpecialStep(const std::string& stepId) {
   return std::stoull(stepId) >= 4294967290ULL;
 }
 
+bool inSrunStep(const std::string& stepId, const std::string& stepTasksPerNode) {
+  return (!stepTasksPerNode.empty() || !stepId.empty()) && !slurmSpecialStep(stepId);
+}
+
 unsigned long long slurmStepNumber(const std::string& stepId) {
   if (stepId.empty() || stepId.size() > 10 || stepId.find_first_not_of("0123456789") != std::string::npos) return 0;
   return slurmSpecialStep(stepId) ? 0 : std::stoull(stepId);

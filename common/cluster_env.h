@@ -27,6 +27,12 @@ int clusterJobPort(unsigned long long jobId, unsigned long long stepId = 0);
 /// the extern and the interactive step (4294967290..4294967295 over Slurm's versions, or their names).
 bool slurmSpecialStep(const std::string& stepId);
 
+/// Whether a process is a task of an srun step, from its SLURM_STEP_ID and SLURM_STEP_TASKS_PER_NODE
+/// (srun sets them for its tasks): one of them set, and no special step. The shell of an sbatch
+/// script (the batch step) has SLURM_PROCID=0 and the job's SLURM_NTASKS too, but what it runs
+/// directly is one process: Slurm's task counts hold inside an srun step only.
+bool inSrunStep(const std::string& stepId, const std::string& stepTasksPerNode);
+
 /// A Slurm step id (SLURM_STEP_ID) as a number for clusterJobPort: 0 when empty, not a number, or a
 /// special step.
 unsigned long long slurmStepNumber(const std::string& stepId);

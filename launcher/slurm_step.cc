@@ -22,12 +22,11 @@ int number(const EnvMap& env, const char* name, int fallback) {
   return std::stoi(text);
 }
 
-// A task of an srun step: srun sets SLURM_STEP_TASKS_PER_NODE for its tasks. An sbatch script's
-// own shell (the batch step, SLURM_STEP_ID 4294967294) has only SLURM_TASKS_PER_NODE: a
-// ddp-launch run there directly is one launcher, as it should be.
+// A task of an srun step (ddp::inSrunStep): a ddp-launch run directly in an sbatch script's shell
+// is one launcher, as it should be.
 bool inSrunStep(const EnvMap& env) {
-  const std::string step = get(env, "SLURM_STEP_ID");
-  return !get(env, "SLURM_STEP_TASKS_PER_NODE").empty() && !get(env, "SLURM_PROCID").empty() && !slurmSpecialStep(step);
+  return !get(env, "SLURM_PROCID").empty() &&
+         ddp::inSrunStep(get(env, "SLURM_STEP_ID"), get(env, "SLURM_STEP_TASKS_PER_NODE"));
 }
 
 // Entries of a comma-separated list such as SLURM_STEP_GPUS="0,1,3"; 0 when empty.

@@ -97,14 +97,10 @@ void readOpenMpi(const EnvLookup& env, DistEnv& out) {
   }
 }
 
-// A task of an srun step (srun sets SLURM_STEP_TASKS_PER_NODE for its tasks). The shell of an
-// sbatch script (the batch step, 4294967294) has SLURM_PROCID=0 and the job's SLURM_NTASKS too, but
-// a program it runs directly is one process (as ddp-launch there is one launcher): as rank 0 of
-// SLURM_NTASKS it waited for ranks that never came.
+// A task of an srun step (ddp::inSrunStep): a program an sbatch script's shell runs directly is one
+// process (as rank 0 of SLURM_NTASKS it waited for ranks that never came).
 bool inSlurmStep(const EnvLookup& env) {
-  const std::string step = env("SLURM_STEP_ID").value_or("");
-  const bool stepVariables = !env("SLURM_STEP_TASKS_PER_NODE").value_or("").empty() || !step.empty();
-  return stepVariables && !slurmSpecialStep(step);
+  return inSrunStep(env("SLURM_STEP_ID").value_or(""), env("SLURM_STEP_TASKS_PER_NODE").value_or(""));
 }
 
 void readSlurm(const EnvLookup& env, DistEnv& out) {
