@@ -21,17 +21,32 @@ bool isJpeg(const uint8_t* d, size_t n) { return n >= 3 && d[0] == 0xFF && d[1] 
 bool isPng(const uint8_t* d, size_t n) { return n >= 8 && png_sig_cmp(d, 0, 8) == 0; }
 
 // One TurboJPEG handle per thread: a handle is not thread-safe, and making one costs an allocation.
+std::unique_ptr<void, int (*)(tjhandle)>& jpegHandleSlot() {
+  thread_local std::unique_ptr<void, int (*)(tjhandle)> handle(nullptr, &tjDestroy);
+  return handle;
+}
+
 tjhandle jpegHandle() {
-  thread_local std::unique_ptr<void, int (*)(tjhandle)> handle(tjInitDecompress(), &tjDestroy);
+  auto& handle = jpegHandleSlot();
+  if (!handle) handle.reset(tjInitDecompress());
   if (!handle) DDP_THROW(DataError, "data: cannot start a TurboJPEG decoder (", tjGetErrorStr2(nullptr), ")");
   return handle.get();
+}
+
+// A fatal error can leave the handle failed: every later JPEG of the thread then failed with the same
+// error (a header cut inside its Huffman tables: "Bogus Huffman table definition"). The next image
+// gets a new handle.
+[[noreturn]] void jpegFailed(const std::string& name) {
+  const std::string why = tjGetErrorStr2(jpegHandle());
+  jpegHandleSlot().reset();
+  DDP_THROW(DataError, "data: cannot decode JPEG '", name, "' (", why, ")");
 }
 
 ImageHeader jpegHeader(const uint8_t* data, size_t size, const std::string& name, int* colorspace) {
   int width = 0, height = 0, subsampling = 0;
   if (tjDecompressHeader3(jpegHandle(), data, static_cast<unsigned long>(size), &width, &height, &subsampling,
                           colorspace) != 0) {
-    DDP_THROW(DataError, "data: cannot decode JPEG '", name, "' (", tjGetErrorStr2(jpegHandle()), ")");
+    jpegFailed(name);
   }
   return {true, height, width};
 }
@@ -90,7 +105,7 @@ RgbImage decodeJpeg(const uint8_t* data, size_t size, const std::string& name, c
     // Warnings (extraneous bytes, ...) leave a whole image, as Pillow accepts it; a premature end
     // does not: Pillow raises "image file is truncated".
     if (tjGetErrorCode(jpegHandle()) != TJERR_WARNING || why.find("Premature end") != std::string::npos) {
-      DDP_THROW(DataError, "data: cannot decode JPEG '", name, "' (", why, ")");
+      jpegFailed(name);
     }
   }
   if (cmyk) {

@@ -132,6 +132,31 @@ TEST(StreamedImages, EqualTheInMemoryPathOnTheSamePictures) {
   fs::remove_all(memory);
 }
 
+// Decoded into memory, a set costs its kept (resized) images, not every picture at full size at once:
+// 240 more pictures of ~400 x 350 (~100 MB decoded whole, ~0.2 MB kept at 16 x 16) raise the peak by
+// far less than their full size (they were all decoded before any was resized: +100 MB).
+TEST(StreamedImages, DecodedIntoMemoryTheSetCostsItsKeptSize) {
+  const std::string many = test::makeTempDir("memory_many");
+  const auto made = test::runCommand({DDP_PYTHON, std::string(DDP_SOURCE_DIR) + "/bench/images/make_images.py", "--out",
+                                      many + "/set", "--train", "288", "--val", "10", "--layout", "folder", "--jobs",
+                                      "2"},
+                                     300);
+  ASSERT_EQ(made.exitCode, 0) << made.output;
+  auto peakOf = [&](const std::string& root, const std::string& out) {
+    const auto run = test::runCommand(imageJob(1, out, {"data.root=" + root, "data.stream=false", "data.image_size=16",
+                                                        "data.num_workers=2", "train.max_steps=1", "eval.enabled=false"}),
+                                      300);
+    EXPECT_EQ(run.exitCode, 0) << run.output;
+    return run.exitCode == 0 ? summaryOf(out)["peak_rss_mb"].get<double>() : 0.0;
+  };
+  const double few = peakOf(imageSet() + "/folder", many + "/few_out");  // 48 + 16 pictures
+  const double lots = peakOf(many + "/set/folder", many + "/many_out");  // 288 + 10
+  ASSERT_GT(few, 0.0);
+  ASSERT_GT(lots, 0.0);
+  EXPECT_LT(lots - few, 40.0) << "peak RSS " << few << " MB with 64 pictures, " << lots << " MB with 298";
+  fs::remove_all(many);
+}
+
 // mode eval reads the evaluation split only: a root with val/ alone (the classes its folders, as
 // torchvision's ImageFolder(root/val) maps them) evaluates the trained model as the training run's
 // own evaluation did, decoded into memory or streamed (it needed train/ before, and decoded it).

@@ -470,6 +470,26 @@ TEST_F(ImageDataTest, TarMemberPathsOverAHundredBytesInEveryFormat) {
   }
 }
 
+// A JPEG whose header breaks (cut inside its Huffman tables) failed every later JPEG its loader thread
+// decoded (the thread's TurboJPEG handle stayed failed): with one thread, all of them were skipped.
+TEST_F(ImageDataTest, ABrokenJpegHeaderLeavesTheNextJpegsOfItsThreadDecodable) {
+  auto poison = std::make_shared<const ddp::ImageDataset>(ddp::ImageDataset::folder(*dir_ + "/bad/poison"));
+  ASSERT_EQ(poison->size(), 5);  // a/0cut.jpg a/1good.jpg a/2good.jpg a/3good.jpg b/good.jpg
+  ddp::ImageLoaderOptions o;
+  o.threads = 1;
+  o.normalize = false;
+  o.skipBadImages = true;
+  o.transform.size = 16;
+  ddp::ImageLoader loader(poison, o);
+  loader.start({{0, 1, 2, 3, 4}}, 0);
+  const auto batch = loader.next();
+  ASSERT_TRUE(batch);
+  EXPECT_EQ(batch->indices, (std::vector<int64_t>{1, 2, 3, 4}));
+  ASSERT_EQ(batch->skippedNames.size(), 1u);
+  EXPECT_TRUE(has(batch->skippedNames[0], "0cut.jpg")) << batch->skippedNames[0];
+  EXPECT_EQ(loader.skipped(), 1);
+}
+
 TEST_F(ImageDataTest, BadImagesAreOneLineNamingTheFileOrSkippedAndCounted) {
   auto bad = std::make_shared<const ddp::ImageDataset>(ddp::ImageDataset::folder(*dir_ + "/bad/decode"));
   ASSERT_EQ(bad->size(), 5);  // a/good.jpg a/trunc.jpg b/corrupt.png b/good.png b/zgood.jpg

@@ -230,6 +230,16 @@ def make(d):
         f.write(b"\xde\xad\xbe\xef" * 8)
     write_sample(os.path.join(bad, "decode", "b", "good.png"), "bee", 1, (40, 30), "png")
     write_sample(os.path.join(bad, "decode", "b", "zgood.jpg"), "bee", 2, (40, 30), "jpeg")
+    # A JPEG cut inside its Huffman tables (a fatal header error), then good ones: read by one thread,
+    # only the cut one is bad (the thread's TurboJPEG handle, left failed, refused every later JPEG).
+    write_sample(os.path.join(bad, "poison", "a", "0cut.jpg"), "ant", 0, (64, 48), "jpeg")
+    with open(os.path.join(bad, "poison", "a", "0cut.jpg"), "rb") as f:
+        data = f.read()
+    with open(os.path.join(bad, "poison", "a", "0cut.jpg"), "wb") as f:
+        f.write(data[: data.index(b"\xff\xc4") + 20])
+    for k in range(1, 4):
+        write_sample(os.path.join(bad, "poison", "a", f"{k}good.jpg"), "ant", k, (40, 30), "jpeg")
+    write_sample(os.path.join(bad, "poison", "b", "good.jpg"), "bee", 0, (40, 30), "jpeg")
     # An empty class folder; a text file named .jpg.
     write_sample(os.path.join(bad, "empty", "a", "x.jpg"), "ant", 0, (20, 20), "jpeg")
     os.makedirs(os.path.join(bad, "empty", "b"))
