@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <initializer_list>
 #include <map>
 #include <mutex>
 #include <set>
@@ -238,17 +239,34 @@ ImageDataset ImageDataset::folder(const std::string& root) {
     byFolder[classDir.string()];
     try {
       for (const auto& entry : fs::recursive_directory_iterator(classDir, fs::directory_options::follow_directory_symlink)) {
-        const std::string ext = lower(entry.path().extension().string());
-        const bool ours = ext == ".jpg" || ext == ".jpeg" || ext == ".png";
+        // torchvision's has_file_allowed_extension: the lower-case name ends with one (a file named
+        // ".png" too, which has no extension to std::filesystem).
+        const std::string name = lower(entry.path().filename().string());
+        const auto endsWith = [&name](std::initializer_list<const char*> suffixes) {
+          for (const std::string suffix : suffixes) {
+            if (name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+              return true;
+            }
+          }
+          return false;
+        };
+        const bool ours = endsWith({".jpg", ".jpeg", ".png"});
+        // The first in the listing's (sorted) order, not the directory's.
+        const auto earliest = [](std::string& first, const std::string& path) {
+          if (first.empty() || path < first) first = path;
+        };
         if (!entry.is_regular_file()) {
-          if (ours && entry.is_symlink() && !entry.exists() && deadLinks++ == 0) firstDead = entry.path().string();
+          if (ours && entry.is_symlink() && !entry.exists()) {
+            ++deadLinks;
+            earliest(firstDead, entry.path().string());
+          }
           continue;
         }
         if (ours) {
           byFolder[entry.path().parent_path().string()].push_back(entry.path().filename().string());
-        } else if ((ext == ".bmp" || ext == ".webp" || ext == ".tif" || ext == ".tiff" || ext == ".ppm" ||
-                    ext == ".pgm") && otherFormats++ == 0) {
-          firstOther = entry.path().string();
+        } else if (endsWith({".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm"})) {
+          ++otherFormats;
+          earliest(firstOther, entry.path().string());
         }
       }
     } catch (const fs::filesystem_error& e) {

@@ -212,18 +212,22 @@ TEST_F(ImageDataTest, ImagesTorchvisionWouldListButThisDoesNotAreNamed) {
   const fs::path root = fs::path(*dir_) / "other_formats";
   fs::create_directories(root / "a");
   fs::copy_file(data().name(0), root / "a" / "kept.jpg");
-  std::ofstream(root / "a" / "x.bmp") << "BM";
+  fs::copy_file(data().name(0), root / "a" / ".png");  // a name that ends with .png: torchvision lists it
   std::ofstream(root / "a" / "y.webp") << "RIFF";
+  std::ofstream(root / "a" / "x.bmp") << "BM";  // after y.webp in the directory, first in sorted order
   std::ofstream(root / "a" / "notes.txt") << "not an image";
   fs::create_symlink(root / "a" / "nowhere.jpg", root / "a" / "dead.jpg");
   const auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(16);
   spdlog::default_logger()->sinks().push_back(sink);
   const ddp::ImageDataset listed = ddp::ImageDataset::folder(root.string());
   spdlog::default_logger()->sinks().pop_back();
-  EXPECT_EQ(listed.size(), 1);
+  EXPECT_EQ(listed.size(), 2);
+  EXPECT_TRUE(has(listed.name(0), "/a/.png")) << listed.name(0);  // '.' sorts before 'k'
   std::string log;
   for (const std::string& line : sink->last_formatted()) log += line;
-  EXPECT_TRUE(has(log, "holds 2 image(s) in formats torchvision's ImageFolder reads but this does not")) << log;
+  EXPECT_TRUE(has(log, "holds 2 image(s) in formats torchvision's ImageFolder reads but this does not (the first: '" +
+                           (root / "a" / "x.bmp").string()))
+      << log;
   EXPECT_TRUE(has(log, "holds 1 link(s) to images that do not exist (the first: '" + (root / "a" / "dead.jpg").string()))
       << log;
   fs::remove_all(root);
