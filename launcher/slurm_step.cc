@@ -24,8 +24,10 @@ int number(const EnvMap& env, const char* name, int fallback) {
 
 // A task of an srun step (ddp::inSrunStep): a ddp-launch run directly in an sbatch script's shell
 // is one launcher, as it should be.
+// The launcher lays out the step from SLURM_STEP_TASKS_PER_NODE: without it (a step id alone, as
+// some environments pass on) it runs as a plain launcher.
 bool inSrunStep(const EnvMap& env) {
-  return !get(env, "SLURM_PROCID").empty() &&
+  return !get(env, "SLURM_PROCID").empty() && !get(env, "SLURM_STEP_TASKS_PER_NODE").empty() &&
          ddp::inSrunStep(get(env, "SLURM_STEP_ID"), get(env, "SLURM_STEP_TASKS_PER_NODE"));
 }
 

@@ -398,8 +398,9 @@ int main(int argc, char** argv) {
     if (what.find("Expected more than 1 value per channel when training") != std::string::npos) {
       // BatchNorm in training on a batch of one sample: the epoch's last batch of a rank, mostly.
       what += " (a batch of one sample reached a BatchNorm layer in training: train.batch_size 1, a rank's last "
-              "batch of the epoch holding 1 sample, or mode dp splitting a batch over more replicas than it has samples; "
-              "choose a train.batch_size (or data.train_limit) that gives every replica at least 2)";
+              "batch of the epoch holding 1 sample, or mode dp's last part of a batch (torch.chunk parts of ceil(batch / "
+              "replicas) rows, as nn.DataParallel: 7 over 3 replicas is 3, 3, 1); choose a train.batch_size (or "
+              "data.train_limit) that gives every part at least 2)";
     }
     const bool outOfMemory = dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr ||
                              what.find("can't allocate memory") != std::string::npos;

@@ -55,16 +55,16 @@ struct CheckpointOptions {
   /// only one side has are not compared).
   std::map<std::string, std::string> sampleOrder;
   std::string config;    // recorded in the file: the run's settings, as text (e.g. YAML)
+  /// The GPUs whose generators a one-process job saves and restores, in this order (DataParallel's
+  /// replicas, as torch.cuda.get_rng_state_all() lists them). Empty: each rank's own GPU (the group's
+  /// device), one state per rank. With several ranks, save() and resume throw ConfigError.
+  std::vector<c10::Device> cudaGenerators;
   /// Called on every rank by resume()/resumeFrom() with the `config` text the file records ("" when
   /// its writer recorded none) and the file's path, after the seed and sampleOrder checks and before
   /// anything is loaded: throw (ConfigError) to refuse the file, nothing loaded and nothing logged as
   /// resumed. For settings no tensor's shape shows (a transformer's head count: the weights would
   /// load and compute another model). Every rank reads the same file, so all refuse alike.
   std::function<void(const std::string& recordedConfig, const std::string& path)> checkRecordedConfig;
-  /// The GPUs whose generators a one-process job saves and restores, in this order (DataParallel's
-  /// replicas, as torch.cuda.get_rng_state_all() lists them). Empty: each rank's own GPU (the group's
-  /// device), one state per rank. With several ranks, save() and resume throw ConfigError.
-  std::vector<c10::Device> cudaGenerators;
 };
 
 /// The checkpoints a Checkpointer wrote into `dir` ("<dir>/ckpt-00000120.pt" for global step 120, or

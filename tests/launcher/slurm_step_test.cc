@@ -62,6 +62,12 @@ TEST(SrunLayout, OutsideAnSrunStepNothingIsChecked) {
   EXPECT_EQ(errorOf(options, batch), "");
   // One task on one node: a single-node job, as given.
   EXPECT_EQ(errorOf(options, srunTask(0, 0, "1", 1)), "");
+  // A step id without SLURM_STEP_TASKS_PER_NODE (some environments pass SLURM_STEP_ID on): no step to
+  // lay out; it was refused with "SLURM_STEP_TASKS_PER_NODE='' is not like 2(x3),1" for a moment.
+  EnvMap stepIdOnly = {{"SLURM_JOB_ID", "77"}, {"SLURM_PROCID", "0"}, {"SLURM_STEP_ID", "3"}};
+  EXPECT_EQ(errorOf(options, stepIdOnly), "");
+  LaunchOptions asGiven;
+  EXPECT_EQ(applySrunStep(asGiven, stepIdOnly), "");
 }
 
 // The environment srun gave the task on node 1 of `srun -N2 --ntasks-per-node=1 ddp-launch ...`

@@ -50,7 +50,7 @@ TEST(TokenOrder, SequentialEpochIsLlmcsRowsAndAResumeAtAnotherWorldSizeTakesTheR
   for (int rank = 0; rank < 2; ++rank) {
     auto order = tokenOrder(data, options(rank, 2));
     EXPECT_EQ(order->epochSize(), 100);
-    EXPECT_EQ(order->setEpoch(0, 0), 16);  // floor(100 / 6)
+    EXPECT_EQ(order->setEpoch(0, 0, 0), 16);  // floor(100 / 6)
     const auto plan = order->batches();
     ASSERT_EQ(plan.size(), 16u);
     for (int64_t k = 0; k < 4; ++k) {
@@ -64,7 +64,7 @@ TEST(TokenOrder, SequentialEpochIsLlmcsRowsAndAResumeAtAnotherWorldSizeTakesTheR
   // Resumed by three ranks at row 24: 25 steps of 9 rows would be 225; floor(76 / 9) = 8 slots.
   for (int rank = 0; rank < 3; ++rank) {
     auto order = tokenOrder(data, options(rank, 3));
-    EXPECT_EQ(order->setEpoch(0, 24), 8);
+    EXPECT_EQ(order->setEpoch(0, 24, 4), 8);
     for (const auto& batch : order->batches()) {
       for (const int64_t start : batch) {
         EXPECT_TRUE(seen.insert(start / 8).second) << "row " << start / 8 << " seen twice";
@@ -79,7 +79,7 @@ TEST(TokenOrder, SequentialEpochIsLlmcsRowsAndAResumeAtAnotherWorldSizeTakesTheR
 TEST(TokenOrder, TheLoaderMakesTheWindowsAndTheirNextTokens) {
   const auto data = shardOf(8 * 20 + 1);
   auto order = tokenOrder(data, options(1, 2));
-  order->setEpoch(0, 0);
+  order->setEpoch(0, 0, 0);
   auto plan = order->batches();
   plan.resize(1);
   auto loader = order->loader(plan, data::LoaderOptions{});

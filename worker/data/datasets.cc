@@ -125,7 +125,10 @@ std::string describeSizes(const Datasets& data) {
   return fmt::format("({} train / {} test)", data.train.size(), data.test.size());
 }
 
-Datasets loadDatasets(const DataConfig& config, uint64_t seed, Splits splits) {
+namespace {
+
+// loadDatasets, with an image folder's index when the caller listed it already.
+Datasets loadListed(const DataConfig& config, uint64_t seed, Splits splits, data::ImageIndex* listed) {
   Datasets d;
   if (config.name == "tokens") {
     d.tokens = std::make_shared<const data::TokenCorpus>(data::loadTokenCorpus(config));
@@ -137,7 +140,9 @@ Datasets loadDatasets(const DataConfig& config, uint64_t seed, Splits splits) {
     d.test = data::loadFashionMnist(config.root, data::Split::kTest);
     d.input = InputSpec{1, 28, 28, 10};
   } else if (config.name == "image_folder") {
-    data::ImageIndex index = data::openImageIndex(config, splits == Splits::kEvalOnly);  // listed once
+    std::optional<data::ImageIndex> own;
+    if (listed == nullptr) own = data::openImageIndex(config, splits == Splits::kEvalOnly);  // listed once
+    data::ImageIndex& index = listed != nullptr ? *listed : *own;
     if (auto streamed = streamedDatasets(config, index)) return std::move(*streamed);
     d = loadImageFolder(config, index);
   } else if (config.name == "tensors") {
@@ -176,6 +181,12 @@ Datasets loadDatasets(const DataConfig& config, uint64_t seed, Splits splits) {
   return d;
 }
 
+}  // namespace
+
+Datasets loadDatasets(const DataConfig& config, uint64_t seed, Splits splits) {
+  return loadListed(config, seed, splits, nullptr);
+}
+
 data::LoaderOptions loaderOptions(const DataConfig& config, c10::Device device, uint64_t seed, int64_t epoch) {
   data::LoaderOptions o;
   o.numWorkers = static_cast<int>(config.numWorkers >= 0 ? config.numWorkers : device.is_cuda() ? 2 : 0);
@@ -193,9 +204,10 @@ data::LoaderOptions loaderOptions(const DataConfig& config, c10::Device device, 
 
 Datasets loadDatasetsOncePerHost(const DataConfig& config, uint64_t seed, const GroupStart& start,
                                  DataOrigin* origin) {
+  std::optional<data::ImageIndex> listed;  // an image folder: listed once, here
   if (config.name == "image_folder") {  // streamed images are read per batch: nothing to share
-    data::ImageIndex index = data::openImageIndex(config);
-    if (auto streamed = streamedDatasets(config, index)) {
+    listed = data::openImageIndex(config);
+    if (auto streamed = streamedDatasets(config, *listed)) {
       if (origin != nullptr) *origin = DataOrigin::kLoaded;
       return std::move(*streamed);
     }
@@ -207,7 +219,7 @@ Datasets loadDatasetsOncePerHost(const DataConfig& config, uint64_t seed, const 
     return loadDatasets(config, seed);
   }
   const HostCopy copy = loadOncePerHost(start, [&] {
-    const Datasets loaded = loadDatasets(config, seed);
+    const Datasets loaded = loadListed(config, seed, Splits::kTrainAndEval, listed ? &*listed : nullptr);
     return HostData{{loaded.train.images, loaded.train.labels, loaded.test.images, loaded.test.labels},
                     describe(loaded).dump()};
   });

@@ -24,7 +24,7 @@ class TrainOrder {
   /// rank steps through from there (rank 0's batches: it holds the most). `firstMicroStep`: the
   /// run's micro-batches before `start` (optimizer steps done × train.accumulate_steps), the key of
   /// random token windows' draws: one key per micro-batch of the run, whatever the world size.
-  virtual int64_t setEpoch(int64_t epoch, int64_t start, int64_t firstMicroStep = 0) = 0;
+  virtual int64_t setEpoch(int64_t epoch, int64_t start, int64_t firstMicroStep) = 0;
   /// This rank's batches of the epoch as set: what loader() makes, in order.
   virtual std::vector<std::vector<int64_t>> batches() const = 0;
   /// Positions consumed, all ranks, after `batches` slots from the set start.

@@ -51,11 +51,13 @@ CheckpointOptions TrainingCheckpointer::withRecordedConfigCheck(CheckpointOption
 TrainPosition TrainingCheckpointer::resume(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                            GradScaler* scaler) {
   if (config_.resume.empty()) return {};
-  resuming_ = &module;
+  struct Resuming {  // the module checkRecordedConfig compares, while resume runs (a throw included)
+    const torch::nn::Module*& slot;
+    ~Resuming() { slot = nullptr; }
+  } resuming{resuming_ = &module};
   const std::optional<TrainPosition> position = config_.resume == "auto"
                                                     ? checkpointer_.resume(module, optimizer, scaler)
                                                     : checkpointer_.resumeFrom(config_.resume, module, optimizer, scaler);
-  resuming_ = nullptr;
   const std::string from = config_.resume == "auto" ? checkpointDir(config_) : config_.resume;
   // A resume with another learning rate or batch size is allowed (a user may mean it) but never silent.
   if (position && rank_ == 0) {

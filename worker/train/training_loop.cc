@@ -300,7 +300,7 @@ void TrainingRun::saveIfDue(const TrainPosition& position, bool epochEnded) {
 // from the epoch's start. Leaves the sampler at the resumed epoch's start; its callers set it next.
 int64_t TrainingRun::resumedStart() {
   if (resumed_.epochSamples >= 0) return std::min<int64_t>(resumed_.epochSamples, order_->epochSize());
-  order_->setEpoch(resumed_.epoch, 0);
+  order_->setEpoch(resumed_.epoch, 0, /*firstMicroStep=*/0);  // for positionAfter only: no batches drawn
   return order_->positionAfter(resumed_.stepInEpoch * train_.accumulateSteps);
 }
 
