@@ -295,6 +295,8 @@ int runElastic(const LaunchOptions& options, const EnvMap& environment, const Su
     token = readTokenFile(file->second);
   } else if (auto given = environment.find(kTokenEnv); given != environment.end() && !given->second.empty()) {
     token = checkedToken(given->second, kTokenEnv);
+  } else if (options.elastic.maxNodes == 1) {
+    token = newJobToken();  // one node at most (torchrun's --nnodes=1:1): no other node needs it
   } else {
     // As given: --nnodes=2 with --rdzv_backend=c10d is the elastic 2:2, but the user wrote 2.
     const std::string nodes = options.elastic.minNodes == options.elastic.maxNodes

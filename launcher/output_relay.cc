@@ -237,8 +237,10 @@ void OutputRelay::addLine(RankOutput& output, std::string_view text, Lines& line
 std::string OutputRelay::compactUnfinished(RankOutput& output, std::string& line, Lines& lines) {
   const size_t carriage = line.rfind('\r');
   if (carriage == std::string::npos) {
+    // Text without its newline yet: a prompt ("(Pdb) ", input()'s) waits for the user, so a terminal
+    // shows it now, drawn in place like a bar, and the finished line replaces it once it ends.
     cutOverlong(output, line, lines);
-    return {};
+    return line;
   }
   // Only the latest complete redraw and the text after it can still show: a bar redrawn for
   // hours holds no more memory than one redraw. The shorter line has the same final text.

@@ -35,7 +35,10 @@ struct WorkerExecSetup : bp::extend::handler {
 
   template <typename Executor>
   void on_exec_setup(Executor& exec) const {
-    if (::setpgid(0, 0) != 0) fail(exec, "setpgid(0, 0) failed");
+    // A session of its own (as torchrun's workers), so also a process group of its own (signals go to
+    // -pid): not a background job of the launcher's terminal, where reading it (input(), pdb,
+    // breakpoint()) stopped the worker with SIGTTIN and the job waited for ever.
+    if (::setsid() < 0) fail(exec, "setsid() failed");
     if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) fail(exec, "prctl(PR_SET_PDEATHSIG) failed");
     // The launcher may have died before prctl took effect; then no signal will come.
     if (::getppid() != launcherPid) ::_exit(127);

@@ -26,7 +26,7 @@ struct StartedWorker {
   int stderrFd = -1;  // read end of the worker's stderr pipe (O_CLOEXEC)
 };
 
-/// Starts `command` with Boost.Process. In the child, before exec: setpgid(0, 0) so the
+/// Starts `command` with Boost.Process. In the child, before exec: setsid() so the
 /// launcher can signal the worker and everything it forks as one group (and terminal ^C
 /// reaches only the launcher); PR_SET_PDEATHSIG = SIGKILL so the worker dies with the
 /// launcher; an empty signal mask and default SIGPIPE, undoing the launcher's own.

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -311,6 +312,63 @@ TEST_F(LaunchSupervisionTest, CtrlZStopsTheWorkersWithTheLauncherAndFgContinuesT
   for (const pid_t pid : pids) EXPECT_TRUE(waitForState(pid, /*stopped=*/false, seconds(10))) << "pid " << pid;
   std::ofstream(dir_.file("go")) << "1";
   EXPECT_EQ(launcher.waitFor(seconds(20)), 0) << launcher.stderrText();
+}
+
+// A worker that reads the terminal (input(), pdb, breakpoint()) under a launcher started from it: the
+// worker, a background process group of the launcher's terminal, was stopped by SIGTTIN and the job
+// waited for ever, its prompt never shown (no newline). Now a session of its own, as torchrun's
+// workers: the prompt is drawn at once and the answer read.
+TEST_F(LaunchSupervisionTest, AWorkerReadsTheTerminalItsLauncherWasStartedFrom) {
+  const std::string worker = dir_.writeScript("worker", "printf 'type> '\nread answer\necho \"got $answer\"\n");
+  const int master = ::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+  ASSERT_GE(master, 0);
+  ASSERT_EQ(::grantpt(master), 0);
+  ASSERT_EQ(::unlockpt(master), 0);
+  const std::string slave = ::ptsname(master);
+  const std::string launcherBin = DDP_LAUNCH_BIN;
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {  // a login shell's job: a session whose controlling terminal is the pty
+    ::setsid();
+    const int tty = ::open(slave.c_str(), O_RDWR);  // becomes the controlling terminal
+    if (tty < 0) ::_exit(126);
+    for (int fd = 0; fd < 3; ++fd) ::dup2(tty, fd);
+    ::execl(launcherBin.c_str(), launcherBin.c_str(), "--nproc_per_node=1", worker.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  std::string seen;
+  auto readUntil = [&](const std::string& text) {
+    char buffer[4096];
+    pollfd readable{master, POLLIN, 0};
+    while (seen.find(text) == std::string::npos && ::poll(&readable, 1, 20000) == 1) {
+      const ssize_t count = ::read(master, buffer, sizeof buffer);
+      if (count <= 0) break;
+      seen.append(buffer, static_cast<size_t>(count));
+    }
+    return seen.find(text) != std::string::npos;
+  };
+  EXPECT_TRUE(readUntil("[rank 0] type> ")) << "no prompt in: " << seen;
+  ASSERT_EQ(::write(master, "abc\n", 4), 4);
+  EXPECT_TRUE(readUntil("got abc")) << "no answer in: " << seen;  // its line: "[rank 0] type> got abc"
+  int status = 0;
+  if (seen.find("got abc") == std::string::npos) ::kill(pid, SIGKILL);  // its worker dies with it
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << seen;
+  ::close(master);
+}
+
+// torchrun's --nnodes=1:1 (an elastic job of one node at most) runs as torchrun runs it: no other
+// node can join, so it needs no shared token file (it was refused, asking for --rdzv_token_file).
+TEST_F(LaunchSupervisionTest, AnElasticJobOfOneNodeAtMostNeedsNoTokenFile) {
+  const std::string worker = dir_.writeScript("worker", "echo \"$WORLD_SIZE\" > \"" + dir_.file("world") + ".$RANK\"\n");
+  LaunchSpec spec;
+  spec.args = {"--nnodes=1:1", "--nproc_per_node=2", "--master_port=0", worker};
+  spec.env = {{"DDP_RDZV_TOKEN", std::nullopt}, {"DDP_RDZV_TOKEN_FILE", std::nullopt}};
+  spec.outputDir = dir_.path();
+  const LaunchResult result = runLauncher(spec, seconds(60));
+  ASSERT_EQ(result.code, 0) << result.err;
+  EXPECT_EQ(readFile(dir_.file("world.0")), "2\n");
+  EXPECT_EQ(readFile(dir_.file("world.1")), "2\n");
 }
 
 TEST_F(LaunchSupervisionTest, StoppedRankIsTheOneNamedWhenAnotherTimesOut) {
