@@ -63,6 +63,9 @@ SplitArgs splitAtWorker(const std::vector<std::string>& args, const OptionTable&
     if (arg.size() < 2 || arg[0] != '-') {
       split.worker = arg;
       split.workerArgs.assign(args.begin() + static_cast<long>(i) + 1, args.end());
+      // As torchrun's argparse: a "--" right after the script ends the launcher's options, and goes
+      // (`torchrun s.py -- --x`: s.py gets --x), unless a "--" before the script did that already.
+      if (!split.workerArgs.empty() && split.workerArgs.front() == "--") split.workerArgs.erase(split.workerArgs.begin());
       return split;
     }
     OptionToken token = splitOption(arg);

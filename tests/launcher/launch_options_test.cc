@@ -126,6 +126,13 @@ TEST(LaunchOptions, DoubleDashEndsTheLauncherOptions) {
   const LaunchOptions options = parse({"--nnodes", "1", "--", "--odd-worker-name", "--x"});
   EXPECT_EQ(options.worker, "--odd-worker-name");
   EXPECT_EQ(options.workerArgs, std::vector<std::string>{"--x"});
+  // As the pinned torchrun (its argparse): a "--" right after the script goes, unless one came before
+  // it; elsewhere it stays. (torchrun argv.py -- --x: ['argv.py', '--x']; -- argv.py -- b: ['--', 'b'];
+  // argv.py a -- b: ['a', '--', 'b'].)
+  EXPECT_EQ(parse({"w", "--", "--x"}).workerArgs, std::vector<std::string>{"--x"});
+  EXPECT_EQ(parse({"--", "w", "--", "b"}).workerArgs, (std::vector<std::string>{"--", "b"}));
+  EXPECT_EQ(parse({"w", "a", "--", "b"}).workerArgs, (std::vector<std::string>{"a", "--", "b"}));
+  EXPECT_EQ(parse({"s.py", "--", "--x"}).workerArgs, (std::vector<std::string>{"-u", "s.py", "--x"}));  // python3
 }
 
 TEST(LaunchOptions, ValueOfAnOptionIsNotMistakenForTheWorker) {
