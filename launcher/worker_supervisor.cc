@@ -73,6 +73,11 @@ void WorkerSupervisor::reportHangOnce(bool stallOnly) {
     spdlog::warn("could not write the hang report: {}", e.what());
     hangReported_ = true;
   }
+  // The stacks' tool (eu-stack, gdb) attaches with ptrace, and its detach can resume a rank that was
+  // stopped (state T): stopped again, as the report found it (our unreaped child: the pid is its).
+  for (const RankRing& ring : rings) {
+    if (ring.stopped) ::kill(ring.pid, SIGSTOP);
+  }
 }
 
 // The worker's flight-recorder ring: a memfd (no name in any file system, so nothing outside this
@@ -289,10 +294,11 @@ bool WorkerSupervisor::endedBySignalAsAsked(const Worker& worker) const {
 
 void WorkerSupervisor::fail(size_t index) {
   firstFailure_ = index;
+  // Before SIGTERM (a stopped rank stays stopped, state T, with it pending, until SIGKILL) and before
+  // the hang report's stack tool attaches to it (its detach may resume the rank for a moment).
+  for (Worker& worker : workers_) worker.stoppedBySignal = !worker.exited && processStopped(worker.pid);
   // Before anything is stopped: the rings and stacks as the failure found them.
   reportHangOnce(false);
-  // Before SIGTERM: a stopped rank stays stopped (state T) with it pending, until SIGKILL.
-  for (Worker& worker : workers_) worker.stoppedBySignal = !worker.exited && processStopped(worker.pid);
   beginStop(SIGTERM);
 }
 
