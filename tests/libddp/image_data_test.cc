@@ -474,17 +474,22 @@ TEST_F(ImageDataTest, TarMemberPathsOverAHundredBytesInEveryFormat) {
   }
 }
 
+// Raw 16 x 16 pixels on `threads` threads, bad images left out of their batches.
+ddp::ImageLoaderOptions skippingBadImages(int threads) {
+  ddp::ImageLoaderOptions o;
+  o.threads = threads;
+  o.normalize = false;
+  o.skipBadImages = true;
+  o.transform.size = 16;
+  return o;
+}
+
 // A JPEG whose header breaks (cut inside its Huffman tables) failed every later JPEG its loader thread
 // decoded (the thread's TurboJPEG handle stayed failed): with one thread, all of them were skipped.
 TEST_F(ImageDataTest, ABrokenJpegHeaderLeavesTheNextJpegsOfItsThreadDecodable) {
   auto poison = std::make_shared<const ddp::ImageDataset>(ddp::ImageDataset::folder(*dir_ + "/bad/poison"));
   ASSERT_EQ(poison->size(), 5);  // a/0cut.jpg a/1good.jpg a/2good.jpg a/3good.jpg b/good.jpg
-  ddp::ImageLoaderOptions o;
-  o.threads = 1;
-  o.normalize = false;
-  o.skipBadImages = true;
-  o.transform.size = 16;
-  ddp::ImageLoader loader(poison, o);
+  ddp::ImageLoader loader(poison, skippingBadImages(1));
   loader.start({{0, 1, 2, 3, 4}}, 0);
   const auto batch = loader.next();
   ASSERT_TRUE(batch);
@@ -504,12 +509,7 @@ TEST_F(ImageDataTest, BadImagesAreOneLineNamingTheFileOrSkippedAndCounted) {
   const std::string corrupt = dataErrorOf([&] { load(bad, {{2, 3}}); });
   EXPECT_TRUE(has(corrupt, "b/corrupt.png")) << corrupt;
 
-  ddp::ImageLoaderOptions o;
-  o.threads = 3;
-  o.normalize = false;
-  o.skipBadImages = true;
-  o.transform.size = 16;
-  ddp::ImageLoader loader(bad, o);
+  ddp::ImageLoader loader(bad, skippingBadImages(3));
   loader.start(batches, 0);
   auto first = loader.next();
   auto second = loader.next();
