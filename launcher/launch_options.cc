@@ -41,7 +41,7 @@ cxxopts::Options makeOptions() {
   // clang-format off
   options.add_options()
     ("nproc_per_node", "Workers to start on this node; auto = the GPUs --gpus chose (without --gpus: "
-        "the visible GPUs, else the CPUs this process may use)", cxxopts::value<std::string>()->default_value("1"), "N")
+        "the visible GPUs, else the CPUs this process may use); gpu = the visible GPUs; cpu = the CPUs", cxxopts::value<std::string>()->default_value("1"), "N")
     ("gpus", "Choose the GPUs: auto = every idle GPU, auto:N = the N with most free memory, 0,2 = "
         "those (nvidia-smi numbers); prints the table it chose from", cxxopts::value<std::string>(), "SPEC")
     ("gpu_max_used_mb", "--gpus auto skips GPUs with more memory in use than this",
@@ -104,10 +104,10 @@ cxxopts::Options makeOptions() {
     ("rdzv_id", "Elastic jobs: the job's id; launchers with the same id and store form one job",
         cxxopts::value<std::string>(), "ID")
     ("rdzv_last_call_s", "Elastic jobs: once MIN nodes are in, close the round after this long "
-        "without a new node (or at MAX)", cxxopts::value<std::string>(), "SECONDS")
-    ("heartbeat_timeout_s", "Elastic jobs: a node whose launcher is silent this long has left",
+        "without a new node (or at MAX) (default: 30)", cxxopts::value<std::string>(), "SECONDS")
+    ("heartbeat_timeout_s", "Elastic jobs: a node whose launcher is silent this long has left (default: 30)",
         cxxopts::value<std::string>(), "SECONDS")
-    ("rdzv_timeout_s", "Elastic jobs: a round that has not MIN nodes after this ends the job",
+    ("rdzv_timeout_s", "Elastic jobs: a round that has not MIN nodes after this ends the job (default: 600)",
         cxxopts::value<std::string>(), "SECONDS")
     ("h,help", "Print this help and exit")
     ("version", "Print the version and exit");

@@ -49,6 +49,9 @@ FusedAdamW::FusedAdamW(const std::vector<at::Tensor>& params, FusedAdamWOptions 
   for (double b : {options.beta1, options.beta2}) {
     if (!(b >= 0 && b < 1)) DDP_THROW(ConfigError, "ddp::FusedAdamW: betas must be in [0, 1) (got ", b, ")");
   }
+  if (!(options.weightDecay >= 0)) {
+    DDP_THROW(ConfigError, "ddp::FusedAdamW: weightDecay must be >= 0 (got ", options.weightDecay, ")");
+  }
   for (const auto& p : params) {
     if (!available(p.device().type())) {
       DDP_THROW(ConfigError, "ddp::FusedAdamW: this LibTorch has no fused Adam kernel for ", p.device().str(),
@@ -189,6 +192,15 @@ void fusedSgdStep(torch::optim::SGD& sgd, const at::Tensor& lr, const at::Tensor
       }
     }
     for (auto& l : lists) {
+      // torch.optim.SGD with a GradScaler skips a step whose gradients are not finite before it
+      // makes a momentum buffer, so the next step starts it (buffer = gradient). The kernel skips
+      // but would leave this call's buffers (zeros) behind, and with dampening the next step would
+      // make them (1 - dampening) x gradient: the new buffers are dropped again (one host read, on
+      // a first step with dampening only).
+      if (l.firstStep && foundInf.defined() && o.dampening() != 0 && foundInf.item<double>() != 0) {
+        for (const auto& p : l.params) state.erase(compat::optimizerStateKey(p));
+        continue;
+      }
       std::optional<at::Tensor> inf, scale;
       if (foundInf.defined()) inf = foundInf.to(l.device, /*non_blocking=*/true);
       if (gradScale.defined()) scale = gradScale.to(l.device, /*non_blocking=*/true);

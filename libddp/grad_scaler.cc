@@ -87,7 +87,7 @@ at::Tensor GradScaler::scale(const at::Tensor& outputs) {
   return outputs * scale_.to(outputs.device(), /*non_blocking=*/true);
 }
 
-at::Tensor GradScaler::checkAndUnscale(torch::optim::Optimizer& optimizer, const at::Tensor& invScale) {
+at::Tensor GradScaler::checkAndUnscale(torch::optim::Optimizer& optimizer, const at::Tensor& invScale, bool allowFp16) {
   c10::NoGradGuard noGrad;
   // Gradients by device and dtype, one kernel call per group; one flag per device.
   std::vector<at::Tensor> grads;
@@ -95,7 +95,7 @@ at::Tensor GradScaler::checkAndUnscale(torch::optim::Optimizer& optimizer, const
     for (const auto& param : paramGroup.params()) {
       const at::Tensor& grad = param.grad();
       if (!grad.defined()) continue;
-      if (grad.scalar_type() == at::kHalf) {
+      if (grad.scalar_type() == at::kHalf && !allowFp16) {
         DDP_THROW(Error, "ddp::GradScaler: attempting to unscale float16 gradients; keep the parameters in float32 "
                   "(autocast runs the forward in float16, the master weights stay float32)");
       }
@@ -119,7 +119,9 @@ at::Tensor GradScaler::checkAndUnscale(torch::optim::Optimizer& optimizer, const
   }
   foundInf.clamp_max_(1.0);
   lastFoundInf_ = foundInf;
-  return foundInf;
+  // PyTorch records one flag per device that held a gradient: none here, no inf check (step() and
+  // update() then refuse, after the group's collective above).
+  return grads.empty() ? at::Tensor() : foundInf;
 }
 
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
@@ -131,7 +133,7 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   }
   if (state.stage == Stage::kStepped) DDP_THROW(Error, "ddp::GradScaler::unscale_ is being called after step()");
   // In fp64 as PyTorch does: fp32 division can be imprecise under some compile options.
-  state.foundInf = checkAndUnscale(optimizer, scale_.to(at::kDouble).reciprocal().to(at::kFloat));
+  state.foundInf = checkAndUnscale(optimizer, scale_.to(at::kDouble).reciprocal().to(at::kFloat), /*allowFp16=*/false);
   state.stage = Stage::kUnscaled;
 }
 
@@ -170,7 +172,7 @@ void GradScaler::step(torch::optim::Optimizer& optimizer) {
     // PyTorch's _step_supports_amp_scaling path: check without unscaling (× 1), and let the kernel
     // divide by the scale (unless unscale_() did) and skip on the flag.
     const bool unscaled = state.stage == Stage::kUnscaled;
-    if (!unscaled) state.foundInf = checkAndUnscale(optimizer, at::ones({}, scale_.options()));
+    if (!unscaled) state.foundInf = checkAndUnscale(optimizer, at::ones({}, scale_.options()), /*allowFp16=*/true);
     requireInfChecks(checked);
     fused->fusedStep(unscaled ? at::Tensor() : scale_, state.foundInf, at::Tensor());
     state.stage = Stage::kStepped;

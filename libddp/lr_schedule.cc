@@ -26,6 +26,10 @@ LrSchedule::LrSchedule(LrScheduleOptions options) : options_(std::move(options))
   if (!(o.minLr >= 0) || !std::isfinite(o.minLr)) {
     DDP_THROW(ConfigError, "ddp::LrScheduleOptions::minLr must be a finite number >= 0 (got ", o.minLr, ")");
   }
+  if (o.kind == LrDecay::kLinear && o.minLr > o.baseLr) {
+    DDP_THROW(ConfigError, "ddp::LrSchedule: a linear decay from baseLr ", o.baseLr, " to minLr ", o.minLr,
+              " would rise (LinearLR's end_factor must be <= 1); give a minLr <= baseLr");
+  }
   if (!(o.gamma > 0) || !std::isfinite(o.gamma)) {
     DDP_THROW(ConfigError, "ddp::LrScheduleOptions::gamma must be a positive finite number (got ", o.gamma, ")");
   }
@@ -47,6 +51,7 @@ double LrSchedule::at(int64_t step) const {
   if (o.kind == LrDecay::kCosine) {
     // CosineAnnealingLR(T_max = total - W, eta_min) in closed form (past T_max it rises again, as
     // PyTorch's does).
+    if (o.holdMinLr && k >= o.totalSteps - w) return o.minLr;
     const double t = static_cast<double>(k) / static_cast<double>(o.totalSteps - w);
     return o.minLr + (o.baseLr - o.minLr) * (1.0 + std::cos(M_PI * t)) / 2.0;
   }

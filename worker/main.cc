@@ -72,7 +72,7 @@ int runDataParallel(const ddp::worker::WorkerConfig& config, std::optional<int> 
   using namespace ddp::worker;
   if (config.threads > 0) torch::set_num_threads(static_cast<int>(config.threads));
   const dp::DpPlacement placement = dp::resolveDpPlacement(config);
-  const Datasets data = loadDatasets(config.data, config.seed);
+  const Datasets data = loadDatasets(config.data, config.seed, splitsOf(config));
   // One process: its replicas share the master's weights and split the batch.
   checkTrainingFits(config, data.input, 1, 1, placement.devices.front().is_cpu(), ddp::memoryLimit());
   checkOutputPaths(config);
@@ -171,9 +171,9 @@ ddp::ProcessGroup startGroup(const ddp::worker::WorkerConfig& config, std::optio
   init.checkCollectives = config.comm.checkCollectives;
   init.beforeGroup = [&](const ddp::GroupStart& start) {
     if (config.data.oneCopyPerHost && start.localSize() > 1) {
-      data = loadDatasetsOncePerHost(config.data, config.seed, start, &dataOrigin);
+      data = loadDatasetsOncePerHost(config.data, config.seed, start, splitsOf(config), &dataOrigin);
     } else {
-      data = loadDatasets(config.data, config.seed);
+      data = loadDatasets(config.data, config.seed, splitsOf(config));
     }
     if (data.tokens) {
       data.input.classes = data::checkedVocabulary(*data.tokens, config.model);

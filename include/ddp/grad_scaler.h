@@ -55,8 +55,11 @@ class GradScaler {
   /// optimizer.step() unless a gradient was not finite (every rank alike). For a
   /// ddp::FusedOptimizer (ddp::FusedAdamW, ddp::FusedSGD), as PyTorch does for its fused
   /// optimizers, the kernel takes the scale (unless unscale_() ran) and the found-inf flag: nothing
-  /// waits for the device. Any other optimizer: unscale_() if not done yet, then the host reads the
-  /// flag to decide (a wait on a GPU, as in PyTorch).
+  /// waits for the device; its float16 parameters' gradients are checked there too (PyTorch's
+  /// allow_fp16 for fused optimizers), where unscale_() refuses them. Any other optimizer: unscale_()
+  /// if not done yet, then the host reads the flag to decide (a wait on a GPU, as in PyTorch).
+  /// Throws Error when none of the optimizer's parameters has a gradient ("no inf checks were
+  /// recorded"), and update() then too unless another optimizer recorded one.
   void step(torch::optim::Optimizer& optimizer);
   /// The new scale: backoff × scale after a skipped step; growth × scale after growthInterval
   /// finite steps in a row (if still finite). Call once per iteration, after step().
@@ -85,7 +88,8 @@ class GradScaler {
   void requireScale(const char* what) const;
   // The optimizer's gradients multiplied by invScale (1: only checked), and the found-inf flag
   // summed over the group.
-  at::Tensor checkAndUnscale(torch::optim::Optimizer& optimizer, const at::Tensor& invScale);
+  /// Undefined (no inf check recorded) when the optimizer holds no gradient on this rank.
+  at::Tensor checkAndUnscale(torch::optim::Optimizer& optimizer, const at::Tensor& invScale, bool allowFp16);
 
   GradScalerOptions options_;
   std::optional<ProcessGroup> group_;

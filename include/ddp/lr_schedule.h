@@ -41,16 +41,20 @@ struct LrScheduleOptions {
   int64_t warmupSteps = 0;        // steps 0..W-1 use baseLr·(k+1)/(W+1): PyTorch's
                                   // LinearLR(start_factor=1/(W+1), total_iters=W); then baseLr
   int64_t totalSteps = 0;         // cosine / linear: the step at which the decay reaches minLr (after
-                                  // it, linear stays there and cosine rises again, as PyTorch's do)
+                                  // it, linear stays there and cosine rises again, as PyTorch's do,
+                                  // unless holdMinLr)
   double minLr = 0;               // cosine: CosineAnnealingLR's eta_min; linear: the end value
   int64_t stepSize = 1;           // step: StepLR's step_size (steps after the warm-up)
   double gamma = 0.1;             // step: StepLR's gamma
+  bool holdMinLr = false;         // cosine: minLr after totalSteps, as nanoGPT's get_lr (`if it >
+                                  // lr_decay_iters: return min_lr`), not CosineAnnealingLR's rise
 };
 
 class LrSchedule {
  public:
   /// Throws ConfigError for a negative warm-up, a cosine or linear decay
-  /// with totalSteps <= warmupSteps, stepSize < 1, or a non-positive baseLr.
+  /// with totalSteps <= warmupSteps, stepSize < 1, a non-positive baseLr, or a linear decay to a
+  /// minLr above baseLr (LinearLR's end_factor > 1).
   explicit LrSchedule(LrScheduleOptions options);
 
   /// The lr of optimizer step `step` (0-based: the lr the first update uses is at(0)); what

@@ -56,9 +56,9 @@ StateDict exported(const std::string& out) { return loadTensors(out + "/model.pt
 
 TEST(LanguageModel, TrainsAndRecordsValidationLossTokensPerSecondAndNanoGptKeys) {
   const std::string out = test::makeTempDir("lm_train");
-  const auto r = test::runCommand(gptJob(2, out, {"train.max_steps=80", "eval.interval=30"}), 300);
+  const auto r = test::runCommand(gptJob(2, out, {"train.max_steps=80", "eval.interval=40"}), 300);
   ASSERT_EQ(r.exitCode, 0) << r.output;
-  EXPECT_NE(r.output.find("step 30: validation loss"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step 40: validation loss"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(" tokens/s"), std::string::npos) << r.output;
   const auto summary = nlohmann::json::parse(test::readFile(out + "/summary.json"));
   // Learning: well below the uniform guess's loss ln(vocab) after 80 steps (the corpus is docs/*.md:
@@ -78,8 +78,10 @@ TEST(LanguageModel, TrainsAndRecordsValidationLossTokensPerSecondAndNanoGptKeys)
     if (record.contains("val_loss")) validated.push_back(record["step"].get<int64_t>());
     if (record.contains("loss")) EXPECT_TRUE(record.contains("tokens_per_s")) << line;
   }
-  EXPECT_EQ(validated, (std::vector<int64_t>{30, 60, 80}));
-  EXPECT_GT(summary["eval_seconds"].get<double>(), 0.0) << "the final validation (step 80) took time";
+  EXPECT_EQ(validated, (std::vector<int64_t>{40, 80}));
+  // eval.interval took the final validation at the last step: eval_seconds is its time (it was 3e-08,
+  // the time to see that nothing was left to do).
+  EXPECT_GT(summary["eval_seconds"].get<double>(), 1e-4) << "the final validation (step 80) took time";
   // nanoGPT's keys, the LM head tied to the token embedding.
   const StateDict state = exported(out);
   ASSERT_EQ(state.count("lm_head.weight"), 1u);

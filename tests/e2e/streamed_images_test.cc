@@ -94,6 +94,10 @@ TEST(StreamedImages, TrainWithTheImageNetRecipeAndSayTheyStreamed) {
   EXPECT_EQ(s["skipped_images"], 0);
   EXPECT_EQ(s["steps"], 6);  // 48 images / (2 ranks x 4)
   EXPECT_EQ(s["test_total"], 16);  // val/ when there is no test/
+  // The normalisation the recipe used, in the resolved config (it said `mean: []`).
+  const std::string resolved = test::readFile(out + "/config.resolved.yaml");
+  EXPECT_NE(resolved.find("mean: [0.485, 0.456, 0.406]"), std::string::npos) << resolved;
+  EXPECT_NE(resolved.find("std: [0.229, 0.224, 0.225]"), std::string::npos) << resolved;
   fs::remove_all(out);
 }
 
@@ -181,6 +185,37 @@ TEST(StreamedImages, ModeEvalNeedsOnlyTheEvaluationSplit) {
   fs::remove_all(trained);
 }
 
+// eval.enabled false reads the training split only: a root with train/ alone trains, decoded into
+// memory (one copy per host, its evaluation split empty) or streamed, to the same weights; tar
+// shards need no data.val_files. With evaluation on, the missing val/ is one line, exit 2. (It
+// demanded val/ or test/ whatever eval.enabled said, and decoded it.)
+TEST(StreamedImages, TrainingWithEvalOffNeedsNoEvaluationSplit) {
+  const std::string root = test::makeTempDir("train_only_root");
+  fs::copy(imageSet() + "/small/folder/train", root + "/train", fs::copy_options::recursive);
+  const std::string streamed = test::makeTempDir("train_only_streamed");
+  const std::string memory = test::makeTempDir("train_only_memory");
+  const auto refused = test::runCommand(imageJob(1, memory, {"data.root=" + root}), 120);
+  EXPECT_EQ(refused.exitCode, 1) << refused.output;  // data.root's folder is data
+  EXPECT_NE(refused.output.find("' has no val/ (or test/) folder of <class>/ folders for evaluation"),
+            std::string::npos) << refused.output;
+  for (const auto& [out, stream] : {std::pair{streamed, "true"}, std::pair{memory, "false"}}) {
+    const auto r = test::runCommand(imageJob(2, out, {"data.root=" + root, std::string("data.stream=") + stream,
+                                                      "eval.enabled=false"}),
+                                    300);
+    ASSERT_EQ(r.exitCode, 0) << "data.stream=" << stream << "\n" << r.output;
+    const auto s = summaryOf(out);
+    EXPECT_EQ(s["steps"], 3) << stream;  // 24 pictures / (2 ranks x 4)
+    EXPECT_EQ(s.count("test_total"), 0u) << stream;
+  }
+  EXPECT_EQ(test::maxExportDifference(streamed, memory), 0.0);
+  const auto shards = test::runCommand(imageJob(1, streamed, {"data.train_files=" + imageSet() + "/train-*.tar",
+                                                               "eval.enabled=false"}),
+                                       300);
+  ASSERT_EQ(shards.exitCode, 0) << shards.output;
+  EXPECT_EQ(summaryOf(streamed)["steps"], 12);  // 48 pictures / 4
+  for (const auto& dir : {root, streamed, memory}) fs::remove_all(dir);
+}
+
 TEST(StreamedImages, TarShardsInImageFolderOrderEqualTheFolder) {
   const std::string folder = test::makeTempDir("streamed_folder");
   const std::string shards = test::makeTempDir("streamed_shards");
@@ -262,6 +297,11 @@ TEST(StreamedImages, SettingsThatDoNotFitAreOneLineExitTwo) {
       {{"data.skip_bad_images=true", "data.image_size=0"},
        "config: 'data.skip_bad_images' leaves bad images out as a stream meets them, and a stream resizes each image "
        "to data.image_size, which is 0"},
+      // A glob that matches nothing is the key's mistake, as for token shards (it was exit 1 without the key).
+      {{"data.train_files=no_such_dir/train-*.tar"},
+       "config: 'data.train_files' matches no file: 'no_such_dir/train-*.tar' (relative to the working directory "},
+      {{"data.train_files=" + imageSet() + "/train-*.tar", "data.val_files=" + imageSet() + "/nothing-*.tar"},
+       "config: 'data.val_files' matches no file: '" + imageSet() + "/nothing-*.tar'; give a glob"},
   };
   for (const auto& [settings, line] : cases) {
     const auto r = test::runCommand(imageJob(1, out, settings), 120);

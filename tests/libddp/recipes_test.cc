@@ -103,6 +103,31 @@ TEST(LrSchedule, RefusesWhatPyTorchWouldNotDo) {
   EXPECT_THROW(ddp::LrSchedule(schedule("step", 0.1, 0, 10, 0, 0)), ddp::ConfigError);
   EXPECT_THROW(ddp::LrSchedule(schedule("constant", -0.1, 0, 10)), ddp::ConfigError);
   EXPECT_THROW(ddp::LrSchedule(schedule("constant", 0.1, -1, 10)), ddp::ConfigError);
+  // LinearLR's end_factor must be <= 1: a "decay" to a higher lr was taken, rising.
+  EXPECT_THROW(ddp::LrSchedule(schedule("linear", 0.1, 0, 10, 0.2)), ddp::ConfigError);
+  EXPECT_NO_THROW(ddp::LrSchedule(schedule("linear", 0.1, 0, 10, 0.1)));
+}
+
+// Past totalSteps a cosine rises again as CosineAnnealingLR does (checked against PyTorch above);
+// holdMinLr keeps minLr there, as nanoGPT's get_lr: `if it > lr_decay_iters: return min_lr`, and
+// before it coeff = 0.5 (1 + cos(pi (it - warmup) / (decay - warmup))), the warm-up
+// lr (it + 1) / (warmup + 1).
+TEST(LrSchedule, HoldMinLrIsNanoGptsGetLr) {
+  ddp::LrScheduleOptions o = schedule("cosine", 0.1, 2, 5, 0.001);
+  const ddp::LrSchedule rising(o);
+  o.holdMinLr = true;
+  const ddp::LrSchedule held(o);
+  for (int64_t it = 0; it < 12; ++it) {
+    double want = 0.001;
+    if (it < 2) {
+      want = 0.1 * static_cast<double>(it + 1) / 3.0;
+    } else if (it <= 5) {
+      want = 0.001 + 0.5 * (1.0 + std::cos(M_PI * static_cast<double>(it - 2) / 3.0)) * (0.1 - 0.001);
+    }
+    EXPECT_NEAR(held.at(it), want, 1e-15) << it;
+    if (it <= 5) EXPECT_NEAR(rising.at(it), want, 1e-15) << it;
+  }
+  EXPECT_GT(rising.at(8), 0.09) << "CosineAnnealingLR is back at its top after 2 T_max";
 }
 
 TEST(ClipGradNorm, EqualsClipGradNormOfPyTorch) {
@@ -248,6 +273,15 @@ TEST(GradScaler, MisuseIsAnErrorAsInPyTorch) {
   } catch (const ddp::Error& e) {
     EXPECT_NE(std::string(e.what()).find("no inf checks were recorded for this optimizer"), std::string::npos) << e.what();
   }
+  // ... and update() after it: "No inf checks were recorded prior to update." (it counted a finite
+  // step: the growth tracker moved).
+  try {
+    scaler.update();
+    ADD_FAILURE() << "an update without an inf check was taken";
+  } catch (const ddp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no inf checks were recorded"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(scaler.stateDict()->growthTracker, 1) << "the one finite step before";
   EXPECT_THROW(ddp::GradScaler({65536.0, 1.0}), ddp::ConfigError);        // growth must be > 1
   EXPECT_THROW(ddp::GradScaler({65536.0, 2.0, 1.5}), ddp::ConfigError);   // backoff must be < 1
   EXPECT_THROW(ddp::GradScaler({65536.0, 2.0, 0.5, 0}), ddp::ConfigError);
@@ -467,6 +501,72 @@ TEST(FusedSgd, EqualsTorchSgdFusedWithATensorLearningRate) {
 // the CPU, step by step and to the bit: the kernel unscales the gradients and skips an overflowed
 // step itself (the scale backs off), with and without unscale_() before step(); plain, momentum with
 // dampening and weight decay, Nesterov. Its momentum buffers sit where LibTorch's SGD keeps them.
+// Fused optimizers take float16 parameters under a GradScaler, as PyTorch's do (_check_inf_per_device
+// with allow_fp16): w = [1, 2] fp16, loss sum(w.float()^2), scale 256, lr 0.1; the weights PyTorch
+// 2.x gives (torch.optim.AdamW / SGD(fused=True), torch.amp.GradScaler("cpu", init_scale=256)).
+// unscale_() still refuses float16 gradients. (Both fused steps threw "attempting to unscale".)
+TEST(FusedOptimizers, TakeFloat16ParametersUnderGradScaler) {
+  if (!ddp::FusedAdamW::available(torch::kCPU) || !ddp::FusedSGD::available(torch::kCPU)) {
+    // LibTorch 1.13 has no fused kernels: the classes say so in one line.
+    auto p = torch::zeros({2}, torch::requires_grad());
+    EXPECT_THROW(ddp::FusedAdamW({p}), ddp::ConfigError);
+    EXPECT_THROW(ddp::FusedSGD({p}, torch::optim::SGDOptions(0.1)), ddp::ConfigError);
+    return;
+  }
+  const auto run = [](bool adamw) {
+    auto w = torch::tensor({1.0, 2.0}, torch::kHalf).requires_grad_();
+    std::unique_ptr<torch::optim::Optimizer> optimizer;
+    if (adamw) {
+      ddp::FusedAdamWOptions o;
+      o.lr = 0.1;
+      optimizer = std::make_unique<ddp::FusedAdamW>(std::vector<at::Tensor>{w}, o);
+    } else {
+      optimizer = std::make_unique<ddp::FusedSGD>(std::vector<at::Tensor>{w}, torch::optim::SGDOptions(0.1));
+    }
+    ddp::GradScaler scaler({256.0});
+    scaler.scale((w.to(torch::kFloat) * w.to(torch::kFloat)).sum()).backward();
+    scaler.step(*optimizer);
+    scaler.update();
+    EXPECT_EQ(scaler.getScale(), 256.0);
+    return std::vector<float>{w[0].item<float>(), w[1].item<float>()};
+  };
+  EXPECT_EQ(run(true), (std::vector<float>{0.89892578125f, 1.8984375f}));
+  EXPECT_EQ(run(false), (std::vector<float>{0.7998046875f, 1.599609375f}));
+  auto w = torch::tensor({1.0, 2.0}, torch::kHalf).requires_grad_();
+  ddp::FusedSGD sgd({w}, torch::optim::SGDOptions(0.1));
+  ddp::GradScaler scaler({256.0});
+  scaler.scale((w.to(torch::kFloat) * w.to(torch::kFloat)).sum()).backward();
+  EXPECT_THROW(scaler.unscale_(sgd), ddp::Error);  // "Attempting to unscale FP16 gradients"
+  ddp::FusedAdamWOptions negative;
+  negative.weightDecay = -0.1;  // torch.optim.AdamW: "Invalid weight_decay value"
+  EXPECT_THROW(ddp::FusedAdamW({torch::zeros({2}, torch::requires_grad())}, negative), ddp::ConfigError);
+}
+
+// A first step whose gradients are not finite makes no momentum buffer in torch.optim.SGD (the
+// scaler skips optimizer.step()), so the next step starts it as the gradient. With dampening that
+// differs from a zero buffer: momentum 0.9, dampening 0.5, lr 0.1, w = [1, 2], loss sum(w^2) with
+// the first step's loss infinite, 3 steps: PyTorch's SGD(fused=False) gives [0.540000021,
+// 1.08000004] (FusedSGD gave 0.72, 1.44: its zero buffer made (1 - 0.5) g).
+TEST(FusedSgd, ASkippedFirstStepStartsTheBufferAsSgdDoes) {
+  if (!ddp::FusedSGD::available(torch::kCPU)) {
+    EXPECT_THROW(ddp::FusedSGD({torch::zeros({2}, torch::requires_grad())}, torch::optim::SGDOptions(0.1)),
+                 ddp::ConfigError);
+    return;
+  }
+  auto w = torch::tensor({1.0f, 2.0f}).requires_grad_();
+  ddp::FusedSGD sgd({w}, torch::optim::SGDOptions(0.1).momentum(0.9).dampening(0.5));
+  ddp::GradScaler scaler;
+  for (int step = 0; step < 3; ++step) {
+    sgd.zero_grad();
+    scaler.scale((w * w).sum() * (step == 0 ? INFINITY : 1.0f)).backward();
+    scaler.step(sgd);
+    scaler.update();
+    if (step == 0) EXPECT_EQ(sgd.state().size(), 0u) << "no buffer after the skipped step";
+  }
+  EXPECT_NEAR(w[0].item<float>(), 0.540000021f, 1e-6);
+  EXPECT_NEAR(w[1].item<float>(), 1.08000004f, 1e-6);
+}
+
 TEST(FusedSgd, EqualsTorchSgdFusedUnderGradScaler) {
   if (!ddp::FusedSGD::available(torch::kCPU)) {
     auto p = torch::zeros({2}, torch::requires_grad());

@@ -53,7 +53,7 @@ std::vector<RankResult> loadOnRanks(const DataConfig& config, int ranks) {
         start.localSize = ranks;
         start.timeout = 30s;
         start.store = store;
-        out.data = loadDatasetsOncePerHost(config, 7, GroupStart(start), &out.origin);
+        out.data = loadDatasetsOncePerHost(config, 7, GroupStart(start), Splits::kTrainAndEval, &out.origin);
       } catch (const DataError& e) {
         out.error = e.what();
         out.dataError = true;

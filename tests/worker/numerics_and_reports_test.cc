@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/Context.h>
+#include <cmath>
 
 #include <cstdlib>
 #include <filesystem>
@@ -112,6 +113,22 @@ TEST(Schedules, AWarmUpLongerThanASplitRunIsMeasuredAgainstDecaySteps) {
   for (const int64_t k : {0, 1, 29}) EXPECT_DOUBLE_EQ(schedule.at(k), 0.01 * static_cast<double>(k + 1) / 51.0) << k;
   t.decaySteps = 50;
   EXPECT_THROW(makeSchedule(t, 30, 0), ConfigError);
+}
+
+// train.decay_steps shorter than the run: the lr stays at train.min_lr after it, as nanoGPT's get_lr
+// returns min_lr for it > lr_decay_iters (it rose again, as CosineAnnealingLR does: 0.02575,
+// 0.07525, 0.1 at steps 6-8 of this run).
+TEST(Schedules, ACosineStaysAtMinLrAfterDecaySteps) {
+  TrainConfig t;
+  t.lr = 0.1;
+  t.lrSchedule = LrDecay::kCosine;
+  t.warmupSteps = 2;
+  t.decaySteps = 5;
+  t.minLr = 0.001;
+  const LrSchedule schedule = makeSchedule(t, 10, -1);
+  EXPECT_DOUBLE_EQ(schedule.at(2), 0.1);
+  EXPECT_NEAR(schedule.at(4), 0.001 + 0.5 * (1.0 + std::cos(M_PI * 2.0 / 3.0)) * 0.099, 1e-15);
+  for (int64_t k = 5; k < 10; ++k) EXPECT_DOUBLE_EQ(schedule.at(k), 0.001) << k;
 }
 
 }  // namespace

@@ -137,6 +137,15 @@ void resolveSharding(TrainConfig& t, const std::set<std::string>& set) {
 // directive, a comment and a map; leading spaces, a blank line, '- x' and '|' YAML would change).
 // A quoted value ("..." or '...') is YAML's; `key=` and the null words keep YAML's meaning: the
 // key's default.
+// An image folder's data.mean / data.std left empty: the values the job uses, so that
+// config.resolved.yaml says them (ImageNet's with data.train_transform imagenet, else 0 and 1).
+void resolveNormalisation(DataConfig& d) {
+  if (d.name != "image_folder") return;
+  const bool imagenet = d.trainTransform == "imagenet";
+  if (d.mean.empty()) d.mean = imagenet ? std::vector<float>{0.485f, 0.456f, 0.406f} : std::vector<float>{0, 0, 0};
+  if (d.stddev.empty()) d.stddev = imagenet ? std::vector<float>{0.229f, 0.224f, 0.225f} : std::vector<float>{1, 1, 1};
+}
+
 YAML::Node overrideValue(const Field& field, const std::string& text, const std::string& whole) {
   const bool isString = field.type == "string";
   YAML::Node value;
@@ -199,6 +208,7 @@ WorkerConfig build(const YAML::Node& root, const std::vector<std::string>& overr
   }
   resolveSharding(config.train, setKeys);
   validateConfig(config);
+  resolveNormalisation(config.data);
   return config;
 }
 

@@ -1,5 +1,6 @@
 #include "worker/config/config_fields.h"
 
+#include <cstdlib>
 #include <cmath>
 #include <iterator>
 #include <optional>
@@ -52,6 +53,27 @@ Field bindField<std::vector<double>>(const std::string& key, const std::string& 
                      text.str("");
                      text.precision(17);
                      text << v;
+                   }
+                   list.push_back(text.str());
+                 }
+                 return list;
+               }};
+}
+
+// Lists of floats (data.mean, data.std): [0.485, 0.456], not [0.485000014, 0.456]; the fewest
+// digits that read back as the same float.
+template <>
+Field bindField<std::vector<float>>(const std::string& key, const std::string& type, std::vector<float>& ref) {
+  return Field{key, type, [&ref](const YAML::Node& n) { ref = n.as<std::vector<float>>(); },
+               [&ref] {
+                 YAML::Node list(YAML::NodeType::Sequence);
+                 for (const float v : ref) {
+                   std::ostringstream text;
+                   for (int digits = 6; digits <= 9; ++digits) {
+                     text.str("");
+                     text.precision(digits);
+                     text << v;
+                     if (std::strtof(text.str().c_str(), nullptr) == v) break;
                    }
                    list.push_back(text.str());
                  }

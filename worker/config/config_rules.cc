@@ -138,12 +138,7 @@ void validateLanguageModel(const WorkerConfig& c) {
           "is generate, which writes text with a language model; use model.name: gpt (and its data.name: tokens)");
   require(gpt || !tokens, "data.name",
           "is tokens (a language corpus) but model.name is " + c.model.name + ", which classifies images; use model.name: gpt");
-  if (!gpt) return;
-  require(!c.data.trainFiles.empty(), "data.train_files",
-          "is needed with data.name tokens: a glob of token shards, e.g. data/fortunes/train_*.bin (scripts/prepare_text.py)");
-  require(c.data.trainFile.empty() && c.data.testFile.empty(), c.data.trainFile.empty() ? "data.test_file" : "data.train_file",
-          "names a tensors file (data.name tensors), which data.name tokens does not read; give the token shards as "
-          "data.train_files and data.val_files (globs)");
+  // The ranges, whatever the model (a wrong value is a mistake even where it is not read).
   require(c.data.sampling == "random" || c.data.sampling == "sequential", "data.sampling",
           "is '" + c.data.sampling + "'; use random (nanoGPT's random windows) or sequential (llm.c's order)");
   require(c.model.nLayer >= 1, "model.n_layer", "must be >= 1");
@@ -158,16 +153,22 @@ void validateLanguageModel(const WorkerConfig& c) {
   require(c.eval.interval >= 0, "eval.interval", "must be >= 0 (0 = the validation loss at the end only)");
   require(c.eval.iters >= 1, "eval.iters", "must be >= 1 (batches per rank for the validation loss)");
   require(c.output.peakFlops >= 0, "output.peak_flops", "must be >= 0 (0 = the GPU's known peak; none on a CPU)");
-  require(c.mode != Mode::kDp, "mode",
-          "is dp, for image classifiers; use mode ddp (or single) with model.name gpt, or mode generate");
-  require(c.mode != Mode::kEval || !c.data.valFiles.empty(), "data.val_files",
-          "is empty, but mode eval of a gpt measures the validation loss on it; give the validation shards' glob");
   require(c.generate.numSamples >= 1, "generate.num_samples", "must be >= 1");
   require(c.generate.maxNewTokens >= 1, "generate.max_new_tokens", "must be >= 1");
   // Below it the logits divided by it overflow float32 and the softmax is NaN.
   require(c.generate.temperature >= 1e-6 && std::isfinite(c.generate.temperature), "generate.temperature",
           "must be a positive number, at least 1e-06 (nanoGPT's sample.py: 0.8)");
   require(c.generate.topK >= 0, "generate.top_k", "must be >= 0 (0 = every token)");
+  if (!gpt) return;
+  require(!c.data.trainFiles.empty(), "data.train_files",
+          "is needed with data.name tokens: a glob of token shards, e.g. data/fortunes/train_*.bin (scripts/prepare_text.py)");
+  require(c.data.trainFile.empty() && c.data.testFile.empty(), c.data.trainFile.empty() ? "data.test_file" : "data.train_file",
+          "names a tensors file (data.name tensors), which data.name tokens does not read; give the token shards as "
+          "data.train_files and data.val_files (globs)");
+  require(c.mode != Mode::kDp, "mode",
+          "is dp, for image classifiers; use mode ddp (or single) with model.name gpt, or mode generate");
+  require(c.mode != Mode::kEval || !c.data.valFiles.empty(), "data.val_files",
+          "is empty, but mode eval of a gpt measures the validation loss on it; give the validation shards' glob");
   require(c.train.unevenInputs == "pad", "train.uneven_inputs",
           "is join, but every rank has a full batch of windows at every step with data.name tokens; leave it pad");
   require(!c.output.sampleLog, "output.sample_log", "lists image sample indices; data.name tokens has none, set it false");
@@ -280,6 +281,11 @@ void validateCuda(const WorkerConfig& c) {
           "is '" + c.cuda.syncDebug + "'; use off, warn or error");
 }
 
+// Modes dp and single: training in one process, with no gradients reduced over ranks. (The
+// training keys of mode ddp are not refused in modes eval and generate, which ignore them: a
+// training config evaluates as it is.)
+bool inOneTrainingProcess(const WorkerConfig& c) { return c.mode == Mode::kDp || c.mode == Mode::kSingle; }
+
 // comm.*: timeouts, bucket sizes and the communication hook.
 void validateComm(const WorkerConfig& c) {
   require(c.comm.timeoutS >= 0.001, "comm.timeout_s", "must be at least 0.001 (1 ms), e.g. 300");
@@ -295,7 +301,7 @@ void validateComm(const WorkerConfig& c) {
   require(c.comm.hook == "none" || c.comm.ddp.compression == ddp::GradientCompression::kNone, "comm.hook",
           "is " + c.comm.hook + " and comm.compression is " + ddp::compressionName(c.comm.ddp.compression) +
               ": compression is a hook itself; set one of them");
-  require(c.comm.hook == "none" || c.mode == Mode::kDdp, "comm.hook",
+  require(c.comm.hook == "none" || !inOneTrainingProcess(c), "comm.hook",
           "is for mode ddp: dp and single train in one process and reduce no gradients over ranks");
   require(c.comm.hook == "none" || c.comm.ddp.reducer == ddp::GradientReducer::kBucketed, "comm.hook",
           "reduces the buckets of the bucketed reducer; set comm.reducer: bucketed");
@@ -330,7 +336,7 @@ void validateDp(const WorkerConfig& c) {
 
 // train.zero: ZeroRedundancyOptimizer's mode and optimizer.
 void validateZero(const WorkerConfig& c) {
-  require(!c.train.zero || c.mode == Mode::kDdp, "train.zero",
+  require(!c.train.zero || !inOneTrainingProcess(c), "train.zero",
           "shards the optimizer state over the ranks of mode ddp; dp and single train in one process");
   require(!c.train.zero || c.train.fused != "true", "train.zero",
           "steps each shard with LibTorch's SGD, Adam or AdamW; set train.fused: auto or false");
@@ -363,7 +369,7 @@ void validateFullSharding(const WorkerConfig& c) {
 // shapes and collectives never change).
 void validateCudaGraph(const WorkerConfig& c) {
   const bool graph = c.train.cudaGraph;
-  require(!graph || c.mode == Mode::kDdp || c.mode == Mode::kSingle, "train.cuda_graph",
+  require(!graph || c.mode != Mode::kDp, "train.cuda_graph",
           "is for mode ddp and single; mode dp drives its replicas from host threads each step");
   require(!graph || !c.comm.ddp.findUnusedParameters, "train.cuda_graph",
           "cannot capture comm.find_unused_parameters: its used-parameter map is read on the host every step");
@@ -401,7 +407,7 @@ void validateUnevenInputs(const WorkerConfig& c) {
           "is '" + c.train.unevenInputs + "'; use pad (every rank the same number of batches, the sampler "
           "repeats samples) or join (every sample once, ranks without a batch join the step with zeros)");
   if (c.train.unevenInputs == "join") {
-    require(c.mode == Mode::kDdp, "train.uneven_inputs",
+    require(!inOneTrainingProcess(c), "train.uneven_inputs",
             "join is for mode ddp (a process per rank, each with its own shard); dp and single train in one "
             "process on all of the data; use pad");
     require(!c.train.dropLast, "train.uneven_inputs",
@@ -436,7 +442,7 @@ void validateConfig(const WorkerConfig& c) {
   validateFullSharding(c);
   validateCudaGraph(c);
   validateActivationCheckpointing(c);
-  require(!c.train.channelsLast || c.mode == Mode::kDdp || c.mode == Mode::kSingle, "train.channels_last",
+  require(!c.train.channelsLast || c.mode != Mode::kDp, "train.channels_last",
           "is for mode ddp and single (one replica per process); mode dp copies its replicas contiguous");
   validateUnevenInputs(c);
 }

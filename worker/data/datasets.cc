@@ -74,12 +74,12 @@ std::optional<Datasets> streamedDatasets(const DataConfig& config, data::ImageIn
 }
 
 // ImageFolder's layout decoded into memory (uint8, one copy per host); kEvalOnly decodes the
-// evaluation split only (its classes its own when there is no train/).
+// evaluation split only (its classes its own when there is no train/), kTrainOnly the training
+// split only (the evaluation split is then empty, of the training images' shape).
 // `index`: the listing a stream reads too (openImageIndex: torchvision's ImageFolder order, linked
 // folders followed, the splits' classes agreed; eval alone without train/: the evaluation split's own).
 Datasets loadImageFolder(const DataConfig& config, const data::ImageIndex& index) {
   Datasets d;
-  const bool evalOnly = index.evalOnly;
   const std::vector<std::string>& classes = index.classes;
   data::ImageFolderOptions o;
   o.resize = config.imageSize;
@@ -88,8 +88,17 @@ Datasets loadImageFolder(const DataConfig& config, const data::ImageIndex& index
   if (!config.stddev.empty()) o.stddev = config.stddev;
   o.threads = config.numWorkers > 0 ? static_cast<int>(config.numWorkers)
                                     : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (index.splits == Splits::kTrainOnly) {
+    d.train = data::loadImageFolderSplit(*index.train, o);
+    std::vector<int64_t> none = d.train.images.sizes().vec();
+    none.front() = 0;
+    d.test = data::TensorDataset{at::empty(none, d.train.images.options()), at::empty({0}, at::kLong),
+                                 d.train.mean, d.train.stddev};
+    d.input = InputSpec{3, d.train.images.size(2), d.train.images.size(3), static_cast<int64_t>(classes.size())};
+    return d;
+  }
   d.test = data::loadImageFolderSplit(*index.test, o);
-  if (evalOnly) {
+  if (index.splits == Splits::kEvalOnly) {
     d.input = InputSpec{3, d.test.images.size(2), d.test.images.size(3), static_cast<int64_t>(classes.size())};
     return d;
   }
@@ -115,6 +124,7 @@ data::SampleSource Datasets::testSource() const {
 
 std::string describeSizes(const Datasets& data) {
   if (data.images) {
+    if (!data.images->index.test) return fmt::format("({} train images, streamed)", data.images->trainSize());
     return fmt::format("({} train / {} test images, streamed)", data.images->trainSize(),
                        data.images->index.test->size());
   }
@@ -141,7 +151,7 @@ Datasets loadListed(const DataConfig& config, uint64_t seed, Splits splits, data
     d.input = InputSpec{1, 28, 28, 10};
   } else if (config.name == "image_folder") {
     std::optional<data::ImageIndex> own;
-    if (listed == nullptr) own = data::openImageIndex(config, splits == Splits::kEvalOnly);  // listed once
+    if (listed == nullptr) own = data::openImageIndex(config, splits);  // listed once
     data::ImageIndex& index = listed != nullptr ? *listed : *own;
     if (auto streamed = streamedDatasets(config, index)) return std::move(*streamed);
     d = loadImageFolder(config, index);
@@ -202,11 +212,16 @@ data::LoaderOptions loaderOptions(const DataConfig& config, c10::Device device, 
   return o;
 }
 
+Splits splitsOf(const WorkerConfig& config) {
+  if (config.mode == Mode::kEval) return Splits::kEvalOnly;
+  return config.eval.enabled ? Splits::kTrainAndEval : Splits::kTrainOnly;
+}
+
 Datasets loadDatasetsOncePerHost(const DataConfig& config, uint64_t seed, const GroupStart& start,
-                                 DataOrigin* origin) {
+                                 Splits splits, DataOrigin* origin) {
   std::optional<data::ImageIndex> listed;  // an image folder: listed once, here
   if (config.name == "image_folder") {  // streamed images are read per batch: nothing to share
-    listed = data::openImageIndex(config);
+    listed = data::openImageIndex(config, splits);
     if (auto streamed = streamedDatasets(config, *listed)) {
       if (origin != nullptr) *origin = DataOrigin::kLoaded;
       return std::move(*streamed);
@@ -216,10 +231,10 @@ Datasets loadDatasetsOncePerHost(const DataConfig& config, uint64_t seed, const 
     if (origin != nullptr) {
       *origin = start.localRank() == 0 ? DataOrigin::kSharedByThisRank : DataOrigin::kMappedFromHostCopy;
     }
-    return loadDatasets(config, seed);
+    return loadDatasets(config, seed, splits);
   }
   const HostCopy copy = loadOncePerHost(start, [&] {
-    const Datasets loaded = loadListed(config, seed, Splits::kTrainAndEval, listed ? &*listed : nullptr);
+    const Datasets loaded = loadListed(config, seed, splits, listed ? &*listed : nullptr);
     return HostData{{loaded.train.images, loaded.train.labels, loaded.test.images, loaded.test.labels},
                     describe(loaded).dump()};
   });

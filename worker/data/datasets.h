@@ -30,10 +30,13 @@ struct Datasets {
 /// "(60000 train / 10000 test)", or for tokens "(1234567 train / 4567 val tokens)".
 std::string describeSizes(const Datasets& data);
 
-/// Which splits a job reads: training reads both; mode eval only the evaluation split (an image
-/// folder's training images are then neither decoded nor needed: without train/, the classes are
-/// the evaluation split's folders).
-enum class Splits { kTrainAndEval, kEvalOnly };
+/// Which splits a job reads (data::Splits): an image folder's evaluation split is not needed with
+/// eval.enabled false (kTrainOnly), nor its training split in mode eval (kEvalOnly). The other
+/// data sets load both splits whatever this says.
+using Splits = data::Splits;
+
+/// The splits a job of `config` reads: kEvalOnly in mode eval, kTrainOnly with eval.enabled false.
+Splits splitsOf(const WorkerConfig& config);
 
 /// Loads the configured data set in this process (data.name selects the source).
 Datasets loadDatasets(const DataConfig& config, uint64_t seed, Splits splits = Splits::kTrainAndEval);
@@ -50,6 +53,6 @@ using DataOrigin = HostCopyOrigin;
 /// read-only, or loads the data itself, with a warning, when it cannot open the copy. If the loading
 /// rank fails, every rank of the host throws the same error instead of waiting.
 Datasets loadDatasetsOncePerHost(const DataConfig& config, uint64_t seed, const GroupStart& start,
-                                 DataOrigin* origin = nullptr);
+                                 Splits splits, DataOrigin* origin = nullptr);
 
 }  // namespace ddp::worker

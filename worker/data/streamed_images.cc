@@ -4,6 +4,7 @@
 #include <c10/core/GradMode.h>
 #include <spdlog/spdlog.h>
 
+#include <glob.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,7 +37,7 @@ double decodedBytes(const DataConfig& config, const ImageIndex& index) {
     const ImageHeader h = readImageHeader(first.data(), first.size(), index.train->name(0));
     pixels = static_cast<double>(h.height) * static_cast<double>(h.width);
   }
-  const int64_t images = index.evalOnly ? index.test->size() : index.train->size() + index.test->size();
+  const int64_t images = index.splits == Splits::kEvalOnly ? index.testSize() : index.train->size() + index.testSize();
   return 3.0 * pixels * static_cast<double>(images);
 }
 
@@ -102,12 +103,33 @@ Batch decodeBatch(const StreamedImages& images, bool train, uint64_t seed, int64
 
 }  // namespace
 
-std::string imageFolderEvalDir(const std::string& root) {
-  namespace fs = std::filesystem;
-  if (!fs::is_directory(root)) {
+namespace {
+
+void requireImageRoot(const std::string& root) {
+  if (!std::filesystem::is_directory(root)) {
     DDP_THROW(DataError, "data: data.root '", root, "'", relativePathNote(root), " is not a directory; ImageFolder's "
               "layout is ", root, "/train/<class>/... and ", root, "/val/<class>/...");
   }
+}
+
+// data.train_files / data.val_files: a glob that matches nothing is the key's mistake (exit 2), as
+// for token shards; what is wrong inside a shard is data.
+void requireShards(const char* key, const std::string& pattern) {
+  glob_t g{};
+  const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
+  const size_t found = rc == 0 ? g.gl_pathc : 0;
+  ::globfree(&g);
+  if (found == 0) {
+    DDP_THROW(ConfigError, "config: '", key, "' matches no file: '", pattern, "'", relativePathNote(pattern),
+              "; give a glob of WebDataset tar shards (e.g. /data/imagenet/train-*.tar)");
+  }
+}
+
+}  // namespace
+
+std::string imageFolderEvalDir(const std::string& root) {
+  namespace fs = std::filesystem;
+  requireImageRoot(root);
   const fs::path test = fs::path(root) / "test";
   const fs::path val = fs::path(root) / "val";
   // val/ first (torchvision's ImageNet, the shipped configs): an ImageNet copy may carry a test/
@@ -129,19 +151,33 @@ std::string imageFolderEvalDir(const std::string& root) {
   return test.string();
 }
 
-ImageIndex openImageIndex(const DataConfig& config, bool evalOnly) {
+ImageIndex openImageIndex(const DataConfig& config, Splits splits) {
   ImageIndex index;
-  index.evalOnly = evalOnly;
+  index.splits = splits;
+  const bool evalOnly = splits == Splits::kEvalOnly;
+  const bool trainOnly = splits == Splits::kTrainOnly;
   if (!config.trainFiles.empty()) {
+    requireShards("data.train_files", config.trainFiles);
+    if (!config.valFiles.empty() && !trainOnly) requireShards("data.val_files", config.valFiles);
     index.train = std::make_shared<const ImageDataset>(ImageDataset::tarShards(config.trainFiles));
-    if (config.valFiles.empty()) {
+    if (config.valFiles.empty() && !trainOnly) {
       DDP_THROW(ConfigError, "config: 'data.train_files' is tar shards but data.val_files is empty; give the "
-                "evaluation split's shards (or set eval.enabled: false and data.val_files to the same glob)");
+                "evaluation split's shards (or set eval.enabled: false to train without evaluating)");
     }
-    index.test = std::make_shared<const ImageDataset>(ImageDataset::tarShards(config.valFiles));
+    if (!trainOnly) index.test = std::make_shared<const ImageDataset>(ImageDataset::tarShards(config.valFiles));
   } else {
     namespace fs = std::filesystem;
     const fs::path trainDir = fs::path(config.root) / "train";
+    if (trainOnly) {
+      requireImageRoot(config.root);
+      if (!fs::is_directory(trainDir)) {
+        DDP_THROW(DataError, "data: '", config.root, "' has no train/ folder of <class>/ folders; ImageFolder's "
+                  "layout is ", config.root, "/train/<class>/... (and ", config.root, "/val/<class>/... to evaluate)");
+      }
+      index.train = std::make_shared<const ImageDataset>(ImageDataset::folder(trainDir.string()));
+      index.classes = index.train->classes();
+      return index;
+    }
     index.test = std::make_shared<const ImageDataset>(ImageDataset::folder(imageFolderEvalDir(config.root)));
     if (evalOnly && !fs::is_directory(trainDir)) {
       index.train = index.test;  // the classes: the evaluation split's folders, as ImageFolder(val) maps them
@@ -155,7 +191,7 @@ ImageIndex openImageIndex(const DataConfig& config, bool evalOnly) {
     }
   }
   index.classes = index.train->classes();
-  if (index.test->classes().size() > index.classes.size()) {
+  if (index.test && index.test->classes().size() > index.classes.size()) {
     DDP_THROW(DataError, "data: the evaluation shards hold label ", index.test->classes().size() - 1,
               " but the training shards only labels up to ", index.classes.size() - 1,
               "; both splits need the same classes");
@@ -209,6 +245,9 @@ std::shared_ptr<const StreamedImages> streamedImages(const DataConfig& config, I
 }
 
 SampleSource streamedSource(std::shared_ptr<const StreamedImages> images, bool train) {
+  if (!train && !images->index.test) {
+    DDP_THROW(ConfigError, "config: this job was started with eval.enabled false and opened no evaluation split");
+  }
   const int64_t size = train ? images->trainSize() : images->index.test->size();
   return SampleSource(size, [images = std::move(images), train](std::vector<std::vector<int64_t>> plan,
                                                                  LoaderOptions options) {

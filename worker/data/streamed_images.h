@@ -21,20 +21,29 @@ namespace ddp::worker::data {
 /// worker's layout).
 std::string imageFolderEvalDir(const std::string& root);
 
+/// Which splits a job reads: training reads both; mode eval only the evaluation split (an image
+/// folder's training images are then neither decoded nor needed: without train/, the classes are
+/// the evaluation split's folders); training with eval.enabled false only the training split (the
+/// evaluation split may be missing, and is neither listed nor decoded).
+enum class Splits { kTrainAndEval, kEvalOnly, kTrainOnly };
+
 /// The two splits' indexes (nothing decoded yet).
 struct ImageIndex {
   std::shared_ptr<const ImageDataset> train;
+  /// Null with Splits::kTrainOnly.
   std::shared_ptr<const ImageDataset> test;
   std::vector<std::string> classes;  // the training split's
-  /// Only the evaluation split is read (mode eval): `train` may be the evaluation split itself.
-  bool evalOnly = false;
+  /// kEvalOnly: `train` may be the evaluation split itself.
+  Splits splits = Splits::kTrainAndEval;
+  int64_t testSize() const { return test ? test->size() : 0; }
 };
 
 /// data.root/train and data.root/val (or test), or the data.train_files / data.val_files tar
 /// globs. Throws DataError naming what is missing, and when the splits' classes differ.
-/// `evalOnly` (mode eval): an image folder without train/ takes its classes from the evaluation
+/// kEvalOnly (mode eval): an image folder without train/ takes its classes from the evaluation
 /// split (torchvision's ImageFolder(val) mapping; with train/, the two must agree as always).
-ImageIndex openImageIndex(const DataConfig& config, bool evalOnly = false);
+/// kTrainOnly (eval.enabled false): the evaluation split is not opened.
+ImageIndex openImageIndex(const DataConfig& config, Splits splits = Splits::kTrainAndEval);
 
 /// Whether the job streams: data.stream true; auto: tar shards, data.train_transform imagenet, or
 /// decoded splits (uint8, data.image_size² or the first image's size) beyond data.memory_budget_mb

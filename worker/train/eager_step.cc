@@ -120,7 +120,7 @@ void EagerStep::applyOrSkip(int64_t epoch) {
     return;
   }
   const int64_t step = s_.result.steps + 1;
-  if (s_.parallelism.allFiniteOnEveryRank(gradientsOf(s_.params))) {
+  if (s_.parallelism.allFiniteOnEveryRank(checkedForFiniteness(s_.params, s_.gradNorm))) {
     s_.optimizer.step();
     skippedInARow_ = 0;
   } else if (train.skipNonfiniteSteps && skippedInARow_ < kMaxSkippedInARow) {
@@ -145,7 +145,7 @@ void EagerStep::applyOrSkip(int64_t epoch) {
 // it (the run then stops at the next log step, with the step's number, before any checkpoint of it).
 void EagerStep::deviceCheckedStep() {
   c10::NoGradGuard noGrad;
-  at::Tensor found = s_.nonfinite.flagStep(gradientsOf(s_.params), s_.result.steps + 1);
+  at::Tensor found = s_.nonfinite.flagStep(checkedForFiniteness(s_.params, s_.gradNorm), s_.result.steps + 1);
   s_.parallelism.agreeOnFlag(found);
   if (s_.fused != nullptr) s_.fused->fusedStep(at::Tensor(), found, at::Tensor());
   else s_.optimizer.step();

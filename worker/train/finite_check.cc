@@ -37,4 +37,10 @@ std::vector<at::Tensor> gradientsOf(const std::vector<at::Tensor>& params) {
   return grads;
 }
 
+std::vector<at::Tensor> checkedForFiniteness(const std::vector<at::Tensor>& params, const at::Tensor& gradNorm) {
+  std::vector<at::Tensor> checked = gradientsOf(params);
+  if (gradNorm.defined()) checked.push_back(gradNorm);
+  return checked;
+}
+
 }  // namespace ddp::worker

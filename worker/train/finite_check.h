@@ -14,4 +14,10 @@ bool allFinite(const std::vector<at::Tensor>& tensors);
 /// The .grad of each parameter that has one.
 std::vector<at::Tensor> gradientsOf(const std::vector<at::Tensor>& params);
 
+/// What a step's finiteness check reads: the gradients, and the norm train.clip_grad_norm took
+/// before clipping (when defined). A norm that overflowed float32 while every gradient was finite
+/// made clip_grad_norm_'s coefficient 0 and the gradients zeros, which pass as finite; the norm
+/// makes that step a non-finite one (skipped with train.skip_nonfinite_steps, else the run stops).
+std::vector<at::Tensor> checkedForFiniteness(const std::vector<at::Tensor>& params, const at::Tensor& gradNorm);
+
 }  // namespace ddp::worker

@@ -105,7 +105,7 @@ void GraphStep::body(const at::Tensor& images, const at::Tensor& labels) {
   loss.backward();
   c10::NoGradGuard noGrad;
   if (s_.config.train.clipGradNorm > 0) s_.gradNorm = clipGradNorm(s_.params, s_.config.train.clipGradNorm);
-  const at::Tensor found = nonFiniteFlag(gradientsOf(s_.params));
+  const at::Tensor found = nonFiniteFlag(checkedForFiniteness(s_.params, s_.gradNorm));
   if (s_.fused != nullptr) s_.fused->fusedStep(at::Tensor(), found, lrTensor_);
   else fusedSgdStep(*sgd_, lrTensor_, found);
   stepTensor_.add_(1);

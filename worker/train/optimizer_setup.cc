@@ -126,6 +126,7 @@ LrSchedule makeSchedule(const TrainConfig& t, int64_t jobSteps, int rank) {
   o.minLr = t.minLr;
   o.stepSize = std::max<int64_t>(1, t.stepSize);
   o.gamma = t.gamma;
+  o.holdMinLr = true;  // train.decay_steps shorter than the run: min_lr after it, as nanoGPT's get_lr
   return LrSchedule(o);
 }
 

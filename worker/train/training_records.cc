@@ -95,7 +95,9 @@ void TrainingRun::countSkippedImages() {
 
 void TrainingRun::recordValidation() {
   const SyncDebug::Paused paused(syncDebug_);
+  const auto start = Clock::now();
   result_.valLoss = lm_->validationLoss(state_->autocastDtype);
+  lastValidationSeconds_ = secondsSince(start);
   validatedStep_ = result_.steps;
   result_.valLossStep = result_.steps;
   metrics_.write({{"step", result_.steps}, {"val_loss", result_.valLoss}});
@@ -187,8 +189,12 @@ void TrainingRun::finish() {
   result_.finalLoss = result_.tookNoStep ? std::nan("") : state_->lossForLog.item<double>();
   step_->checkCounters();
   if (scaler_ && rank_ == 0 && result_.skippedSteps * 10 > result_.steps) {
-    spdlog::warn("the fp16 loss scaler skipped {} of {} steps (gradients overflowed at scales up to {:g}); lower "
-                 "train.loss_scale_init", result_.skippedSteps, result_.steps, train_.lossScale.initScale);
+    // The scale grows as well as starting high: both keys are named (which one drove the scale up to
+    // the overflows is not tracked, to keep the device unread).
+    spdlog::warn("the fp16 loss scaler skipped {} of {} steps (the gradients overflowed): the scale starts at "
+                 "train.loss_scale_init ({:g}) and doubles after train.loss_scale_growth_interval ({}) finite steps; "
+                 "lower the first or raise the second", result_.skippedSteps, result_.steps,
+                 train_.lossScale.initScale, train_.lossScale.growthInterval);
   }
   // Finite gradients can still overflow the weights (a huge train.lr) on the last step.
   if (!parallelism_.allFiniteOnEveryRank(params_)) {
@@ -198,7 +204,9 @@ void TrainingRun::finish() {
   if (config_.eval.enabled && lm_) {
     const auto evalStart = Clock::now();
     if (lm_->hasValidation() && validatedStep_ != result_.steps) recordValidation();
-    result_.evalSeconds = secondsSince(evalStart);  // the final validation loss (0: taken at the last step already)
+    // The final weights' validation loss: taken now, or at the last step by eval.interval (then
+    // also inside train_seconds, as nanoGPT's estimate_loss is inside its loop).
+    result_.evalSeconds = validatedStep_ == result_.steps ? lastValidationSeconds_ : secondsSince(evalStart);
   } else if (config_.eval.enabled) {
     const auto evalStart = Clock::now();
     const EvalCounts counts = [&] {

@@ -98,6 +98,7 @@ class TrainingRun {
   std::optional<StragglerMonitor> straggler_;
   std::unique_ptr<LanguageModelRecords> lm_;  // model.name gpt: tokens/s, MFU, the validation loss
   int64_t validatedStep_ = -1;                // the step of the last validation loss
+  double lastValidationSeconds_ = 0;          // its wall time
   std::string stragglerNote(const StragglerReport& report);
   std::optional<StepState> state_;
   std::unique_ptr<TrainStep> step_;  // eager, or train.cuda_graph's
