@@ -139,6 +139,42 @@ TEST(TensorFiles, TwoRanksLearnFromTensorsPythonSaved) {
 }
 
 // Issue 11 item 4: data.name image_folder trains on PNG/JPEG folders Pillow wrote.
+// Inputs of 1e20: every gradient is finite (the loss too), but their L2 norm overflows float32, and
+// clip_grad_norm_ then scales them by 0. Clipped, the step is a non-finite one, not a step of zeros
+// taken as if nothing happened (the run went on so to its end, exit 0); unclipped, the huge step is
+// taken and the next one diverges.
+TEST(TensorFiles, AClippedStepWhoseGradientNormOverflowsIsNonFinite) {
+  const std::string dir = test::makeTempDir("ddp_huge_inputs");
+  const std::string script =
+      "import torch\n"
+      "g = torch.Generator().manual_seed(0)\n"
+      "x = torch.rand(64, 1, 8, 8, generator=g) * 1e20\n"
+      "y = torch.randint(0, 4, (64,), generator=g)\n"
+      "torch.save({'x': x, 'y': y}, '" + dir + "/train.pt')\n"
+      "torch.save({'x': x[:16], 'y': y[:16]}, '" + dir + "/test.pt')\n";
+  const auto made = test::runCommand({DDP_PYTHON, "-c", script}, 120);
+  ASSERT_EQ(made.exitCode, 0) << made.output;
+  const auto job = [&](const std::string& clip) {
+    return test::runCommand({DDP_WORKER_BIN, std::string(DDP_SOURCE_DIR) + "/configs/fmnist_mlp_ddp.yaml", "mode=single",
+                             "data.name=tensors", "data.train_file=" + dir + "/train.pt",
+                             "data.test_file=" + dir + "/test.pt", "model.hidden=[16]", "train.batch_size=16",
+                             "train.epochs=1", "train.clip_grad_norm=" + clip, "output.dir=" + dir + "/out" + clip},
+                            120);
+  };
+  const auto clipped = job("1");
+  EXPECT_EQ(clipped.exitCode, 1) << clipped.output;
+  EXPECT_NE(clipped.output.find("training diverged: a gradient or their norm (train.clip_grad_norm) is NaN or infinite "
+                                "at step 1 (epoch 1), so it was not applied"),
+            std::string::npos)
+      << clipped.output;
+  const auto unclipped = job("0");
+  EXPECT_EQ(unclipped.exitCode, 1) << unclipped.output;
+  EXPECT_NE(unclipped.output.find("training diverged: a gradient is NaN or infinite at step 2 (epoch 1)"),
+            std::string::npos)
+      << unclipped.output;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(ImageFolder, TwoRanksLearnFromAnImageFolderTree) {
   const std::string dir = test::makeTempDir("ddp_images");
   ASSERT_EQ(std::system((std::string(DDP_PYTHON) + " -W ignore " + DDP_SOURCE_DIR + "/tests/python/make_image_folder.py " + dir).c_str()), 0);

@@ -128,11 +128,11 @@ void EagerStep::applyOrSkip(int64_t epoch) {
     ++s_.result.skippedSteps;
     if (s_.rank == 0) {
       s_.bar.clear();
-      spdlog::warn("step {} (epoch {}): a gradient is NaN or infinite; step skipped (train.skip_nonfinite_steps)",
-                   step, epoch + 1);  // counted from 1, as the progress line counts
+      spdlog::warn("step {} (epoch {}): {}; step skipped (train.skip_nonfinite_steps)", step, epoch + 1,
+                   nonFiniteGradients(train.clipGradNorm));  // counted from 1, as the progress line counts
     }
   } else {
-    throwDiverged(s_.config, "a gradient is NaN or infinite at step " + std::to_string(step) + " (epoch " +
+    throwDiverged(s_.config, nonFiniteGradients(train.clipGradNorm) + " at step " + std::to_string(step) + " (epoch " +
                                  std::to_string(epoch + 1) + ")" +
                                  (skippedInARow_ > 0 ? ", " + std::to_string(skippedInARow_ + 1) + " steps in a row"
                                                      : std::string()) +

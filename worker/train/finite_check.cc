@@ -37,6 +37,11 @@ std::vector<at::Tensor> gradientsOf(const std::vector<at::Tensor>& params) {
   return grads;
 }
 
+std::string nonFiniteGradients(double clipGradNorm) {
+  return clipGradNorm > 0 ? "a gradient or their norm (train.clip_grad_norm) is NaN or infinite"
+                          : "a gradient is NaN or infinite";
+}
+
 std::vector<at::Tensor> checkedForFiniteness(const std::vector<at::Tensor>& params, const at::Tensor& gradNorm) {
   std::vector<at::Tensor> checked = gradientsOf(params);
   if (gradNorm.defined()) checked.push_back(gradNorm);

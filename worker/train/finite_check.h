@@ -3,6 +3,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <string>
 #include <vector>
 
 namespace ddp::worker {
@@ -19,5 +20,9 @@ std::vector<at::Tensor> gradientsOf(const std::vector<at::Tensor>& params);
 /// made clip_grad_norm_'s coefficient 0 and the gradients zeros, which pass as finite; the norm
 /// makes that step a non-finite one (skipped with train.skip_nonfinite_steps, else the run stops).
 std::vector<at::Tensor> checkedForFiniteness(const std::vector<at::Tensor>& params, const at::Tensor& gradNorm);
+
+/// What such a step had, for its line: "a gradient is NaN or infinite", or with a clipping norm
+/// "a gradient or their norm (train.clip_grad_norm) is NaN or infinite".
+std::string nonFiniteGradients(double clipGradNorm);
 
 }  // namespace ddp::worker

@@ -6,6 +6,8 @@
 
 #include <string>
 
+#include "worker/train/finite_check.h"
+
 namespace ddp::worker {
 
 void NonFiniteTracker::recordInGraph(const at::Tensor& found, const at::Tensor& stepNumber) {
@@ -36,7 +38,7 @@ void NonFiniteTracker::check(TrainResult& result, bool deviceSkips) {
   if (newlyFlagged == 0) return;
   const int64_t first = first_;
   if (!deviceSkips || !config_.train.skipNonfiniteSteps || inARow >= kMaxSkippedInARow) {
-    throwDiverged(config_, "a gradient is NaN or infinite at step " + std::to_string(first) +
+    throwDiverged(config_, nonFiniteGradients(config_.train.clipGradNorm) + " at step " + std::to_string(first) +
                                (deviceSkips ? std::string(", which was not applied")
                                             : std::string(" (the GPU's check is read at log steps; checkpoints "
                                                           "are only written from steps before it)")) +
