@@ -32,24 +32,38 @@ theirs() {
 }
 
 declare -a F T P
-for rep in $(seq "$REPS"); do  # alternated, so drift hits every side alike
-  F+=("$(ours true)"); T+=("$(ours false)"); P+=("$(theirs)")
+for rep in $(seq "$REPS"); do  # alternated: odd repetitions run ours first, even ones PyTorch first
+  if (( rep % 2 )); then
+    f=$(ours true); t=$(ours false); p=$(theirs)
+  else
+    p=$(theirs); t=$(ours false); f=$(ours true)
+  fi
+  F+=("$f"); T+=("$t"); P+=("$p")
 done
 libtorch=$(cat "$BUILD/libtorch_version.txt" 2>/dev/null || echo "?")
 pytorch=$("$PY" -c 'import torch; print(torch.__version__)')
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 mf=$(median "${F[@]}"); mt=$(median "${T[@]}"); mp=$(median "${P[@]}")
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+# PyTorch / side per repetition (both from the same repetition), then their median and range.
+paired() {  # paired SIDE_ARRAY_NAME: "median (min–max)" of P[i] / SIDE[i]
+  local -n side=$1
+  local -a r=()
+  for ((i = 0; i < ${#P[@]}; i++)); do r+=("$(ratio "${P[$i]}" "${side[$i]}")"); done
+  echo "$(printf '%.2f' "$(median "${r[@]}")")× ($(printf '%s\n' "${r[@]}" | sort -g | head -1)–$(printf '%s\n' "${r[@]}" | sort -g | tail -1))"
+}
 {
   echo "# Host cost per step: ours vs PyTorch DDP (last run)"
   echo
   echo "\`bash bench/host_overhead.sh\` on $(hostname) ($(getconf _NPROCESSORS_ONLN) cores), $(date -u +%Y-%m-%d): ours on LibTorch $libtorch,"
   echo "PyTorch $pytorch. World 1 over Gloo, DDP reducer on, MLP 784-16-10, batch 1, SGD(0.001, momentum 0.9),"
-  echo "OMP_NUM_THREADS=1; µs per step over steps $((STEPS + 1))..$((2 * STEPS)); $REPS alternated repetitions."
+  echo "OMP_NUM_THREADS=1; µs per step over steps $((STEPS + 1))..$((2 * STEPS)); $REPS alternated repetitions"
+  echo "(odd ones ours first, even ones PyTorch first). PyTorch / side: the median of the per-repetition ratios"
+  echo "(both sides from the same repetition), min–max in brackets."
   echo
   echo "| side | µs per step (each repetition) | median | PyTorch / side |"
   echo "|---|---|---|---|"
-  echo "| ours, \`train.fused=true\` (ddp::FusedSGD) | ${F[*]} | $mf | $(ratio "$mp" "$mf")× |"
-  echo "| ours, \`train.fused=false\` (LibTorch SGD) | ${T[*]} | $mt | $(ratio "$mp" "$mt")× |"
+  echo "| ours, \`train.fused=true\` (ddp::FusedSGD) | ${F[*]} | $mf | $(paired F) |"
+  echo "| ours, \`train.fused=false\` (LibTorch SGD) | ${T[*]} | $mt | $(paired T) |"
   echo "| PyTorch DDP (\`bench/ddp_reference.py\`) | ${P[*]} | $mp | 1.00× |"
 } | tee bench/RESULTS_host_overhead.md

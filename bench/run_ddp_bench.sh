@@ -32,9 +32,13 @@ theirs() {  # world model hidden batch warm
 for world in 2 4; do
   for spec in "mlp 512,256 64 40 MLP-784-512-256-10" "cnn 512,256 64 10 CNN" "mlp 4096,4096 64 4 MLP-784-4096-4096-10(20M)"; do
     set -- $spec
-    for rep in $(seq "$REPS"); do  # alternated, so drift hits both sides alike
-      o=$(ours "$world" "$1" "$2" "$3" "$4"); t=$(theirs "$world" "$1" "$2" "$3" "$4")
-      echo "{\"bench\":\"vs_pytorch\",\"model\":\"$5\",\"world\":$world,\"ours\":$o,\"pytorch\":$t}" | tee -a "$RAW"
+    for rep in $(seq "$REPS"); do  # alternated: the side that runs first swaps every repetition
+      if (( rep % 2 )); then
+        o=$(ours "$world" "$1" "$2" "$3" "$4"); t=$(theirs "$world" "$1" "$2" "$3" "$4"); first=ours
+      else
+        t=$(theirs "$world" "$1" "$2" "$3" "$4"); o=$(ours "$world" "$1" "$2" "$3" "$4"); first=pytorch
+      fi
+      echo "{\"bench\":\"vs_pytorch\",\"model\":\"$5\",\"world\":$world,\"rep\":$rep,\"first\":\"$first\",\"ours\":$o,\"pytorch\":$t}" | tee -a "$RAW"
     done
   done
 done

@@ -44,31 +44,38 @@ py_env() {
   esac
 }
 
+run_ours() {  # run_ours HOOK: 0 ok, 1 failed (log shown)
+  # shellcheck disable=SC2046
+  "$build/ddp-launch" --nproc_per_node="$nproc" "$build/worker" configs/fmnist_cnn_ddp.yaml \
+    backend="$backend" train.batch_size=64 train.max_steps="$steps" eval.enabled=false $(ours_args "$1") \
+    output.dir="$scratch/ours" >"$scratch/ours.log" 2>&1 || { tail -n 20 "$scratch/ours.log"; return 1; }
+}
+run_python() {  # run_python HOOK
+  # shellcheck disable=SC2046
+  env $(py_env "$1") PY_JOB_OUT="$scratch/python" PY_JOB_BATCH=64 PY_JOB_MAX_STEPS="$steps" \
+    OMP_NUM_THREADS=1 "$torchrun" --standalone --nproc_per_node="$nproc" \
+    bench/whole_job/python_ddp_job.py "$root" >"$scratch/python.log" 2>&1 || { tail -n 20 "$scratch/python.log"; return 1; }
+}
+
 for i in $(seq "$repeats"); do
+  # Alternated: odd repeats run ours first, even ones Python first, so drift hits both sides alike.
+  if (( i % 2 )); then sides=(ours python); else sides=(python ours); fi
   for hook in "${hooks[@]}"; do
     [[ " ${skipped[*]-} " == *" $hook "* ]] && continue
-    # shellcheck disable=SC2046
-    if ! "$build/ddp-launch" --nproc_per_node="$nproc" "$build/worker" configs/fmnist_cnn_ddp.yaml \
-        backend="$backend" train.batch_size=64 train.max_steps="$steps" eval.enabled=false $(ours_args "$hook") \
-        output.dir="$scratch/ours" >"$scratch/ours.log" 2>&1; then
-      tail -n 20 "$scratch/ours.log"
+    failed=
+    for side in "${sides[@]}"; do
+      if ! "run_$side" "$hook"; then failed=$side; break; fi
+    done
+    if [[ -n $failed ]]; then
       [[ $hook == bf16 ]] || exit 1
-      echo "bf16: ours failed; skipping it" >&2; skipped+=(bf16); continue
+      echo "bf16: $([[ $failed == ours ]] && echo ours || echo Python) failed; skipping it" >&2; skipped+=(bf16); continue
     fi
-    # shellcheck disable=SC2046
-    if ! env $(py_env "$hook") PY_JOB_OUT="$scratch/python" PY_JOB_BATCH=64 PY_JOB_MAX_STEPS="$steps" \
-        OMP_NUM_THREADS=1 "$torchrun" --standalone --nproc_per_node="$nproc" \
-        bench/whole_job/python_ddp_job.py "$root" >"$scratch/python.log" 2>&1; then
-      tail -n 20 "$scratch/python.log"
-      [[ $hook == bf16 ]] || exit 1
-      echo "bf16: Python failed; skipping it" >&2; skipped+=(bf16); continue
-    fi
-    "$python" - "$scratch/ours/summary.json" "$scratch/python.log" "$hook" "$i" "$nproc" >>"$raw" <<'PY'
+    "$python" - "$scratch/ours/summary.json" "$scratch/python.log" "$hook" "$i" "$nproc" "${sides[0]}" >>"$raw" <<'PY'
 import json, sys
 ours = json.load(open(sys.argv[1]))
 py = [json.loads(l) for l in open(sys.argv[2]) if l.startswith("{")][-1]
 samples = ours["samples"]  # the same steps × global batch on both sides
-print(json.dumps({"run": "speed", "repeat": int(sys.argv[4]), "hook": sys.argv[3], "ranks": int(sys.argv[5]),
+print(json.dumps({"run": "speed", "repeat": int(sys.argv[4]), "first": sys.argv[6], "hook": sys.argv[3], "ranks": int(sys.argv[5]),
                   "steps": ours["steps"], "python_steps": py["steps"],
                   "ours_samples_per_s": samples / ours["train_seconds"],
                   "python_samples_per_s": samples / py["train_seconds"],
@@ -112,7 +119,9 @@ cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.start
 print("# DDP communication hooks on the CPU: ours vs Python DDP\n")
 print(f"`bash bench/hooks/run.sh` ({build}/, {nproc} ranks, ours over {backend}, Python DDP over gloo, "
       f"Fashion-MNIST CNN ({params} parameters), per-rank batch 64, {steps} steps, PowerSGD compressing from "
-      f"iteration {psgd_start}), on {cpu}, {len(set(r['repeat'] for r in speed))} alternated repeats, medians. "
+      f"iteration {psgd_start}), on {cpu}, {len(set(r['repeat'] for r in speed))} alternated repeats (odd ones ours "
+      "first, even ones Python first), medians; ours / Python is the median of the per-repeat ratios (both sides "
+      "from the same repeat, back to back), min–max in brackets. "
       "Python: the pinned wheel's DistributedDataParallel with model.register_comm_hook "
       "(default_hooks.fp16_compress_hook / bf16_compress_hook, powerSGD_hook with PowerSGDState). "
       "Training loop only (no start-up, no evaluation): samples / train_seconds.\n")
@@ -142,7 +151,9 @@ for hook in ("none", "fp16", "bf16", "powersgd-r1", "powersgd-r2"):
                      f"{params * compressed / r['gradient_elements_sent']:.0f}x less than none "
                      f"(ours {r['gradient_elements_sent']}, Python {r['python_gradient_elements_sent']} in all)")
     less = "1.0x" if hook == "none" else f"{4 * params / b:.1f}x less"
-    print(f"| {hook} | {o:.0f} | {p:.0f} | {o / p:.2f}x | {o / base:.2f}x | {b:,.0f} | {less} |")
+    paired = [x["ours_samples_per_s"] / x["python_samples_per_s"] for x in sel]
+    print(f"| {hook} | {o:.0f} | {p:.0f} | {statistics.median(paired):.2f}x ({min(paired):.2f}–{max(paired):.2f}) | "
+          f"{o / base:.2f}x | {b:,.0f} | {less} |")
 print("\nBytes / step / rank: the gradient payload each rank all-reduces per optimizer step, averaged over the "
       f"{steps} steps (not counting the all-reduce algorithm's own traffic, which is 2(N-1)/N x the payload for "
       f"a ring: 1x at 2 ranks). none: 4 x {params} parameters; fp16/bf16: 2 x parameters; PowerSGD: "
