@@ -92,9 +92,12 @@ fi
 
 # Training: resnet18 at TRAIN_SIZE on 2 CPU ranks, batches of 32 per rank, SGD, the streamed folder
 # with the ImageNet transform and 1 loader thread / worker per rank: ours (the worker) vs torchvision
-# under torchrun + DDP (bench/images/torchvision_train.py).
+# under torchrun + DDP (bench/images/torchvision_train.py), both over Gloo; ours logs every 5 steps (a
+# loss all-reduce and a host wait per logged step, which the reference does not make), so TRAIN_STEPS
+# is a multiple of 5.
 size=${TRAIN_SIZE:-112}
 steps=${TRAIN_STEPS:-30}
+(( steps % 5 == 0 )) || { echo "TRAIN_STEPS must be a multiple of 5 (ours logs every 5 steps)" >&2; exit 2; }
 [[ $parts == *" train "* ]] || exit 0
 echo
 echo "training resnet18 at ${size}px, 2 ranks x 32, SGD, fp32, 1 loader thread per rank ($steps steps after 5):"
@@ -104,8 +107,8 @@ train_ours() {
   rm -rf "$out"
   "$build/ddp-launch" --nproc_per_node=2 "$build/worker" configs/imagenet_resnet50.yaml model.name=resnet18 \
     data.root="$dir/set/folder" data.image_size="$size" data.num_workers=1 train.batch_size=32 \
-    train.precision=fp32 train.channels_last=false train.max_steps=$((steps + 5)) train.log_every=1 \
-    eval.enabled=false checkpoint.every_steps=0 output.dir="$out" >/dev/null 2>&1
+    train.precision=fp32 train.channels_last=false train.max_steps=$((steps + 5)) train.log_every=5 \
+    backend=gloo eval.enabled=false checkpoint.every_steps=0 output.dir="$out" >/dev/null 2>&1
   $py -c "
 import json
 r = {x['step']: x for x in map(json.loads, open('$out/metrics.jsonl')) if 'samples' in x}
