@@ -205,6 +205,22 @@ TEST(ReplicaThreads, OneThreadPerReplicaWithOneIntraOpThreadEachAndCallerUnchang
   EXPECT_EQ(at::get_num_threads(), 2) << "the caller's intra-op setting changed";
 }
 
+// nn.DataParallel with one device calls its module: the output is the master's own (its graph ends
+// in the model's last op, not in DataParallelBackward), so one replica costs what the model costs
+// (it ran at 0.76x single in bench/dp through a replica, a gather and a second backward).
+TEST(DataParallel, OneReplicaOnTheMastersDeviceIsTheMasterItself) {
+  auto master = freshModel("cnn", 3);
+  DataParallel dp(master, cpuReplicas(1));
+  const at::Tensor x = at::randn({5, 1, 8, 8});
+  const at::Tensor out = dp.forward(x);
+  ASSERT_TRUE(out.requires_grad());
+  EXPECT_NE(out.grad_fn()->name(), "DataParallelBackward");
+  EXPECT_TRUE(out.equal(master.forward(x)));
+  EXPECT_EQ(dp.lastReplicasUsed(), 1);
+  out.sum().backward();
+  for (const auto& p : master.ptr()->parameters()) EXPECT_TRUE(p.grad().defined());
+}
+
 TEST(DataParallel, NoGradForwardEqualsTheMasterAndLeavesNoGraph) {
   auto master = freshModel("cnn", 3);
   DataParallel dp(master, cpuReplicas(3));

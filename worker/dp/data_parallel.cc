@@ -259,6 +259,13 @@ at::Tensor DataParallel::forward(const at::Tensor& input) {
   Impl& s = *impl_;
   DDP_ENFORCE(input.dim() >= 1 && input.size(0) >= 1, "DataParallel: input needs at least one row along dim 0");
   DDP_ENFORCE(!input.requires_grad(), "DataParallel: inputs that require grad are not supported");
+  // torch.nn.DataParallel with one device calls the module itself (`if len(self.device_ids) == 1:
+  // return self.module(...)`): no replica, scatter, gather or second backward. Here when that one
+  // replica is the master's own device and gathers there.
+  if (s.replicas.size() == 1 && s.replicas.front().sharesParams && s.outputDevice == s.replicas.front().device) {
+    s.lastUsed = 1;
+    return s.master.forward(input.to(s.outputDevice, /*non_blocking=*/true));
+  }
   const auto sizes = scatterSizes(input.size(0), static_cast<int64_t>(s.replicas.size()));
   const int used = static_cast<int>(sizes.size());
   std::vector<int64_t> offsets(sizes.size(), 0);

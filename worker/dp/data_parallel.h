@@ -25,9 +25,10 @@ struct DataParallelOptions {
   int intraOpThreadsPerReplica = 1;  // LibTorch intra-op threads in each replica thread (0 = default)
 };
 
-/// The sizes scatter() gives a batch of `batch` rows over `replicas` replicas:
-/// as even as possible, larger parts first, and no empty part (so fewer parts
-/// than replicas when batch < replicas). 10 over 4 → {3, 3, 2, 2}; 2 over 4 → {1, 1}.
+/// The sizes scatter() gives a batch of `batch` rows over `replicas` replicas: torch.chunk's, as
+/// nn.DataParallel's scatter: parts of ceil(batch / replicas) rows, the last the rest, and no empty
+/// part (so fewer parts than replicas where the rows run out). 10 over 4 → {3, 3, 3, 1}; 9 over 4 →
+/// {3, 3, 3}; 2 over 4 → {1, 1}.
 std::vector<int64_t> scatterSizes(int64_t batch, int64_t replicas);
 
 class DataParallel {
@@ -39,6 +40,8 @@ class DataParallel {
 
   /// Output of the master on `input` (any device; rows along dim 0), on the output
   /// device. With grad mode on, backward from it accumulates into the master's .grad.
+  /// One replica on the master's device, gathering there: the master itself runs, as
+  /// nn.DataParallel with one device calls its module (no replica, no second backward).
   at::Tensor forward(const at::Tensor& input);
 
   const std::vector<c10::Device>& devices() const;
