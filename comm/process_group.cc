@@ -8,9 +8,15 @@
 
 #include <ATen/ops/ones.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "comm/c10d_communicator.h"
@@ -32,6 +38,39 @@ std::shared_ptr<::gloo::transport::Device> makeGlooDevice(const std::string& hos
   return c10d::ProcessGroupGloo::createDeviceForHostname(hostname);
 }
 
+// Gloo's transport threads throw gloo::EnforceNotMet where nothing can catch it: a rank that
+// receives another size than it posted ("op.preamble.length <= op.nbytes", a collective the ranks
+// call with different sizes). std::terminate then aborted the process with "terminate called" and
+// LibTorch's trace (SIGABRT). One line instead, exit 1: the launcher's report names the collectives.
+std::terminate_handler previousTerminate = nullptr;
+
+[[noreturn]] void onTerminate() {
+  if (const std::exception_ptr current = std::current_exception()) {
+    try {
+      std::rethrow_exception(current);
+    } catch (const std::exception& e) {
+      const std::string what = firstLine(e.what());
+      if (what.rfind("[enforce fail at ", 0) == 0 && what.find("gloo/") != std::string::npos) {
+        std::fprintf(stderr,
+                     "ddp: a Gloo transport thread failed (%s): the ranks' collectives do not pair (one rank "
+                     "sends another size than the other receives); comm.check_collectives "
+                     "(InitOptions::checkCollectives) names both calls\n",
+                     what.c_str());
+        std::fflush(stderr);
+        ::_exit(1);
+      }
+    } catch (...) {
+    }
+  }
+  if (previousTerminate != nullptr) previousTerminate();
+  std::abort();
+}
+
+void sayGlooTransportFailures() {
+  static std::once_flag once;
+  std::call_once(once, [] { previousTerminate = std::set_terminate(onTerminate); });
+}
+
 }  // namespace
 
 c10::Device collectiveDevice(Backend backend, c10::Device rankDevice) {
@@ -49,6 +88,7 @@ std::unique_ptr<Communicator> makeCommunicator(const c10::intrusive_ptr<c10d::St
   try {
     switch (options.backend) {
       case Backend::kGloo: {
+        sayGlooTransportFailures();
         auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
         opts->devices.push_back(makeGlooDevice(options.hostname));
         opts->threads = options.glooThreads;
