@@ -172,31 +172,35 @@ void fusedSgdStep(torch::optim::SGD& sgd, const at::Tensor& lr, const at::Tensor
         DDP_THROW(ConfigError, "ddp::FusedSGD: a gradient is sparse; the fused kernel takes dense gradients "
                   "(as torch.optim.SGD(fused=True)); use torch::optim::SGD");
       }
-      auto it = std::find_if(lists.begin(), lists.end(), [&](const Lists& l) {
-        return l.device == p.device() && l.dtype == p.scalar_type();
-      });
-      if (it == lists.end()) it = lists.insert(lists.end(), Lists{p.device(), p.scalar_type(), {}, {}, {}});
-      it->params.push_back(p);
-      it->grads.push_back(p.grad());
+      // LibTorch's SGD keeps the buffer in its state (checkpoints save it); a parameter's first step
+      // makes it, as torch.optim.SGD's first step does (buffer = gradient: the kernel's
+      // is_first_step). Parameters with and without a buffer go in separate lists: is_first_step
+      // would start every buffer of its list anew.
+      torch::optim::SGDParamState* param = nullptr;
+      bool firstStep = false;
       if (o.momentum() != 0) {
-        // LibTorch's SGD keeps the buffer in its state (checkpoints save it); the first step makes it,
-        // as torch.optim.SGD's first step does (buffer = gradient: the kernel's is_first_step).
         auto& slot = state[compat::optimizerStateKey(p)];
         if (!slot) slot = std::make_unique<torch::optim::SGDParamState>();
-        auto& param = static_cast<torch::optim::SGDParamState&>(*slot);
-        if (!param.momentum_buffer().defined()) {
-          param.momentum_buffer(at::zeros_like(p, at::MemoryFormat::Preserve));
-          it->firstStep = true;
+        param = static_cast<torch::optim::SGDParamState*>(slot.get());
+        if (!param->momentum_buffer().defined()) {
+          param->momentum_buffer(at::zeros_like(p, at::MemoryFormat::Preserve));
+          firstStep = true;
         }
-        it->buffers.push_back(param.momentum_buffer());
       }
+      auto it = std::find_if(lists.begin(), lists.end(), [&](const Lists& l) {
+        return l.device == p.device() && l.dtype == p.scalar_type() && l.firstStep == firstStep;
+      });
+      if (it == lists.end()) it = lists.insert(lists.end(), Lists{p.device(), p.scalar_type(), {}, {}, {}, firstStep});
+      it->params.push_back(p);
+      it->grads.push_back(p.grad());
+      if (param != nullptr) it->buffers.push_back(param->momentum_buffer());
     }
     for (auto& l : lists) {
       // torch.optim.SGD with a GradScaler skips a step whose gradients are not finite before it
       // makes a momentum buffer, so the next step starts it (buffer = gradient). The kernel skips
       // but would leave this call's buffers (zeros) behind, and with dampening the next step would
-      // make them (1 - dampening) x gradient: the new buffers are dropped again (one host read, on
-      // a first step with dampening only).
+      // make them (1 - dampening) x gradient: this call's new buffers are dropped again (one host
+      // read, on a first step with dampening only: such a step cannot be captured in a CUDA graph).
       if (l.firstStep && foundInf.defined() && o.dampening() != 0 && foundInf.item<double>() != 0) {
         for (const auto& p : l.params) state.erase(compat::optimizerStateKey(p));
         continue;

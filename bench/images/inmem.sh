@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # In-memory image-folder decode (worker/data/image_folder.cc loadImageFolderSplit, data.stream=false):
-# ours (the worker, 1 step, no evaluation) vs torchvision_inmem.py (ImageFolder + Resize + PILToTensor
-# through DataLoader, concatenated), 2 decode threads / workers, image_size 32, sides alternated, REPS
+# ours (the worker, 1 step, no evaluation: it decodes train/ only) vs torchvision_inmem.py on train/
+# only (ImageFolder + Resize + PILToTensor through DataLoader, concatenated), 2 decode threads /
+# workers, image_size 32, sides alternated, REPS
 # pairs. Peak RSS from /usr/bin/time -v (ours) / getrusage (theirs). Prints one JSON line per run.
 #   SET=DIR/folder bash bench/images/inmem.sh     # DIR from bench/images/make_images.py --layout folder
 set -euo pipefail
@@ -22,7 +23,7 @@ ours() {
   echo "{\"side\": \"ours\", \"wall_s\": $(echo "$t1 - $t0" | bc), \"peak_rss_mb\": $rss}"
   rm -rf "$out/ours_run"
 }
-theirs() { OMP_NUM_THREADS=1 .venv/bin/python bench/images/torchvision_inmem.py "$set" 32 2; }
+theirs() { OMP_NUM_THREADS=1 .venv/bin/python bench/images/torchvision_inmem.py "$set" 32 2 train; }
 for ((i = 1; i <= reps; i++)); do
   if (( i % 2 )); then ours; theirs; else theirs; ours; fi
 done

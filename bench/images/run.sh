@@ -97,8 +97,8 @@ fi
 # is a multiple of 5.
 size=${TRAIN_SIZE:-112}
 steps=${TRAIN_STEPS:-30}
-(( steps % 5 == 0 )) || { echo "TRAIN_STEPS must be a multiple of 5 (ours logs every 5 steps)" >&2; exit 2; }
 [[ $parts == *" train "* ]] || exit 0
+(( steps % 5 == 0 )) || { echo "TRAIN_STEPS must be a multiple of 5 (ours logs every 5 steps)" >&2; exit 2; }
 echo
 echo "training resnet18 at ${size}px, 2 ranks x 32, SGD, fp32, 1 loader thread per rank ($steps steps after 5):"
 printf '%-4s %12s %14s %7s\n' rep "ours img/s" "torchvision" ratio

@@ -7,10 +7,11 @@ import torch
 from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
 root, size, workers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+splits = sys.argv[4].split(",") if len(sys.argv) > 4 else ["val", "train"]
 torch.set_num_threads(1)
 t0 = time.perf_counter()
 out = {}
-for split in ("val", "train"):
+for split in splits:
     ds = datasets.ImageFolder(f"{root}/{split}", transform=transforms.Compose([
         transforms.Resize((size, size)), transforms.PILToTensor()]))
     dl = DataLoader(ds, batch_size=64, num_workers=workers)
@@ -19,4 +20,5 @@ for split in ("val", "train"):
 secs = time.perf_counter() - t0
 rss = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
 print(json.dumps({"side": "torchvision", "decode_s": secs, "peak_rss_mb": rss,
-                  "images": sum(v[0].shape[0] for v in out.values()), "shape": list(out["train"][0].shape)}))
+                  "images": sum(v[0].shape[0] for v in out.values()), "splits": splits,
+                  "shape": list(out[splits[-1]][0].shape)}))

@@ -116,8 +116,13 @@ decltype(auto) callRouted(Fn& fn, Tuple&& args, const std::vector<at::Tensor>& r
 /// backward is done its gradients are reduce-scattered into the sharded ones. Collective: every
 /// rank runs the same units' forwards and backwards in the same order. Keep the module alive as
 /// long as the unit; move it to its device before sharding (Module::to() would replace the
-/// shards). One backward per forward of the root (several forwards before one backward are not
-/// supported yet); a unit may run several times within one forward.
+/// shards). Several forwards of the root before one backward (their losses summed) give DDP's
+/// result, and a unit may run several times within one forward. Build or step the optimizer on
+/// the sharded parameters only: one stepped before fullyShard holds state of the full shapes, and
+/// a step between unshard() and reshard() meets full parameters with sharded gradients (both fail
+/// with LibTorch's size error; FSDP2's optimizer steps its DTensor shards whatever unshard did).
+/// As in FSDP2, parameters outside every unit (the root not sharded) and modules replaced after
+/// sharding are not reduced: their ranks drift apart unnoticed.
 class FullyShardedUnit {
  public:
   /// `unit.forward([&](const at::Tensor& x) { return block->forward(x); }, x)`: runs `fn` with
@@ -154,7 +159,8 @@ class FullyShardedUnit {
 
   /// FSDP2's unshard(): all-gathers the parameters (their data becomes the full tensors, in
   /// paramDtype when set, until reshard() or the next backward's end). Collective; nothing to do
-  /// when already gathered. For the full values in their own dtype: fullStateDict().
+  /// when already gathered. For the full values in their own dtype: fullStateDict(). Step the
+  /// optimizer after reshard(), not in between (see the class comment).
   void unshard();
   /// FSDP2's reshard(): frees the gathered parameters, their data becomes the shards again
   /// (replicateParameters: the full buffer keeps its bytes, for the next gather).

@@ -120,7 +120,9 @@ class FusedSGD : public torch::optim::SGD, public FusedOptimizer {
 /// device and dtype over its parameters and momentum buffers (kept in `sgd`'s state, where
 /// checkpoints find them; made on the first step, as PyTorch does), with the learning rate as a 0-dim
 /// tensor read on the device and `foundInf` (undefined: none) nonzero making the step a no-op there.
-/// Nothing waits for the device, so a CUDA graph can capture it. The update equals SGD's within
+/// Nothing waits for the device, so a CUDA graph can capture it; except a parameter's first step
+/// (no buffer yet) with dampening and `foundInf` defined, which reads the flag on the host to make
+/// no buffer for a skipped step, as torch.optim.SGD makes none. The update equals SGD's within
 /// float rounding (the kernel's fused multiply-adds). ConfigError on LibTorch 1.13.
 void fusedSgdStep(torch::optim::SGD& sgd, const at::Tensor& lr, const at::Tensor& foundInf = {});
 /// The same with a loss scaler's scale (undefined: none) dividing the gradients inside the kernel,

@@ -138,7 +138,6 @@ TEST(TensorFiles, TwoRanksLearnFromTensorsPythonSaved) {
   std::filesystem::remove_all(dir);
 }
 
-// Issue 11 item 4: data.name image_folder trains on PNG/JPEG folders Pillow wrote.
 // Inputs of 1e20: every gradient is finite (the loss too), but their L2 norm overflows float32, and
 // clip_grad_norm_ then scales them by 0. Clipped, the step is a non-finite one, not a step of zeros
 // taken as if nothing happened (the run went on so to its end, exit 0); unclipped, the huge step is
@@ -175,6 +174,7 @@ TEST(TensorFiles, AClippedStepWhoseGradientNormOverflowsIsNonFinite) {
   std::filesystem::remove_all(dir);
 }
 
+// Issue 11 item 4: data.name image_folder trains on PNG/JPEG folders Pillow wrote.
 TEST(ImageFolder, TwoRanksLearnFromAnImageFolderTree) {
   const std::string dir = test::makeTempDir("ddp_images");
   ASSERT_EQ(std::system((std::string(DDP_PYTHON) + " -W ignore " + DDP_SOURCE_DIR + "/tests/python/make_image_folder.py " + dir).c_str()), 0);

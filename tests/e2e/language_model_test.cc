@@ -364,7 +364,11 @@ TEST(LanguageModel, SplitsShorterThanAStepAreSampledAsNanoGptSamplesThem) {
   ASSERT_EQ(r.exitCode, 0) << r.output;
   EXPECT_NE(r.output.find("data.val_files holds 2 window(s) of model.block_size + 1 tokens, fewer than the 8 one "
                           "evaluation batch takes"), std::string::npos) << r.output;
-  EXPECT_TRUE(std::isfinite(nlohmann::json::parse(test::readFile(out + "/summary.json"))["val_loss"].get<double>()));
+  const auto summary = nlohmann::json::parse(test::readFile(out + "/summary.json"));
+  EXPECT_TRUE(std::isfinite(summary["val_loss"].get<double>()));
+  // The final validation taken after the last step (step 1, not one of eval.interval's): its time.
+  EXPECT_EQ(summary["val_loss_step"], 1);
+  EXPECT_GT(summary["eval_seconds"].get<double>(), 1e-4);
   // mode eval on the export, one rank, seed 11: eval.iters 3 batches of 4 random windows of the
   // 80 tokens, against the reference's loss on the windows torch.randint draws.
   auto eval = gptJob(1, out, tinyData);

@@ -497,10 +497,6 @@ TEST(FusedSgd, EqualsTorchSgdFusedWithATensorLearningRate) {
   }
 }
 
-// ddp::FusedSGD under a GradScaler equals torch.optim.SGD(fused=True) under torch.amp.GradScaler on
-// the CPU, step by step and to the bit: the kernel unscales the gradients and skips an overflowed
-// step itself (the scale backs off), with and without unscale_() before step(); plain, momentum with
-// dampening and weight decay, Nesterov. Its momentum buffers sit where LibTorch's SGD keeps them.
 // Fused optimizers take float16 parameters under a GradScaler, as PyTorch's do (_check_inf_per_device
 // with allow_fp16): w = [1, 2] fp16, loss sum(w.float()^2), scale 256, lr 0.1; the weights PyTorch
 // 2.x gives (torch.optim.AdamW / SGD(fused=True), torch.amp.GradScaler("cpu", init_scale=256)).
@@ -567,6 +563,39 @@ TEST(FusedSgd, ASkippedFirstStepStartsTheBufferAsSgdDoes) {
   EXPECT_NEAR(w[1].item<float>(), 1.08000004f, 1e-6);
 }
 
+// A parameter whose first gradient comes later (unused at first) starts its buffer then, while
+// the others keep theirs: as LibTorch's (and Python's) SGD, momentum 0.9, 3 steps. (One kernel call
+// per device and dtype took is_first_step for the whole list and restarted the others' buffers.)
+TEST(FusedSgd, AParameterThatJoinsLaterLeavesTheOthersBuffers) {
+  if (!ddp::FusedSGD::available(torch::kCPU)) {
+    EXPECT_THROW(ddp::FusedSGD({torch::zeros({2}, torch::requires_grad())}, torch::optim::SGDOptions(0.1)),
+                 ddp::ConfigError);
+    return;
+  }
+  const auto run = [](bool fused) {
+    auto a = torch::tensor({1.0f, -2.0f}).requires_grad_();
+    auto b = torch::tensor({0.5f, 3.0f}).requires_grad_();
+    const auto options = torch::optim::SGDOptions(0.1).momentum(0.9);
+    std::unique_ptr<torch::optim::Optimizer> sgd;
+    if (fused) sgd = std::make_unique<ddp::FusedSGD>(std::vector<at::Tensor>{a, b}, options);
+    else sgd = std::make_unique<torch::optim::SGD>(std::vector<at::Tensor>{a, b}, options);
+    for (int step = 0; step < 3; ++step) {
+      sgd->zero_grad();
+      at::Tensor loss = (a * a).sum();
+      if (step > 0) loss = loss + (b * b * b).sum();  // b unused in the first step
+      loss.backward();
+      sgd->step();
+    }
+    return std::vector<float>{a[0].item<float>(), a[1].item<float>(), b[0].item<float>(), b[1].item<float>()};
+  };
+  const auto fused = run(true), plain = run(false);
+  for (std::size_t k = 0; k < plain.size(); ++k) EXPECT_NEAR(fused[k], plain[k], 1e-6) << k;
+}
+
+// ddp::FusedSGD under a GradScaler equals torch.optim.SGD(fused=True) under torch.amp.GradScaler on
+// the CPU, step by step and to the bit: the kernel unscales the gradients and skips an overflowed
+// step itself (the scale backs off), with and without unscale_() before step(); plain, momentum with
+// dampening and weight decay, Nesterov. Its momentum buffers sit where LibTorch's SGD keeps them.
 TEST(FusedSgd, EqualsTorchSgdFusedUnderGradScaler) {
   if (!ddp::FusedSGD::available(torch::kCPU)) {
     auto p = torch::zeros({2}, torch::requires_grad());

@@ -121,7 +121,8 @@ void requireShards(const char* key, const std::string& pattern) {
   ::globfree(&g);
   if (found == 0) {
     DDP_THROW(ConfigError, "config: '", key, "' matches no file: '", pattern, "'", relativePathNote(pattern),
-              "; give a glob of WebDataset tar shards (e.g. /data/imagenet/train-*.tar)");
+              "; give a glob of WebDataset tar shards (e.g. /data/imagenet/", key == std::string("data.val_files") ? "val" : "train",
+              "-*.tar)");
   }
 }
 
@@ -246,7 +247,8 @@ std::shared_ptr<const StreamedImages> streamedImages(const DataConfig& config, I
 
 SampleSource streamedSource(std::shared_ptr<const StreamedImages> images, bool train) {
   if (!train && !images->index.test) {
-    DDP_THROW(ConfigError, "config: this job was started with eval.enabled false and opened no evaluation split");
+    DDP_THROW(ConfigError, "config: this job was started with eval.enabled false and opened no evaluation split; "
+              "set eval.enabled: true to evaluate");
   }
   const int64_t size = train ? images->trainSize() : images->index.test->size();
   return SampleSource(size, [images = std::move(images), train](std::vector<std::vector<int64_t>> plan,

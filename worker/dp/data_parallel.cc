@@ -264,6 +264,8 @@ at::Tensor DataParallel::forward(const at::Tensor& input) {
   // replica is the master's own device and gathers there.
   if (s.replicas.size() == 1 && s.replicas.front().sharesParams && s.outputDevice == s.replicas.front().device) {
     s.lastUsed = 1;
+    c10::OptionalDeviceGuard guard;  // the replica's device is current while it runs, as on its thread
+    if (s.outputDevice.is_cuda()) guard.reset_device(s.outputDevice);
     return s.master.forward(input.to(s.outputDevice, /*non_blocking=*/true));
   }
   const auto sizes = scatterSizes(input.size(0), static_cast<int64_t>(s.replicas.size()));
