@@ -6,6 +6,7 @@
 #include <ATen/ops/arange.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/nn/cloneable.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/sgd.h>
