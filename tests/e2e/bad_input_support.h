@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <ios>
 #include <iterator>
 #include <string>
 
@@ -36,8 +37,13 @@ inline int processesMentioning(const std::string& marker) {
   for (const auto& p : fs::directory_iterator("/proc")) {
     const std::string name = p.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(p.path() / "cmdline");
-    std::string cmd((std::istreambuf_iterator<char>(in)), {});
+    std::string cmd;
+    try {
+      std::ifstream in(p.path() / "cmdline");
+      cmd.assign(std::istreambuf_iterator<char>(in), {});
+    } catch (const std::ios_base::failure&) {
+      continue;  // it exited while read (ESRCH, which libstdc++'s filebuf throws): not there any more
+    }
     if (cmd.find(marker) != std::string::npos && std::to_string(::getpid()) != name) ++count;
   }
   return count;
