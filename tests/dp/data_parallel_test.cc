@@ -13,6 +13,7 @@
 #include <torch/utils.h>
 
 #include <atomic>
+#include <filesystem>
 #include <condition_variable>
 #include <mutex>
 #include <numeric>
@@ -209,9 +210,21 @@ TEST(ReplicaThreads, OneThreadPerReplicaWithOneIntraOpThreadEachAndCallerUnchang
 // nn.DataParallel with one device calls its module: the output is the master's own (its graph ends
 // in the model's last op, not in DataParallelBackward), so one replica costs what the model costs
 // (it ran at 0.76x single in bench/dp through a replica, a gather and a second backward).
+// The threads of this process now (/proc/self/task).
+std::ptrdiff_t processThreads() {
+  return std::distance(std::filesystem::directory_iterator("/proc/self/task"), std::filesystem::directory_iterator());
+}
+
 TEST(DataParallel, OneReplicaOnTheMastersDeviceIsTheMasterItself) {
   auto master = freshModel("cnn", 3);
+  {
+    const std::ptrdiff_t before = processThreads();
+    DataParallel two(master, cpuReplicas(2));  // replicas run on threads of their own
+    EXPECT_GE(processThreads(), before + 2);
+  }
+  const std::ptrdiff_t before = processThreads();
   DataParallel dp(master, cpuReplicas(1));
+  EXPECT_EQ(processThreads(), before);  // no replica thread: the master runs on the caller's
   const at::Tensor x = at::randn({5, 1, 8, 8});
   const at::Tensor out = dp.forward(x);
   ASSERT_TRUE(out.requires_grad());

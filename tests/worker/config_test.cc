@@ -249,6 +249,22 @@ TEST(Config, AnImageFoldersNormalisationIsResolved) {
   EXPECT_TRUE(parseConfig("").data.mean.empty());
 }
 
+// Doubles, alone and in lists, are written in their shortest faithful form: as given where that
+// reads back (0.05, 0.95), with the 16 or 17 digits a double needs otherwise (0.1 + 0.2 is not 0.3,
+// and 15 digits wrote it so; resume compares the configs through this text).
+TEST(Config, DoublesAreWrittenShortestAndReadBackTheSame) {
+  WorkerConfig c = parseConfig("train: {lr: 0.05, betas: [0.9, 0.95]}");
+  const std::string plain = dumpConfig(c);
+  EXPECT_NE(plain.find("lr: 0.05\n"), std::string::npos) << plain;
+  EXPECT_NE(plain.find("betas: [0.9, 0.95]"), std::string::npos) << plain;
+  c.train.lr = 0.1 + 0.2;                      // 0.30000000000000004
+  c.train.betas = {1.0 / 3.0, 0.1 + 0.7};      // 0.33333333333333331, 0.79999999999999993
+  const WorkerConfig back = parseConfig(dumpConfig(c));
+  EXPECT_EQ(back.train.lr, c.train.lr);
+  EXPECT_NE(back.train.lr, 0.3);
+  EXPECT_EQ(back.train.betas, c.train.betas);
+}
+
 // Issue 46 (7): an export named like one of the job's own files would be overwritten by it (or
 // overwrite it); refused at start-up, naming what the name belongs to.
 TEST(Config, AnExportNamedLikeTheJobsOwnFilesIsRefused) {

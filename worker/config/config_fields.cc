@@ -3,9 +3,11 @@
 #include <cstdlib>
 #include <cmath>
 #include <iterator>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <string_view>
+#include <type_traits>
 
 #include "common/error.h"
 
@@ -26,59 +28,50 @@ Field bindField<std::string>(const std::string& key, const std::string& type, st
                [&ref] { return YAML::Node(ref); }};
 }
 
-// Shortest faithful form: 0.05, not 0.050000000000000003.
+// Shortest faithful form: 0.05, not 0.050000000000000003; [0.485, 0.456], not [0.485000014, 0.456]:
+// the fewest digits from `digits10` (15 for a double, 6 for a float) up that read back as the same
+// value (at most max_digits10: 17, 9).
+template <typename T>
+std::string shortestText(T value) {
+  std::ostringstream text;
+  for (int digits = std::numeric_limits<T>::digits10; digits <= std::numeric_limits<T>::max_digits10; ++digits) {
+    text.str("");
+    text.precision(digits);
+    text << value;
+    const std::string s = text.str();
+    T back;
+    if constexpr (std::is_same_v<T, float>) back = std::strtof(s.c_str(), nullptr);
+    else back = std::strtod(s.c_str(), nullptr);
+    if (back == value || std::isnan(value)) break;
+  }
+  return text.str();
+}
+
 template <>
 Field bindField<double>(const std::string& key, const std::string& type, double& ref) {
   return Field{key, type, [&ref](const YAML::Node& n) { ref = n.as<double>(); },
+               [&ref] { return YAML::Node(shortestText(ref)); }};
+}
+
+// Lists of numbers (train.betas, data.mean, data.std), each in its shortest faithful form.
+template <typename T>
+Field bindNumberList(const std::string& key, const std::string& type, std::vector<T>& ref) {
+  return Field{key, type, [&ref](const YAML::Node& n) { ref = n.as<std::vector<T>>(); },
                [&ref] {
-                 std::ostringstream text;
-                 text.precision(15);
-                 text << ref;
-                 return YAML::Node(text.str());
+                 YAML::Node list(YAML::NodeType::Sequence);
+                 for (const T v : ref) list.push_back(shortestText(v));
+                 return list;
                }};
 }
 
-// The same for lists of numbers: [0.9, 0.999], not [0.90000000000000002, 0.999]; 17 digits where 15
-// would not read back as the same double.
 template <>
 Field bindField<std::vector<double>>(const std::string& key, const std::string& type, std::vector<double>& ref) {
-  return Field{key, type, [&ref](const YAML::Node& n) { ref = n.as<std::vector<double>>(); },
-               [&ref] {
-                 YAML::Node list(YAML::NodeType::Sequence);
-                 for (const double v : ref) {
-                   std::ostringstream text;
-                   text.precision(15);
-                   text << v;
-                   if (std::stod(text.str()) != v) {
-                     text.str("");
-                     text.precision(17);
-                     text << v;
-                   }
-                   list.push_back(text.str());
-                 }
-                 return list;
-               }};
+  return bindNumberList(key, type, ref);
 }
 
-// Lists of floats (data.mean, data.std): [0.485, 0.456], not [0.485000014, 0.456]; the fewest
-// digits that read back as the same float.
 template <>
 Field bindField<std::vector<float>>(const std::string& key, const std::string& type, std::vector<float>& ref) {
-  return Field{key, type, [&ref](const YAML::Node& n) { ref = n.as<std::vector<float>>(); },
-               [&ref] {
-                 YAML::Node list(YAML::NodeType::Sequence);
-                 for (const float v : ref) {
-                   std::ostringstream text;
-                   for (int digits = 6; digits <= 9; ++digits) {
-                     text.str("");
-                     text.precision(digits);
-                     text << v;
-                     if (std::strtof(text.str().c_str(), nullptr) == v) break;
-                   }
-                   list.push_back(text.str());
-                 }
-                 return list;
-               }};
+  return bindNumberList(key, type, ref);
 }
 
 Field bindMode(const std::string& key, Mode& ref) {

@@ -230,12 +230,12 @@ std::shared_ptr<const StreamedImages> streamedImages(const DataConfig& config, I
   images->index = std::move(index);
   images->trainTransform = transformOf(config, /*train=*/true);
   images->evalTransform = transformOf(config, /*train=*/false);
-  const bool imagenet = config.trainTransform == "imagenet";
-  // torchvision's ImageNet statistics with its recipe, unless the config gives others.
-  images->mean = !config.mean.empty() ? config.mean : imagenet ? std::vector<float>{0.485f, 0.456f, 0.406f}
-                                                               : std::vector<float>{0, 0, 0};
-  images->stddev = !config.stddev.empty() ? config.stddev : imagenet ? std::vector<float>{0.229f, 0.224f, 0.225f}
-                                                                     : std::vector<float>{1, 1, 1};
+  // The config resolves an empty data.mean / data.std (ImageNet's with the imagenet transform, else
+  // 0 and 1: resolveNormalisation), as the in-memory path reads them.
+  DDP_ENFORCE(config.mean.size() == 3 && config.stddev.size() == 3,
+              "streamedImages: data.mean and data.std need 3 values each (a config's build() resolves them)");
+  images->mean = config.mean;
+  images->stddev = config.stddev;
   images->skipBadImages = config.skipBadImages;
   images->trainLimit = config.trainLimit;
   if (config.numWorkers < 0) {

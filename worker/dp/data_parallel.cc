@@ -78,6 +78,9 @@ struct DataParallel::Impl {
   std::vector<c10::Device> devices;
   c10::Device outputDevice{c10::kCPU};
   bool anyCuda = false;
+  // One replica on the master's device, gathering there: forward() calls the master itself, so no
+  // replica, replica thread or gather is built (torch.nn.DataParallel with one device).
+  bool direct = false;
   std::vector<Replica> replicas;
   std::unique_ptr<ReplicaThreads> threads;
   int lastUsed = 0;
@@ -225,6 +228,8 @@ DataParallel::DataParallel(torch::nn::AnyModule master, const DataParallelOption
   };
   checkHome(s.masterParams, "parameters");
   checkHome(s.masterBuffers, "buffers");
+  s.direct = s.devices.size() == 1 && s.outputDevice == home;
+  if (s.direct) return;
 
   ReplicaThreadsOptions threadOptions;
   threadOptions.threads = static_cast<int>(s.devices.size());
@@ -262,7 +267,7 @@ at::Tensor DataParallel::forward(const at::Tensor& input) {
   // torch.nn.DataParallel with one device calls the module itself (`if len(self.device_ids) == 1:
   // return self.module(...)`): no replica, scatter, gather or second backward. Here when that one
   // replica is the master's own device and gathers there.
-  if (s.replicas.size() == 1 && s.replicas.front().sharesParams && s.outputDevice == s.replicas.front().device) {
+  if (s.direct) {
     s.lastUsed = 1;
     c10::OptionalDeviceGuard guard;  // the replica's device is current while it runs, as on its thread
     if (s.outputDevice.is_cuda()) guard.reset_device(s.outputDevice);
