@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command for the DDP engine benchmarks: ours vs PyTorch DDP, overlap,
-# collectives, scaling. Prints a table and writes bench/RESULTS_ddp.md.
+# collectives, scaling. Prints a table and writes bench/RESULTS_ddp.md (its raw lines:
+# bench/raw_ddp_last.jsonl).
 #   bash bench/run_ddp_bench.sh            (BUILD=build dir, REPS=repetitions)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,4 +58,5 @@ for world in 1 2 4; do
   done
 done
 $PY bench/ddp_report.py "$RAW" bench/RESULTS_ddp.md
+cp "$RAW" bench/raw_ddp_last.jsonl  # the figures behind the report, kept beside it
 cat bench/RESULTS_ddp.md
