@@ -3,7 +3,9 @@
 # against torchvision.datasets.ImageFolder + DataLoader(num_workers=N) (bench/images/
 # torchvision_loader.py) on the same JPEG files, the ImageNet training transform at 224, batches of
 # 64, the same number of loader threads / worker processes, sides alternated, in one run:
-#   1. images/s (and per loader thread) from the folder, for each THREADS value;
+#   1. images/s (and per loader thread) from the folder, for each THREADS value, against each of
+#      DECODERS: torchvision's Pillow path (pil) and its tensor path (tensor: decode_image + v2 on
+#      uint8, its transforms docs' advice for speed);
 #   2. ours from the tar shards of the same pictures;
 #   3. peak RSS and the time to the first batch with 10 000 and with 100 000 files (the larger set:
 #      hard links to the pictures under new names, made once; the loaders index and read them alike).
@@ -22,6 +24,7 @@ reps=${REPS:-3}
 threads=${THREADS:-"1 2"}
 batches=${BATCHES:-60}
 parts=" ${PARTS:-loader tar rss train} "
+decoders=${DECODERS:-"pil tensor"}
 py=.venv/bin/python
 ours_bin=$build/bench/image_loader_bench
 [[ -x $ours_bin ]] || { echo "run.sh: no $ours_bin; cmake --build $build --target image_loader_bench" >&2; exit 2; }
@@ -51,17 +54,19 @@ EOF
 
 field() { $py -c "import json, sys; print(json.loads(sys.argv[1])['$1'])" "$2"; }
 ours() { OMP_NUM_THREADS=1 "$ours_bin" "$1" --threads "$2" --batches "$batches"; }
-theirs() { OMP_NUM_THREADS=1 $py bench/images/torchvision_loader.py "$1" --workers "$2" --batches "$batches"; }
+theirs() { OMP_NUM_THREADS=1 $py bench/images/torchvision_loader.py "$1" --workers "$2" --batches "$batches" --decoder "${3:-pil}"; }
 
 if [[ $parts == *" loader "* ]]; then
 echo "images/s, ImageNet training transform at 224, batches of 64, $batches timed batches after 5 (files: $dir/set)"
-printf '%-4s %-8s %12s %14s %7s\n' rep threads "ours img/s" "torchvision" ratio
+printf '%-4s %-8s %-8s %12s %14s %7s\n' rep threads decoder "ours img/s" "torchvision" ratio
 for t in $threads; do
-  for ((i = 1; i <= reps; i++)); do
-    if (( i % 2 )); then a=$(ours "$dir/set/folder/train" "$t"); b=$(theirs "$dir/set/folder/train" "$t")
-    else b=$(theirs "$dir/set/folder/train" "$t"); a=$(ours "$dir/set/folder/train" "$t"); fi
-    ra=$(field images_per_s "$a"); rb=$(field images_per_s "$b")
-    printf '%-4s %-8s %12.0f %14.0f %6.2fx\n' "$i" "$t" "$ra" "$rb" "$($py -c "print($ra / $rb)")"
+  for d in $decoders; do
+    for ((i = 1; i <= reps; i++)); do
+      if (( i % 2 )); then a=$(ours "$dir/set/folder/train" "$t"); b=$(theirs "$dir/set/folder/train" "$t" "$d")
+      else b=$(theirs "$dir/set/folder/train" "$t" "$d"); a=$(ours "$dir/set/folder/train" "$t"); fi
+      ra=$(field images_per_s "$a"); rb=$(field images_per_s "$b")
+      printf '%-4s %-8s %-8s %12.0f %14.0f %6.2fx\n' "$i" "$t" "$d" "$ra" "$rb" "$($py -c "print($ra / $rb)")"
+    done
   done
 done
 
