@@ -13,8 +13,8 @@
 #include <torch/utils.h>
 
 #include <atomic>
-#include <filesystem>
 #include <condition_variable>
+#include <filesystem>
 #include <mutex>
 #include <numeric>
 #include <set>
@@ -207,14 +207,15 @@ TEST(ReplicaThreads, OneThreadPerReplicaWithOneIntraOpThreadEachAndCallerUnchang
   EXPECT_EQ(at::get_num_threads(), 2) << "the caller's intra-op setting changed";
 }
 
-// nn.DataParallel with one device calls its module: the output is the master's own (its graph ends
-// in the model's last op, not in DataParallelBackward), so one replica costs what the model costs
-// (it ran at 0.76x single in bench/dp through a replica, a gather and a second backward).
 // The threads of this process now (/proc/self/task).
 std::ptrdiff_t processThreads() {
   return std::distance(std::filesystem::directory_iterator("/proc/self/task"), std::filesystem::directory_iterator());
 }
 
+// nn.DataParallel with one device calls its module: the output is the master's own (its graph ends
+// in the model's last op, not in DataParallelBackward), so one replica costs what the model costs
+// (it ran at 0.76x single in bench/dp through a replica, a gather and a second backward), and no
+// replica thread is started for it.
 TEST(DataParallel, OneReplicaOnTheMastersDeviceIsTheMasterItself) {
   auto master = freshModel("cnn", 3);
   {
