@@ -26,6 +26,16 @@ from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
 
 
+def pil_train_transform(size):
+    """torchvision's ImageNet training transform on PIL images (also torchvision_train.py's)."""
+    return transforms.Compose([
+        transforms.RandomResizedCrop(size),
+        transforms.RandomHorizontalFlip(),
+        transforms.ToTensor(),
+        transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+    ])
+
+
 def tensor_loader(path):
     return decode_image(path, mode=ImageReadMode.RGB)
 
@@ -43,13 +53,7 @@ def main():
     torch.set_num_threads(1)
     start = time.perf_counter()
     if a.decoder == "pil":
-        train = transforms.Compose([
-            transforms.RandomResizedCrop(a.size),
-            transforms.RandomHorizontalFlip(),
-            transforms.ToTensor(),
-            transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
-        ])
-        data = datasets.ImageFolder(a.root, transform=train)
+        data = datasets.ImageFolder(a.root, transform=pil_train_transform(a.size))
     else:
         train = v2.Compose([
             v2.RandomResizedCrop(a.size, antialias=True),

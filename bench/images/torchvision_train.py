@@ -18,7 +18,9 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
-from torchvision import datasets, models, transforms
+from torchvision import datasets, models
+
+from torchvision_loader import pil_train_transform  # the same transform as the loader bench
 
 
 def main():
@@ -33,12 +35,7 @@ def main():
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    train = transforms.Compose([
-        transforms.RandomResizedCrop(a.size),
-        transforms.RandomHorizontalFlip(),
-        transforms.ToTensor(),
-        transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
-    ])
+    train = pil_train_transform(a.size)
     data = datasets.ImageFolder(a.root, transform=train)
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
     loader = DataLoader(data, batch_size=a.batch, sampler=sampler, num_workers=a.workers, drop_last=True,
