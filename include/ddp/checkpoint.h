@@ -41,6 +41,11 @@ struct TrainPosition {
   /// -1: not known (a checkpoint written before it existed); then only the same world size
   /// resumes in the epoch, another restarts it.
   int64_t epochSamples = -1;
+  /// Micro-batches drawn in total, each rank (TokenSampler::globalStep() under gradient
+  /// accumulation: the key of the next random draw). A resume that changes the micro-batches per
+  /// optimizer step continues from here, drawing no earlier micro-batch's windows again. -1: not
+  /// recorded (a loop that draws by globalStep, or a checkpoint written before it existed).
+  int64_t microSteps = -1;
 };
 
 struct CheckpointOptions {

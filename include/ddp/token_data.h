@@ -176,8 +176,9 @@ struct TokenSamplerOptions {
 /// An epoch is a list of epochRows() rows (windows);
 /// a step consumes rowsPerStep() = world × B of them, rank r taking B; the epoch ends when fewer
 /// than rowsPerStep() are left (dropped, as drop_last). The position (epoch, rows consumed, global
-/// step) is what a checkpoint records (TrainPosition's epoch, epochSamples, globalStep), and
-/// seek() resumes from it, at this or another world size.
+/// step) is what a checkpoint records (TrainPosition's epoch, epochSamples, and globalStep, or
+/// microSteps under gradient accumulation), and seek() resumes from it, at this or another world
+/// size.
 ///
 /// kSequential (llm.c's DataLoader order): the rows are every shard's windows in order, row i of a
 /// shard = its tokens [i·T, i·T + T + 1), floor((ntok - 1) / T) rows per shard; a step takes the next

@@ -55,7 +55,7 @@ std::string describePosition(const TrainPosition& position) {
 
 bool samePosition(const TrainPosition& a, const TrainPosition& b) {
   return a.epoch == b.epoch && a.stepInEpoch == b.stepInEpoch && a.globalStep == b.globalStep &&
-         a.samples == b.samples && a.epochSamples == b.epochSamples;
+         a.samples == b.samples && a.epochSamples == b.epochSamples && a.microSteps == b.microSteps;
 }
 
 // What a checkpoint holds of this rank: its model and optimizer entries (ZeRO's gathered shards
@@ -74,6 +74,7 @@ checkpoint::TrainingState trainingState(torch::nn::Module& module, torch::optim:
   state.samples = position.samples;
   state.worldSize = worldSize;
   if (position.epochSamples >= 0) state.epochSamples = position.epochSamples;
+  if (position.microSteps >= 0) state.microSteps = position.microSteps;
   state.seed = static_cast<int64_t>(options.seed);
   state.sampleOrder = options.sampleOrder;
   state.cpuRng = cpuRngRanks.empty() ? checkpoint::cpuRngState() : cpuRngRanks.front();
@@ -452,7 +453,7 @@ TrainPosition Checkpointer::resumeFrom(const std::string& path, torch::nn::Modul
                  group.rank());
   }
   TrainPosition position{state.epoch, state.stepInEpoch, state.globalStep, state.samples,
-                         state.epochSamples.value_or(-1)};
+                         state.epochSamples.value_or(-1), state.microSteps.value_or(-1)};
   resumedConfig_ = std::move(state.config);
   if (state.worldSize != group.size() && position.epochSamples >= 0) {
     // The position is global (positions of the epoch's permutation): the new world continues it.

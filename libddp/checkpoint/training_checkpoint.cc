@@ -88,6 +88,10 @@ uint32_t checksumOf(const TrainingState& s) {
     crc.add(std::string("epoch_samples"));
     crc.add(*s.epochSamples);
   }
+  if (s.microSteps) {  // absent when not recorded
+    crc.add(std::string("micro_steps"));
+    crc.add(*s.microSteps);
+  }
   if (!s.sampleOrder.empty()) {  // absent in files written before it existed
     crc.add(std::string("sample_order"));
     for (const auto& [name, value] : s.sampleOrder) {
@@ -122,6 +126,7 @@ void saveTrainingCheckpoint(const TrainingState& s, const std::string& path) {
   pySet(*progress, "world_size", pyInt(s.worldSize));
   pySet(*progress, "seed", pyInt(s.seed));
   if (s.epochSamples) pySet(*progress, "epoch_samples", pyInt(*s.epochSamples));
+  if (s.microSteps) pySet(*progress, "micro_steps", pyInt(*s.microSteps));
   if (!s.sampleOrder.empty()) {
     auto order = pyDict();
     for (const auto& [name, value] : s.sampleOrder) pySet(*order, name, pyString(value));
@@ -171,6 +176,7 @@ TrainingState loadTrainingCheckpoint(const std::string& path) {
   s.worldSize = intField(progress, "world_size", path);
   s.seed = intField(progress, "seed", path);
   if (progress.get("epoch_samples") != nullptr) s.epochSamples = intField(progress, "epoch_samples", path);
+  if (progress.get("micro_steps") != nullptr) s.microSteps = intField(progress, "micro_steps", path);
   if (const PyValue* order = progress.get("sample_order")) {
     if (order->kind != PyValue::Kind::kDict) {
       DDP_THROW(CheckpointError, "'", path, "' is corrupt: 'sample_order' is not a dict");

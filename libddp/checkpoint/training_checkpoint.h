@@ -36,6 +36,7 @@ struct TrainingState {
   int64_t worldSize = 1;     // the sampler's shards depend on it
   std::optional<int64_t> epochSamples;  // positions of the epoch's permutation consumed, all ranks
                                         // (absent in files written before it existed)
+  std::optional<int64_t> microSteps;    // micro-batches drawn, each rank (absent when not recorded)
   int64_t seed = 0;
   std::map<std::string, std::string> sampleOrder;  // "progress"/"sample_order" (absent before it existed)
   at::Tensor cpuRng;                // the default CPU generator's state (rank 0's)

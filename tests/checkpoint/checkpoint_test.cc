@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <memory>
 #include <fstream>
+#include <optional>
 
 #include "common/error.h"
 #include "ddp/checkpoint.h"
@@ -124,6 +125,15 @@ TrainingState sampleState() {
   return s;
 }
 
+// sampleState() as a run with gradient accumulation records it: 4 micro-batches a step, and 20 of
+// the epoch's windows consumed.
+TrainingState accumulatingState() {
+  TrainingState s = sampleState();
+  s.epochSamples = 20;
+  s.microSteps = 17 * 4;
+  return s;
+}
+
 TEST_F(Checkpoint, TrainingCheckpointRoundTripsExactly) {
   const TrainingState s = sampleState();
   const std::string path = dir_ + "/roundtrip.pt";
@@ -143,7 +153,16 @@ TEST_F(Checkpoint, TrainingCheckpointRoundTripsExactly) {
   EXPECT_EQ(r.seed, 42);
   EXPECT_TRUE(at::equal(r.cpuRng, s.cpuRng));
   EXPECT_EQ(r.config, s.config);
+  EXPECT_FALSE(r.epochSamples.has_value());  // not recorded: absent, not 0
+  EXPECT_FALSE(r.microSteps.has_value());
   EXPECT_EQ(checksumOf(r), checksumOf(s));
+  const std::string accumulating = dir_ + "/accumulating.pt";
+  const TrainingState saved = accumulatingState();
+  saveTrainingCheckpoint(saved, accumulating);
+  const TrainingState a = loadTrainingCheckpoint(accumulating);
+  EXPECT_EQ(a.epochSamples, std::optional<int64_t>(20));
+  EXPECT_EQ(a.microSteps, std::optional<int64_t>(68));
+  EXPECT_EQ(checksumOf(a), checksumOf(saved));
   // A model file reader gets the model and the recorded config (no model_args: not nanoGPT's).
   const ddp::ModelFile file = ddp::readModelFile(path);
   EXPECT_EQ(file.config, s.config);
@@ -196,6 +215,16 @@ TEST_F(Checkpoint, PythonsPlainTorchLoadReadsEverySection) {
   const nlohmann::json progress = pyDictOf(c["progress"]);
   EXPECT_EQ(progress, (nlohmann::json{{"epoch", 2}, {"step_in_epoch", 5}, {"global_step", 17}, {"samples", 17 * 64},
                                       {"world_size", 2}, {"seed", 42}}));
+  // The positions a run with gradient accumulation adds, under their own names.
+  const std::string accumulating = dir_ + "/python_accumulating.pt";
+  saveTrainingCheckpoint(accumulatingState(), accumulating);
+  const std::string added = test::runCommand({DDP_PYTHON, "-c",
+                                              "import sys, torch; p = torch.load(sys.argv[1])['progress']; "
+                                              "print(p['epoch_samples'], p['micro_steps'])",
+                                              accumulating},
+                                             test::CommandOptions())
+                                .output;
+  EXPECT_EQ(added, "20 68\n");
   const nlohmann::json rng = pyDictOf(c["rng"]);
   EXPECT_EQ(rng["cpu"]["dtype"], "uint8");
   expectTensorIs(rng["cpu"], s.cpuRng, "rng.cpu");
@@ -261,6 +290,12 @@ TEST_F(Checkpoint, ChecksumChangesWithAnyField) {
   EXPECT_EQ(checksumOf(t), checksumOf(s));
   t.stepInEpoch += 1;
   EXPECT_NE(checksumOf(t), checksumOf(s));
+  t = accumulatingState();
+  const uint32_t accumulating = checksumOf(t);
+  t.microSteps = 17 * 4 - 1;
+  EXPECT_NE(checksumOf(t), accumulating);
+  t.microSteps.reset();
+  EXPECT_NE(checksumOf(t), accumulating);
   t = s;
   t.model[0].second = t.model[0].second.clone();
   t.model[0].second[0][0] += 1e-6;

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -277,8 +278,10 @@ void trainWholeAndFirstHalf(const std::string& straight, const std::string& spli
   ASSERT_EQ(r1.exitCode, 0) << r1.output;
 }
 
-// 8 steps at once equal 4, a checkpoint, and 4 more after resume=auto, bit for bit.
-void expectBitwiseResume(const std::string& sampling, const std::vector<std::string>& settings = {}) {
+// 8 steps at once equal 4, a checkpoint, and 4 more after resume=auto, bit for bit; `inspect` sees
+// the resumed run's output directory before it is removed.
+void expectBitwiseResume(const std::string& sampling, const std::vector<std::string>& settings = {},
+                         const std::function<void(const std::string&)>& inspect = {}) {
   const std::string straight = test::makeTempDir("lm_straight");
   const std::string split = test::makeTempDir("lm_split");
   std::vector<std::string> common = {"data.sampling=" + sampling, "eval.enabled=false", "checkpoint.every_steps=4"};
@@ -290,6 +293,7 @@ void expectBitwiseResume(const std::string& sampling, const std::vector<std::str
   const auto r2 = test::runCommand(gptJob(2, split, second), 300);
   ASSERT_EQ(r2.exitCode, 0) << r2.output;
   EXPECT_EQ(test::maxStateDifference(exported(straight), exported(split)), 0.0) << sampling;
+  if (inspect) inspect(split);
   fs::remove_all(straight);
   fs::remove_all(split);
 }
@@ -298,6 +302,22 @@ TEST(LanguageModel, ResumeIsBitwiseWithRandomWindows) { expectBitwiseResume("ran
 TEST(LanguageModel, ResumeIsBitwiseWithSequentialWindows) { expectBitwiseResume("sequential"); }
 TEST(LanguageModel, ResumeIsBitwiseWithShardedAdamWState) { expectBitwiseResume("sequential", {"train.zero=true"}); }
 TEST(LanguageModel, ResumeIsBitwiseFullySharded) { expectBitwiseResume("sequential", {"train.sharding=full"}); }
+// Two micro-batches a step: the checkpoints record the run's micro-batches (2 × the steps), the key
+// of the random draws a resume with fewer a step goes on from (train_order_test has that resume).
+TEST(LanguageModel, ResumeIsBitwiseWithAccumulationAndRecordsTheMicroBatches) {
+  expectBitwiseResume("random", {"train.accumulate_steps=2"}, [](const std::string& out) {
+    const std::string script =
+        "import sys, torch\n"
+        "for path in sys.argv[1:]:\n"
+        "    p = torch.load(path)['progress']\n"
+        "    print(p['global_step'], p['micro_steps'])\n";
+    const auto r = test::runCommand({DDP_PYTHON, "-c", script, out + "/checkpoints/ckpt-00000004.pt",
+                                     out + "/checkpoints/ckpt-00000008.pt"},
+                                    120);
+    EXPECT_EQ(r.exitCode, 0) << r.output;
+    EXPECT_EQ(r.output, "4 8\n8 16\n");
+  });
+}
 TEST(LanguageModel, ResumeIsBitwiseWithZeroTwo) { expectBitwiseResume("random", {"train.sharding=zero2"}); }
 
 // A fully sharded run's checkpoint (a directory of each rank's rows, ddp::Checkpointer) resumes a

@@ -41,7 +41,8 @@ void checkExactResume(const std::string& name, MakeOptimizer makeOptimizer) {
   ddp::Checkpointer checkpointer(group(), {dir});
   step(model, *optimizer);
   step(model, *optimizer);
-  const std::string path = checkpointer.save(*net, *optimizer, {0, 2, 2, 12});
+  // As a loop with 3 micro-batches a step records it (6 batches of 2 samples).
+  const std::string path = checkpointer.save(*net, *optimizer, {0, 2, 2, 12, 12, 6});
   step(model, *optimizer);
   const auto expected = flatParams(*net);
 
@@ -55,6 +56,8 @@ void checkExactResume(const std::string& name, MakeOptimizer makeOptimizer) {
   EXPECT_EQ(position->globalStep, 2);
   EXPECT_EQ(position->stepInEpoch, 2);
   EXPECT_EQ(position->samples, 12);
+  EXPECT_EQ(position->epochSamples, 12);
+  EXPECT_EQ(position->microSteps, 6);
   step(freshModel, *freshOptimizer);
   EXPECT_TRUE(torch::equal(flatParams(*fresh), expected));
   EXPECT_TRUE(std::filesystem::exists(path));
@@ -293,7 +296,9 @@ TEST(Checkpointer, EachRankResumesItsOwnCpuGeneratorAndAllSaveOneStep) {
   }
   torch::manual_seed(7);  // anything: the resume sets it
   ddp::Checkpointer again(group(), {dir});
-  ASSERT_EQ(again.resume(*net, sgd).value_or(ddp::TrainPosition{}).globalStep, 2);
+  const ddp::TrainPosition resumed = again.resume(*net, sgd).value_or(ddp::TrainPosition{});
+  ASSERT_EQ(resumed.globalStep, 2);
+  EXPECT_EQ(resumed.microSteps, -1);  // saved without one: not recorded, not 0
   for (size_t i = 2; i < 4; ++i) EXPECT_EQ(torch::rand({1}).item<double>(), straight[i]) << "step " << i + 1;
   if (group().size() > 1) {
     try {

@@ -134,5 +134,36 @@ TEST(TokenOrder, RandomDrawsAfterAResumeAtAnotherWorldSizeAreNew) {
   }
 }
 
+// A resume with fewer micro-batches a step (train.accumulate_steps 4 -> 1) draws windows no earlier
+// micro-batch drew: the checkpoint after 3 steps of 4 records the run's 12 micro-batches, and the
+// draws go on from the 13th. Counted from its 3 optimizer steps × 1 instead (a checkpoint without
+// micro_steps), the resumed steps would draw micro-batches 4-11 again.
+TEST(TokenOrder, RandomDrawsAfterAResumeWithFewerMicroBatchesAStepAreNew) {
+  const auto data = shardOf(8 * 500 + 1);
+  auto o = options(0, 2);
+  o.sampling = TokenSampling::kRandom;
+  auto before = tokenOrder(data, o);
+  before->setEpoch(0, 0, microStepsAfter(0, -1, 0, 4));
+  auto drawn = before->batches();
+  ASSERT_GE(drawn.size(), 20u);
+  drawn.resize(3 * 4);
+  const std::set<std::vector<int64_t>> seen(drawn.begin(), drawn.end());
+  ASSERT_EQ(seen.size(), 12u);
+  const int64_t recorded = microStepsAfter(0, -1, 3, 4);  // what the checkpoint at step 3 records
+  EXPECT_EQ(recorded, 12);
+  const int64_t consumed = before->positionAfter(12);
+  for (const bool withMicroSteps : {true, false}) {
+    auto resumed = tokenOrder(data, o);
+    resumed->setEpoch(0, consumed, microStepsAfter(3, withMicroSteps ? recorded : -1, 3, 1));
+    auto next = resumed->batches();
+    next.resize(8);  // the resumed run's steps 4-11 of one micro-batch
+    int64_t again = 0;
+    for (const auto& batch : next) again += static_cast<int64_t>(seen.count(batch));
+    EXPECT_EQ(again, withMicroSteps ? 0 : 8) << (withMicroSteps ? "micro_steps recorded" : "not recorded");
+  }
+  // Two steps after the resume at 1 a step: 14 micro-batches, the next key.
+  EXPECT_EQ(microStepsAfter(3, recorded, 5, 1), 14);
+}
+
 }  // namespace
 }  // namespace ddp::worker

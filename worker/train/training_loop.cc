@@ -279,10 +279,11 @@ void TrainingRun::runEpoch(int64_t epoch) {
 
 // The position after the step at `place` (the sampler is at the epoch and its epochStart_).
 TrainPosition TrainingRun::positionAfter(const StepPlace& place) const {
-  if (place.epochEnded()) return TrainPosition{place.epoch + 1, 0, result_.steps, result_.samples, 0};
+  const int64_t micro = microSteps();
+  if (place.epochEnded()) return TrainPosition{place.epoch + 1, 0, result_.steps, result_.samples, 0, micro};
   const int64_t consumed = order_->positionAfter(static_cast<int64_t>(place.first + place.count));
   return TrainPosition{place.epoch, epochStepOffset_ + static_cast<int64_t>(place.first) / train_.accumulateSteps + 1,
-                       result_.steps, result_.samples, consumed};
+                       result_.steps, result_.samples, consumed, micro};
 }
 
 // checkpoint.every_steps / every_epoch: never a checkpoint of weights a non-finite step reached.
@@ -307,7 +308,12 @@ int64_t TrainingRun::resumedStart() {
 // Sets the sampler to `epoch` from `start`, after the steps taken so far (random token windows are
 // drawn per micro-batch of the run); the batches every rank steps through from there.
 int64_t TrainingRun::epochBatchesFrom(int64_t epoch, int64_t start) {
-  return order_->setEpoch(epoch, start, result_.steps * train_.accumulateSteps);
+  return order_->setEpoch(epoch, start, microSteps());
+}
+
+// The run's micro-batches after the steps taken so far (counted on from the resumed checkpoint's).
+int64_t TrainingRun::microSteps() const {
+  return microStepsAfter(resumed_.globalStep, resumed_.microSteps, result_.steps, train_.accumulateSteps);
 }
 
 }  // namespace loop

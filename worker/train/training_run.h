@@ -66,6 +66,7 @@ class TrainingRun {
   void finish();
   int64_t resumedStart();
   int64_t epochBatchesFrom(int64_t epoch, int64_t start);
+  int64_t microSteps() const;
   ProgressPoint progressAt(const StepPlace& place, double loss, double rate) const;
 
   const WorkerConfig& config_;
