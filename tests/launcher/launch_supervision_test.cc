@@ -12,6 +12,7 @@
 #include <thread>
 
 #include <fcntl.h>
+#include <sched.h>
 #include <poll.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -310,6 +311,62 @@ TEST_F(LaunchSupervisionTest, CtrlZStopsTheWorkersWithTheLauncherAndFgContinuesT
   }
   launcher.sendSignal(SIGCONT);
   for (const pid_t pid : pids) EXPECT_TRUE(waitForState(pid, /*stopped=*/false, seconds(10))) << "pid " << pid;
+  std::ofstream(dir_.file("go")) << "1";
+  EXPECT_EQ(launcher.waitFor(seconds(20)), 0) << launcher.stderrText();
+}
+
+// SIGSTOP then SIGCONT sent to a worker from outside the launcher (Slurm's scontrol suspend and
+// resume, a debugger, kill -STOP / -CONT): the worker runs on. The launcher looked for stopped ranks
+// at each wake-up, to stop again a rank a hang report's stack tool resumes, and sent SIGSTOP to one
+// it saw stopped even when no report ran: a SIGCONT that came between its look and its kill left
+// the rank stopped for good, and the job hung (an e2e test that froze its workers met it).
+// Each cycle waits for the worker's heartbeat to move on twice after the SIGCONT (three beats after
+// the one read before the SIGSTOP: one may come between).
+TEST_F(LaunchSupervisionTest, AWorkerStoppedAndContinuedFromOutsideRunsOn) {
+  const std::string beat = dir_.file("beat");
+  const std::string worker = dir_.writeScript(
+      "worker", dir_.publish("pid", "$$") + "if [ \"$RANK\" != 0 ]; then\n  while [ ! -f \"" + dir_.file("go") +
+                    "\" ]; do sleep 0.05; done; exit 0\nfi\n" +
+                    "i=0\nwhile [ ! -f \"" + dir_.file("go") + "\" ]; do\n" +
+                    "  i=$((i + 1)); echo $i > \"" + beat + ".tmp\"; mv \"" + beat + ".tmp\" \"" + beat +
+                    "\"; sleep 0.005\ndone\n");
+  LaunchSpec spec;
+  // Eight ranks, rank 0 the one stopped: the launcher looks at every rank before its kill, which
+  // widens the window (by this many /proc reads).
+  spec.args = {"--nproc_per_node=8", worker};
+  spec.outputDir = dir_.path();
+  LaunchedProcess launcher(spec);
+  ASSERT_TRUE(dir_.waitForFiles({"pid.0", "pid.7", "beat"}, seconds(10))) << launcher.stderrText();
+  const pid_t pid = dir_.readPids("pid", 8)[0];
+  const auto beats = [&] {
+    const std::string text = readFile(beat);
+    return text.empty() ? 0L : std::stol(text);
+  };
+  const auto stopped = [pid] {  // /proc/PID/stat's state letter is 'T'
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t close = stat.rfind(") ");
+    return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'T';
+  };
+  for (int cycle = 0; cycle < 150; ++cycle) {
+    const long before = beats();
+    ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+    // Continued while the launcher, woken by the stop's SIGCHLD, may be looking at it: seen stopped
+    // by a spin (not waitForState's polling interval), then after a delay swept over 0-450 us, so
+    // that some SIGCONTs land between its look and its kill (~150 us apart here). Not a wait for an
+    // event: the cycle's check below waits for the heartbeat.
+    const auto limit = std::chrono::steady_clock::now() + seconds(10);
+    while (!stopped() && std::chrono::steady_clock::now() < limit) sched_yield();
+    ASSERT_TRUE(stopped()) << "cycle " << cycle;
+    std::this_thread::sleep_for(std::chrono::microseconds(cycle * 3));
+    ASSERT_EQ(::kill(pid, SIGCONT), 0);
+    const auto deadline = std::chrono::steady_clock::now() + seconds(10);
+    while (beats() < before + 3 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(milliseconds(2));  // a polling interval
+    }
+    ASSERT_GE(beats(), before + 3) << "cycle " << cycle << ": the worker stopped again after SIGCONT\n"
+                                   << launcher.stderrText();
+  }
   std::ofstream(dir_.file("go")) << "1";
   EXPECT_EQ(launcher.waitFor(seconds(20)), 0) << launcher.stderrText();
 }
