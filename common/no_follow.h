@@ -3,6 +3,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -32,6 +33,22 @@ inline std::string claimFile(const std::string& path, bool append) {
   if (fd < 0) return openFailure(errno);
   ::close(fd);
   return "";
+}
+
+/// Which file a path names (device and inode): a record opened once can tell that its file was
+/// deleted or replaced since (output.dir removed while the job runs).
+struct FileId {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  bool operator==(const FileId& other) const { return dev == other.dev && ino == other.ino; }
+  bool operator!=(const FileId& other) const { return !(*this == other); }
+};
+
+/// The file `path` names now, not following a link there; FileId{} when there is none.
+inline FileId fileIdOf(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return FileId{};
+  return FileId{st.st_dev, st.st_ino};
 }
 
 }  // namespace ddp

@@ -11,7 +11,6 @@
 #include <nlohmann/json.hpp>
 
 #include <poll.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/inotify.h>
 #include <sys/wait.h>
@@ -39,19 +38,7 @@ using namespace resume_test;
 namespace fs = std::filesystem;
 
 using test::childrenOf;
-
-// SIGSTOP is delivered asynchronously: returns once /proc shows the process stopped (state T) or gone.
-void waitUntilStopped(pid_t pid) {
-  while (true) {
-    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const size_t close = stat.rfind(')');
-    if (close == std::string::npos || close + 2 >= stat.size()) return;  // gone
-    const char state = stat[close + 2];
-    if (state == 'T' || state == 't' || state == 'Z' || state == 'X') return;
-    sched_yield();
-  }
-}
+using test::waitUntilStopped;
 
 TEST(CheckpointCrash, KilledDuringASaveLeavesTheLastCompleteCheckpoint) {
   // Saves every step; the moment a save's temporary file appears (a write in

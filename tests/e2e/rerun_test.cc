@@ -2,14 +2,17 @@
 // resumed again (a Slurm requeue, a restart loop) leaves its outputs as they were (and replaces a
 // shorter run's), a fresh run is
 // refused where its saves would mix with another run's checkpoints, and mode eval in the training
-// run's output.dir keeps that run's summary.json.
+// run's output.dir keeps that run's summary.json. An output.dir deleted while its job runs is made
+// again, with the records from then on and the outputs.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <signal.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -102,6 +105,70 @@ TEST(Rerun, AFreshRunAmongAnotherRunsCheckpointsIsRefused) {
   EXPECT_EQ(resumed.exitCode, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("ckpt-00000012.pt"), std::string::npos) << resumed.output;
   fs::remove_all(out);
+}
+
+// output.dir removed mid-run (a clean-up of old runs, a tmp cleaner): the workers are frozen
+// (SIGSTOP) while step 300's record is still to come, the directory is deleted, and they go on.
+// Each rank makes its records again from its next logged step, rank 0 says so, and the checkpoints,
+// the export and summary.json land there; the job succeeds.
+TEST(Rerun, AnOutputDirDeletedWhileTheJobRunsIsMadeAgain) {
+  const std::string logs = test::makeTempDir("rerun_deleted_log");
+  const std::string out = logs + "/out";
+  const std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nproc_per_node=2", DDP_WORKER_BIN, kConfig,
+                                         "output.dir=" + out, "model.hidden=[1024,1024]", "train.max_steps=300",
+                                         "train.epochs=1000", "train.log_every=10", "checkpoint.every_steps=100",
+                                         "output.sample_log=true", "output.tensorboard=true"};
+  test::Background job(argv, logs + "/job.log");
+  ASSERT_TRUE(job.waitFor("step 20/300", 120)) << test::readFile(job.log);
+  const std::vector<pid_t> workers = test::childrenOf(job.pid);
+  ASSERT_EQ(workers.size(), 2u) << test::readFile(job.log);
+  for (pid_t w : workers) ::kill(w, SIGSTOP);
+  for (pid_t w : workers) test::waitUntilStopped(w);
+  ASSERT_EQ(test::readFile(job.log).find("step 300/300"), std::string::npos)
+      << "the run logged its last step before the test froze it; nothing would be written after the delete";
+  fs::remove_all(out);
+  for (pid_t w : workers) ::kill(w, SIGCONT);
+  // The job's lock went with the directory: rank 0 takes it again (frozen once more to look).
+  ASSERT_TRUE(job.waitFor("was deleted while the job ran", 120)) << test::readFile(job.log);
+  for (pid_t w : workers) ::kill(w, SIGSTOP);
+  for (pid_t w : workers) test::waitUntilStopped(w);
+  ASSERT_EQ(test::readFile(job.log).find("step 300/300"), std::string::npos)
+      << "the run logged its last step before the test froze it again (it removes the lock as it ends)";
+  const std::string lock = test::readFile(out + "/.ddp-launch.lock");
+  const std::string holder = lock.substr(0, lock.find('\n'));
+  EXPECT_TRUE(holder == std::to_string(workers[0]) || holder == std::to_string(workers[1])) << lock;
+  for (pid_t w : workers) ::kill(w, SIGCONT);
+  ASSERT_EQ(job.wait(120), 0) << test::readFile(job.log);
+  const std::string log = test::readFile(job.log);
+  EXPECT_NE(log.find("output.dir: " + out + "/metrics.jsonl was deleted while the job ran"), std::string::npos) << log;
+  // metrics.jsonl anew: from a step after the delete to the last one.
+  std::istringstream lines(test::readFile(out + "/metrics.jsonl"));
+  std::vector<int64_t> steps;
+  for (std::string line; std::getline(lines, line);) steps.push_back(nlohmann::json::parse(line)["step"].get<int64_t>());
+  ASSERT_FALSE(steps.empty());
+  EXPECT_GT(steps.front(), 20);
+  EXPECT_EQ(steps.back(), 300);
+  EXPECT_NE(test::readFile(out + "/config.resolved.yaml").find("max_steps: 300"), std::string::npos);
+  EXPECT_EQ(nlohmann::json::parse(test::readFile(out + "/summary.json"))["steps"], 300);
+  EXPECT_TRUE(fs::exists(out + "/model.pt"));
+  EXPECT_TRUE(fs::exists(out + "/checkpoints/ckpt-00000300.pt"));
+  EXPECT_TRUE(fs::is_directory(out + "/tensorboard"));
+  for (int rank = 0; rank < 2; ++rank) {  // each rank's sample log ("epoch step i0 i1 ..."), anew up to step 300
+    std::istringstream samples(test::readFile(out + "/samples_rank" + std::to_string(rank) + ".txt"));
+    std::string header;
+    std::getline(samples, header);
+    EXPECT_EQ(header, "# restart 0 world 2") << rank;
+    std::vector<int64_t> logged;
+    for (std::string line; std::getline(samples, line);) {
+      int64_t epoch = -1, step = -1;
+      std::istringstream(line) >> epoch >> step;
+      logged.push_back(step);
+    }
+    ASSERT_FALSE(logged.empty()) << rank;
+    EXPECT_GT(logged.front(), 20) << rank;
+    EXPECT_EQ(logged.back(), 300) << rank;
+  }
+  fs::remove_all(logs);
 }
 
 TEST(Rerun, AnEvaluationInTheTrainingRunsDirectoryKeepsItsSummary) {

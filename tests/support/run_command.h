@@ -5,6 +5,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -163,6 +165,19 @@ inline std::vector<pid_t> childrenOf(pid_t parent) {
   }
   std::sort(out.begin(), out.end());
   return out;
+}
+
+/// SIGSTOP is delivered asynchronously: returns once /proc shows `pid` stopped (state T) or gone.
+inline void waitUntilStopped(pid_t pid) {
+  while (true) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos || close + 2 >= stat.size()) return;  // gone
+    const char state = stat[close + 2];
+    if (state == 'T' || state == 't' || state == 'Z' || state == 'X') return;
+    sched_yield();
+  }
 }
 
 /// Starts argv[0] in its own process group with stdout and stderr on `outFd` and returns its pid,

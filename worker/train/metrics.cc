@@ -14,13 +14,16 @@
 
 namespace ddp::worker {
 
-MetricsWriter::MetricsWriter(const std::string& path, bool append) {
+MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
   if (const std::string why = claimFile(path, append); !why.empty()) {
     DDP_THROW(ConfigError, "output.dir: cannot write '", path, "': ", why);
   }
   out_.open(path, append ? std::ios::app : std::ios::trunc);
   if (!out_) DDP_THROW(ConfigError, "output.dir: cannot write '", path, "'; set output.dir to a writable directory");
+  id_ = fileIdOf(path);
 }
+
+bool MetricsWriter::removed() const { return out_.is_open() && fileIdOf(path_) != id_; }
 
 void MetricsWriter::write(const nlohmann::json& record) {
   if (!out_.is_open()) return;

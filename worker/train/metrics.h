@@ -6,6 +6,8 @@
 #include <fstream>
 #include <string>
 
+#include "common/no_follow.h"
+
 namespace ddp::worker {
 
 /// Appends one JSON object per line; flushed per record so a crash keeps what was logged.
@@ -16,8 +18,12 @@ class MetricsWriter {
   explicit MetricsWriter(const std::string& path, bool append = false);
   void write(const nlohmann::json& record);
   bool enabled() const { return out_.is_open(); }
+  /// Whether the file it writes is no longer at its path (deleted, or another file put there).
+  bool removed() const;
 
  private:
+  std::string path_;
+  FileId id_;
   std::ofstream out_;
 };
 

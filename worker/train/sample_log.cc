@@ -19,7 +19,8 @@ std::string logPath(const std::string& dir, int rank) {
 
 SampleLog::SampleLog(const std::string& dir, int rank, int world, bool append) {
   makeDirectories(dir, "output.dir");
-  const std::string path = logPath(dir, rank);
+  path_ = logPath(dir, rank);
+  const std::string& path = path_;
   if (const std::string why = claimFile(path, append); !why.empty()) {
     DDP_THROW(ConfigError, "config: 'output.sample_log': cannot write '", path, "': ", why);
   }
@@ -32,10 +33,13 @@ SampleLog::SampleLog(const std::string& dir, int rank, int world, bool append) {
   }
   out_.open(path, append ? std::ios::app : std::ios::trunc);
   if (!out_) DDP_THROW(ConfigError, "config: 'output.sample_log': cannot write '", path, "'; fix output.dir");
+  id_ = fileIdOf(path);
   const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
   out_ << "# restart " << (restart != nullptr && *restart != '\0' ? restart : "0") << " world " << world << '\n'
        << std::flush;
 }
+
+bool SampleLog::removed() const { return fileIdOf(path_) != id_; }
 
 void SampleLog::write(int64_t epoch, int64_t step, const std::vector<int64_t>& indices) {
   out_ << epoch << ' ' << step;

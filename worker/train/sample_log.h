@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "common/no_follow.h"
+
 namespace ddp::worker {
 
 class SampleLog {
@@ -18,8 +20,12 @@ class SampleLog {
   SampleLog(const std::string& dir, int rank, int world, bool append);
   /// "EPOCH STEP i0 i1 ...", flushed.
   void write(int64_t epoch, int64_t step, const std::vector<int64_t>& indices);
+  /// Whether the file it writes is no longer at its path (deleted, or another file put there).
+  bool removed() const;
 
  private:
+  std::string path_;
+  FileId id_;
   std::ofstream out_;
 };
 

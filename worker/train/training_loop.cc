@@ -14,6 +14,7 @@
 #include <optional>
 #include <utility>
 
+#include "common/dir_lock.h"
 #include "common/error.h"
 #include "ddp/ddp.h"
 #include "worker/report/progress.h"
@@ -135,6 +136,26 @@ void TrainingRun::openRecords() {
     // continues the logs; a fresh run starts them anew.
     sampleLog_.emplace(config_.output.dir, rank_, world_, resumed_.globalStep > 0 || launchEnv().restartCount > 0);
   }
+}
+
+// output.dir deleted while the job runs (a clean-up of old runs, a tmp cleaner): each rank makes its
+// records again, and the final outputs go there too. What the deleted files held is lost, the run
+// is not (rank 0 says so).
+void TrainingRun::keepRecords() {
+  const std::string& dir = config_.output.dir;
+  if (sampleLog_ && sampleLog_->removed()) sampleLog_.emplace(dir, rank_, world_, /*append=*/true);
+  if (!metrics_.removed()) return;
+  makeDirectories(dir, "output.dir");
+  // The job's lock went with the directory: taken again, or said taken by a job that came meanwhile.
+  const std::string refused = dirLockRefusal(lockDirectory(dir, kJobLockFile), dir, kJobLockFile, "output.dir");
+  if (!refused.empty()) spdlog::warn("output.dir: {}{}; this job's records go there as well", dir, refused);
+  writeFileAtomic(dir + "/config.resolved.yaml", dumpConfig(config_));
+  metrics_ = MetricsWriter(dir + "/metrics.jsonl", /*append=*/true);  // another file put there: kept
+  if (board_) board_ = std::make_unique<tensorboard::EventWriter>(dir + "/tensorboard");
+  spdlog::warn("output.dir: {}/metrics.jsonl was deleted while the job ran (was {} removed?); made config.resolved.yaml"
+               " and metrics.jsonl{} again there, from step {} on (the records before are lost); the checkpoints and"
+               " the export go there as well",
+               dir, dir, board_ ? ", tensorboard/" : "", result_.steps);
 }
 
 // Whether this LibTorch can autocast the device to train.precision.

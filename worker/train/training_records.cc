@@ -63,6 +63,7 @@ void TrainingRun::record(const StepPlace& place, bool last) {
     if (state_->gradNorm.defined()) record["grad_norm"] = state_->gradNorm.item<double>();
     if (scaler_) record["loss_scale"] = scaler_->getScale();
     if (lm_) lm_->addRates(record, rate);
+    keepRecords();
     metrics_.write(record);
     shownLoss_ = lossValue;
     shownRate_ = rate;
@@ -100,6 +101,7 @@ void TrainingRun::recordValidation() {
   lastValidationSeconds_ = secondsSince(start);
   validatedStep_ = result_.steps;
   result_.valLossStep = result_.steps;
+  keepRecords();
   metrics_.write({{"step", result_.steps}, {"val_loss", result_.valLoss}});
   if (board_) board_->addScalar("val/loss", result_.valLoss, result_.steps);
   if (rank_ == 0) {
@@ -221,6 +223,7 @@ void TrainingRun::finish() {
     if (board_) board_->addScalar("test/accuracy", result_.testAccuracy, result_.steps);
   }
   if (data_.images) countSkippedImages();
+  keepRecords();  // the export and summary.json go where the records are
   const std::string& outDir = config_.output.dir;
   if (config_.output.dumpRankParams) {
     makeDirectories(outDir, "output.dir");

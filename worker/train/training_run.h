@@ -55,6 +55,7 @@ class TrainingRun {
   void checkCudaSettings() const;
   void planSteps();
   void openRecords();
+  void keepRecords();
   void runEpoch(int64_t epoch);
   TrainPosition positionAfter(const StepPlace& place) const;
   void saveIfDue(const TrainPosition& position, bool epochEnded);
