@@ -25,7 +25,9 @@ void Checkpointer::holdDirectory(ProcessGroup& group, bool create, int64_t step)
   std::string error;
   bool held = dirHeld_;
   int64_t ownNewest = -1;  // rank 0: the highest step among this run's checkpoints in the directory
-  if (group.rank() == 0 && !dirHeld_) {
+  // A save takes the lock again when the directory went since (deleted while the job ran, its lock
+  // file with it: made again here, or refused as another job's); held, lockDirectory is a no-op.
+  if (group.rank() == 0 && (!dirHeld_ || step >= 0)) {
     try {
       if (create) makeDirectories(options_.dir, "ddp::CheckpointOptions::dir");
       std::error_code ec;

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -108,36 +109,41 @@ TEST(Rerun, AFreshRunAmongAnotherRunsCheckpointsIsRefused) {
 }
 
 // output.dir removed mid-run (a clean-up of old runs, a tmp cleaner): the workers are frozen
-// (SIGSTOP) while step 300's record is still to come, the directory is deleted, and they go on.
-// Each rank makes its records again from its next logged step, rank 0 says so, and the checkpoints,
-// the export and summary.json land there; the job succeeds.
+// (SIGSTOP) after the checkpoint of step 50 while step 300's record is still to come, the directory
+// is deleted, and they go on. Each rank makes its records again from its next logged step, rank 0
+// says so and takes the job's locks again (output.dir's at once, checkpoint.dir's at its next save),
+// and the checkpoints, the export and summary.json land there; the job succeeds.
 TEST(Rerun, AnOutputDirDeletedWhileTheJobRunsIsMadeAgain) {
   const std::string logs = test::makeTempDir("rerun_deleted_log");
   const std::string out = logs + "/out";
   const std::vector<std::string> argv = {DDP_LAUNCH_BIN, "--nproc_per_node=2", DDP_WORKER_BIN, kConfig,
                                          "output.dir=" + out, "model.hidden=[1024,1024]", "train.max_steps=300",
-                                         "train.epochs=1000", "train.log_every=10", "checkpoint.every_steps=100",
+                                         "train.epochs=1000", "train.log_every=10", "checkpoint.every_steps=50",
                                          "output.sample_log=true", "output.tensorboard=true"};
   test::Background job(argv, logs + "/job.log");
-  ASSERT_TRUE(job.waitFor("step 20/300", 120)) << test::readFile(job.log);
-  const std::vector<pid_t> workers = test::childrenOf(job.pid);
-  ASSERT_EQ(workers.size(), 2u) << test::readFile(job.log);
-  for (pid_t w : workers) ::kill(w, SIGSTOP);
-  for (pid_t w : workers) test::waitUntilStopped(w);
-  ASSERT_EQ(test::readFile(job.log).find("step 300/300"), std::string::npos)
-      << "the run logged its last step before the test froze it; nothing would be written after the delete";
-  fs::remove_all(out);
-  for (pid_t w : workers) ::kill(w, SIGCONT);
-  // The job's lock went with the directory: rank 0 takes it again (frozen once more to look).
-  ASSERT_TRUE(job.waitFor("was deleted while the job ran", 120)) << test::readFile(job.log);
-  for (pid_t w : workers) ::kill(w, SIGSTOP);
-  for (pid_t w : workers) test::waitUntilStopped(w);
-  ASSERT_EQ(test::readFile(job.log).find("step 300/300"), std::string::npos)
-      << "the run logged its last step before the test froze it again (it removes the lock as it ends)";
-  const std::string lock = test::readFile(out + "/.ddp-launch.lock");
-  const std::string holder = lock.substr(0, lock.find('\n'));
-  EXPECT_TRUE(holder == std::to_string(workers[0]) || holder == std::to_string(workers[1])) << lock;
-  for (pid_t w : workers) ::kill(w, SIGCONT);
+  std::vector<pid_t> workers;
+  // Once `text` is in the log: both workers frozen, `look` run, both continued. The run must not
+  // have logged its last step yet (it removes its locks as it ends).
+  const auto frozenAfter = [&](const std::string& text, const std::function<void()>& look) {
+    ASSERT_TRUE(job.waitFor(text, 120)) << test::readFile(job.log);
+    if (workers.empty()) workers = test::childrenOf(job.pid);
+    ASSERT_EQ(workers.size(), 2u) << test::readFile(job.log);
+    for (pid_t w : workers) ::kill(w, SIGSTOP);
+    for (pid_t w : workers) test::waitUntilStopped(w);
+    const bool ended = test::readFile(job.log).find("step 300/300") != std::string::npos;
+    if (!ended) look();
+    for (pid_t w : workers) ::kill(w, SIGCONT);
+    ASSERT_FALSE(ended) << "the run logged its last step before the test froze it after '" << text << "'";
+  };
+  // The lock file's holder: one of the workers (rank 0).
+  const auto expectHeld = [&](const std::string& dir) {
+    const std::string lock = test::readFile(dir + "/.ddp-launch.lock");
+    const std::string holder = lock.substr(0, lock.find('\n'));
+    EXPECT_TRUE(holder == std::to_string(workers[0]) || holder == std::to_string(workers[1])) << dir << ": " << lock;
+  };
+  ASSERT_NO_FATAL_FAILURE(frozenAfter("ckpt-00000050.pt", [&] { fs::remove_all(out); }));
+  ASSERT_NO_FATAL_FAILURE(frozenAfter("was deleted while the job ran", [&] { expectHeld(out); }));
+  ASSERT_NO_FATAL_FAILURE(frozenAfter("ckpt-00000100.pt", [&] { expectHeld(out + "/checkpoints"); }));
   ASSERT_EQ(job.wait(120), 0) << test::readFile(job.log);
   const std::string log = test::readFile(job.log);
   EXPECT_NE(log.find("output.dir: " + out + "/metrics.jsonl was deleted while the job ran"), std::string::npos) << log;
@@ -146,7 +152,7 @@ TEST(Rerun, AnOutputDirDeletedWhileTheJobRunsIsMadeAgain) {
   std::vector<int64_t> steps;
   for (std::string line; std::getline(lines, line);) steps.push_back(nlohmann::json::parse(line)["step"].get<int64_t>());
   ASSERT_FALSE(steps.empty());
-  EXPECT_GT(steps.front(), 20);
+  EXPECT_GT(steps.front(), 50);
   EXPECT_EQ(steps.back(), 300);
   EXPECT_NE(test::readFile(out + "/config.resolved.yaml").find("max_steps: 300"), std::string::npos);
   EXPECT_EQ(nlohmann::json::parse(test::readFile(out + "/summary.json"))["steps"], 300);
@@ -165,7 +171,7 @@ TEST(Rerun, AnOutputDirDeletedWhileTheJobRunsIsMadeAgain) {
       logged.push_back(step);
     }
     ASSERT_FALSE(logged.empty()) << rank;
-    EXPECT_GT(logged.front(), 20) << rank;
+    EXPECT_GT(logged.front(), 50) << rank;
     EXPECT_EQ(logged.back(), 300) << rank;
   }
   fs::remove_all(logs);
