@@ -362,7 +362,9 @@ class ShmCommunicator final : public Communicator {
       futex(&header_->generation, FUTEX_WAKE, INT_MAX, nullptr);
       return;
     }
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    constexpr std::chrono::milliseconds kTick{20};
+    auto last = std::chrono::steady_clock::now();
+    auto deadline = last + timeout_;
     for (int spin = 0; header_->generation.load(std::memory_order_acquire) == gen; ++spin) {
       if (header_->broken.load(std::memory_order_relaxed)) {
         DDP_THROW(CommError, "shm ", op, " failed on rank ", rank(), "/", size(), ": another rank gave up waiting");
@@ -371,8 +373,14 @@ class ShmCommunicator final : public Communicator {
         sched_yield();
         continue;
       }
-      const timespec tick{0, 20 * 1000 * 1000};
+      const timespec tick{0, std::chrono::nanoseconds(kTick).count()};
       futex(&header_->generation, FUTEX_WAIT, gen, &tick);
+      // Time this rank spent stopped (SIGSTOP, Slurm's scontrol suspend of the whole job, a paused
+      // VM) is no peer's silence: a wake-up that came a second or more past its tick moves the
+      // deadline on by the gap. (A job suspended for longer than comm.timeout_s failed on resume.)
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last > kTick + std::chrono::seconds(1)) deadline += now - last - kTick;
+      last = now;
       // Same host: a peer that died (crash, OOM kill) is seen within a tick, not at the timeout.
       for (int r = 0; r < size(); ++r) {
         const pid_t pid = header_->pids[r].load(std::memory_order_relaxed);
@@ -383,7 +391,7 @@ class ShmCommunicator final : public Communicator {
                     ") is gone");
         }
       }
-      if (std::chrono::steady_clock::now() > deadline) {
+      if (now > deadline) {
         header_->broken.store(1);
         futex(&header_->generation, FUTEX_WAKE, INT_MAX, nullptr);
         std::vector<int> absent;

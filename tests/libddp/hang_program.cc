@@ -1,13 +1,16 @@
 // A library user's loop with one misbehaving rank, for hang_test.sh: rank 1 stops itself with
-// SIGSTOP, spins in its own code, skips one all-reduce, or all-reduces a tensor of another size,
-// always at the loop's 4th iteration (the 3rd for the skip). The launcher's hang report must name
+// SIGSTOP, spins in its own code, skips one all-reduce, all-reduces a tensor of another size, or
+// waits for a file (suspend), always at the loop's 4th iteration (the 3rd for the skip). The launcher's hang report must name
 // rank 1, the collective and the function. argv: scenario backend timeout_s report_dir [check].
 #include <ddp/ddp.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdlib>
 #include <chrono>
+#include <fstream>
 #include <iostream>
 #include <thread>
 #include <string>
@@ -23,7 +26,7 @@ __attribute__((noinline)) void spinInUserCodeForHangTest(volatile long* counter)
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::cerr << "usage: hang_program stop|stop0|late|quit|spin|skip|size|clean BACKEND TIMEOUT_S REPORT_DIR [check]\n";
+    std::cerr << "usage: hang_program stop|stop0|late|quit|spin|skip|size|suspend|clean BACKEND TIMEOUT_S REPORT_DIR [check]\n";
     return 2;
   }
   const std::string scenario = argv[1];
@@ -39,6 +42,7 @@ int main(int argc, char** argv) {
       torch::Tensor x = torch::ones({1000});
       if (rank == 1 && scenario == "skip" && i == 3) continue;
       if (rank == 0 && i == 4 && scenario == "stop0") stopHereForHangTest();  // the store's host
+      if (rank == 0 && i == 4 && scenario == "suspend") std::cout << "rank 0 pid " << ::getpid() << " enters #4" << std::endl;
       if (rank == 1 && i == 4) {
         // "quit": rank 1 returns 0 before collective #4, which rank 0 then waits in (blocked, not working).
         if (scenario == "quit") {
@@ -51,6 +55,12 @@ int main(int argc, char** argv) {
           spinInUserCodeForHangTest(&counter);
         }
         if (scenario == "size") x = torch::ones({999});
+        // "suspend": rank 1 comes to all-reduce #4 once REPORT_DIR/go exists (rank 0 waits in it
+        // meanwhile, and the test stops and continues rank 0 there for longer than the timeout).
+        if (scenario == "suspend") {
+          std::cout << "rank 1 waits for go" << std::endl;
+          while (!std::ifstream(std::string(argv[4]) + "/go")) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
       }
       ddp::AllReduceOptions loss;
       loss.label = "the loss";  // named in the hang report and the mismatch lines

@@ -146,6 +146,31 @@ expect quit "exited with code 0"
 expect quit "while rank(s) 0 wait in a collective it never entered (all_reduce #4 (the loss)"
 (( SECONDS - start < 30 )) || fail "quit: took $(( SECONDS - start )) s (the collective timeout is 60 s)"
 
+# A rank stopped (SIGSTOP: Slurm's scontrol suspend, a paused VM) while it waits in a collective, for
+# longer than the timeout (2 s), and continued: the stopped time is no peer's silence. Rank 0 waits in
+# all_reduce #4 (blocked in futex, /proc/PID/syscall 202), is stopped for 3 s and continued; then rank 1
+# comes (REPORT_DIR/go) and the job ends 0. On shm; Gloo's timeout is c10d's own, which counts the
+# stopped time.
+mkdir -p "$work/suspend"
+timeout 120 "$launch" --nproc_per_node=2 "$program" suspend shm 2 "$work/suspend" >"$work/suspend.log" 2>&1 &
+job=$!
+pid=
+for _ in $(seq 1000); do
+  pid=$(sed -n 's/.*rank 0 pid \([0-9]*\) enters #4.*/\1/p' "$work/suspend.log")
+  [[ -n "$pid" && "$(cut -d' ' -f1 /proc/$pid/syscall 2>/dev/null)" == 202 ]] && break
+  sleep 0.01  # a polling interval
+done
+if [[ -z "$pid" ]]; then
+  cat "$work/suspend.log"; fail "suspend: rank 0 never entered all_reduce #4"
+else
+  kill -STOP "$pid"
+  sleep 3  # the suspension itself, longer than the 2 s timeout (not a synchronisation)
+  kill -CONT "$pid"
+fi
+touch "$work/suspend/go"
+wait $job || { cat "$work/suspend.log"; fail "suspend: a rank stopped past the timeout failed the job on resume"; }
+expect suspend "rank 0 finished"
+
 if [[ $failures -ne 0 ]]; then
   echo "$failures check(s) failed" >&2
   exit 1
