@@ -168,7 +168,8 @@ RankStack readStack(pid_t pid, double timeoutS) {
   return stack;
 }
 
-HangFinding analyseRings(const std::vector<RankRing>& ranks, int64_t nowNs, int64_t stallAfterMs) {
+HangFinding analyseRings(const std::vector<RankRing>& ranks, int64_t nowNs, int64_t stallAfterMs,
+                         int64_t awakeSinceNs) {
   HangFinding f;
   std::vector<std::map<uint64_t, const flight::Record*>> records;
   for (const RankRing& rank : ranks) records.push_back(worldRecords(rank));
@@ -181,7 +182,7 @@ HangFinding analyseRings(const std::vector<RankRing>& ranks, int64_t nowNs, int6
       if (r.state == flight::State::kTimedOut || r.state == flight::State::kFailed) f.timedOut = true;
       const int64_t limitMs = stallAfterMs > 0 ? stallAfterMs : ranks[i].ring.timeoutMs + kStallGraceMs;
       if (r.state == flight::State::kRunning && !ranks[i].exited && ranks[i].ring.timeoutMs > 0 &&
-          nowNs - r.startNs > limitMs * 1000000) {
+          nowNs - std::max(r.startNs, awakeSinceNs) > limitMs * 1000000) {
         f.stall = true;
       }
     }
@@ -371,9 +372,9 @@ std::string hangReportJson(const std::vector<RankRing>& ranks, const HangFinding
   return j.dump(2) + "\n";
 }
 
-bool reportHang(const std::vector<RankRing>& ranks, bool stallOnly) {
+bool reportHang(const std::vector<RankRing>& ranks, bool stallOnly, int64_t awakeSinceNs) {
   const int64_t now = flight::nowNs();
-  const HangFinding finding = analyseRings(ranks, now);
+  const HangFinding finding = analyseRings(ranks, now, /*stallAfterMs=*/0, awakeSinceNs);
   if (stallOnly ? !finding.stall : !finding.relevant()) return false;
   std::vector<std::pair<int, RankStack>> stacks;
   for (int rank : finding.lagging) {

@@ -61,8 +61,11 @@ struct HangFinding {
 };
 
 /// Reads the rings (world group: group 0) at `nowNs`. `stallAfterMs`: a collective running longer
-/// than this counts as a stall (0: the ranks' own timeout + 15 s).
-HangFinding analyseRings(const std::vector<RankRing>& ranks, int64_t nowNs, int64_t stallAfterMs = 0);
+/// than this counts as a stall (0: the ranks' own timeout + 15 s). `awakeSinceNs`: a collective that
+/// started before it runs from then (the launcher was stopped until then, most likely with its job:
+/// Slurm's scontrol suspend; the time stopped is no stall).
+HangFinding analyseRings(const std::vector<RankRing>& ranks, int64_t nowNs, int64_t stallAfterMs = 0,
+                         int64_t awakeSinceNs = 0);
 
 /// The report's lines for the launcher's log (no trailing newline), stacks of `stacks` included.
 std::vector<std::string> formatHangReport(const std::vector<RankRing>& ranks, const HangFinding& finding,
@@ -75,7 +78,7 @@ std::string hangReportJson(const std::vector<RankRing>& ranks, const HangFinding
 
 /// Everything above: analyses; when relevant (with `stallOnly`: when a collective stalls), reads the
 /// lagging ranks' stacks, logs the report and writes hang_report.json to the folder the ranks named
-/// (if any). Returns whether it reported.
-bool reportHang(const std::vector<RankRing>& ranks, bool stallOnly = false);
+/// (if any). Returns whether it reported. `awakeSinceNs`: as analyseRings.
+bool reportHang(const std::vector<RankRing>& ranks, bool stallOnly = false, int64_t awakeSinceNs = 0);
 
 }  // namespace ddp::launcher

@@ -96,6 +96,10 @@ class WorkerSupervisor {
   // Reads every worker's flight recorder and reports a hang or unpaired collectives (once).
   void reportHangOnce(bool stallOnly);
   bool hangReported_ = false;
+  // The launcher's last look, and when it last woke from being stopped (flight::nowNs; 0: never):
+  // a collective that started before runs from then for the stall check.
+  Clock::time_point lastLook_ = Clock::now();
+  int64_t awakeSinceNs_ = 0;
 
   // Records exits of workers that have ended, without reaping them.
   void pollExits();

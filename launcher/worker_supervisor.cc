@@ -68,7 +68,7 @@ void WorkerSupervisor::reportHangOnce(bool stallOnly) {
     rings.push_back(std::move(ring));
   }
   try {
-    hangReported_ = reportHang(rings, stallOnly);
+    hangReported_ = reportHang(rings, stallOnly, awakeSinceNs_);
   } catch (const std::exception& e) {
     spdlog::warn("could not write the hang report: {}", e.what());
     hangReported_ = true;
@@ -134,6 +134,11 @@ AttemptReport WorkerSupervisor::monitor() {
   while (true) {
     pollExits();
     if (running() == 0) break;
+    // Looks come at most a poll interval apart: one far later, and the launcher was stopped (with
+    // its job, as Slurm's scontrol suspend stops every process of it) until now.
+    const auto look = Clock::now();
+    if (look - lastLook_ > kPollInterval + std::chrono::seconds(1)) awakeSinceNs_ = flight::nowNs();
+    lastLook_ = look;
     // A collective that runs well past its group's timeout without the rank failing (a backend whose
     // own timeout did not fire): report once, and let the job run on.
     if (!stopping_ && !hangReported_) reportHangOnce(/*stallOnly=*/true);

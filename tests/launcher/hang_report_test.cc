@@ -132,6 +132,10 @@ TEST(HangReport, AStallIsACollectiveRunningPastItsTimeout) {
   EXPECT_FALSE(analyseRings(ranks, 10'000'000'000).stall);
   EXPECT_TRUE(analyseRings(ranks, 20'000'000'000).stall);
   EXPECT_TRUE(analyseRings(ranks, 5'000'000'000, /*stallAfterMs=*/2000).stall);
+  // The launcher stopped with its job (scontrol suspend) until 10 s: the collective runs from then,
+  // 10 s at 20 s (no stall), 18.5 s at 28.5 s (a stall).
+  EXPECT_FALSE(analyseRings(ranks, 20'000'000'000, 0, /*awakeSinceNs=*/10'000'000'000).stall);
+  EXPECT_TRUE(analyseRings(ranks, 28'500'000'000, 0, /*awakeSinceNs=*/10'000'000'000).stall);
 }
 
 TEST(FlightRecorder, RingWrittenAndReadBackWrapsAtItsCapacity) {
