@@ -1,6 +1,7 @@
 #include "launcher/hang_report.h"
 
 #include <algorithm>
+#include <csignal>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -379,7 +380,12 @@ bool reportHang(const std::vector<RankRing>& ranks, bool stallOnly, int64_t awak
   std::vector<std::pair<int, RankStack>> stacks;
   for (int rank : finding.lagging) {
     for (const RankRing& r : ranks) {
-      if (r.rank == rank && !r.exited) stacks.emplace_back(rank, readStack(r.pid));
+      if (r.rank != rank || r.exited) continue;
+      stacks.emplace_back(rank, readStack(r.pid));
+      // The stack tool (eu-stack, gdb) attaches with ptrace, and its detach can resume a rank that
+      // was stopped (state T): stopped again at once, as the report found it (the launcher's
+      // unreaped child: the pid is its). At once: a SIGCONT from outside after this is left alone.
+      if (r.stopped) ::kill(r.pid, SIGSTOP);
     }
   }
   std::vector<std::string> lines = formatHangReport(ranks, finding, stacks, now);

@@ -73,15 +73,9 @@ void WorkerSupervisor::reportHangOnce(bool stallOnly) {
     spdlog::warn("could not write the hang report: {}", e.what());
     hangReported_ = true;
   }
-  // No report, no stack tool: a rank seen stopped is left to whoever stopped it. (Stopped again at
-  // every look, a SIGCONT that came between the look and the kill, from Slurm's scontrol resume or
-  // a user's kill -CONT, was undone, and the rank stayed stopped for good.)
-  if (!hangReported_) return;
-  // The stacks' tool (eu-stack, gdb) attaches with ptrace, and its detach can resume a rank that was
-  // stopped (state T): stopped again, as the report found it (our unreaped child: the pid is its).
-  for (const RankRing& ring : rings) {
-    if (ring.stopped) ::kill(ring.pid, SIGSTOP);
-  }
+  // A rank seen stopped is left to whoever stopped it; reportHang stops again one its stack tool
+  // attached to. (Stopped again at every look, a SIGCONT that came between the look and the kill,
+  // from Slurm's scontrol resume or a user's kill -CONT, was undone: the rank stayed stopped.)
 }
 
 // The worker's flight-recorder ring: a memfd (no name in any file system, so nothing outside this
