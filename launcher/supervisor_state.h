@@ -100,6 +100,7 @@ class WorkerSupervisor {
   // a collective that started before runs from then for the stall check.
   Clock::time_point lastLook_ = Clock::now();
   int64_t awakeSinceNs_ = 0;
+  void noteWakeUp();
 
   // Records exits of workers that have ended, without reaping them.
   void pollExits();

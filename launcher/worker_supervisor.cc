@@ -124,15 +124,19 @@ void WorkerSupervisor::start(int rank, const WorkerCommand& given, OutputRelay& 
   relay.add(started.stderrFd, rank, true);
 }
 
+// Looks come at most a poll interval apart: one far later, and the launcher was stopped (with its
+// job, as Slurm's scontrol suspend stops every process of it) until now.
+void WorkerSupervisor::noteWakeUp() {
+  const auto look = Clock::now();
+  if (look - lastLook_ > kPollInterval + std::chrono::seconds(1)) awakeSinceNs_ = flight::nowNs();
+  lastLook_ = look;
+}
+
 AttemptReport WorkerSupervisor::monitor() {
   while (true) {
     pollExits();
     if (running() == 0) break;
-    // Looks come at most a poll interval apart: one far later, and the launcher was stopped (with
-    // its job, as Slurm's scontrol suspend stops every process of it) until now.
-    const auto look = Clock::now();
-    if (look - lastLook_ > kPollInterval + std::chrono::seconds(1)) awakeSinceNs_ = flight::nowNs();
-    lastLook_ = look;
+    noteWakeUp();
     // A collective that runs well past its group's timeout without the rank failing (a backend whose
     // own timeout did not fire): report once, and let the job run on.
     if (!stopping_ && !hangReported_) reportHangOnce(/*stallOnly=*/true);
