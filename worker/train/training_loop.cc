@@ -124,18 +124,20 @@ TrainingRun::TrainingRun(const WorkerConfig& config, const Datasets& data, Paral
 // The run's records in output.dir: config.resolved.yaml and metrics.jsonl (rank 0; a resumed run
 // appends to the metrics of the run it continues), TensorBoard, the sample logs.
 void TrainingRun::openRecords() {
-  if (rank_ == 0) {
-    writeFileAtomic(config_.output.dir + "/config.resolved.yaml", dumpConfig(config_));
-    metrics_ = MetricsWriter(config_.output.dir + "/metrics.jsonl", resumed_.globalStep > 0);
-    if (config_.output.tensorboard) {
-      board_ = std::make_unique<tensorboard::EventWriter>(config_.output.dir + "/tensorboard");
-    }
-  }
+  if (rank_ == 0) openRankZeroRecords(/*appendMetrics=*/resumed_.globalStep > 0);
   if (config_.output.sampleLog) {
     // A resumed run, or a restart of this job (which may have failed before its first checkpoint),
     // continues the logs; a fresh run starts them anew.
     sampleLog_.emplace(config_.output.dir, rank_, world_, resumed_.globalStep > 0 || launchEnv().restartCount > 0);
   }
+}
+
+// Rank 0's: config.resolved.yaml, metrics.jsonl and TensorBoard's events (output.tensorboard).
+void TrainingRun::openRankZeroRecords(bool appendMetrics) {
+  const std::string& dir = config_.output.dir;
+  writeFileAtomic(dir + "/config.resolved.yaml", dumpConfig(config_));
+  metrics_ = MetricsWriter(dir + "/metrics.jsonl", appendMetrics);
+  if (config_.output.tensorboard) board_ = std::make_unique<tensorboard::EventWriter>(dir + "/tensorboard");
 }
 
 // output.dir deleted while the job runs (a clean-up of old runs, a tmp cleaner): each rank makes its
@@ -149,9 +151,7 @@ void TrainingRun::keepRecords() {
   // The job's lock went with the directory: taken again, or said taken by a job that came meanwhile.
   const std::string refused = dirLockRefusal(lockDirectory(dir, kJobLockFile), dir, kJobLockFile, "output.dir");
   if (!refused.empty()) spdlog::warn("output.dir: {}{}; this job's records go there as well", dir, refused);
-  writeFileAtomic(dir + "/config.resolved.yaml", dumpConfig(config_));
-  metrics_ = MetricsWriter(dir + "/metrics.jsonl", /*append=*/true);  // another file put there: kept
-  if (board_) board_ = std::make_unique<tensorboard::EventWriter>(dir + "/tensorboard");
+  openRankZeroRecords(/*appendMetrics=*/true);  // another file put there: kept
   spdlog::warn("output.dir: {}/metrics.jsonl was deleted while the job ran (was {} removed?); made config.resolved.yaml"
                " and metrics.jsonl{} again there, from step {} on (the records before are lost); the checkpoints and"
                " the export go there as well",

@@ -56,6 +56,7 @@ class TrainingRun {
   void planSteps();
   void openRecords();
   void keepRecords();
+  void openRankZeroRecords(bool appendMetrics);
   void runEpoch(int64_t epoch);
   TrainPosition positionAfter(const StepPlace& place) const;
   void saveIfDue(const TrainPosition& position, bool epochEnded);
